@@ -1,0 +1,85 @@
+"""Registration with TorchTitan: train specs (bench flavors, offline data) and datasets.
+
+The project's train specs are TorchTitan's own, re-registered under the same family names
+through ``register_train_spec`` with three additions:
+
+* a ``bench`` flavor (~10M parameters) per family, derived from the family's ``debugmodel``;
+* the project's global-batch data loader for the project's datasets (other datasets keep the
+  family's loader);
+* after the family's parallelize function, the CPU/gloo gradient-reduction fix (no-op on GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch.nn as nn
+
+FAMILIES = ("llama3", "qwen3", "llama4", "deepseek_v3")
+
+# Overrides applied to each family's ``debugmodel`` args to make its ``bench`` flavor.
+BENCH_OVERRIDES: dict[str, dict[str, Any]] = {
+    "llama3": {"n_layers": 10, "n_heads": 8},
+    "qwen3": {"n_layers": 8, "n_heads": 8, "n_kv_heads": 4, "head_dim": 32, "hidden_dim": 1024},
+    "llama4": {"n_layers": 4, "n_heads": 8},
+    "deepseek_v3": {"n_layers": 4, "n_heads": 8},
+}
+
+_registered = False
+
+
+def _with_cpu_reduction(parallelize_fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    from .runtime.cpu import force_sum_reduction
+
+    def parallelize(model: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
+        model = parallelize_fn(model, *args, **kwargs)
+        force_sum_reduction(model)
+        return model
+
+    parallelize.__name__ = getattr(parallelize_fn, "__name__", "parallelize")
+    return parallelize
+
+
+def _with_global_batch_loader(family_loader: Callable[..., Any]) -> Callable[..., Any]:
+    from . import data
+
+    def build_dataloader(*args: Any, **kwargs: Any) -> Any:
+        job_config = kwargs.get("job_config")
+        if job_config is not None and job_config.training.dataset in data.DATASET_NAMES:
+            return data.build_global_batch_dataloader(*args, **kwargs)
+        return family_loader(*args, **kwargs)
+
+    return build_dataloader
+
+
+def bench_args(family: str, debug_args: Any) -> Any:
+    """The family's ``bench`` flavor: its ``debugmodel`` args with ``BENCH_OVERRIDES``."""
+    return dataclasses.replace(debug_args, **BENCH_OVERRIDES[family])
+
+
+def register() -> None:
+    """Register datasets and the project's train specs with TorchTitan (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from torchtitan.protocols import train_spec as ts
+
+    from . import data
+
+    data.register_datasets()
+    for family in FAMILIES:
+        if family in ts._extra_train_specs:
+            continue
+        base = ts.get_train_spec(family)
+        model_args = dict(base.model_args)
+        model_args["bench"] = bench_args(family, model_args["debugmodel"])
+        spec = dataclasses.replace(
+            base,
+            model_args=model_args,
+            parallelize_fn=_with_cpu_reduction(base.parallelize_fn),
+            build_dataloader_fn=_with_global_batch_loader(base.build_dataloader_fn),
+        )
+        ts.register_train_spec(family, spec)
+    _registered = True

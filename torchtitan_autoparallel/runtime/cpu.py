@@ -1,0 +1,218 @@
+"""CPU + gloo compatibility for TorchTitan 0.2.2.
+
+TorchTitan 0.2.2 assumes an accelerator. Every workaround that lets it train on CPU with the
+gloo backend lives in this package (this module and ``cpu_attention``); nothing else in the
+project monkeypatches. Each patch names the upstream behaviour it works around and the test
+that covers it. ``install()`` is a no-op when a CUDA device is present, so the same code runs
+unchanged on GPUs with NCCL.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import resource
+from typing import Any
+
+import torch
+
+_installed = False
+
+# Modules that copy ``torchtitan.tools.utils.device_type`` / ``device_module`` at import time.
+_DEVICE_COPIES = (
+    "torchtitan.tools.utils",
+    "torchtitan.components.metrics",
+    "torchtitan.distributed.parallel_dims",
+    "torchtitan.distributed.utils",
+    "torchtitan.tools.profiling",
+)
+
+
+def cpu_mode() -> bool:
+    """True when no CUDA device is present, i.e. when the CPU patches apply."""
+    return not torch.cuda.is_available()
+
+
+class CpuDeviceModule:
+    """The few ``torch.cuda``-style calls TorchTitan makes, answered for the CPU.
+
+    Memory statistics report the process's peak resident set size (VmHWM); resetting the peak
+    writes ``5`` to ``/proc/self/clear_refs`` (Linux), so per-phase peaks are measurable.
+    Anything not defined here falls through to ``torch.cpu``.
+    """
+
+    @staticmethod
+    def get_device_name(device: Any = None) -> str:
+        return "CPU"
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def set_device(device: Any) -> None:
+        return None
+
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        return None
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        torch.manual_seed(seed)
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        torch.manual_seed(seed)
+
+    @staticmethod
+    def empty_cache() -> None:
+        return None
+
+    @staticmethod
+    def get_device_properties(device: Any = None) -> Any:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return type("CpuProperties", (), {"name": "CPU", "total_memory": total})()
+
+    @staticmethod
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+
+    @staticmethod
+    def peak_rss_bytes() -> int:
+        """Peak resident set size of this process since the last reset."""
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    @classmethod
+    def memory_stats(cls, device: Any = None) -> dict[str, int]:
+        peak = cls.peak_rss_bytes()
+        return {
+            "active_bytes.all.peak": peak,
+            "reserved_bytes.all.peak": peak,
+            "num_alloc_retries": 0,
+            "num_ooms": 0,
+        }
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cpu, name)
+
+
+cpu_device_module = CpuDeviceModule()
+
+
+def _patch_device() -> None:
+    # Upstream: torchtitan.tools.utils.get_device_info() falls back to "cuda" when no accelerator
+    # is found, and several modules copy device_type/device_module at import. Rebind every copy.
+    # Tested by tests/test_cpu_runtime.py::test_device_is_cpu.
+    for name in _DEVICE_COPIES:
+        module = importlib.import_module(name)
+        if hasattr(module, "device_type"):
+            module.device_type = "cpu"
+        if hasattr(module, "device_module"):
+            module.device_module = cpu_device_module
+
+
+def _patch_histc() -> None:
+    # Upstream: MoE routing (torchtitan.models.moe.moe) calls torch.histc on int64 expert
+    # indices; the CPU kernel only exists for floating dtypes. Cast integer CPU inputs to float
+    # (counts are exact for < 2**24 tokens per expert). Other inputs go to torch unchanged.
+    # Tested by tests/test_cpu_runtime.py::test_histc_int64.
+    if getattr(torch.histc, "_autoparallel_cpu", False):
+        return
+    original = torch.histc
+
+    @functools.wraps(original)
+    def histc(input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if input.device.type == "cpu" and not input.is_floating_point():
+            return original(input.float(), *args, **kwargs)
+        return original(input, *args, **kwargs)
+
+    histc._autoparallel_cpu = True  # type: ignore[attr-defined]
+    torch.histc = histc
+
+
+def _patch_permute_indices() -> None:
+    # Upstream: expert parallel's token permutation calls generate_permute_indices, whose
+    # default path is a Triton kernel; it has a pure-torch path behind use_cpu=True.
+    # Tested by tests/test_cpu_runtime.py::test_permute_indices_cpu.
+    moe_utils = importlib.import_module("torchtitan.models.moe.utils")
+    original = moe_utils.generate_permute_indices
+    if getattr(original, "_autoparallel_cpu", False):
+        return
+
+    @functools.wraps(original)
+    def generate_permute_indices(tokens_per_expert_group: torch.Tensor, *args: Any, **kwargs: Any):
+        if tokens_per_expert_group.device.type == "cpu":
+            kwargs["use_cpu"] = True
+        return original(tokens_per_expert_group, *args, **kwargs)
+
+    generate_permute_indices._autoparallel_cpu = True  # type: ignore[attr-defined]
+    moe_utils.generate_permute_indices = generate_permute_indices
+
+
+def force_sum_reduction(model: torch.nn.Module) -> None:
+    """Make FSDP2 reduce gradients with SUM (plus explicit scaling) instead of PREMUL_SUM.
+
+    Upstream: gloo rejects ``ReduceOp.PREMUL_SUM``, which FSDP2 uses once
+    ``set_gradient_divide_factor`` was called (TorchTitan does so for every recipe). Forcing
+    sum reductions keeps the math identical. Called on the parallelized model by the project's
+    train specs; tested by the loss-parity tests (tests/test_parity.py).
+    """
+    if not cpu_mode():
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_force_sum_reduction_for_comms(True)
+
+
+def install() -> bool:
+    """Apply every CPU patch (idempotent). Returns True when the patches are active."""
+    global _installed
+    if not cpu_mode():
+        return False
+    if _installed:
+        return True
+    _patch_device()
+    _patch_histc()
+    _patch_permute_indices()
+    from .cpu_attention import enable_cpu_ring_attention
+
+    enable_cpu_ring_attention()
+    _installed = True
+    return True
+
+
+def cuda_only_features(job_config: Any) -> list[str]:
+    """Settings in a TorchTitan job config that need CUDA, each with the fix to suggest."""
+    problems: list[str] = []
+    converters = list(getattr(job_config.model, "converters", []) or [])
+    for name in converters:
+        if "float8" in name or "mx" in name:
+            problems.append(
+                f"model.converters contains {name!r}, which needs a CUDA GPU; "
+                "remove it (or use --model.converters '[]') to run on CPU"
+            )
+    if getattr(job_config.compile, "enable", False):
+        problems.append(
+            "compile.enable = true needs the inductor GPU backend; "
+            "set compile.enable = false (--compile.no-enable) to run on CPU"
+        )
+    return problems

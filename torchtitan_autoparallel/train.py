@@ -1,0 +1,182 @@
+"""Training entrypoint used by ``run_train.sh``: TorchTitan's Trainer, made to run anywhere.
+
+``python -m torchtitan_autoparallel.train --job.config_file X.toml [overrides]`` behaves like
+``python -m torchtitan.train`` and adds: the CPU/gloo runtime when no GPU is present, the
+project's config extension and train specs, one-line errors for user mistakes, an optional
+per-step metrics file, and a dry-run mode (``--comm.mode fake_backend``) that builds and shards
+the model on meta tensors across a fake process group, reports, and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from .config import CONFIG_MODULE
+from .errors import UserError, run_cli
+from .runtime.dry_run import prepare_dry_run
+
+
+def _with_config_module(argv: list[str]) -> list[str]:
+    if any(a.startswith("--job.custom_config_module") for a in argv):
+        return argv
+    return [*argv, f"--job.custom_config_module={CONFIG_MODULE}"]
+
+
+def _config_path(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        for key in ("--job.config_file", "--job.config-file"):
+            if arg.startswith(key + "="):
+                return arg.split("=", 1)[1]
+            if arg == key and i + 1 < len(argv):
+                return argv[i + 1]
+    return None
+
+
+def parse_config(argv: list[str]) -> Any:
+    """Parse TorchTitan's config (TOML + CLI) with the project's extension merged in."""
+    from torchtitan.config import ConfigManager
+
+    path = _config_path(argv)
+    if path is not None and not os.path.isfile(path):
+        raise UserError(f"config file not found: {path} (set CONFIG_FILE to an existing .toml)")
+    try:
+        return ConfigManager().parse_args(_with_config_module(argv))
+    except SystemExit as exc:  # tyro prints its own message for unknown flags
+        raise UserError("invalid command-line override (see the message above)") from exc
+    except Exception as exc:  # TOML syntax errors and the like
+        raise UserError(f"cannot read config {path}: {exc}") from exc
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def resolve_assets_path(job_config: Any) -> None:
+    """Let configs name the project's tokenizer (``./assets/...``) from any working directory."""
+    path = job_config.model.hf_assets_path
+    if path and not os.path.isabs(path) and not os.path.exists(path):
+        candidate = os.path.join(REPO_ROOT, path)
+        if os.path.exists(candidate):
+            job_config.model.hf_assets_path = candidate
+
+
+def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
+    """Reject settings this machine cannot run, naming the fix."""
+    from .runtime.cpu import cuda_only_features
+
+    resolve_assets_path(job_config)
+    tokenizer = os.path.join(job_config.model.hf_assets_path, "tokenizer.json")
+    if not os.path.isfile(tokenizer):
+        raise UserError(
+            f"no tokenizer at {tokenizer}: set model.hf_assets_path to a folder with "
+            "tokenizer.json (the project ships ./assets/tokenizer)"
+        )
+
+    if cpu and not dry_run:
+        problems = cuda_only_features(job_config)
+        if problems:
+            raise UserError(problems[0])
+
+
+def _make_trainer_class() -> type:
+    from torchtitan.train import Trainer
+
+    class AutoparallelTrainer(Trainer):
+        """TorchTitan's Trainer plus an optional per-step JSON-lines metrics file."""
+
+        def __init__(self, job_config: Any) -> None:
+            super().__init__(job_config)
+            self._last_metrics: dict[str, float] = {}
+            log = self.metrics_processor.log
+
+            def record(step: int, loss: float, max_loss: float, grad_norm: float, **kw: Any):
+                self._last_metrics = {"loss": float(loss), "grad_norm": float(grad_norm)}
+                return log(step, loss, max_loss, grad_norm, **kw)
+
+            self.metrics_processor.log = record
+
+        def train_step(self, data_iterator: Any) -> None:
+            start = time.perf_counter()
+            super().train_step(data_iterator)
+            elapsed = time.perf_counter() - start
+            path = self.job_config.autoparallel.metrics_file
+            if not path or int(os.environ.get("RANK", "0")) != 0:
+                return
+            training = self.job_config.training
+            tokens = training.seq_len * self.gradient_accumulation_steps * (
+                training.local_batch_size * self._batch_degree()
+            )
+            monitor = self.metrics_processor.device_memory_monitor
+            peak = monitor.get_peak_stats().max_reserved_gib
+            row = {
+                "step": self.step,
+                **self._last_metrics,
+                "step_time_s": elapsed,
+                "tokens_per_s": tokens / elapsed,
+                "peak_memory_gib": peak,
+            }
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+        def _batch_degree(self) -> int:
+            dims = self.parallel_dims
+            return dims.get_mesh("batch").size() if dims.dp_enabled else 1
+
+    return AutoparallelTrainer
+
+
+def dry_run_report(trainer: Any) -> str:
+    """One paragraph on what a fake-backend dry run built: mesh and per-rank parameter bytes."""
+    dims = trainer.parallel_dims
+    local_bytes = 0
+    for model in trainer.model_parts:
+        for p in model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            local_bytes += local.numel() * local.element_size()
+    mesh = ", ".join(
+        f"{n}={getattr(dims, n)}" for n in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
+    )
+    return (
+        f"dry run OK: world {dims.world_size} ({mesh}); "
+        f"parameters per rank {local_bytes / 2**30:.2f} GiB"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, check, build the Trainer and train (or dry-run). Returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from .runtime import cpu as cpu_runtime
+
+    cpu = cpu_runtime.install()
+    from torchtitan.tools.logging import init_logger, logger
+
+    from .registry import register
+
+    init_logger()
+    register()
+    job_config = parse_config(argv)
+    dry_run = job_config.comm.mode == "fake_backend"
+    check_config(job_config, cpu, dry_run)
+    if dry_run:
+        prepare_dry_run(job_config)
+
+    import torch
+
+    trainer = _make_trainer_class()(job_config)
+    try:
+        if dry_run:
+            logger.info(dry_run_report(trainer))
+            return 0
+        trainer.train()
+    finally:
+        trainer.close()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
