@@ -10,6 +10,7 @@
 #   COMM_MODE    "fake_backend": single-process dry run on a fake process group of NGPU ranks,
 #                parameters on the meta device (405B/671B fit); builds, shards, reports, exits
 #   TRAIN_FILE   python module to run; default torchtitan_autoparallel.train
+#   PREFLIGHT    1 (default): check the config in one process before starting the ranks
 # Multi-node (torchrun rendezvous; see multinode_trainer.slurm):
 #   NNODES       number of nodes; default 1
 #   RDZV_ENDPOINT host:port of the rendezvous (the first node), required when NNODES > 1
@@ -35,6 +36,13 @@ if [ -n "$COMM_MODE" ]; then
     echo "Dry run with comm_mode=${COMM_MODE} on ${NGPU} fake ranks"
     NGPU="$NGPU" LOCAL_RANK=0 RANK=0 WORLD_SIZE="$NGPU" exec python3 -m "$TRAIN_FILE" \
         --job.config_file "$CONFIG_FILE" "$@" --comm.mode="$COMM_MODE" --training.steps=1
+fi
+
+# Parse and check the job once, before starting ranks: user mistakes end here as one line.
+if [ "${PREFLIGHT:-1}" = "1" ]; then
+    AUTOPARALLEL_PREFLIGHT=1 NGPU="$NGPU" LOCAL_RANK=0 RANK=0 WORLD_SIZE="$((NGPU * NNODES))" \
+        python3 -m "$TRAIN_FILE" --job.config_file "$CONFIG_FILE" "$@" --comm.mode=default \
+        >/dev/null || exit $?
 fi
 
 if [ "$NNODES" -gt 1 ]; then

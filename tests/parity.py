@@ -29,6 +29,17 @@ PARITY_OVERRIDES = [
 ]
 
 
+# Degrees that turn any recipe config into a plain 1-rank run (the reference).
+SINGLE_RANK = (
+    "--parallelism.data_parallel_replicate_degree=1",
+    "--parallelism.data_parallel_shard_degree=-1",
+    "--parallelism.tensor_parallel_degree=1",
+    "--parallelism.context_parallel_degree=1",
+    "--parallelism.expert_parallel_degree=1",
+    "--parallelism.expert_tensor_parallel_degree=1",
+)
+
+
 @dataclass
 class RunResult:
     returncode: int
@@ -47,8 +58,21 @@ def run_job(
     overrides: list[str] | tuple[str, ...] = (),
     timeout: int = 600,
     comm_mode: str = "",
+    seed_checkpoint: Path | None = None,
 ) -> RunResult:
-    """Run ``run_train.sh`` and return its exit code, output and per-step metrics rows."""
+    """Run ``run_train.sh`` and return its exit code, output and per-step metrics rows.
+
+    With ``seed_checkpoint`` the run starts from those weights (made by ``make_seed_checkpoint``)
+    instead of its own initialisation: random init of sharded DTensors on CPU is not
+    sharding-invariant, a seed checkpoint is (TorchTitan's own numerics tests do the same).
+    """
+    if seed_checkpoint is not None:
+        overrides = [
+            "--checkpoint.enable",
+            f"--checkpoint.initial_load_path={seed_checkpoint}",
+            "--checkpoint.load_only",
+            *overrides,
+        ]
     tmp_path.mkdir(parents=True, exist_ok=True)
     metrics = tmp_path / f"metrics_{ngpu}_{len(list(tmp_path.iterdir()))}.jsonl"
     env = {
@@ -75,6 +99,22 @@ def run_job(
     return RunResult(proc.returncode, proc.stdout + proc.stderr, rows)
 
 
+def make_seed_checkpoint(config: str, tmp_path: Path, overrides: tuple[str, ...] = ()) -> Path:
+    """Write a model-only step-0 checkpoint of ``config``'s model on one rank; return its path."""
+    folder = tmp_path / "seed"
+    result = run_job(
+        config,
+        1,
+        tmp_path,
+        [*SINGLE_RANK, "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
+         f"--checkpoint.folder={folder}", *overrides],
+    )
+    if result.returncode != 0:
+        sys.stderr.write(result.output[-6000:])
+    assert result.returncode == 0, "seed checkpoint run failed (output above)"
+    return folder / "step-0"
+
+
 def assert_parity(reference: RunResult, other: RunResult, rtol: float = 1e-4) -> float:
     """Assert both runs succeeded with the same number of steps and per-step losses within
     ``rtol``; returns the largest relative difference."""
@@ -84,7 +124,7 @@ def assert_parity(reference: RunResult, other: RunResult, rtol: float = 1e-4) ->
         assert result.returncode == 0, "training run failed (output above)"
     assert len(reference.losses) == len(other.losses) > 0
     worst = 0.0
-    for step, (a, b) in enumerate(zip(reference.losses, other.losses), start=1):
+    for step, (a, b) in enumerate(zip(reference.losses, other.losses, strict=True), start=1):
         rel = abs(a - b) / abs(a)
         worst = max(worst, rel)
         assert rel <= rtol, f"step {step}: loss {b!r} vs 1-rank {a!r} (rel {rel:.2e} > {rtol})"

@@ -51,6 +51,10 @@ def parse_config(argv: list[str]) -> Any:
         raise UserError(f"cannot read config {path}: {exc}") from exc
 
 
+# Set by run_train.sh: parse and check the job in one process before torchrun starts the ranks,
+# so a user mistake is reported once, as one line, without torchrun's failure report.
+PREFLIGHT_ENV = "AUTOPARALLEL_PREFLIGHT"
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -160,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     job_config = parse_config(argv)
     dry_run = job_config.comm.mode == "fake_backend"
     check_config(job_config, cpu, dry_run)
+    if os.environ.get(PREFLIGHT_ENV) == "1":
+        logger.info("preflight OK: config parsed and checked")
+        return 0
     if dry_run:
         prepare_dry_run(job_config)
 
@@ -169,6 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if dry_run:
             logger.info(dry_run_report(trainer))
+            return 0
+        if job_config.checkpoint.create_seed_checkpoint:
+            if int(os.environ.get("WORLD_SIZE", "1")) != 1 or not job_config.checkpoint.enable:
+                raise UserError(
+                    "create_seed_checkpoint needs NGPU=1 and --checkpoint.enable"
+                )
+            trainer.checkpointer.save(curr_step=0, last_step=True)
+            logger.info("Created seed checkpoint")
             return 0
         trainer.train()
     finally:
