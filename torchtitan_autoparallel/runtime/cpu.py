@@ -130,8 +130,9 @@ def _patch_device() -> None:
 
 def _patch_histc() -> None:
     # Upstream: MoE routing (torchtitan.models.moe.moe) calls torch.histc on int64 expert
-    # indices; the CPU kernel only exists for floating dtypes. Cast integer CPU inputs to float
-    # (counts are exact for < 2**24 tokens per expert). Other inputs go to torch unchanged.
+    # indices; the CPU kernel only exists for floating dtypes. Count in float and return the
+    # input's dtype, as the CUDA kernel does (exact for < 2**24 tokens per expert; the counts
+    # feed split sizes and slices, which need integers). Other inputs go to torch unchanged.
     # Tested by tests/test_cpu_runtime.py::test_histc_int64.
     if getattr(torch.histc, "_autoparallel_cpu", False):
         return
@@ -140,7 +141,7 @@ def _patch_histc() -> None:
     @functools.wraps(original)
     def histc(input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if input.device.type == "cpu" and not input.is_floating_point():
-            return original(input.float(), *args, **kwargs)
+            return original(input.float(), *args, **kwargs).to(input.dtype)
         return original(input, *args, **kwargs)
 
     histc._autoparallel_cpu = True  # type: ignore[attr-defined]
