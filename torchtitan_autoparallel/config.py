@@ -20,6 +20,24 @@ class Parallelism:
 
 @dataclass
 class Autoparallel:
+    hardware: str = "cpu"
+    """Hardware profile: a name under torchtitan_autoparallel/profiles (h100_sxm, a100_sxm, cpu)
+    or a path to a profile .toml."""
+    gpus_per_node: int = 0
+    """Devices per node; 0 takes the profile's value. TP stays inside a node."""
+    memory_gib: float = 0.0
+    """Memory budget per device in GiB; 0 takes the profile's usable memory."""
+    techniques: list[str] = field(default_factory=lambda: ["fsdp", "hsdp", "tp", "ac"])
+    """Techniques the search may use (restrict it to compare or to debug)."""
+    time_limit_s: float = 30.0
+    """Wall-clock limit for all MILP solves; the best plan found so far is returned with its
+    gap."""
+    pins: list[str] = field(default_factory=list)
+    """Module fqn globs left to TorchTitan's own code (MoE routing; used by MoE planning)."""
+    plan_file: str = ""
+    """Replay this plan instead of solving."""
+    save_plan: str = ""
+    """Write the plan to this path (JSON) at job start."""
     metrics_file: str = ""
     """If set, rank 0 appends one JSON line per step (loss, grad norm, step time, tokens/s,
     peak memory) to this file. Used by the parity tests and the experiment sweeps."""

@@ -6,7 +6,9 @@ through ``register_train_spec`` with three additions:
 * a ``bench`` flavor (~10M parameters) per family, derived from the family's ``debugmodel``;
 * the project's global-batch data loader for the project's datasets (other datasets keep the
   family's loader);
-* after the family's parallelize function, the CPU/gloo gradient-reduction fix (no-op on GPU).
+* the plan's application instead of the family's parallelize function when the job is planned
+  (the ``autoparallel`` converter attaches the plan to the model);
+* after parallelizing, the CPU/gloo gradient-reduction fix (no-op on GPU).
 """
 
 from __future__ import annotations
@@ -30,11 +32,21 @@ BENCH_OVERRIDES: dict[str, dict[str, Any]] = {
 _registered = False
 
 
-def _with_cpu_reduction(parallelize_fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+def _with_plan_and_cpu_reduction(
+    parallelize_fn: Callable[..., nn.Module],
+) -> Callable[..., nn.Module]:
+    """The family's parallelize function, or the plan's application when the ``autoparallel``
+    converter attached a plan to the model; then the CPU gradient-reduction fix."""
+    from .apply import apply_plan
+    from .converter import PLAN_ATTR
     from .runtime.cpu import force_sum_reduction
 
-    def parallelize(model: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
-        model = parallelize_fn(model, *args, **kwargs)
+    def parallelize(model: nn.Module, parallel_dims: Any, job_config: Any) -> nn.Module:
+        plan = getattr(model, PLAN_ATTR, None)
+        if plan is not None:
+            model = apply_plan(model, parallel_dims, job_config, plan)
+        else:
+            model = parallelize_fn(model, parallel_dims, job_config)
         force_sum_reduction(model)
         return model
 
@@ -67,8 +79,10 @@ def register() -> None:
     from torchtitan.protocols import train_spec as ts
 
     from . import data
+    from .converter import register_converter
 
     data.register_datasets()
+    register_converter()
     for family in FAMILIES:
         if family in ts._extra_train_specs:
             continue
@@ -78,7 +92,7 @@ def register() -> None:
         spec = dataclasses.replace(
             base,
             model_args=model_args,
-            parallelize_fn=_with_cpu_reduction(base.parallelize_fn),
+            parallelize_fn=_with_plan_and_cpu_reduction(base.parallelize_fn),
             build_dataloader_fn=_with_global_batch_loader(base.build_dataloader_fn),
         )
         ts.register_train_spec(family, spec)

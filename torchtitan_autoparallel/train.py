@@ -85,6 +85,48 @@ def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
             raise UserError(problems[0])
 
 
+def world_size(job_config: Any) -> int:
+    """World size of the job: NGPU for dry runs, else WORLD_SIZE set by torchrun."""
+    key = "NGPU" if job_config.comm.mode == "fake_backend" else "WORLD_SIZE"
+    return int(os.environ.get(key, os.environ.get("WORLD_SIZE", "1")))
+
+
+def prepare_planned_job(job_config: Any, write: bool) -> Any:
+    """Plan (or load the plan file), then make the job TorchTitan runs follow the plan: mesh
+    degrees, local batch size, and the ``autoparallel`` converter that applies it."""
+    from torchtitan.tools.logging import logger
+
+    from .converter import NAME, PLAN_ATTR
+    from .plan import Plan
+    from .planner import plan_job
+
+    world = world_size(job_config)
+    ap = job_config.autoparallel
+    if ap.plan_file:
+        plan = Plan.load(ap.plan_file)
+        if plan.mesh.world != world:
+            raise UserError(f"plan {ap.plan_file} is for world size {plan.mesh.world}, this job "
+                            f"has {world}; re-plan or launch with NGPU={plan.mesh.world}")
+    else:
+        plan = plan_job(job_config, world)
+    if write:
+        logger.info("\n" + plan.table())
+        if ap.save_plan:
+            plan.save(ap.save_plan)
+            logger.info(f"plan written to {ap.save_plan}")
+    par, training = job_config.parallelism, job_config.training
+    par.data_parallel_replicate_degree = plan.mesh.dp_replicate
+    par.data_parallel_shard_degree = plan.mesh.dp_shard
+    par.tensor_parallel_degree = plan.mesh.tp
+    training.global_batch_size = plan.global_batch_size
+    training.local_batch_size = plan.local_batch_size
+    job_config.activation_checkpoint.mode = "none"  # per layer, from the plan
+    if NAME not in job_config.model.converters:
+        job_config.model.converters = [NAME, *job_config.model.converters]
+    setattr(job_config, PLAN_ATTR, plan)
+    return plan
+
+
 def _make_trainer_class() -> type:
     from torchtitan.train import Trainer
 
@@ -164,7 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     job_config = parse_config(argv)
     dry_run = job_config.comm.mode == "fake_backend"
     check_config(job_config, cpu, dry_run)
-    if os.environ.get(PREFLIGHT_ENV) == "1":
+    preflight = os.environ.get(PREFLIGHT_ENV) == "1"
+    if job_config.parallelism.auto or job_config.autoparallel.plan_file:
+        prepare_planned_job(job_config, write=preflight or int(os.environ.get("RANK", "0")) == 0)
+    if preflight:
         logger.info("preflight OK: config parsed and checked")
         return 0
     if dry_run:

@@ -1,0 +1,1 @@
+"""Cost model: hardware profiles, collectives, per-block time and memory."""

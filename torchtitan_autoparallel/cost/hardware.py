@@ -1,0 +1,73 @@
+"""Hardware profiles: every machine constant the cost model uses, kept in TOML files."""
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from ..errors import UserError
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One accelerator type and its interconnect."""
+
+    name: str
+    peak_tflops: float
+    """Peak dense throughput in the training dtype, TFLOP/s."""
+    matmul_efficiency: float
+    """Achieved fraction of peak on the model's GEMMs."""
+    memory_gib: float
+    """Device memory."""
+    usable_memory_fraction: float
+    """Fraction of device memory the planner may fill (allocator, context, comm buffers)."""
+    gpus_per_node: int
+    intra_node_gbps: float
+    """Collective bus bandwidth inside a node, GB/s."""
+    inter_node_gbps: float
+    """Collective bandwidth per device across nodes, GB/s."""
+    intra_node_latency_us: float
+    inter_node_latency_us: float
+    comm_overlap: float
+    """Fraction of a layer's compute under which its FSDP collectives can hide (0..1)."""
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.peak_tflops * 1e12 * self.matmul_efficiency
+
+    @property
+    def budget_bytes(self) -> float:
+        return self.memory_gib * 2**30 * self.usable_memory_fraction
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+
+
+def load_profile(name_or_path: str) -> HardwareProfile:
+    """Load a profile by name (``h100_sxm``, ``a100_sxm``, ``cpu``) or from a TOML file path."""
+    path = Path(name_or_path)
+    if not (name_or_path.endswith(".toml") or os.sep in name_or_path):
+        path = PROFILE_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        raise UserError(
+            f"unknown hardware profile {name_or_path!r}: use one of {available_profiles()} "
+            "or a path to a profile .toml"
+        )
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+        fields = {f.name for f in dataclasses.fields(HardwareProfile)}
+        unknown = set(data) - fields
+        if unknown:
+            raise ValueError(f"unknown keys {sorted(unknown)}")
+        return HardwareProfile(**data)
+    except (tomllib.TOMLDecodeError, TypeError, ValueError) as exc:
+        raise UserError(f"hardware profile {path} is malformed: {exc}") from exc

@@ -1,0 +1,124 @@
+"""Per-block time and memory for a strategy on a mesh, and the fixed per-step terms.
+
+Alpha-beta collectives (ring: (p-1)/p of the buffer for all-gather / reduce-scatter, 2(p-1)/p for
+all-reduce; intra- vs inter-node bandwidth by whether the mesh dim spans nodes). FSDP collectives
+overlap a fraction (profile ``comm_overlap``) of the block's compute; TP collectives are exposed.
+Memory counts fp32 master parameters, gradients and AdamW state sharded over dp_shard x tp,
+activations kept for backward (scaled by AC), unsharded parameters of blocks that keep them
+between forward and backward, the logits, and the transient working set of one block.
+"""
+
+from dataclasses import dataclass
+
+from ..graph.layer_graph import Layer, LayerGraph
+from ..strategies import BlockStrategy, Mesh
+from .hardware import HardwareProfile
+
+# activation checkpointing: (fraction of activations kept, fraction of forward recomputed)
+# selective = TorchTitan's op-level SAC (keeps every other matmul output and attention output).
+AC_EFFECT = {"none": (1.0, 0.0), "selective": (0.4, 0.5), "full": (0.0, 1.0)}
+STATE_BYTES_PER_PARAM = 16  # fp32 param + fp32 grad + AdamW exp_avg + exp_avg_sq
+
+
+@dataclass(frozen=True)
+class Precision:
+    param_bytes: int = 4
+    """Bytes per element of all-gathered parameters and activations (mixed_precision_param)."""
+    reduce_bytes: int = 4
+    """Bytes per element of gradient reduction (mixed_precision_reduce)."""
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    time_s: float
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    kept_bytes: float
+    """Memory held from this block's forward until its backward (activations, unsharded params)."""
+    state_bytes: float
+    """Parameters, gradients and optimizer state, always resident."""
+    transient_bytes: float
+    """Working set while this block runs its backward."""
+
+
+def collective_s(kind: str, nbytes: float, group: int, spans_nodes: bool,
+                 hw: HardwareProfile) -> float:
+    """Time of one ring collective of ``nbytes`` (full buffer) over ``group`` ranks."""
+    if group <= 1 or nbytes <= 0:
+        return 0.0
+    bw = (hw.inter_node_gbps if spans_nodes else hw.intra_node_gbps) * 1e9
+    alpha = (hw.inter_node_latency_us if spans_nodes else hw.intra_node_latency_us) * 1e-6
+    factor = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0, "all_to_all": 1.0}[kind]
+    return factor * ((group - 1) * alpha + (group - 1) / group * nbytes / bw)
+
+
+def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+               hw: HardwareProfile, prec: Precision, gpus_per_node: int) -> BlockCost:
+    """Time for one micro-batch through one block (forward + backward) and its memory."""
+    keep_frac, recompute_frac = AC_EFFECT[strategy.ac]
+    act_scale = prec.param_bytes / 4
+    fwd = layer.fwd_flops * microbatch / mesh.tp / hw.flops_per_s
+    compute = fwd * (3.0 + recompute_frac)
+
+    # TP + SP: per block, 2 all-gathers + 2 reduce-scatters of the activations in forward,
+    # the same in backward, and again for a full recompute.
+    act = layer.io_bytes * microbatch * act_scale
+    tp_nodes = mesh.spans_nodes("tp", gpus_per_node)
+    tp_one = collective_s("all_gather", act, mesh.tp, tp_nodes, hw)
+    tp_comm = tp_one * (8 + (4 if strategy.ac == "full" else 0))
+
+    # FSDP: all-gather params in forward (and again in backward if resharded), reduce-scatter
+    # grads; HSDP adds an all-reduce of the shard over dp_replicate.
+    pbytes = layer.params * prec.param_bytes / mesh.tp
+    gbytes = layer.params * prec.reduce_bytes / mesh.tp
+    ds_nodes = mesh.spans_nodes("dp_shard", gpus_per_node)
+    ag = collective_s("all_gather", pbytes, mesh.dp_shard, ds_nodes, hw)
+    rs = collective_s("reduce_scatter", gbytes, mesh.dp_shard, ds_nodes, hw)
+    ar = collective_s("all_reduce", gbytes / mesh.dp_shard, mesh.dp_replicate,
+                      mesh.spans_nodes("dp_replicate", gpus_per_node), hw)
+    fwd_comm = ag
+    bwd_comm = (ag if strategy.reshard_after_forward else 0.0) + rs + ar
+    exposed = max(0.0, fwd_comm - hw.comm_overlap * fwd) + max(
+        0.0, bwd_comm - hw.comm_overlap * (compute - fwd)
+    )
+    time = compute + tp_comm + exposed
+
+    saved = layer.saved_bytes * microbatch * act_scale / mesh.tp
+    kept = keep_frac * saved + (layer.io_bytes * microbatch * act_scale / mesh.tp
+                                if strategy.ac != "none" else 0.0)
+    unsharded = layer.params * prec.param_bytes / mesh.tp
+    if not strategy.reshard_after_forward and mesh.dp_shard > 1:
+        kept += unsharded
+    state = layer.params * STATE_BYTES_PER_PARAM / (mesh.dp_shard * mesh.tp)
+    # backward of this block: its recomputed activations, unsharded params of it and the
+    # prefetched next one, and its unsharded gradients
+    transient = (saved if strategy.ac != "none" else 0.0) + 2 * unsharded + gbytes
+    return BlockCost(time, compute, tp_comm + fwd_comm + bwd_comm, tp_comm + exposed,
+                     kept, state, transient)
+
+
+@dataclass(frozen=True)
+class FixedCost:
+    """Embedding and norm + output: their per-micro-batch time and memory (not planned per
+    layer: they follow the mesh, vocab-parallel with loss parallel when tp > 1)."""
+
+    time_s: float
+    kept_bytes: float
+    state_bytes: float
+
+
+def fixed_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
+               prec: Precision, gpus_per_node: int) -> FixedCost:
+    time = kept = state = 0.0
+    for layer in graph.layers:
+        if layer.kind == "block":
+            continue
+        cost = block_cost(layer, mesh, BlockStrategy("none", True), microbatch, hw, prec,
+                          gpus_per_node)
+        time += cost.time_s
+        # logits stay fp32 for the loss: not scaled by the activation dtype
+        fp32_logits = layer.saved_bytes * microbatch / mesh.tp
+        kept += fp32_logits if layer.kind == "output" else cost.kept_bytes
+        state += cost.state_bytes
+    return FixedCost(time, kept, state)

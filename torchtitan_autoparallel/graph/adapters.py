@@ -1,0 +1,85 @@
+"""Per-model-family knowledge, one small adapter each: where the blocks are, head counts, and
+which TorchTitan helpers parallelize the family. Adding a family is adding one entry."""
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UserError
+
+
+def _resolve(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class FamilyAdapter:
+    """How the planner and the applier see one TorchTitan model family."""
+
+    family: str
+    rope_buffer: str
+    """Model buffer passed to every block as its second argument (RoPE table)."""
+    tp_fn: str
+    """TorchTitan function applying the family's TP + SP plan (import path)."""
+    op_sac_save_list: str
+    """The family's selective-AC op save list (import path)."""
+    head_dims: Callable[[Any], tuple[int, int, int]]
+    """model args -> (n_heads, n_kv_heads, head_dim)."""
+    tp_kwargs: dict[str, Any] = field(default_factory=dict)
+    blocks: str = "layers"
+    embedding: str = "tok_embeddings"
+    final_norm: str = "norm"
+    output: str = "output"
+
+    def apply_tp(self, model: Any, tp_mesh: Any, loss_parallel: bool) -> None:
+        _resolve(self.tp_fn)(
+            model,
+            tp_mesh,
+            loss_parallel=loss_parallel,
+            enable_float8_tensorwise_tp=False,
+            cp_enabled=False,
+            **self.tp_kwargs,
+        )
+
+    def sac_save_list(self) -> set:
+        return _resolve(self.op_sac_save_list)
+
+
+def _llama_heads(args: Any) -> tuple[int, int, int]:
+    kv = args.n_kv_heads or args.n_heads
+    return args.n_heads, kv, args.dim // args.n_heads
+
+
+def _qwen_heads(args: Any) -> tuple[int, int, int]:
+    kv = args.n_kv_heads or args.n_heads
+    return args.n_heads, kv, args.head_dim
+
+
+ADAPTERS: dict[str, FamilyAdapter] = {
+    "llama3": FamilyAdapter(
+        family="llama3",
+        rope_buffer="freqs_cis",
+        tp_fn="torchtitan.models.llama3.infra.parallelize.apply_tp",
+        op_sac_save_list="torchtitan.models.llama3.infra.parallelize._op_sac_save_list",
+        head_dims=_llama_heads,
+    ),
+    "qwen3": FamilyAdapter(
+        family="qwen3",
+        rope_buffer="rope_cache",
+        tp_fn="torchtitan.models.qwen3.infra.parallelize.apply_non_moe_tp",
+        op_sac_save_list="torchtitan.models.qwen3.infra.parallelize._op_sac_save_list",
+        head_dims=_qwen_heads,
+        tp_kwargs={"enable_async_tp": False},
+    ),
+}
+
+
+def get_adapter(family: str) -> FamilyAdapter:
+    if family not in ADAPTERS:
+        raise UserError(
+            f"auto parallelism does not support model {family!r} yet: supported families are "
+            f"{sorted(ADAPTERS)}; set parallelism.auto = false to use TorchTitan's recipe"
+        )
+    return ADAPTERS[family]

@@ -1,0 +1,155 @@
+"""Layer graph: per layer kind, fqn, parameters, FLOPs and saved-activation bytes.
+
+Built from the model on the meta device: every distinct block is run forward once on meta
+tensors for the job's sequence length (batch 1) under ``FlopCounterMode`` and a
+``saved_tensors_hooks`` that counts what autograd keeps for backward. SDPA is routed to the
+flash kernel's op (meta SDPA would otherwise decompose into the math path and count the s x s
+score matrix that flash attention never stores); its causal FLOPs are added analytically since
+the counter has no formula for it.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from .adapters import FamilyAdapter, get_adapter
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One schedulable unit: the embedding, a transformer block, or norm + output."""
+
+    fqn: str
+    kind: str
+    """"embedding", "block" or "output"."""
+    params: int
+    """Parameter count (tied weights counted once, at their first owner)."""
+    fwd_flops: float
+    """Forward FLOPs for one sequence of the job's length."""
+    saved_bytes: float
+    """Activation bytes kept for backward for one sequence, no checkpointing, fp32."""
+    io_bytes: float
+    """Bytes of the layer's input for one sequence (what full AC keeps), fp32."""
+    signature: str
+    """Layers with equal signatures are interchangeable (aggregated in the MILP)."""
+
+
+@dataclass(frozen=True)
+class LayerGraph:
+    family: str
+    flavor: str
+    seq_len: int
+    dim: int
+    vocab_size: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    layers: tuple[Layer, ...]
+
+    @property
+    def blocks(self) -> list[Layer]:
+        return [layer for layer in self.layers if layer.kind == "block"]
+
+    @property
+    def total_params(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+
+class _FlashSDPA(TorchFunctionMode):
+    """Route F.scaled_dot_product_attention to the flash op (what real kernels save)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention_flops = 0.0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            q, k, v = args[:3]
+            causal = kwargs.get("is_causal", False)
+            if q.shape[1] != k.shape[1]:  # grouped-query attention
+                rep = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            b, h, s, d = q.shape
+            self.attention_flops += 4 * b * h * s * s * d * (0.5 if causal else 1.0)
+            out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, is_causal=causal, scale=kwargs.get("scale")
+            )
+            return out
+        return func(*args, **kwargs)
+
+
+def measure_block(block: torch.nn.Module, rope: torch.Tensor, seq_len: int, dim: int) -> tuple:
+    """(forward FLOPs, saved bytes) of one block for one sequence, on meta tensors."""
+    params = {id(p) for p in block.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        base = t._base if t._base is not None else t
+        if id(t) not in params and id(base) not in params:
+            saved[id(base)] = base.numel() * base.element_size()
+        return t
+
+    x = torch.empty(1, seq_len, dim, device="meta", requires_grad=True)
+    sdpa = _FlashSDPA()
+    with (
+        FlopCounterMode(display=False) as counter,
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        sdpa,
+    ):
+        block(x, rope, None)
+    return counter.get_total_flops() + sdpa.attention_flops, float(sum(saved.values()))
+
+
+def _signature(module: torch.nn.Module) -> str:
+    shapes = ",".join(f"{n}:{tuple(p.shape)}" for n, p in module.named_parameters())
+    return f"{type(module).__name__}[{shapes}]"
+
+
+def build_layer_graph(
+    family: str, flavor: str, model_args: Any, model_cls: type, seq_len: int
+) -> LayerGraph:
+    """Read the model (built on meta) into a LayerGraph for sequences of ``seq_len`` tokens."""
+    adapter: FamilyAdapter = get_adapter(family)
+    args = dataclasses.replace(model_args, max_seq_len=seq_len)
+    with torch.device("meta"):
+        model = model_cls(args)
+    n_heads, n_kv_heads, head_dim = adapter.head_dims(args)
+    dim, vocab = args.dim, args.vocab_size
+    fp32 = 4
+    seen: set[int] = set()
+
+    def count(module: torch.nn.Module) -> int:
+        total = 0
+        for p in module.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+        return total
+
+    layers = []
+    embedding = model.get_submodule(adapter.embedding)
+    layers.append(Layer(adapter.embedding, "embedding", count(embedding), 0.0,
+                        seq_len * dim * fp32, seq_len * 8, "embedding"))
+    rope = getattr(model, adapter.rope_buffer)
+    measured: dict[str, tuple[float, float]] = {}
+    for name, block in model.get_submodule(adapter.blocks).named_children():
+        sig = _signature(block)
+        if sig not in measured:
+            measured[sig] = measure_block(block, rope, seq_len, dim)
+        flops, saved = measured[sig]
+        layers.append(Layer(f"{adapter.blocks}.{name}", "block", count(block), flops, saved,
+                            seq_len * dim * fp32, sig))
+    norm, output = model.get_submodule(adapter.final_norm), model.get_submodule(adapter.output)
+    out_params = count(norm) + count(output)
+    # logits are kept in fp32 for the loss, plus their gradient buffer during backward
+    layers.append(Layer(adapter.output, "output", out_params, 2.0 * seq_len * dim * vocab,
+                        2 * seq_len * vocab * fp32 + 2 * seq_len * dim * fp32,
+                        seq_len * dim * fp32, "output"))
+    return LayerGraph(family, flavor, seq_len, dim, vocab, n_heads, n_kv_heads, head_dim,
+                      tuple(layers))

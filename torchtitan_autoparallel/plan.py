@@ -1,0 +1,153 @@
+"""The Plan: plain, versioned data that says how to parallelize one job; JSON in and out."""
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import UserError
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class LayerPlan:
+    fqn: str
+    kind: str
+    """"embedding", "block" or "output"."""
+    ac: str = "none"
+    """Activation checkpointing: none / selective / full."""
+    reshard_after_forward: bool = True
+    tp: bool = False
+    """Tensor parallel with sequence parallel (vocab-parallel + loss parallel for embedding and
+    output) on the tp mesh dim."""
+    time_ms: float = 0.0
+    """Predicted forward + backward time per micro-batch."""
+    comm_ms: float = 0.0
+    """Predicted exposed communication per micro-batch."""
+    memory_mib: float = 0.0
+    """Predicted memory held for backward per micro-batch plus resident state."""
+
+    @property
+    def strategy(self) -> str:
+        parts = ["fsdp" if self.reshard_after_forward else "fsdp-keep"]
+        if self.tp:
+            parts.append("tp+sp")
+        if self.ac != "none":
+            parts.append(f"ac:{self.ac}")
+        return "+".join(parts)
+
+
+@dataclass
+class MeshPlan:
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+
+    @property
+    def world(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp
+
+
+@dataclass
+class Plan:
+    fingerprint: dict[str, Any]
+    mesh: MeshPlan
+    global_batch_size: int
+    local_batch_size: int
+    gradient_accumulation_steps: int
+    seq_len: int
+    layers: list[LayerPlan]
+    predicted: dict[str, float]
+    solver: dict[str, Any]
+    version: int = SCHEMA_VERSION
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
+
+    def digest(self) -> str:
+        """Hash of the decisions (not the solver timings): equal digests apply identically."""
+        decisions = {k: v for k, v in self.to_dict().items() if k not in ("solver", "notes")}
+        text = json.dumps(decisions, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        if data.get("version") != SCHEMA_VERSION:
+            raise UserError(
+                f"plan schema version {data.get('version')!r} is not supported (this version "
+                f"reads {SCHEMA_VERSION}); re-plan the job"
+            )
+        data = dict(data)
+        data["mesh"] = MeshPlan(**data["mesh"])
+        data["layers"] = [LayerPlan(**layer) for layer in data["layers"]]
+        return cls(**data)
+
+    @classmethod
+    def load(cls, path: str) -> "Plan":
+        try:
+            with open(path) as f:
+                return cls.from_dict(json.load(f))
+        except FileNotFoundError as exc:
+            raise UserError(f"plan file not found: {path}") from exc
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise UserError(f"plan file {path} is corrupted or not a plan ({exc})") from exc
+
+    def save(self, path: str) -> None:
+        """Write atomically (temp file + rename): a reader never sees half a plan."""
+        folder = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".plan-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                f.write(self.to_json())
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise UserError(f"cannot write plan to {path}: {exc.strerror}") from exc
+
+    def table(self) -> str:
+        """Readable summary: mesh, batch split, predictions, then one row per layer run."""
+        m = self.mesh
+        p = self.predicted
+        lines = [
+            f"autoparallel plan {self.digest()}: mesh dp_replicate={m.dp_replicate} "
+            f"dp_shard={m.dp_shard} tp={m.tp} (world {m.world})",
+            f"  batch: global {self.global_batch_size} = local {self.local_batch_size} x dp "
+            f"{m.dp_replicate * m.dp_shard} x accumulation {self.gradient_accumulation_steps}, "
+            f"seq {self.seq_len}",
+            f"  predicted: step {p['step_time_s']:.4g} s, {p['tokens_per_s']:.4g} tokens/s, "
+            f"peak {p['peak_memory_gib']:.3g} GiB of {p['budget_gib']:.3g} GiB per device",
+            f"  solver: {self.solver['status']}, gap {self.solver['gap']:.2g}, "
+            f"{self.solver['milps_solved']} MILPs over {self.solver['candidates']} candidates, "
+            f"{self.solver['variables']} variables, {self.solver['constraints']} constraints, "
+            f"planning {self.solver.get('planning_time_s', 0.0):.3f} s",
+            f"  {'layers':<24}{'strategy':<26}{'time/mb ms':>12}{'exposed comm ms':>17}"
+            f"{'memory MiB':>12}",
+        ]
+        for group in _runs(self.layers):
+            first, last = group[0], group[-1]
+            name = first.fqn if first is last else f"{first.fqn}..{last.fqn.split('.')[-1]}"
+            lines.append(
+                f"  {name:<24}{first.strategy:<26}{first.time_ms:>12.4g}{first.comm_ms:>17.4g}"
+                f"{first.memory_mib:>12.4g}" + (f"  x{len(group)}" if len(group) > 1 else "")
+            )
+        return "\n".join(lines)
+
+
+def _runs(layers: list[LayerPlan]) -> list[list[LayerPlan]]:
+    runs: list[list[LayerPlan]] = []
+    for layer in layers:
+        same = (runs and runs[-1][0].kind == layer.kind
+                and runs[-1][0].strategy == layer.strategy)
+        if same:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return runs

@@ -1,0 +1,188 @@
+"""Planning: TorchTitan job config -> layer graph -> candidates -> costs -> MILP -> Plan.
+
+Offline: no process group, no device. ``plan_job`` is what the entrypoint (every rank, and the
+one-process preflight) and the CLI call.
+"""
+
+import dataclasses
+import hashlib
+import json
+import time
+from typing import Any
+
+from . import __version__
+from .cost.hardware import load_profile
+from .cost.model import Precision
+from .errors import UserError
+from .graph.layer_graph import LayerGraph, build_layer_graph
+from .plan import LayerPlan, MeshPlan, Plan
+from .solver import search
+from .strategies import TECHNIQUES, Constraints, Mesh, enumerate_meshes
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def constraints_from_config(job_config: Any) -> Constraints:
+    """Degrees the user set in [parallelism] become constraints; unsupported ones are errors."""
+    par = job_config.parallelism
+    for name, value in (
+        ("context_parallel_degree", par.context_parallel_degree),
+        ("pipeline_parallel_degree", par.pipeline_parallel_degree),
+        ("expert_parallel_degree", par.expert_parallel_degree),
+    ):
+        if value != 1:
+            raise UserError(
+                f"parallelism.{name} = {value} with auto = true: the planner does not search "
+                f"this dimension yet; set it to 1 or set parallelism.auto = false"
+            )
+    techniques = tuple(job_config.autoparallel.techniques)
+    unknown = sorted(set(techniques) - set(TECHNIQUES))
+    if unknown:
+        raise UserError(
+            f"autoparallel.techniques has unknown entries {unknown}; allowed: {list(TECHNIQUES)}"
+        )
+    if par.data_parallel_shard_degree not in (-1,) and par.data_parallel_shard_degree < 1:
+        raise UserError("parallelism.data_parallel_shard_degree must be -1 (free) or >= 1")
+    return Constraints(
+        dp_replicate=par.data_parallel_replicate_degree
+        if par.data_parallel_replicate_degree != 1 else 0,
+        dp_shard=par.data_parallel_shard_degree if par.data_parallel_shard_degree != -1 else 0,
+        tp=par.tensor_parallel_degree if par.tensor_parallel_degree != 1 else 0,
+        techniques=techniques,
+    )
+
+
+def _check_options(ap: Any) -> None:
+    if ap.memory_gib < 0:
+        raise UserError(f"autoparallel.memory_gib must be >= 0 (0 = profile default), got "
+                        f"{ap.memory_gib}")
+    if ap.gpus_per_node < 0:
+        raise UserError(f"autoparallel.gpus_per_node must be >= 0 (0 = profile default), got "
+                        f"{ap.gpus_per_node}")
+    if ap.time_limit_s <= 0:
+        raise UserError(f"autoparallel.time_limit_s must be > 0, got {ap.time_limit_s}")
+
+
+def layer_graph_for(job_config: Any) -> LayerGraph:
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    name, flavor = job_config.model.name, job_config.model.flavor
+    spec = get_train_spec(name)
+    if flavor not in spec.model_args:
+        raise UserError(f"unknown flavor {flavor!r} for {name}: choose one of "
+                        f"{sorted(spec.model_args)}")
+    args = dataclasses.replace(spec.model_args[flavor])
+    return build_layer_graph(name, flavor, args, spec.model_cls, job_config.training.seq_len)
+
+
+def fingerprint(job_config: Any, graph: LayerGraph, world: int, gpus_per_node: int,
+                hardware: str, budget_gib: float, global_batch: int) -> dict[str, Any]:
+    import torch
+    import torchtitan
+
+    args_text = json.dumps([dataclasses.astuple(layer) for layer in graph.layers])
+    return {
+        "model": job_config.model.name,
+        "flavor": job_config.model.flavor,
+        "model_hash": hashlib.sha256(args_text.encode()).hexdigest()[:16],
+        "seq_len": graph.seq_len,
+        "global_batch_size": global_batch,
+        "world_size": world,
+        "gpus_per_node": gpus_per_node,
+        "hardware": hardware,
+        "memory_budget_gib": round(budget_gib, 6),
+        "mixed_precision_param": job_config.training.mixed_precision_param,
+        "versions": {"torchtitan_autoparallel": __version__, "torch": torch.__version__,
+                     "torchtitan": getattr(torchtitan, "__version__", "0.2.2")},
+    }
+
+
+def plan_job(job_config: Any, world: int) -> Plan:
+    """Solve the parallelization of ``job_config`` on ``world`` devices."""
+    start = time.perf_counter()
+    ap = job_config.autoparallel
+    _check_options(ap)
+    constraints = constraints_from_config(job_config)
+    hw = load_profile(ap.hardware)
+    gpus_per_node = ap.gpus_per_node or hw.gpus_per_node
+    budget = ap.memory_gib * 2**30 if ap.memory_gib > 0 else hw.budget_bytes
+    training = job_config.training
+    global_batch = (training.global_batch_size if training.global_batch_size > 0
+                    else training.local_batch_size * world)
+    try:
+        prec = Precision(DTYPE_BYTES[training.mixed_precision_param],
+                         DTYPE_BYTES[training.mixed_precision_reduce])
+    except KeyError as exc:
+        raise UserError(f"unsupported mixed precision dtype {exc}") from exc
+    graph = layer_graph_for(job_config)
+    meshes = enumerate_meshes(graph, world, gpus_per_node, constraints)
+    meshes = [m for m in meshes if global_batch % m.dp == 0] or _no_batch_split(
+        meshes, global_batch)
+    result = search(graph, world, global_batch, hw, prec, gpus_per_node, budget, constraints,
+                    meshes, ap.time_limit_s)
+    if result.best is None:
+        raise UserError(
+            f"no plan fits the memory budget of {budget / 2**30:.3g} GiB per device; the "
+            f"smallest budget that works is {result.min_feasible_bytes / 2**30:.3g} GiB "
+            "(raise autoparallel.memory_gib, lower the batch or sequence length, or add devices)"
+        )
+    sol = result.best
+    cand = sol.candidate
+    layers = _layer_plans(graph, sol)
+    step = sol.step_time_s
+    stats = dict(result.stats)
+    stats["objective"] = step
+    stats["planning_time_s"] = time.perf_counter() - start
+    plan = Plan(
+        fingerprint=fingerprint(job_config, graph, world, gpus_per_node, hw.name,
+                                budget / 2**30, global_batch),
+        mesh=MeshPlan(cand.mesh.dp_replicate, cand.mesh.dp_shard, cand.mesh.tp),
+        global_batch_size=global_batch,
+        local_batch_size=cand.microbatch,
+        gradient_accumulation_steps=cand.accum,
+        seq_len=graph.seq_len,
+        layers=layers,
+        predicted={
+            "step_time_s": step,
+            "tokens_per_s": global_batch * graph.seq_len / step,
+            "peak_memory_gib": sol.peak_bytes / 2**30,
+            "budget_gib": budget / 2**30,
+        },
+        solver=stats,
+    )
+    return plan
+
+
+def _no_batch_split(meshes: list[Mesh], global_batch: int) -> list[Mesh]:
+    dps = sorted({m.dp for m in meshes})
+    raise UserError(
+        f"global batch size {global_batch} cannot be split over any legal data-parallel degree "
+        f"{dps}: choose training.global_batch_size as a multiple of one of them"
+    )
+
+
+def _layer_plans(graph: LayerGraph, sol: Any) -> list[LayerPlan]:
+    """Give each block its strategy: within a class, the most memory-saving strategies go to
+    the earliest blocks (deterministic; order does not change the predicted peak)."""
+    cand = sol.candidate
+    tp = cand.mesh.tp > 1
+    queues: dict[str, list] = {}
+    for (cls, strategy), n in sorted(
+        sol.counts.items(), key=lambda kv: (kv[0][0], cand.costs[kv[0]].kept_bytes, kv[0][1])
+    ):
+        queues.setdefault(cls, []).extend([strategy] * n)
+    plans = []
+    for layer in graph.layers:
+        if layer.kind != "block":
+            plans.append(LayerPlan(layer.fqn, layer.kind, "none",
+                                   layer.kind == "embedding", tp))
+            continue
+        strategy = queues[layer.signature].pop(0)
+        cost = cand.costs[(layer.signature, strategy)]
+        plans.append(LayerPlan(
+            layer.fqn, "block", strategy.ac, strategy.reshard_after_forward, tp,
+            time_ms=round(cost.time_s * 1e3, 6),
+            comm_ms=round(cost.exposed_comm_s * 1e3, 6),
+            memory_mib=round((cost.kept_bytes + cost.state_bytes) / 2**20, 6),
+        ))
+    return plans

@@ -1,0 +1,197 @@
+"""MILP construction and HiGHS solve; mesh search around it.
+
+For each candidate (mesh, micro-batch) the per-block decision is a small MILP over integer
+counts: identical blocks (same signature) are interchangeable, so the model has one integer
+``n[c,s]`` per block class and strategy instead of one binary per layer, and its size does not
+grow with depth. Binary ``y[c,s]`` marks strategies in use so the working-set term ``W`` is the
+max over used strategies (not a sum). Solved to optimality (``mip_rel_gap = 0``).
+
+    minimize   accum * (sum n[c,s] * t[c,s] + fixed time)
+    subject to sum_s n[c,s] = N[c]                      (every block gets one strategy)
+               n[c,s] <= N[c] * y[c,s]                  (y marks used strategies)
+               W >= w[c,s] * y[c,s]                     (working set of the worst used one)
+               sum n[c,s] * k[c,s] + W <= budget - resident
+"""
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import highspy
+
+from .cost.hardware import HardwareProfile
+from .cost.model import BlockCost, Precision, block_cost, fixed_cost
+from .graph.layer_graph import LayerGraph
+from .strategies import BlockStrategy, Constraints, Mesh, block_strategies, microbatch_sizes
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One (mesh, micro-batch) option with its per-class strategy costs."""
+
+    mesh: Mesh
+    microbatch: int
+    accum: int
+    classes: dict[str, int]
+    """block signature -> number of blocks."""
+    strategies: list[BlockStrategy]
+    costs: dict[tuple[str, BlockStrategy], BlockCost]
+    fixed_time_s: float
+    resident_bytes: float
+    """Memory that does not depend on the per-block choice (state, embedding/output)."""
+
+    def memory(self, counts: dict[tuple[str, BlockStrategy], int]) -> float:
+        used = [key for key, n in counts.items() if n > 0]
+        working = max((self.costs[key].transient_bytes for key in used), default=0.0)
+        return self.resident_bytes + working + sum(
+            n * self.costs[key].kept_bytes for key, n in counts.items()
+        )
+
+    def step_time(self, counts: dict[tuple[str, BlockStrategy], int]) -> float:
+        return self.accum * (
+            self.fixed_time_s + sum(n * self.costs[key].time_s for key, n in counts.items())
+        )
+
+    def min_memory(self) -> float:
+        """Smallest peak any single strategy for all blocks reaches (an achievable budget)."""
+        best = float("inf")
+        for s in self.strategies:
+            counts = {(c, s): n for c, n in self.classes.items()}
+            best = min(best, self.memory(counts))
+        return best
+
+    def time_lower_bound(self) -> float:
+        return self.accum * (self.fixed_time_s + sum(
+            n * min(self.costs[(c, s)].time_s for s in self.strategies)
+            for c, n in self.classes.items()
+        ))
+
+
+@dataclass
+class Solution:
+    candidate: Candidate
+    counts: dict[tuple[str, BlockStrategy], int]
+    step_time_s: float
+    peak_bytes: float
+    status: str
+    gap: float
+    variables: int
+    constraints: int
+
+
+@dataclass
+class SearchResult:
+    best: Solution | None
+    min_feasible_bytes: float
+    stats: dict = field(default_factory=dict)
+
+
+def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch: int,
+                    hw: HardwareProfile, prec: Precision, gpus_per_node: int,
+                    constraints: Constraints) -> Candidate:
+    classes: dict[str, int] = defaultdict(int)
+    representative = {}
+    for layer in graph.blocks:
+        classes[layer.signature] += 1
+        representative.setdefault(layer.signature, layer)
+    strategies = block_strategies(mesh, constraints)
+    costs = {
+        (c, s): block_cost(representative[c], mesh, s, microbatch, hw, prec, gpus_per_node)
+        for c in classes for s in strategies
+    }
+    fixed = fixed_cost(graph, mesh, microbatch, hw, prec, gpus_per_node)
+    # parameters, gradients and optimizer state do not depend on the block's strategy
+    block_state = sum(costs[(c, strategies[0])].state_bytes * n for c, n in classes.items())
+    return Candidate(mesh, microbatch, global_batch // (microbatch * mesh.dp), dict(classes),
+                     strategies, costs, fixed.time_s,
+                     block_state + fixed.state_bytes + fixed.kept_bytes)
+
+
+def solve_candidate(cand: Candidate, budget: float, time_limit_s: float) -> Solution | None:
+    """Solve the per-block MILP for one candidate; None if infeasible."""
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("mip_rel_gap", 0.0)
+    h.setOptionValue("time_limit", float(time_limit_s))
+    inf = highspy.kHighsInf
+    keys = [(c, s) for c in cand.classes for s in cand.strategies]
+    n_idx = {}
+    y_idx = {}
+    for key in keys:
+        n_idx[key] = h.getNumCol()
+        h.addCol(cand.accum * cand.costs[key].time_s, 0.0, float(cand.classes[key[0]]), 0, [], [])
+        h.changeColIntegrality(n_idx[key], highspy.HighsVarType.kInteger)
+    for key in keys:
+        y_idx[key] = h.getNumCol()
+        h.addCol(0.0, 0.0, 1.0, 0, [], [])
+        h.changeColIntegrality(y_idx[key], highspy.HighsVarType.kInteger)
+    w = h.getNumCol()
+    h.addCol(0.0, 0.0, inf, 0, [], [])
+    for c, count in cand.classes.items():
+        idx = [n_idx[(c, s)] for s in cand.strategies]
+        h.addRow(float(count), float(count), len(idx), idx, [1.0] * len(idx))
+    for key in keys:
+        h.addRow(-inf, 0.0, 2, [n_idx[key], y_idx[key]], [1.0, -float(cand.classes[key[0]])])
+        h.addRow(0.0, inf, 2, [w, y_idx[key]], [1.0, -cand.costs[key].transient_bytes])
+    idx = [n_idx[k] for k in keys] + [w]
+    vals = [cand.costs[k].kept_bytes for k in keys] + [1.0]
+    h.addRow(-inf, budget - cand.resident_bytes, len(idx), idx, vals)
+    h.run()
+    status = h.modelStatusToString(h.getModelStatus())
+    if h.getModelStatus() not in (highspy.HighsModelStatus.kOptimal,
+                                  highspy.HighsModelStatus.kTimeLimit):
+        return None
+    values = h.getSolution().col_value
+    if not values:
+        return None
+    counts = {k: int(round(values[n_idx[k]])) for k in keys}
+    info = h.getInfo()
+    return Solution(cand, counts, cand.step_time(counts), cand.memory(counts), status,
+                    float(info.mip_gap), h.getNumCol(), h.getNumRow())
+
+
+def search(graph: LayerGraph, world: int, global_batch: int, hw: HardwareProfile,
+           prec: Precision, gpus_per_node: int, budget: float, constraints: Constraints,
+           meshes: list[Mesh], time_limit_s: float) -> SearchResult:
+    """Best (mesh, micro-batch, per-block strategies) by predicted step time under ``budget``.
+
+    Candidates are visited in order of their time lower bound; those that cannot fit memory are
+    pruned before a MILP is built, and the search stops once no remaining bound can win.
+    """
+    start = time.perf_counter()
+    cands = [
+        build_candidate(graph, mesh, mb, global_batch, hw, prec, gpus_per_node, constraints)
+        for mesh in meshes for mb in microbatch_sizes(global_batch, mesh)
+    ]
+    min_feasible = min((c.min_memory() for c in cands), default=float("inf"))
+    cands.sort(key=lambda c: (c.time_lower_bound(), c.mesh, c.microbatch))
+    best: Solution | None = None
+    solved = pruned = variables = rows = 0
+    status, gap = "no candidate", 0.0
+    for cand in cands:
+        if best is not None and cand.time_lower_bound() >= best.step_time_s:
+            break
+        if cand.min_memory() > budget:
+            pruned += 1
+            continue
+        remaining = max(0.05, time_limit_s - (time.perf_counter() - start))
+        sol = solve_candidate(cand, budget, remaining)
+        solved += 1
+        if sol is None:
+            continue
+        variables += sol.variables
+        rows += sol.constraints
+        if best is None or sol.step_time_s < best.step_time_s:
+            best, status, gap = sol, sol.status, sol.gap
+    stats = {
+        "status": status if best else "infeasible",
+        "gap": gap,
+        "candidates": len(cands),
+        "meshes": len(meshes),
+        "milps_solved": solved,
+        "pruned_by_memory": pruned,
+        "variables": variables,
+        "constraints": rows,
+        "solve_time_s": time.perf_counter() - start,
+    }
+    return SearchResult(best, min_feasible, stats)

@@ -1,0 +1,122 @@
+"""Candidates: legal mesh shapes for a world size, and per-block strategies on a mesh."""
+
+from dataclasses import dataclass
+
+from .errors import UserError
+from .graph.layer_graph import LayerGraph
+
+TECHNIQUES = ("fsdp", "hsdp", "tp", "ac")
+AC_MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, order=True)
+class Mesh:
+    """dp_replicate x dp_shard x tp = world size (TorchTitan's mesh order, tp innermost)."""
+
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+
+    @property
+    def world(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    def spans_nodes(self, dim: str, gpus_per_node: int) -> bool:
+        """Whether the process groups of ``dim`` cross node boundaries (ranks are node-major)."""
+        inner = {"tp": self.tp, "dp_shard": self.dp_shard * self.tp, "dp_replicate": self.world}
+        return inner[dim] > gpus_per_node
+
+    def __str__(self) -> str:
+        return f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} tp={self.tp}"
+
+
+@dataclass(frozen=True, order=True)
+class BlockStrategy:
+    """How one transformer block runs: activation checkpointing and FSDP resharding.
+
+    TP (with sequence parallel) applies to every block when the mesh has tp > 1.
+    """
+
+    ac: str
+    reshard_after_forward: bool
+
+    @property
+    def name(self) -> str:
+        fsdp = "fsdp" if self.reshard_after_forward else "fsdp-keep"
+        return f"{fsdp}+ac:{self.ac}"
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What the user fixed: degrees (0 = free) and allowed techniques."""
+
+    dp_replicate: int = 0
+    dp_shard: int = 0
+    tp: int = 0
+    techniques: tuple[str, ...] = TECHNIQUES
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def legal_tp(graph: LayerGraph, tp: int, gpus_per_node: int) -> bool:
+    return (
+        tp <= gpus_per_node
+        and graph.n_heads % tp == 0
+        and graph.n_kv_heads % tp == 0
+        and graph.seq_len % tp == 0
+        and graph.dim % tp == 0
+    )
+
+
+def enumerate_meshes(
+    graph: LayerGraph, world: int, gpus_per_node: int, constraints: Constraints
+) -> list[Mesh]:
+    """Every mesh shape the model, the world size and the user's constraints allow."""
+    allowed = set(constraints.techniques)
+    meshes = []
+    for tp in _divisors(world):
+        if tp > 1 and "tp" not in allowed:
+            continue
+        if not legal_tp(graph, tp, gpus_per_node):
+            continue
+        for dp_replicate in _divisors(world // tp):
+            dp_shard = world // tp // dp_replicate
+            if dp_replicate > 1 and ("hsdp" not in allowed or dp_shard == 1):
+                continue  # replication only as HSDP (replicate x shard)
+            if dp_shard > 1 and "fsdp" not in allowed and "hsdp" not in allowed:
+                continue
+            mesh = Mesh(dp_replicate, dp_shard, tp)
+            fixed = (constraints.dp_replicate, constraints.dp_shard, constraints.tp)
+            if any(f and f != v for f, v in zip(fixed, (dp_replicate, dp_shard, tp), strict=True)):
+                continue
+            meshes.append(mesh)
+    if not meshes:
+        raise UserError(
+            f"no legal mesh for world size {world}: tp must divide the heads "
+            f"({graph.n_heads} query / {graph.n_kv_heads} kv), the sequence length and be "
+            f"<= gpus_per_node ({gpus_per_node}); fixed degrees "
+            f"dp_replicate={constraints.dp_replicate or 'free'} "
+            f"dp_shard={constraints.dp_shard or 'free'} tp={constraints.tp or 'free'} and "
+            f"techniques {list(constraints.techniques)} must multiply to {world}"
+        )
+    return meshes
+
+
+def block_strategies(mesh: Mesh, constraints: Constraints) -> list[BlockStrategy]:
+    """Per-block choices on ``mesh``."""
+    acs = AC_MODES if "ac" in constraints.techniques else ("none",)
+    reshard = (True, False) if mesh.dp_shard > 1 else (False,)
+    return [BlockStrategy(ac, r) for ac in acs for r in reshard]
+
+
+def microbatch_sizes(global_batch: int, mesh: Mesh) -> list[int]:
+    """Local batch sizes that split the global batch evenly over the data-parallel ranks."""
+    if global_batch % mesh.dp:
+        return []
+    return _divisors(global_batch // mesh.dp)
