@@ -59,11 +59,13 @@ def run_job(
     timeout: int = 600,
     comm_mode: str = "",
     seed_checkpoint: Path | None = None,
+    parity: bool = True,
 ) -> RunResult:
     """Run ``run_train.sh`` and return its exit code, output and per-step metrics rows.
 
-    With ``seed_checkpoint`` the run starts from those weights (made by ``make_seed_checkpoint``)
-    instead of its own initialisation: random init of sharded DTensors on CPU is not
+    ``parity`` adds PARITY_OVERRIDES (short, small, fp32, seeded). With ``seed_checkpoint``
+    the run starts from those weights (made by ``make_seed_checkpoint``) instead of its own
+    initialisation: random init of sharded DTensors on CPU is not
     sharding-invariant, a seed checkpoint is (TorchTitan's own numerics tests do the same).
     """
     if seed_checkpoint is not None:
@@ -85,7 +87,7 @@ def run_job(
     }
     cmd = [
         str(REPO / "run_train.sh"),
-        *PARITY_OVERRIDES,
+        *(PARITY_OVERRIDES if parity else ()),
         f"--job.dump_folder={tmp_path / 'outputs'}",
         f"--autoparallel.metrics_file={metrics}",
         *overrides,

@@ -58,7 +58,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
-        from torchtitan_autoparallel.runtime.cpu_attention import enable_cpu_ring_attention
+        from torchtitan_autoparallel.runtime.cpu_attention import (
+            _cpu_fwd_cp_strategy,
+            _cpu_fwd_strategy,
+            enable_cpu_ring_attention,
+        )
 
         mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("cp",))
         torch.manual_seed(0)  # same global data on every rank
@@ -88,11 +92,12 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         # Disable then re-enable through TorchTitan: strategies must be re-registered.
         strategies = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
         cpu_fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-        assert cpu_fwd in strategies
+        assert strategies[cpu_fwd] is _cpu_fwd_cp_strategy
         _disable_context_parallel_dispatcher()
-        assert cpu_fwd not in strategies  # dropped together with upstream CP rules
+        # CP strategy dropped together with upstream CP rules; the TP (head-sharding) one stays
+        assert strategies[cpu_fwd] is _cpu_fwd_strategy
         got = _run_cp(mesh, [q, k, v, dout], "headtail")
-        assert cpu_fwd in strategies  # re-registered by TorchTitan's enable call
+        assert strategies[cpu_fwd] is _cpu_fwd_cp_strategy  # re-registered by TorchTitan
         report["reenabled"] = max((g - r).abs().max().item() for g, r in zip(got, ref, strict=True))
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
     finally:

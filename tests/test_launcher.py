@@ -23,11 +23,11 @@ def launch(env: dict, *args: str, timeout: int = 300) -> subprocess.CompletedPro
 
 def test_main_job_trains_with_falling_loss(tmp_path: Path):
     """The README's job: llama3 debug, fsdp 2 x tp 2 on 4 ranks, 10 steps."""
-    result = run_job("llama3_debug_fsdp_tp.toml", 4, tmp_path, ["--training.steps=10"])
+    result = run_job("llama3_debug_fsdp_tp.toml", 4, tmp_path, parity=False)
     assert result.returncode == 0, result.output[-4000:]
     losses = result.losses
     assert len(losses) == 10
-    assert losses[-1] < losses[0] - 0.3, losses
+    assert losses[-1] < losses[0] - 0.5, losses
 
 
 def test_dry_run_405b_on_128_fake_ranks():

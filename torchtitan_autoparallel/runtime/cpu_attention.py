@@ -17,7 +17,12 @@ from typing import Any
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._op_schema import OpSchema, OpStrategy, PlacementList
+from torch.distributed.tensor._op_schema import (
+    OpSchema,
+    OpStrategy,
+    PlacementList,
+    RuntimeSchemaInfo,
+)
 from torch.distributed.tensor._ops._matrix_ops import (
     _scaled_dot_product_flash_attention_backward_base_strategies,
     _scaled_dot_product_flash_attention_base_strategies,
@@ -37,6 +42,44 @@ _SEQ_DIM = _cp_rules.SEQ_DIM  # torch's CP hardcodes seq_dim=2 (B, H, S, D)
 # output, logsumexp, q, k, v (the CPU op has no cum_seq/max/rng/debug outputs).
 _FLASH_TO_CPU_FWD = (0, 1, 9, 10, 11)
 _enabled = False
+
+
+def _cpu_fwd_base(op_schema: OpSchema) -> list[PlacementList]:
+    return [
+        [s[i] for i in _FLASH_TO_CPU_FWD]
+        for s in _scaled_dot_product_flash_attention_base_strategies(op_schema)
+    ]
+
+
+def _cpu_fwd_strategy(op_schema: OpSchema) -> OpStrategy:
+    """Flash base strategies (replicate / head / batch sharding) for the CPU forward."""
+    mesh = op_schema.get_mesh_from_args()
+    return expand_to_full_mesh_op_strategy(mesh, op_schema, _cpu_fwd_base(op_schema),
+                                           input_index=2)
+
+
+def _cpu_bwd_strategy(op_schema: OpSchema) -> OpStrategy:
+    """Flash backward base strategies (the CPU backward has the same 9-slot layout)."""
+    mesh = op_schema.get_mesh_from_args(validate=False)
+    strategies = _scaled_dot_product_flash_attention_backward_base_strategies(op_schema)
+    return expand_to_full_mesh_op_strategy(mesh, op_schema, strategies, input_index=3)
+
+
+def _register_cpu_tp_strategies() -> None:
+    """Head/batch sharding for the CPU SDPA ops in DTensor's default registry.
+
+    Works around torch registering SDPA strategies only for the CUDA kernels: tensor
+    parallelism that keeps q/k/v as DTensors into SDPA (TorchTitan's qwen3 plan) fails on
+    CPU. Tested by the qwen3 TP parity tests. CP's context registry overrides these while
+    CP is enabled and restores them on disable.
+    """
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.register_op_strategy(
+        _FWD, _cpu_fwd_strategy, RuntimeSchemaInfo(3, static_kwargkey=["scale"])
+    )
+    propagator.register_op_strategy(
+        _BWD, _cpu_bwd_strategy, RuntimeSchemaInfo(6, static_kwargkey=["scale"])
+    )
 
 
 def _cpu_fwd_cp_strategy(op_schema: OpSchema) -> OpStrategy:
@@ -167,6 +210,7 @@ def enable_cpu_ring_attention() -> None:
     if _enabled:
         return
     _enabled = True
+    _register_cpu_tp_strategies()
 
     # Workaround: _enable_cp_dtensor_dispatcher() installs
     # {**existing_custom_ops, **custom_ops}, rebuilt from the module-level

@@ -1,0 +1,63 @@
+"""Auto plans train exactly like a 1-rank run (fp32, 5 steps, rel <= 1e-4), including a plan
+whose blocks use different strategies."""
+
+import re
+
+import pytest
+
+from parity import PARITY_OVERRIDES, assert_parity, run_job
+
+PLAN_RE = re.compile(r"autoparallel plan \w+: mesh (.*) \(world")
+
+
+def plan_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if "layers." in line and "x" in line]
+
+
+@pytest.mark.parametrize("family,ngpu", [("llama3", 2), ("llama3", 4), ("qwen3", 2),
+                                         ("qwen3", 4)])
+def test_auto_plan_parity(family, ngpu, references, tmp_path):
+    seed, reference = references(family)
+    result = run_job(f"{family}_debug_auto.toml", ngpu, tmp_path, seed_checkpoint=seed)
+    assert PLAN_RE.search(result.output), result.output[-3000:]
+    assert_parity(reference, result)
+
+
+def heterogeneous_budget(family: str, world: int) -> float:
+    """A memory budget under which the planner gives blocks different strategies."""
+    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.runtime import cpu
+    from torchtitan_autoparallel.train import parse_config
+
+    cpu.install()
+    register()
+    base = ["--job.config_file", f"train_configs/{family}_debug_auto.toml", *PARITY_OVERRIDES]
+    job = parse_config([*base, "--autoparallel.techniques", "fsdp", "ac"])
+    free = plan_job(job, world).predicted["peak_memory_gib"]
+    for fraction in [x / 40 for x in range(39, 0, -1)]:
+        gib = free * fraction
+        job = parse_config([*base, "--autoparallel.techniques", "fsdp", "ac",
+                            f"--autoparallel.memory_gib={gib}"])
+        try:
+            plan = plan_job(job, world)
+        except Exception:
+            break
+        strategies = {layer.strategy for layer in plan.layers if layer.kind == "block"}
+        if len(strategies) > 1:
+            return gib
+    raise AssertionError("no budget gives a heterogeneous plan")
+
+
+def test_heterogeneous_plan_parity(references, tmp_path):
+    gib = heterogeneous_budget("llama3", 2)
+    seed, reference = references("llama3")
+    result = run_job(
+        "llama3_debug_auto.toml", 2, tmp_path,
+        ["--autoparallel.techniques", "fsdp", "ac", f"--autoparallel.memory_gib={gib}"],
+        seed_checkpoint=seed,
+    )
+    rows = plan_lines(result.output)
+    strategies = {line.split()[2] for line in rows if line.split()}
+    assert len(strategies) > 1, result.output[-3000:]
+    assert_parity(reference, result)
