@@ -33,11 +33,11 @@ def heterogeneous_budget(family: str, world: int) -> float:
     cpu.install()
     register()
     base = ["--job.config_file", f"train_configs/{family}_debug_auto.toml", *PARITY_OVERRIDES]
-    job = parse_config([*base, "--autoparallel.techniques", "fsdp", "ac"])
+    job = parse_config([*base, "--autoparallel.techniques=fsdp,ac"])
     free = plan_job(job, world).predicted["peak_memory_gib"]
     for fraction in [x / 40 for x in range(39, 0, -1)]:
         gib = free * fraction
-        job = parse_config([*base, "--autoparallel.techniques", "fsdp", "ac",
+        job = parse_config([*base, "--autoparallel.techniques=fsdp,ac",
                             f"--autoparallel.memory_gib={gib}"])
         try:
             plan = plan_job(job, world)
@@ -54,7 +54,7 @@ def test_heterogeneous_plan_parity(references, tmp_path):
     seed, reference = references("llama3")
     result = run_job(
         "llama3_debug_auto.toml", 2, tmp_path,
-        ["--autoparallel.techniques", "fsdp", "ac", f"--autoparallel.memory_gib={gib}"],
+        ["--autoparallel.techniques=fsdp,ac", f"--autoparallel.memory_gib={gib}"],
         seed_checkpoint=seed,
     )
     rows = plan_lines(result.output)

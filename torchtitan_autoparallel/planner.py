@@ -146,6 +146,7 @@ def plan_job(job_config: Any, world: int) -> Plan:
             "step_time_s": step,
             "tokens_per_s": global_batch * graph.seq_len / step,
             "peak_memory_gib": sol.peak_bytes / 2**30,
+            "state_memory_gib": cand.state_bytes / 2**30,
             "budget_gib": budget / 2**30,
         },
         solver=stats,

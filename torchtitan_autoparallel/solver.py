@@ -39,6 +39,8 @@ class Candidate:
     fixed_time_s: float
     resident_bytes: float
     """Memory that does not depend on the per-block choice (state, embedding/output)."""
+    state_bytes: float
+    """Parameters, gradients and optimizer state per device (part of ``resident_bytes``)."""
 
     def memory(self, counts: dict[tuple[str, BlockStrategy], int]) -> float:
         used = [key for key, n in counts.items() if n > 0]
@@ -104,7 +106,8 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
     block_state = sum(costs[(c, strategies[0])].state_bytes * n for c, n in classes.items())
     return Candidate(mesh, microbatch, global_batch // (microbatch * mesh.dp), dict(classes),
                      strategies, costs, fixed.time_s,
-                     block_state + fixed.state_bytes + fixed.kept_bytes)
+                     block_state + fixed.state_bytes + fixed.kept_bytes,
+                     block_state + fixed.state_bytes)
 
 
 def solve_candidate(cand: Candidate, budget: float, time_limit_s: float) -> Solution | None:

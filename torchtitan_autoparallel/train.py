@@ -185,10 +185,20 @@ def dry_run_report(trainer: Any) -> str:
     mesh = ", ".join(
         f"{n}={getattr(dims, n)}" for n in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
     )
-    return (
+    report = (
         f"dry run OK: world {dims.world_size} ({mesh}); "
         f"parameters per rank {local_bytes / 2**30:.2f} GiB"
     )
+    plan = getattr(trainer.job_config, "_autoparallel_plan", None)
+    if plan is not None:
+        # fp32 parameters, gradients and two AdamW moments: 4x the sharded parameter bytes
+        p = plan.predicted
+        report += (
+            f"; plan {plan.digest()}: sharded state {4 * local_bytes / 2**30:.2f} GiB "
+            f"(predicted {p['state_memory_gib']:.2f} GiB), predicted peak "
+            f"{p['peak_memory_gib']:.2f} GiB of budget {p['budget_gib']:.2f} GiB"
+        )
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,180 @@
+"""Planner: MILP optimum vs brute force, plan JSON, layer graph, config errors."""
+
+import dataclasses
+import itertools
+import random
+
+import pytest
+
+from torchtitan_autoparallel.cost.hardware import load_profile
+from torchtitan_autoparallel.cost.model import Precision
+from torchtitan_autoparallel.errors import UserError
+from torchtitan_autoparallel.graph.layer_graph import Layer, LayerGraph
+from torchtitan_autoparallel.plan import Plan
+from torchtitan_autoparallel.solver import build_candidate, search
+from torchtitan_autoparallel.strategies import Constraints, enumerate_meshes, microbatch_sizes
+
+
+def random_graph(rng: random.Random) -> LayerGraph:
+    dim = rng.choice([256, 512, 1024])
+    seq = rng.choice([512, 1024, 2048])
+    layers = [Layer("tok_embeddings", "embedding", 32000 * dim, 0.0, seq * dim * 4, seq * 8,
+                    "embedding")]
+    n_classes = rng.choice([1, 2])
+    counts = [rng.randint(1, 5)] if n_classes == 1 else [rng.randint(1, 2), rng.randint(1, 2)]
+    i = 0
+    for c, count in enumerate(counts):
+        params = rng.randint(1, 50) * 10**6
+        flops = 2.0 * params * seq * rng.uniform(1.0, 1.5)
+        saved = seq * dim * 4 * rng.uniform(10, 40)
+        for _ in range(count):
+            layers.append(Layer(f"layers.{i}", "block", params, flops, saved, seq * dim * 4,
+                                f"class{c}"))
+            i += 1
+    layers.append(Layer("output", "output", 32000 * dim, 2.0 * seq * dim * 32000,
+                        2 * seq * 32000 * 4, seq * dim * 4, "output"))
+    heads = rng.choice([4, 8, 16])
+    return LayerGraph("synthetic", "random", seq, dim, 32000, heads, heads, dim // heads,
+                      tuple(layers))
+
+
+def brute_force(graph, world, global_batch, hw, prec, gpn, budget, constraints):
+    best = None
+    for mesh in enumerate_meshes(graph, world, gpn, constraints):
+        for mb in microbatch_sizes(global_batch, mesh):
+            cand = build_candidate(graph, mesh, mb, global_batch, hw, prec, gpn, constraints)
+            per_class = []
+            for cls, n in cand.classes.items():
+                options = []
+                for split in itertools.product(range(n + 1), repeat=len(cand.strategies)):
+                    if sum(split) == n:
+                        options.append({(cls, s): k for s, k in zip(cand.strategies, split,
+                                                                     strict=True)})
+                per_class.append(options)
+            for combo in itertools.product(*per_class):
+                counts = {k: v for part in combo for k, v in part.items()}
+                if cand.memory(counts) <= budget:
+                    t = cand.step_time(counts)
+                    best = t if best is None or t < best else best
+    return best
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_milp_matches_brute_force(seed):
+    rng = random.Random(seed)
+    graph = random_graph(rng)
+    world = rng.choice([2, 4, 8])
+    hw = dataclasses.replace(
+        load_profile("h100_sxm"),
+        comm_overlap=rng.choice([0.0, 0.5, 0.9]),
+        intra_node_gbps=rng.choice([5.0, 50.0, 360.0]),
+        inter_node_gbps=rng.choice([1.0, 25.0]),
+        peak_tflops=rng.choice([10.0, 100.0, 989.0]),
+    )
+    gpn = rng.choice([2, 4, 8])
+    prec = Precision(rng.choice([2, 4]), 4)
+    constraints = Constraints()
+    global_batch = rng.choice([4, 8, 12])
+    meshes = enumerate_meshes(graph, world, gpn, constraints)
+    meshes = [m for m in meshes if global_batch % m.dp == 0]
+    cands = [build_candidate(graph, m, mb, global_batch, hw, prec, gpn, constraints)
+             for m in meshes for mb in microbatch_sizes(global_batch, m)]
+    lo = min(c.min_memory() for c in cands)
+    hi = max(c.memory({(cls, c.strategies[-1]): n for cls, n in c.classes.items()})
+             for c in cands)
+    budget = rng.uniform(lo * 0.9, hi * 1.1)
+    result = search(graph, world, global_batch, hw, prec, gpn, budget, constraints, meshes, 30.0)
+    expected = brute_force(graph, world, global_batch, hw, prec, gpn, budget, constraints)
+    if expected is None:
+        assert result.best is None
+        return
+    assert result.best is not None
+    assert result.best.gap == 0.0
+    assert result.best.step_time_s == pytest.approx(expected, rel=1e-9)
+    assert result.best.peak_bytes <= budget
+
+
+@pytest.fixture(scope="module")
+def planning():
+    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.runtime import cpu
+    from torchtitan_autoparallel.train import parse_config
+
+    cpu.install()
+    register()
+
+    def plan(config: str, world: int, *overrides: str) -> Plan:
+        job = parse_config(["--job.config_file", f"train_configs/{config}", *overrides])
+        return plan_job(job, world)
+
+    return plan
+
+
+def test_plan_json_round_trip(planning, tmp_path):
+    plan = planning("llama3_debug_auto.toml", 4)
+    path = tmp_path / "plan.json"
+    plan.save(str(path))
+    again = Plan.load(str(path))
+    assert again.to_json() == plan.to_json()
+    assert again.digest() == plan.digest()
+    assert again.mesh.world == 4
+    assert plan.global_batch_size == (
+        plan.local_batch_size * plan.mesh.dp_replicate * plan.mesh.dp_shard
+        * plan.gradient_accumulation_steps
+    )
+
+
+def test_plan_respects_fixed_degrees_and_techniques(planning):
+    plan = planning("llama3_debug_auto.toml", 4, "--parallelism.tensor_parallel_degree=2")
+    assert plan.mesh.tp == 2
+    plan = planning("llama3_debug_auto.toml", 4, "--autoparallel.techniques", "fsdp")
+    assert (plan.mesh.tp, plan.mesh.dp_replicate) == (1, 1)
+    assert all(layer.ac == "none" for layer in plan.layers)
+
+
+def test_405b_plan_is_heterogeneous_and_fits(planning):
+    plan = planning("llama3_405b_auto.toml", 128)
+    assert plan.solver["gap"] == 0.0
+    assert plan.predicted["peak_memory_gib"] <= plan.predicted["budget_gib"]
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    assert len(blocks) == 126
+    # with 8 GPUs per node TP stays inside a node
+    assert plan.mesh.tp <= 8
+
+
+def test_budget_too_small_names_smallest_budget(planning):
+    with pytest.raises(UserError, match="smallest budget that works is") as info:
+        planning("llama3_debug_auto.toml", 2, "--autoparallel.memory_gib=0.001")
+    smallest = float(str(info.value).split("smallest budget that works is ")[1].split()[0])
+    plan = planning("llama3_debug_auto.toml", 2, f"--autoparallel.memory_gib={smallest * 1.01}")
+    assert plan.predicted["peak_memory_gib"] <= smallest * 1.01
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (("--parallelism.tensor_parallel_degree=3",), "no legal mesh"),
+    (("--parallelism.context_parallel_degree=2",), "does not search this dimension"),
+    (("--autoparallel.hardware=tpu9",), "unknown hardware profile"),
+    (("--autoparallel.techniques=fsdp,magic",), "unknown entries"),
+    (("--autoparallel.memory_gib=-1",), "memory_gib must be >= 0"),
+    (("--training.global_batch_size=7", "--autoparallel.techniques=fsdp"), "cannot be split"),
+])
+def test_config_errors(planning, overrides, message):
+    with pytest.raises(UserError, match=message):
+        planning("llama3_debug_auto.toml", 4, *overrides)
+
+
+def test_layer_graph_counts_llama3_8b():
+    from torchtitan.models.llama3 import Transformer, llama3_args
+
+    from torchtitan_autoparallel.graph.layer_graph import build_layer_graph
+
+    graph = build_layer_graph("llama3", "8B", llama3_args["8B"], Transformer, 4096)
+    assert len(graph.blocks) == 32
+    assert abs(graph.total_params - 8.03e9) / 8.03e9 < 0.01
+    block = graph.blocks[0]
+    matmul = 2 * block.params * 4096
+    # matmuls plus causal attention (4 s^2 d / 2 per layer)
+    assert block.fwd_flops == pytest.approx(matmul + 2 * 4096**2 * 4096, rel=0.01)
+    # flash attention keeps O(s) per layer: ~20-25 tokens x dim fp32 values, not s^2
+    assert 15 < block.saved_bytes / (4096 * 4096 * 4) < 30
