@@ -62,3 +62,33 @@ def test_heterogeneous_plan_parity(references, tmp_path):
     assert len({layer.ac for layer in plan.layers if layer.kind == "block"}) > 1, strategies
     print(f"heterogeneous plan at {gib:.4f} GiB: {strategies}")
     assert_parity(reference, result)
+
+
+def test_mixed_tp_plan_parity(references, tmp_path):
+    """A plan (edited, then replayed from its file) whose blocks mix TP + SP, the tp dim used as
+    data parallel, and full AC, on fsdp 2 x tp 2."""
+    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.runtime import cpu
+    from torchtitan_autoparallel.train import parse_config
+
+    cpu.install()
+    register()
+    job = parse_config(["--job.config_file", "train_configs/llama3_debug_auto.toml",
+                        *PARITY_OVERRIDES, "--parallelism.tensor_parallel_degree=2"])
+    plan = plan_job(job, 4)
+    dp = plan.mesh.dp_replicate * plan.mesh.dp_shard
+    plan.local_batch_size = 2  # the tp ranks split it
+    plan.gradient_accumulation_steps = plan.global_batch_size // (2 * dp)
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    for i, layer in enumerate(blocks):
+        layer.tp_mode = "dp" if i % 2 else "sp"
+    blocks[2].ac = "full"
+    path = tmp_path / "mixed.json"
+    plan.save(str(path))
+
+    seed, reference = references("llama3")
+    result = run_job("llama3_debug_auto.toml", 4, tmp_path / "run",
+                     [f"--autoparallel.plan_file={path}"], seed_checkpoint=seed)
+    assert "tp-as-dp" in result.output and "tp+sp+ac:full" in result.output, result.output[-3000:]
+    assert_parity(reference, result)

@@ -31,6 +31,40 @@ def check_plan_matches(plan: Plan, parallel_dims: Any) -> None:
             raise RuntimeError(f"ranks hold different plans: {sorted(set(digests))}")
 
 
+def blocks_names(blocks: nn.Module) -> list[str]:
+    return [name for name, _ in blocks.named_children()]
+
+
+def _batch_split_over_tp(block: nn.Module, tp_mesh: Any, n_args: int) -> None:
+    """Run ``block`` on a batch shard: the residual stream arrives sequence-sharded over tp
+    (TorchTitan's SP layout), is redistributed to a batch shard (all-to-all) for the block, and
+    leaves sequence-sharded again. Its parameters are not split by tp (FSDP shards them over
+    dp_shard x tp), so each tp rank runs the whole block on its part of the micro-batch."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        parallelize_module,
+    )
+
+    rest = (None,) * (n_args - 1)
+    parallelize_module(block, tp_mesh, PrepareModuleInput(
+        input_layouts=(Shard(1), *rest), desired_input_layouts=(Shard(0), *rest),
+        use_local_output=True))
+    parallelize_module(block, tp_mesh, PrepareModuleOutput(
+        output_layouts=Shard(0), desired_output_layouts=Shard(1), use_local_output=True))
+
+
+def _dp_over_tp_mesh(parallel_dims: Any) -> Any:
+    """1-D mesh over dp_shard x tp (or tp alone): FSDP mesh of blocks that use tp as data
+    parallel. TorchTitan keeps its own flattened ``efsdp`` mesh fake unless EP is on."""
+    if parallel_dims.dp_replicate_enabled:
+        raise UserError("tp used as data parallel is not supported together with dp_replicate")
+    if not parallel_dims.dp_shard_enabled:
+        return parallel_dims.get_mesh("tp")
+    return parallel_dims.get_mesh(["fsdp", "tp"])._flatten("fsdp_tp")
+
+
 def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan) -> nn.Module:
     """Parallelize ``model`` (on meta) as ``plan`` says."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -46,8 +80,14 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
         raise UserError("the plan's blocks do not match the model; re-plan the job")
 
     if plan.mesh.tp > 1:
-        adapter.apply_tp(model, parallel_dims.get_mesh("tp"),
-                         loss_parallel=not job_config.parallelism.disable_loss_parallel)
+        tp_mesh = parallel_dims.get_mesh("tp")
+        modes = {name: by_fqn[f"{adapter.blocks}.{name}"].tp_mode for name in blocks_names(blocks)}
+        adapter.apply_tp(model, tp_mesh,
+                         loss_parallel=not job_config.parallelism.disable_loss_parallel,
+                         block_names=[n for n, mode in modes.items() if mode == "sp"])
+        for name, mode in modes.items():
+            if mode == "dp":
+                _batch_split_over_tp(blocks.get_submodule(name), tp_mesh, adapter.block_args)
 
     for name, block in list(blocks.named_children()):
         layer = by_fqn[f"{adapter.blocks}.{name}"]
@@ -60,11 +100,12 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
         )
         blocks.register_module(name, wrapped)
 
-    if parallel_dims.fsdp_enabled:
+    if parallel_dims.fsdp_enabled or any(layer.tp_mode == "dp" for layer in plan.layers):
         mesh_dims = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
         training = job_config.training
         fsdp = {
-            "mesh": parallel_dims.get_mesh(mesh_dims),
+            "mesh": (parallel_dims.get_mesh(mesh_dims) if parallel_dims.fsdp_enabled
+                     else parallel_dims.get_mesh("tp")),
             "mp_policy": MixedPrecisionPolicy(
                 param_dtype=TORCH_DTYPES[training.mixed_precision_param],
                 reduce_dtype=TORCH_DTYPES[training.mixed_precision_reduce],
@@ -73,9 +114,15 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
         emb = by_fqn[adapter.embedding]
         fully_shard(model.get_submodule(adapter.embedding), **fsdp,
                     reshard_after_forward=emb.reshard_after_forward)
+        dp_over_tp = None
         for name, block in blocks.named_children():
             layer = by_fqn[f"{adapter.blocks}.{name}"]
-            fully_shard(block, **fsdp, reshard_after_forward=layer.reshard_after_forward)
+            mesh = fsdp["mesh"]
+            if layer.tp_mode == "dp":
+                dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims)
+                mesh = dp_over_tp
+            fully_shard(block, mesh=mesh, mp_policy=fsdp["mp_policy"],
+                        reshard_after_forward=layer.reshard_after_forward)
         out = by_fqn[adapter.output]
         fully_shard([model.get_submodule(adapter.final_norm), model.get_submodule(adapter.output)],
                     **fsdp, reshard_after_forward=out.reshard_after_forward)

@@ -21,9 +21,10 @@ class LayerPlan:
     ac: str = "none"
     """Activation checkpointing: none / selective / full."""
     reshard_after_forward: bool = True
-    tp: bool = False
-    """Tensor parallel with sequence parallel (vocab-parallel + loss parallel for embedding and
-    output) on the tp mesh dim."""
+    tp_mode: str = "none"
+    """What the tp mesh dim does for this layer: "none" (tp = 1); "sp" = tensor parallel with
+    sequence parallel (vocab-parallel + loss parallel for embedding and output); "dp" = the tp
+    ranks split the micro-batch and the parameters are FSDP-sharded over dp_shard x tp."""
     time_ms: float = 0.0
     """Predicted forward + backward time per micro-batch."""
     comm_ms: float = 0.0
@@ -34,8 +35,10 @@ class LayerPlan:
     @property
     def strategy(self) -> str:
         parts = ["fsdp" if self.reshard_after_forward else "fsdp-keep"]
-        if self.tp:
+        if self.tp_mode == "sp":
             parts.append("tp+sp")
+        elif self.tp_mode == "dp":
+            parts.append("tp-as-dp")
         if self.ac != "none":
             parts.append(f"ac:{self.ac}")
         return "+".join(parts)

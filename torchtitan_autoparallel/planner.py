@@ -166,7 +166,7 @@ def _layer_plans(graph: LayerGraph, sol: Any) -> list[LayerPlan]:
     """Give each block its strategy: within a class, the most memory-saving strategies go to
     the earliest blocks (deterministic; order does not change the predicted peak)."""
     cand = sol.candidate
-    tp = cand.mesh.tp > 1
+    edge_mode = "sp" if cand.mesh.tp > 1 else "none"
     queues: dict[str, list] = {}
     for (cls, strategy), n in sorted(
         sol.counts.items(), key=lambda kv: (kv[0][0], cand.costs[kv[0]].kept_bytes, kv[0][1])
@@ -176,12 +176,12 @@ def _layer_plans(graph: LayerGraph, sol: Any) -> list[LayerPlan]:
     for layer in graph.layers:
         if layer.kind != "block":
             plans.append(LayerPlan(layer.fqn, layer.kind, "none",
-                                   layer.kind == "embedding", tp))
+                                   layer.kind == "embedding", edge_mode))
             continue
         strategy = queues[layer.signature].pop(0)
         cost = cand.costs[(layer.signature, strategy)]
         plans.append(LayerPlan(
-            layer.fqn, "block", strategy.ac, strategy.reshard_after_forward, tp,
+            layer.fqn, "block", strategy.ac, strategy.reshard_after_forward, strategy.tp_mode,
             time_ms=round(cost.time_s * 1e3, 6),
             comm_ms=round(cost.exposed_comm_s * 1e3, 6),
             memory_mib=round((cost.kept_bytes + cost.state_bytes) / 2**20, 6),

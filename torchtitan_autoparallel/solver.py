@@ -91,12 +91,13 @@ class SearchResult:
 def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch: int,
                     hw: HardwareProfile, prec: Precision, gpus_per_node: int,
                     constraints: Constraints) -> Candidate:
+    """Costs of every block strategy for one (mesh, micro-batch)."""
     classes: dict[str, int] = defaultdict(int)
     representative = {}
     for layer in graph.blocks:
         classes[layer.signature] += 1
         representative.setdefault(layer.signature, layer)
-    strategies = block_strategies(mesh, constraints)
+    strategies = block_strategies(mesh, microbatch, constraints)
     costs = {
         (c, s): block_cost(representative[c], mesh, s, microbatch, hw, prec, gpus_per_node)
         for c in classes for s in strategies

@@ -5,7 +5,13 @@ from dataclasses import dataclass
 from .errors import UserError
 from .graph.layer_graph import LayerGraph
 
-TECHNIQUES = ("fsdp", "hsdp", "tp", "ac")
+TECHNIQUES = ("fsdp", "hsdp", "tp", "tp_dp", "ac")
+"""fsdp: shard over dp_shard; hsdp: replicate x shard; tp: tensor + sequence parallel; tp_dp: a
+block may use the tp dim as extra data parallel; ac: activation checkpointing."""
+TP_MODES = ("sp", "dp")
+"""Per block on a mesh with tp > 1: "sp" = TorchTitan's TP + sequence-parallel plan; "dp" = the
+block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split the micro-batch
+(entry/exit all-to-all between the sequence-sharded residual stream and a batch shard)."""
 AC_MODES = ("none", "selective", "full")
 
 
@@ -36,18 +42,17 @@ class Mesh:
 
 @dataclass(frozen=True, order=True)
 class BlockStrategy:
-    """How one transformer block runs: activation checkpointing and FSDP resharding.
-
-    TP (with sequence parallel) applies to every block when the mesh has tp > 1.
-    """
+    """How one transformer block runs: activation checkpointing, FSDP resharding, and what the
+    tp mesh dim does for it ("none" when tp = 1, else one of TP_MODES)."""
 
     ac: str
     reshard_after_forward: bool
+    tp_mode: str = "none"
 
     @property
     def name(self) -> str:
         fsdp = "fsdp" if self.reshard_after_forward else "fsdp-keep"
-        return f"{fsdp}+ac:{self.ac}"
+        return f"{fsdp}+tp:{self.tp_mode}+ac:{self.ac}"
 
 
 @dataclass(frozen=True)
@@ -108,11 +113,21 @@ def enumerate_meshes(
     return meshes
 
 
-def block_strategies(mesh: Mesh, constraints: Constraints) -> list[BlockStrategy]:
-    """Per-block choices on ``mesh``."""
+def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints) -> list[BlockStrategy]:
+    """Per-block choices on ``mesh`` for a local batch of ``microbatch`` sequences."""
     acs = AC_MODES if "ac" in constraints.techniques else ("none",)
-    reshard = (True, False) if mesh.dp_shard > 1 else (False,)
-    return [BlockStrategy(ac, r) for ac in acs for r in reshard]
+    tp_modes: tuple[str, ...] = ("none",)
+    if mesh.tp > 1:
+        dp_ok = ("tp_dp" in constraints.techniques and microbatch % mesh.tp == 0
+                 and mesh.dp_replicate == 1)
+        tp_modes = TP_MODES if dp_ok else ("sp",)
+    out = []
+    for mode in tp_modes:
+        sharded = mesh.dp_shard > 1 or mode == "dp"
+        for ac in acs:
+            for reshard in ((True, False) if sharded else (False,)):
+                out.append(BlockStrategy(ac, reshard, mode))
+    return out
 
 
 def microbatch_sizes(global_batch: int, mesh: Mesh) -> list[int]:

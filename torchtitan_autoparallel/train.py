@@ -205,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, check, build the Trainer and train (or dry-run). Returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     from .runtime import cpu as cpu_runtime
+    from .runtime import grad_norm
 
     cpu = cpu_runtime.install()
+    grad_norm.install()
     from torchtitan.tools.logging import init_logger, logger
 
     from .registry import register

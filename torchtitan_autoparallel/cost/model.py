@@ -61,21 +61,33 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     fwd = layer.fwd_flops * microbatch / mesh.tp / hw.flops_per_s
     compute = fwd * (3.0 + recompute_frac)
 
-    # TP + SP: per block, 2 all-gathers + 2 reduce-scatters of the activations in forward,
-    # the same in backward, and again for a full recompute.
     act = layer.io_bytes * microbatch * act_scale
     tp_nodes = mesh.spans_nodes("tp", gpus_per_node)
-    tp_one = collective_s("all_gather", act, mesh.tp, tp_nodes, hw)
-    tp_comm = tp_one * (8 + (4 if strategy.ac == "full" else 0))
+    full_ac = strategy.ac == "full"
+    # tp mode "dp": parameters are not split by tp but FSDP-sharded over dp_shard x tp
+    param_split = 1 if strategy.tp_mode == "dp" else mesh.tp
+    fsdp_group = mesh.dp_shard * (mesh.tp if strategy.tp_mode == "dp" else 1)
+    if strategy.tp_mode == "sp":
+        # TP + SP: 2 all-gathers + 2 reduce-scatters of the activations in forward, the same
+        # in backward, and again for a full recompute.
+        tp_one = collective_s("all_gather", act, mesh.tp, tp_nodes, hw)
+        tp_comm = tp_one * (8 + (4 if full_ac else 0))
+    elif strategy.tp_mode == "dp":
+        # residual stream sequence-shard <-> batch-shard: one all-to-all at entry and exit,
+        # both again in backward (and the entry again for a full recompute)
+        a2a = collective_s("all_to_all", act / mesh.tp, mesh.tp, tp_nodes, hw)
+        tp_comm = a2a * (4 + (2 if full_ac else 0))
+    else:
+        tp_comm = 0.0
 
     # FSDP: all-gather params in forward (and again in backward if resharded), reduce-scatter
     # grads; HSDP adds an all-reduce of the shard over dp_replicate.
-    pbytes = layer.params * prec.param_bytes / mesh.tp
-    gbytes = layer.params * prec.reduce_bytes / mesh.tp
-    ds_nodes = mesh.spans_nodes("dp_shard", gpus_per_node)
-    ag = collective_s("all_gather", pbytes, mesh.dp_shard, ds_nodes, hw)
-    rs = collective_s("reduce_scatter", gbytes, mesh.dp_shard, ds_nodes, hw)
-    ar = collective_s("all_reduce", gbytes / mesh.dp_shard, mesh.dp_replicate,
+    pbytes = layer.params * prec.param_bytes / param_split
+    gbytes = layer.params * prec.reduce_bytes / param_split
+    ds_nodes = fsdp_group * param_split > gpus_per_node
+    ag = collective_s("all_gather", pbytes, fsdp_group, ds_nodes, hw)
+    rs = collective_s("reduce_scatter", gbytes, fsdp_group, ds_nodes, hw)
+    ar = collective_s("all_reduce", gbytes / fsdp_group, mesh.dp_replicate,
                       mesh.spans_nodes("dp_replicate", gpus_per_node), hw)
     fwd_comm = ag
     bwd_comm = (ag if strategy.reshard_after_forward else 0.0) + rs + ar
@@ -87,8 +99,8 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     saved = layer.saved_bytes * microbatch * act_scale / mesh.tp
     kept = keep_frac * saved + (layer.io_bytes * microbatch * act_scale / mesh.tp
                                 if strategy.ac != "none" else 0.0)
-    unsharded = layer.params * prec.param_bytes / mesh.tp
-    if not strategy.reshard_after_forward and mesh.dp_shard > 1:
+    unsharded = layer.params * prec.param_bytes / param_split
+    if not strategy.reshard_after_forward and fsdp_group > 1:
         kept += unsharded
     state = layer.params * STATE_BYTES_PER_PARAM / (mesh.dp_shard * mesh.tp)
     # backward of this block: its recomputed activations, unsharded params of it and the
@@ -114,7 +126,8 @@ def fixed_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfi
     for layer in graph.layers:
         if layer.kind == "block":
             continue
-        cost = block_cost(layer, mesh, BlockStrategy("none", True), microbatch, hw, prec,
+        mode = "sp" if mesh.tp > 1 else "none"
+        cost = block_cost(layer, mesh, BlockStrategy("none", True, mode), microbatch, hw, prec,
                           gpus_per_node)
         time += cost.time_s
         # logits stay fp32 for the loss: not scaled by the activation dtype

@@ -33,9 +33,27 @@ class FamilyAdapter:
     final_norm: str = "norm"
     output: str = "output"
 
-    def apply_tp(self, model: Any, tp_mesh: Any, loss_parallel: bool) -> None:
+    block_args: int = 4
+    """Positional arguments the model passes to each block (hidden states first)."""
+
+    def apply_tp(self, model: Any, tp_mesh: Any, loss_parallel: bool,
+                 block_names: list[str]) -> None:
+        """TorchTitan's TP + SP plan for the embedding, the output and the named blocks only.
+
+        The family's TorchTitan function parallelizes ``model.<embedding/norm/output>`` and
+        every block in ``model.<blocks>``; it is handed a container holding the same modules but
+        only the chosen blocks, so the other blocks keep their own placement.
+        """
+        import torch.nn as nn
+
+        view = nn.Module()
+        for name in (self.embedding, self.final_norm, self.output):
+            setattr(view, name, model.get_submodule(name))
+        blocks = model.get_submodule(self.blocks)
+        setattr(view, self.blocks, nn.ModuleDict({n: blocks[n] for n in block_names}))
+        view.model_args = getattr(model, "model_args", None)
         _resolve(self.tp_fn)(
-            model,
+            view,
             tp_mesh,
             loss_parallel=loss_parallel,
             enable_float8_tensorwise_tp=False,
@@ -64,6 +82,7 @@ ADAPTERS: dict[str, FamilyAdapter] = {
         tp_fn="torchtitan.models.llama3.infra.parallelize.apply_tp",
         op_sac_save_list="torchtitan.models.llama3.infra.parallelize._op_sac_save_list",
         head_dims=_llama_heads,
+        block_args=2,  # layer(h, freqs_cis, attention_masks=..., positions=...)
     ),
     "qwen3": FamilyAdapter(
         family="qwen3",
