@@ -38,6 +38,16 @@ def random_graph(rng: random.Random) -> LayerGraph:
                       tuple(layers))
 
 
+def compositions(n: int, parts: int):
+    """Every way to write n as an ordered sum of ``parts`` non-negative integers."""
+    if parts == 1:
+        yield (n,)
+        return
+    for first in range(n + 1):
+        for rest in compositions(n - first, parts - 1):
+            yield (first, *rest)
+
+
 def brute_force(graph, world, global_batch, hw, prec, gpn, budget, constraints):
     best = None
     for mesh in enumerate_meshes(graph, world, gpn, constraints):
@@ -46,10 +56,9 @@ def brute_force(graph, world, global_batch, hw, prec, gpn, budget, constraints):
             per_class = []
             for cls, n in cand.classes.items():
                 options = []
-                for split in itertools.product(range(n + 1), repeat=len(cand.strategies)):
-                    if sum(split) == n:
-                        options.append({(cls, s): k for s, k in zip(cand.strategies, split,
-                                                                     strict=True)})
+                for split in compositions(n, len(cand.strategies)):
+                    options.append({(cls, s): k for s, k in zip(cand.strategies, split,
+                                                                 strict=True)})
                 per_class.append(options)
             for combo in itertools.product(*per_class):
                 counts = {k: v for part in combo for k, v in part.items()}
