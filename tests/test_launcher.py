@@ -22,8 +22,9 @@ def launch(env: dict, *args: str, timeout: int = 300) -> subprocess.CompletedPro
 
 
 def test_main_job_trains_with_falling_loss(tmp_path: Path):
-    """The README's job: llama3 debug, fsdp 2 x tp 2 on 4 ranks, 10 steps."""
-    result = run_job("llama3_debug_fsdp_tp.toml", 4, tmp_path, parity=False)
+    """The README's job: llama3 debug with auto = true on 4 ranks, 10 steps."""
+    result = run_job("llama3_debug_auto.toml", 4, tmp_path, parity=False)
+    assert "autoparallel plan" in result.output, result.output[-4000:]
     assert result.returncode == 0, result.output[-4000:]
     losses = result.losses
     assert len(losses) == 10
@@ -57,6 +58,13 @@ BAD_INPUT = [
      ("--compile.enable",), "compile.enable = false"),
     ({"NGPU": "2", "CONFIG_FILE": "train_configs/llama3_debug_fsdp.toml"},
      ("--model.hf_assets_path=/nonexistent",), "no tokenizer at"),
+    ({"NGPU": "2", "CONFIG_FILE": "train_configs/llama3_debug_auto.toml"},
+     ("--autoparallel.memory_gib=0.001",), "smallest budget that works is"),
+    ({"NGPU": "2", "CONFIG_FILE": "train_configs/llama3_debug_auto.toml"},
+     ("--autoparallel.hardware=nope",), "unknown hardware profile"),
+    ({"NGPU": "4", "CONFIG_FILE": "train_configs/llama3_debug_auto.toml"},
+     ("--parallelism.tensor_parallel_degree=2", "--parallelism.data_parallel_shard_degree=4"),
+     "no legal mesh"),
 ]
 
 
