@@ -89,6 +89,7 @@ def test_mixed_tp_plan_parity(references, tmp_path):
 
     seed, reference = references("llama3")
     result = run_job("llama3_debug_auto.toml", 4, tmp_path / "run",
-                     [f"--autoparallel.plan_file={path}"], seed_checkpoint=seed)
+                     [f"--autoparallel.plan_file={path}",
+                      "--parallelism.tensor_parallel_degree=2"], seed_checkpoint=seed)
     assert "tp-as-dp" in result.output and "tp+sp+ac:full" in result.output, result.output[-3000:]
     assert_parity(reference, result)

@@ -11,6 +11,11 @@ from typing import Any
 from .errors import UserError
 
 SCHEMA_VERSION = 1
+VOLATILE_SOLVER_KEYS = ("solve_time_s", "planning_time_s")
+"""Wall-clock measurements: shown in the table and logs, not written to plan files, so that
+the same inputs give a byte-identical file. The file records the bucket the planning time fell
+in (``planning_time_within_s``)."""
+TIME_BUCKETS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 @dataclass
@@ -70,7 +75,14 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        solver = data["solver"]
+        if "planning_time_s" in solver:
+            t = solver["planning_time_s"]
+            solver["planning_time_within_s"] = next((b for b in TIME_BUCKETS_S if t <= b), None)
+        for key in VOLATILE_SOLVER_KEYS:
+            solver.pop(key, None)
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
@@ -130,7 +142,7 @@ class Plan:
             f"  solver: {self.solver['status']}, gap {self.solver['gap']:.2g}, "
             f"{self.solver['milps_solved']} MILPs over {self.solver['candidates']} candidates, "
             f"{self.solver['variables']} variables, {self.solver['constraints']} constraints, "
-            f"planning {self.solver.get('planning_time_s', 0.0):.3f} s",
+            f"planning {_planning_time(self.solver)}",
             f"  {'layers':<24}{'strategy':<26}{'time/mb ms':>12}{'exposed comm ms':>17}"
             f"{'memory MiB':>12}",
         ]
@@ -142,6 +154,12 @@ class Plan:
                 f"{first.memory_mib:>12.4g}" + (f"  x{len(group)}" if len(group) > 1 else "")
             )
         return "\n".join(lines)
+
+
+def _planning_time(solver: dict[str, Any]) -> str:
+    if "planning_time_s" in solver:
+        return f"{solver['planning_time_s']:.3f} s"
+    return f"<= {solver.get('planning_time_within_s')} s"
 
 
 def _runs(layers: list[LayerPlan]) -> list[list[LayerPlan]]:

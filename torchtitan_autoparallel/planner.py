@@ -8,10 +8,11 @@ import dataclasses
 import hashlib
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from . import __version__
-from .cost.hardware import load_profile
+from .cost.hardware import HardwareProfile, load_profile
 from .cost.model import Precision
 from .errors import UserError
 from .graph.layer_graph import LayerGraph, build_layer_graph
@@ -75,31 +76,26 @@ def layer_graph_for(job_config: Any) -> LayerGraph:
     return build_layer_graph(name, flavor, args, spec.model_cls, job_config.training.seq_len)
 
 
-def fingerprint(job_config: Any, graph: LayerGraph, world: int, gpus_per_node: int,
-                hardware: str, budget_gib: float, global_batch: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class JobInputs:
+    """Everything planning reads from a job, resolved (profile loaded, defaults applied)."""
+
+    graph: LayerGraph
+    constraints: Constraints
+    hw: HardwareProfile
+    gpus_per_node: int
+    budget_bytes: float
+    global_batch: int
+    precision: Precision
+    world: int
+    fingerprint: dict[str, Any]
+
+
+def job_inputs(job_config: Any, world: int) -> JobInputs:
+    """Resolve the planning inputs of ``job_config`` on ``world`` devices (validating them)."""
     import torch
     import torchtitan
 
-    args_text = json.dumps([dataclasses.astuple(layer) for layer in graph.layers])
-    return {
-        "model": job_config.model.name,
-        "flavor": job_config.model.flavor,
-        "model_hash": hashlib.sha256(args_text.encode()).hexdigest()[:16],
-        "seq_len": graph.seq_len,
-        "global_batch_size": global_batch,
-        "world_size": world,
-        "gpus_per_node": gpus_per_node,
-        "hardware": hardware,
-        "memory_budget_gib": round(budget_gib, 6),
-        "mixed_precision_param": job_config.training.mixed_precision_param,
-        "versions": {"torchtitan_autoparallel": __version__, "torch": torch.__version__,
-                     "torchtitan": getattr(torchtitan, "__version__", "0.2.2")},
-    }
-
-
-def plan_job(job_config: Any, world: int) -> Plan:
-    """Solve the parallelization of ``job_config`` on ``world`` devices."""
-    start = time.perf_counter()
     ap = job_config.autoparallel
     _check_options(ap)
     constraints = constraints_from_config(job_config)
@@ -115,11 +111,49 @@ def plan_job(job_config: Any, world: int) -> Plan:
     except KeyError as exc:
         raise UserError(f"unsupported mixed precision dtype {exc}") from exc
     graph = layer_graph_for(job_config)
-    meshes = enumerate_meshes(graph, world, gpus_per_node, constraints)
+    layers_text = json.dumps([dataclasses.astuple(layer) for layer in graph.layers])
+    fingerprint = {
+        "model": job_config.model.name,
+        "flavor": job_config.model.flavor,
+        "model_hash": hashlib.sha256(layers_text.encode()).hexdigest()[:16],
+        "seq_len": graph.seq_len,
+        "global_batch_size": global_batch,
+        "world_size": world,
+        "gpus_per_node": gpus_per_node,
+        "hardware": hw.name,
+        "hardware_hash": hashlib.sha256(
+            json.dumps(dataclasses.asdict(hw), sort_keys=True).encode()).hexdigest()[:16],
+        "memory_budget_gib": round(budget / 2**30, 6),
+        "mixed_precision_param": training.mixed_precision_param,
+        "mixed_precision_reduce": training.mixed_precision_reduce,
+        "constraints": {"dp_replicate": constraints.dp_replicate,
+                        "dp_shard": constraints.dp_shard, "tp": constraints.tp,
+                        "techniques": sorted(constraints.techniques)},
+        "versions": {"torchtitan_autoparallel": __version__, "torch": torch.__version__,
+                     "torchtitan": getattr(torchtitan, "__version__", "0.2.2")},
+    }
+    return JobInputs(graph, constraints, hw, gpus_per_node, budget, global_batch, prec, world,
+                     fingerprint)
+
+
+def fingerprint_diff(plan_fp: dict[str, Any], job_fp: dict[str, Any]) -> list[str]:
+    """Readable differences ``key: plan -> job`` (package versions excluded: they warn)."""
+    keys = sorted((set(plan_fp) | set(job_fp)) - {"versions"})
+    return [f"{k}: plan {plan_fp.get(k)!r} -> job {job_fp.get(k)!r}"
+            for k in keys if plan_fp.get(k) != job_fp.get(k)]
+
+
+def plan_job(job_config: Any, world: int) -> Plan:
+    """Solve the parallelization of ``job_config`` on ``world`` devices."""
+    start = time.perf_counter()
+    inputs = job_inputs(job_config, world)
+    graph, hw, budget, global_batch = (inputs.graph, inputs.hw, inputs.budget_bytes,
+                                       inputs.global_batch)
+    meshes = enumerate_meshes(graph, world, inputs.gpus_per_node, inputs.constraints)
     meshes = [m for m in meshes if global_batch % m.dp == 0] or _no_batch_split(
         meshes, global_batch)
-    result = search(graph, world, global_batch, hw, prec, gpus_per_node, budget, constraints,
-                    meshes, ap.time_limit_s)
+    result = search(graph, world, global_batch, hw, inputs.precision, inputs.gpus_per_node,
+                    budget, inputs.constraints, meshes, job_config.autoparallel.time_limit_s)
     if result.best is None:
         raise UserError(
             f"no plan fits the memory budget of {budget / 2**30:.3g} GiB per device; the "
@@ -134,8 +168,7 @@ def plan_job(job_config: Any, world: int) -> Plan:
     stats["objective"] = step
     stats["planning_time_s"] = time.perf_counter() - start
     plan = Plan(
-        fingerprint=fingerprint(job_config, graph, world, gpus_per_node, hw.name,
-                                budget / 2**30, global_batch),
+        fingerprint=inputs.fingerprint,
         mesh=MeshPlan(cand.mesh.dp_replicate, cand.mesh.dp_shard, cand.mesh.tp),
         global_batch_size=global_batch,
         local_batch_size=cand.microbatch,

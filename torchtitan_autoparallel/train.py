@@ -98,15 +98,22 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
 
     from .converter import NAME, PLAN_ATTR
     from .plan import Plan
-    from .planner import plan_job
+    from .planner import fingerprint_diff, job_inputs, plan_job
 
     world = world_size(job_config)
     ap = job_config.autoparallel
     if ap.plan_file:
         plan = Plan.load(ap.plan_file)
-        if plan.mesh.world != world:
-            raise UserError(f"plan {ap.plan_file} is for world size {plan.mesh.world}, this job "
-                            f"has {world}; re-plan or launch with NGPU={plan.mesh.world}")
+        job_fp = job_inputs(job_config, world).fingerprint
+        diff = fingerprint_diff(plan.fingerprint, job_fp)
+        if diff:
+            raise UserError(
+                f"plan {ap.plan_file} was made for another job ({'; '.join(diff)}); re-plan "
+                "(drop autoparallel.plan_file) or run the job the plan was made for"
+            )
+        if plan.fingerprint.get("versions") != job_fp["versions"]:
+            logger.warning(f"plan {ap.plan_file} was made with {plan.fingerprint.get('versions')}"
+                           f", this job runs {job_fp['versions']}")
     else:
         plan = plan_job(job_config, world)
     if write:
