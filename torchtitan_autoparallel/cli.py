@@ -1,51 +1,126 @@
-"""Command line: ``python -m torchtitan_autoparallel plan ...`` (offline, no GPU, no process
-group)."""
+"""Command line, offline (no process group, no GPU): ``python -m torchtitan_autoparallel``.
+
+    plan     --config X.toml --ngpu N [--gpus-per-node G] [--hardware H] [--memory-gib M]
+             [--out P]                  plan a job, print the table, write the JSON
+    explain  P                          per block: strategy, cost breakdown, runner-up
+    diff     A B                        what differs and the predicted effect (exit 1 if any)
+    predict  --config X.toml --ngpu N   an expert (non-auto) config as a plan, same cost model
+
+Tables by default, ``--json`` for machines. Exit codes: 0 ok, 1 plans differ (diff), 2 a user
+error (one line on stderr).
+"""
 
 import argparse
 import json
 import sys
+from typing import Any
 
 from .errors import UserError, run_cli
 
 
-def _plan(args: argparse.Namespace) -> int:
-    from .planner import plan_job
+def _job(args: argparse.Namespace, auto: bool) -> Any:
     from .registry import register
     from .train import parse_config
 
     register()
-    overrides = ["--job.config_file", args.config, "--parallelism.auto"]
+    overrides = ["--job.config_file", args.config]
+    if auto:
+        overrides.append("--parallelism.auto")
     if args.hardware:
         overrides.append(f"--autoparallel.hardware={args.hardware}")
     if args.gpus_per_node is not None:
         overrides.append(f"--autoparallel.gpus_per_node={args.gpus_per_node}")
     if args.memory_gib is not None:
         overrides.append(f"--autoparallel.memory_gib={args.memory_gib}")
-    job_config = parse_config(overrides)
-    plan = plan_job(job_config, args.ngpu)
+    return parse_config(overrides)
+
+
+def _emit(args: argparse.Namespace, plan: Any) -> None:
+    from .explain import snippet
+
     if args.out:
         plan.save(args.out)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=1, sort_keys=True))
-    else:
-        print(plan.table())
-        if args.out:
-            print(f"plan written to {args.out}")
+        return
+    print(plan.table())
+    print(snippet(plan))
+    for note in plan.notes:
+        print(f"note: {note}")
+    if args.out:
+        print(f"plan written to {args.out}")
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .planner import plan_job
+
+    _emit(args, plan_job(_job(args, auto=True), args.ngpu))
     return 0
 
 
+def _predict(args: argparse.Namespace) -> int:
+    from .expert import expert_plan
+
+    _emit(args, expert_plan(_job(args, auto=False), args.ngpu))
+    return 0
+
+
+def _load(path: str) -> Any:
+    from .plan import Plan
+    from .registry import register
+
+    register()
+    return Plan.load(path)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from .explain import explain_rows, explain_text, snippet
+
+    plan = _load(args.plan)
+    rows = explain_rows(plan)
+    if args.json:
+        print(json.dumps({"plan": plan.to_dict(), "blocks": rows, "torchtitan": snippet(plan)},
+                         indent=1, sort_keys=True))
+    else:
+        print(explain_text(plan, rows))
+    return 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from .explain import diff_lines
+
+    lines = diff_lines(_load(args.a), _load(args.b))
+    if args.json:
+        print(json.dumps({"identical": not lines, "differences": lines}, indent=1))
+    else:
+        print("\n".join(lines) if lines else "plans are identical")
+    return 1 if lines else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m torchtitan_autoparallel")
+    parser = argparse.ArgumentParser(prog="python -m torchtitan_autoparallel",
+                                     description="Plan and inspect TorchTitan parallelization.")
     sub = parser.add_subparsers(dest="command", required=True)
-    plan = sub.add_parser("plan", help="plan a TorchTitan config for N devices (offline)")
-    plan.add_argument("--config", required=True, help="TorchTitan TOML config")
-    plan.add_argument("--ngpu", type=int, required=True, help="world size (devices)")
-    plan.add_argument("--gpus-per-node", type=int, default=None)
-    plan.add_argument("--hardware", default="", help="profile name or .toml path")
-    plan.add_argument("--memory-gib", type=float, default=None, help="budget per device")
-    plan.add_argument("--out", default="", help="write the plan JSON here")
-    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
-    plan.set_defaults(func=_plan)
+    for name, func, text in (("plan", _plan, "plan a TorchTitan config for N devices"),
+                             ("predict", _predict, "an expert config's plan and prediction")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--config", required=True, help="TorchTitan TOML config")
+        p.add_argument("--ngpu", type=int, required=True, help="world size (devices)")
+        p.add_argument("--gpus-per-node", type=int, default=None)
+        p.add_argument("--hardware", default="", help="profile name or .toml path")
+        p.add_argument("--memory-gib", type=float, default=None, help="budget per device")
+        p.add_argument("--out", default="", help="write the plan JSON here")
+        p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        p.set_defaults(func=func)
+    p = sub.add_parser("explain", help="per-block costs and runner-up of a plan file")
+    p.add_argument("plan")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_explain)
+    p = sub.add_parser("diff", help="differences between two plan files")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_diff)
     return parser
 
 

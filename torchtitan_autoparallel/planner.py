@@ -17,8 +17,8 @@ from .cost.model import Precision
 from .errors import UserError
 from .graph.layer_graph import LayerGraph, build_layer_graph
 from .plan import LayerPlan, MeshPlan, Plan
-from .solver import search
-from .strategies import TECHNIQUES, Constraints, Mesh, enumerate_meshes
+from .solver import Candidate, Solution, build_candidate, search
+from .strategies import TECHNIQUES, BlockStrategy, Constraints, Mesh, enumerate_meshes
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -161,30 +161,60 @@ def plan_job(job_config: Any, world: int) -> Plan:
             "(raise autoparallel.memory_gib, lower the batch or sequence length, or add devices)"
         )
     sol = result.best
-    cand = sol.candidate
-    layers = _layer_plans(graph, sol)
-    step = sol.step_time_s
     stats = dict(result.stats)
-    stats["objective"] = step
     stats["planning_time_s"] = time.perf_counter() - start
-    plan = Plan(
+    return build_plan(inputs, sol.candidate, _assign(graph, sol), stats)
+
+
+def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrategy],
+               solver: dict[str, Any]) -> Plan:
+    """The Plan for running ``cand`` (mesh, micro-batch) with ``strategies`` for the blocks, in
+    block order, with its predicted step time and memory."""
+    graph = inputs.graph
+    counts: dict[tuple[str, BlockStrategy], int] = {}
+    for layer, strategy in zip(graph.blocks, strategies, strict=True):
+        key = (layer.signature, strategy)
+        counts[key] = counts.get(key, 0) + 1
+    step = cand.step_time(counts)
+    edge_mode = "sp" if cand.mesh.tp > 1 else "none"
+    assigned = iter(strategies)
+    layers = []
+    for layer in graph.layers:
+        if layer.kind != "block":
+            layers.append(LayerPlan(layer.fqn, layer.kind, "none", layer.kind == "embedding",
+                                    edge_mode))
+            continue
+        strategy = next(assigned)
+        cost = cand.costs[(layer.signature, strategy)]
+        layers.append(LayerPlan(
+            layer.fqn, "block", strategy.ac, strategy.reshard_after_forward, strategy.tp_mode,
+            time_ms=round(cost.time_s * 1e3, 6),
+            comm_ms=round(cost.exposed_comm_s * 1e3, 6),
+            memory_mib=round((cost.kept_bytes + cost.state_bytes) / 2**20, 6),
+        ))
+    return Plan(
         fingerprint=inputs.fingerprint,
         mesh=MeshPlan(cand.mesh.dp_replicate, cand.mesh.dp_shard, cand.mesh.tp),
-        global_batch_size=global_batch,
+        global_batch_size=inputs.global_batch,
         local_batch_size=cand.microbatch,
         gradient_accumulation_steps=cand.accum,
         seq_len=graph.seq_len,
         layers=layers,
         predicted={
             "step_time_s": step,
-            "tokens_per_s": global_batch * graph.seq_len / step,
-            "peak_memory_gib": sol.peak_bytes / 2**30,
+            "tokens_per_s": inputs.global_batch * graph.seq_len / step,
+            "peak_memory_gib": cand.memory(counts) / 2**30,
             "state_memory_gib": cand.state_bytes / 2**30,
-            "budget_gib": budget / 2**30,
+            "budget_gib": inputs.budget_bytes / 2**30,
         },
-        solver=stats,
+        solver={**solver, "objective": step},
     )
-    return plan
+
+
+def candidate_for(inputs: JobInputs, mesh: Mesh, microbatch: int) -> Candidate:
+    """Per-strategy costs of every block class for one (mesh, micro-batch) of the job."""
+    return build_candidate(inputs.graph, mesh, microbatch, inputs.global_batch, inputs.hw,
+                           inputs.precision, inputs.gpus_per_node, inputs.constraints)
 
 
 def _no_batch_split(meshes: list[Mesh], global_batch: int) -> list[Mesh]:
@@ -195,28 +225,37 @@ def _no_batch_split(meshes: list[Mesh], global_batch: int) -> list[Mesh]:
     )
 
 
-def _layer_plans(graph: LayerGraph, sol: Any) -> list[LayerPlan]:
-    """Give each block its strategy: within a class, the most memory-saving strategies go to
-    the earliest blocks (deterministic; order does not change the predicted peak)."""
+def _assign(graph: LayerGraph, sol: Solution) -> list[BlockStrategy]:
+    """Turn per-class counts into one strategy per block: within a class, the most
+    memory-saving strategies go to the earliest blocks (deterministic; the order does not
+    change the predicted time or peak)."""
     cand = sol.candidate
-    edge_mode = "sp" if cand.mesh.tp > 1 else "none"
-    queues: dict[str, list] = {}
+    queues: dict[str, list[BlockStrategy]] = {}
     for (cls, strategy), n in sorted(
         sol.counts.items(), key=lambda kv: (kv[0][0], cand.costs[kv[0]].kept_bytes, kv[0][1])
     ):
         queues.setdefault(cls, []).extend([strategy] * n)
-    plans = []
-    for layer in graph.layers:
-        if layer.kind != "block":
-            plans.append(LayerPlan(layer.fqn, layer.kind, "none",
-                                   layer.kind == "embedding", edge_mode))
-            continue
-        strategy = queues[layer.signature].pop(0)
-        cost = cand.costs[(layer.signature, strategy)]
-        plans.append(LayerPlan(
-            layer.fqn, "block", strategy.ac, strategy.reshard_after_forward, strategy.tp_mode,
-            time_ms=round(cost.time_s * 1e3, 6),
-            comm_ms=round(cost.exposed_comm_s * 1e3, 6),
-            memory_mib=round((cost.kept_bytes + cost.state_bytes) / 2**20, 6),
-        ))
-    return plans
+    return [queues[layer.signature].pop(0) for layer in graph.blocks]
+
+
+def inputs_from_fingerprint(fp: dict[str, Any]) -> JobInputs:
+    """Rebuild a plan's planning inputs from its fingerprint (for explain / diff)."""
+    from types import SimpleNamespace
+
+    job = SimpleNamespace(
+        model=SimpleNamespace(name=fp["model"], flavor=fp["flavor"]),
+        training=SimpleNamespace(seq_len=fp["seq_len"], global_batch_size=fp["global_batch_size"],
+                                 local_batch_size=1,
+                                 mixed_precision_param=fp["mixed_precision_param"],
+                                 mixed_precision_reduce=fp["mixed_precision_reduce"]),
+        parallelism=SimpleNamespace(
+            context_parallel_degree=1, pipeline_parallel_degree=1, expert_parallel_degree=1,
+            data_parallel_replicate_degree=fp["constraints"]["dp_replicate"] or 1,
+            data_parallel_shard_degree=fp["constraints"]["dp_shard"] or -1,
+            tensor_parallel_degree=fp["constraints"]["tp"] or 1),
+        autoparallel=SimpleNamespace(
+            hardware=fp["hardware"], gpus_per_node=fp["gpus_per_node"],
+            memory_gib=fp["memory_budget_gib"], techniques=fp["constraints"]["techniques"],
+            time_limit_s=30.0),
+    )
+    return job_inputs(job, fp["world_size"])

@@ -1,0 +1,67 @@
+"""An expert (non-auto) TorchTitan config expressed as a Plan, so it can be predicted, explained
+and compared with auto plans on the same cost model."""
+
+import dataclasses
+from typing import Any
+
+from .errors import UserError
+from .plan import Plan
+from .planner import build_plan, candidate_for, job_inputs
+from .strategies import BlockStrategy, Mesh
+
+
+def _block_ac(ac: Any, index: int) -> str:
+    """TorchTitan's AC for block ``index``: "selective" with an integer k checkpoints every
+    k-th block fully; "op" is op-level selective AC."""
+    if ac.mode in ("none", "full"):
+        return ac.mode
+    if ac.mode == "selective" and ac.selective_ac_option == "op":
+        return "selective"
+    if ac.mode == "selective" and ac.selective_ac_option.isdigit():
+        k = int(ac.selective_ac_option)
+        return "full" if k > 0 and (index + 1) % k == 0 else "none"
+    raise UserError(f"activation_checkpoint mode {ac.mode!r} is not modelled by predict")
+
+
+def expert_plan(job_config: Any, world: int) -> Plan:
+    """The plan TorchTitan's own recipe runs for ``job_config`` on ``world`` devices."""
+    par, training = job_config.parallelism, job_config.training
+    inputs = job_inputs(job_config, world)
+    dp_replicate, tp = par.data_parallel_replicate_degree, par.tensor_parallel_degree
+    dp_shard = par.data_parallel_shard_degree
+    if dp_shard == -1:
+        dp_shard = world // (dp_replicate * tp)
+    mesh = Mesh(dp_replicate, dp_shard, tp)
+    if mesh.world != world:
+        raise UserError(
+            f"[parallelism] degrees dp_replicate={dp_replicate} dp_shard={dp_shard} tp={tp} do "
+            f"not multiply to world size {world}"
+        )
+    local = training.local_batch_size
+    global_batch = (training.global_batch_size if training.global_batch_size > 0
+                    else local * mesh.dp)
+    if global_batch % (local * mesh.dp):
+        raise UserError(f"global batch {global_batch} is not a multiple of local batch {local} "
+                        f"x data-parallel degree {mesh.dp}")
+    inputs = dataclasses.replace(
+        inputs, global_batch=global_batch,
+        fingerprint={**inputs.fingerprint, "global_batch_size": global_batch},
+    )
+    cand = candidate_for(inputs, mesh, local)
+    reshard = {"default": True, "always": True, "never": False}[par.fsdp_reshard_after_forward]
+    reshard = reshard and mesh.dp_shard > 1
+    mode = "sp" if tp > 1 else "none"
+    strategies = [
+        BlockStrategy(_block_ac(job_config.activation_checkpoint, i), reshard, mode)
+        for i in range(len(inputs.graph.blocks))
+    ]
+    plan = build_plan(inputs, cand, strategies, {"status": "expert recipe", "gap": 0.0,
+                                                 "candidates": 1, "milps_solved": 0,
+                                                 "variables": 0, "constraints": 0})
+    if plan.predicted["peak_memory_gib"] > plan.predicted["budget_gib"]:
+        plan.notes.append(
+            f"predicted peak {plan.predicted['peak_memory_gib']:.3g} GiB exceeds the budget "
+            f"{plan.predicted['budget_gib']:.3g} GiB: this recipe is predicted to run out of "
+            "memory"
+        )
+    return plan

@@ -1,0 +1,154 @@
+"""Reading plans: per-layer explanation with the runner-up, differences between two plans, and
+the equivalent TorchTitan ``[parallelism]`` settings where a plan is uniform."""
+
+from typing import Any
+
+from .plan import LayerPlan, Plan
+from .planner import candidate_for, inputs_from_fingerprint
+from .strategies import BlockStrategy, Mesh
+
+
+def _strategy(layer: LayerPlan) -> BlockStrategy:
+    return BlockStrategy(layer.ac, layer.reshard_after_forward, layer.tp_mode)
+
+
+def explain_rows(plan: Plan) -> list[dict[str, Any]]:
+    """Per block: the chosen strategy's cost breakdown, and the runner-up (the fastest other
+    strategy for that block on the same mesh and micro-batch) with its time and memory deltas."""
+    inputs = inputs_from_fingerprint(plan.fingerprint)
+    m = plan.mesh
+    cand = candidate_for(inputs, Mesh(m.dp_replicate, m.dp_shard, m.tp), plan.local_batch_size)
+    by_fqn = {layer.fqn: layer for layer in inputs.graph.layers}
+    counts: dict[tuple[str, BlockStrategy], int] = {}
+    for layer in plan.layers:
+        if layer.kind == "block":
+            key = (by_fqn[layer.fqn].signature, _strategy(layer))
+            counts[key] = counts.get(key, 0) + 1
+    budget = plan.predicted["budget_gib"] * 2**30
+    rows = []
+    for layer in plan.layers:
+        if layer.kind != "block":
+            continue
+        sig = by_fqn[layer.fqn].signature
+        chosen = _strategy(layer)
+        cost = cand.costs[(sig, chosen)]
+        others = sorted((cand.costs[(sig, s)].time_s, s.name, s) for s in cand.strategies
+                        if s != chosen)
+        row = {
+            "layer": layer.fqn, "strategy": layer.strategy,
+            "compute_ms": cost.compute_s * 1e3, "exposed_comm_ms": cost.exposed_comm_s * 1e3,
+            "kept_mib": cost.kept_bytes / 2**20, "transient_mib": cost.transient_bytes / 2**20,
+            "runner_up": None,
+        }
+        if others:
+            alt = cand.costs[(sig, others[0][2])]
+            runner = LayerPlan(layer.fqn, "block", others[0][2].ac,
+                               others[0][2].reshard_after_forward, others[0][2].tp_mode)
+            swapped = dict(counts)
+            swapped[(sig, chosen)] -= 1
+            swapped[(sig, others[0][2])] = swapped.get((sig, others[0][2]), 0) + 1
+            row["runner_up"] = {
+                "strategy": runner.strategy,
+                "delta_time_ms": (alt.time_s - cost.time_s) * 1e3,
+                "delta_kept_mib": (alt.kept_bytes - cost.kept_bytes) / 2**20,
+                "fits_budget": cand.memory(swapped) <= budget,
+            }
+        rows.append(row)
+    return rows
+
+
+def explain_text(plan: Plan, rows: list[dict[str, Any]]) -> str:
+    lines = [plan.table(), "", "per block (per micro-batch): chosen vs runner-up",
+             f"  {'layers':<20}{'strategy':<26}{'compute ms':>11}{'comm ms':>9}{'kept MiB':>10}"
+             f"  runner-up (delta time ms, delta kept MiB)"]
+    groups: list[list[dict[str, Any]]] = []
+    for row in rows:
+        key = (row["strategy"], row["runner_up"] and row["runner_up"]["strategy"])
+        if groups and (groups[-1][0]["strategy"], groups[-1][0]["runner_up"]
+                       and groups[-1][0]["runner_up"]["strategy"]) == key:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    for group in groups:
+        r = group[0]
+        last = group[-1]["layer"].split(".")[-1]
+        name = r["layer"] if len(group) == 1 else f"{r['layer']}..{last}"
+        ru = r["runner_up"]
+        alt = (f"{ru['strategy']} ({ru['delta_time_ms']:+.4g}, {ru['delta_kept_mib']:+.4g})"
+               + ("" if ru["fits_budget"] else " over budget") if ru else "none (only strategy)")
+        lines.append(f"  {name:<20}{r['strategy']:<26}{r['compute_ms']:>11.4g}"
+                     f"{r['exposed_comm_ms']:>9.4g}{r['kept_mib']:>10.4g}  {alt}")
+    lines += ["", snippet(plan)]
+    lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
+def snippet(plan: Plan) -> str:
+    """TorchTitan settings that run this plan, or which layers keep it from being uniform."""
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    kinds = {(b.ac, b.reshard_after_forward, b.tp_mode) for b in blocks}
+    if len(kinds) != 1 or blocks[0].tp_mode == "dp":
+        first = (blocks[0].ac, blocks[0].reshard_after_forward, blocks[0].tp_mode)
+        odd = [b.fqn for b in blocks if (b.ac, b.reshard_after_forward, b.tp_mode) != first]
+        return (f"not expressible as uniform TorchTitan degrees: {len(odd)} of {len(blocks)} "
+                f"blocks differ from {blocks[0].fqn} ({blocks[0].strategy}): {', '.join(odd[:8])}"
+                + (" ..." if len(odd) > 8 else ""))
+    b = blocks[0]
+    m = plan.mesh
+    ac = {"none": 'mode = "none"', "full": 'mode = "full"',
+          "selective": 'mode = "selective"\nselective_ac_option = "op"'}[b.ac]
+    return "\n".join([
+        "equivalent TorchTitan settings:",
+        "[parallelism]",
+        f"data_parallel_replicate_degree = {m.dp_replicate}",
+        f"data_parallel_shard_degree = {m.dp_shard}",
+        f"tensor_parallel_degree = {m.tp}",
+        f'fsdp_reshard_after_forward = "{"default" if b.reshard_after_forward else "never"}"',
+        "[training]",
+        f"local_batch_size = {plan.local_batch_size}",
+        f"global_batch_size = {plan.global_batch_size}",
+        "[activation_checkpoint]",
+        ac,
+    ])
+
+
+def diff_lines(a: Plan, b: Plan) -> list[str]:
+    """What differs between plans ``a`` and ``b``, and the predicted effect."""
+    out = []
+    for key in sorted(set(a.fingerprint) | set(b.fingerprint)):
+        if a.fingerprint.get(key) != b.fingerprint.get(key):
+            out.append(f"job {key}: {a.fingerprint.get(key)!r} -> {b.fingerprint.get(key)!r}")
+    if a.mesh != b.mesh:
+        out.append(f"mesh: {vars(a.mesh)} -> {vars(b.mesh)}")
+    split_a = (a.local_batch_size, a.gradient_accumulation_steps)
+    split_b = (b.local_batch_size, b.gradient_accumulation_steps)
+    if split_a != split_b:
+        out.append(f"local batch x accumulation: {split_a[0]} x {split_a[1]} -> "
+                   f"{split_b[0]} x {split_b[1]}")
+    layers_b = {layer.fqn: layer for layer in b.layers}
+    changed: list[tuple[str, str, str]] = []
+    for layer in a.layers:
+        other = layers_b.get(layer.fqn)
+        if other is None:
+            out.append(f"{layer.fqn}: only in the first plan")
+        elif other.strategy != layer.strategy:
+            changed.append((layer.fqn, layer.strategy, other.strategy))
+    for fqn in layers_b.keys() - {layer.fqn for layer in a.layers}:
+        out.append(f"{fqn}: only in the second plan")
+    i = 0
+    while i < len(changed):  # group consecutive layers with the same change
+        j = i
+        while j + 1 < len(changed) and changed[j + 1][1:] == changed[i][1:]:
+            j += 1
+        name = changed[i][0] if i == j else f"{changed[i][0]}..{changed[j][0].split('.')[-1]}"
+        out.append(f"{name}: {changed[i][1]} -> {changed[i][2]}")
+        i = j + 1
+    if out:
+        pa, pb = a.predicted, b.predicted
+        out.append(
+            f"predicted effect: step {pa['step_time_s']:.4g} s -> {pb['step_time_s']:.4g} s "
+            f"({pb['step_time_s'] / pa['step_time_s']:.3f}x), tokens/s "
+            f"{pa['tokens_per_s']:.4g} -> {pb['tokens_per_s']:.4g}, peak "
+            f"{pa['peak_memory_gib']:.3g} -> {pb['peak_memory_gib']:.3g} GiB"
+        )
+    return out
