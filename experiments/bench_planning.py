@@ -1,12 +1,13 @@
-"""Planning-time benchmark: llama3 405B on 128 H100s, mesh search included.
+"""Planning-time benchmark, mesh search included.
 
 Measures (1) planning time from a parsed config to a Plan, in-process, imports excluded
 (median of repeats), with the MILP statistics, and (2) the wall time of the whole
-``python -m torchtitan_autoparallel plan`` command (median of repeats). Prints both against the
-targets (<= 2 s planning, gap 0; <= 15 s command).
+``python -m torchtitan_autoparallel plan`` command (median of repeats), for llama3 405B on 128
+H100s; then (3) the same for a grid of models x world sizes, as a markdown table. Targets:
+<= 2 s planning with gap 0, <= 15 s for the command.
 
     python experiments/bench_planning.py [--config train_configs/llama3_405b_auto.toml]
-        [--ngpu 128] [--repeats 5]
+        [--ngpu 128] [--repeats 5] [--grid] [--out experiments/results/planning.md]
 """
 
 import argparse
@@ -25,6 +26,8 @@ def main() -> None:
     parser.add_argument("--config", default="train_configs/llama3_405b_auto.toml")
     parser.add_argument("--ngpu", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--grid", action="store_true", help="also run the model x size grid")
+    parser.add_argument("--out", default="", help="write the grid table (markdown) here")
     args = parser.parse_args()
 
     t0 = time.perf_counter()
@@ -62,6 +65,47 @@ def main() -> None:
     print(f"whole `plan` command wall time, median of 3: {wall:.2f} s")
     print(f"targets: planning {planning:.3f} s / 2 s = {planning / 2:.2f}x of budget, gap "
           f"{s['gap']} (target 0); command {wall:.2f} s / 15 s = {wall / 15:.2f}x of budget")
+    if args.grid:
+        grid(args.out)
+
+
+GRID = ["llama3_8b", "llama3_70b", "llama3_405b", "qwen3_32b"]
+
+
+def grid(out: str) -> None:
+    """Plan every model at 8, 64 and 128 H100s: planning time, MILP size, command wall time."""
+    from torchtitan_autoparallel.errors import UserError
+    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.train import parse_config
+
+    rows = ["| model | GPUs | mesh (dp_rep x dp_shard x tp) | planning s | MILPs | variables "
+            "| gap | `plan` wall s |", "|---|---|---|---|---|---|---|---|"]
+    for name in GRID:
+        config = str(REPO / "train_configs" / f"{name}_auto.toml")
+        for ngpu in (8, 64, 128):
+            job = parse_config(["--job.config_file", config])
+            start = time.perf_counter()
+            try:
+                plan = plan_job(job, ngpu)
+                t = time.perf_counter() - start
+                m, s = plan.mesh, plan.solver
+                cells = [f"{m.dp_replicate} x {m.dp_shard} x {m.tp}", f"{t:.3f}",
+                         str(s["milps_solved"]), str(s["variables"]), str(s["gap"])]
+            except UserError as exc:
+                t = time.perf_counter() - start
+                need = str(exc).split("smallest budget that works is ")[-1].split(" (")[0]
+                cells = [f"does not fit 80 GB (needs {need})", f"{t:.3f}", "-", "-", "-"]
+            begin = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "torchtitan_autoparallel", "plan", "--config",
+                            config, "--ngpu", str(ngpu)], cwd=REPO, capture_output=True)
+            wall = time.perf_counter() - begin
+            rows.append(f"| {name} | {ngpu} | " + " | ".join(cells) + f" | {wall:.1f} |")
+            print(rows[-1], flush=True)
+    table = "\n".join(rows) + "\n"
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(table)
+        print(f"written to {out}")
 
 
 if __name__ == "__main__":
