@@ -253,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         trainer.close()
     if torch.distributed.is_initialized():
+        # leave together: a rank tearing down gloo while a peer still uses it can abort
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return 0
 
