@@ -93,3 +93,20 @@ def test_mixed_tp_plan_parity(references, tmp_path):
                       "--parallelism.tensor_parallel_degree=2"], seed_checkpoint=seed)
     assert "tp-as-dp" in result.output and "tp+sp+ac:full" in result.output, result.output[-3000:]
     assert_parity(reference, result)
+
+
+@pytest.mark.parametrize("ngpu,degrees", [
+    (2, ["--parallelism.context_parallel_degree=2"]),
+    (4, ["--parallelism.context_parallel_degree=2", "--parallelism.data_parallel_shard_degree=2"]),
+], ids=["cp2", "cp2xfsdp2"])
+def test_context_parallel_auto_plan_parity(ngpu, degrees, references, tmp_path):
+    seed, reference = references("llama3")
+    plan_path = tmp_path / "plan.json"
+    result = run_job("llama3_debug_auto.toml", ngpu, tmp_path / "run",
+                     [*degrees, f"--autoparallel.save_plan={plan_path}"], seed_checkpoint=seed)
+    assert plan_path.exists(), result.output[-3000:]
+    plan = Plan.load(str(plan_path))
+    assert plan.mesh.cp == 2 and plan.mesh.world == ngpu
+    if ngpu == 4:
+        assert plan.mesh.dp_shard == 2
+    assert_parity(reference, result)

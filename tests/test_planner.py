@@ -134,6 +134,15 @@ def test_plan_json_round_trip(planning, tmp_path):
     )
 
 
+def test_context_parallel_plans(planning):
+    plan = planning("llama3_debug_auto.toml", 4, "--parallelism.context_parallel_degree=2")
+    assert plan.mesh.cp == 2 and plan.mesh.world == 4
+    # long sequences: the planner turns to CP on its own when memory calls for it
+    plan = planning("llama3_8b_auto.toml", 64, "--training.seq_len=131072",
+                    "--training.global_batch_size=16")
+    assert plan.mesh.cp > 1
+
+
 def test_plan_respects_fixed_degrees_and_techniques(planning):
     plan = planning("llama3_debug_auto.toml", 4, "--parallelism.tensor_parallel_degree=2")
     assert plan.mesh.tp == 2
@@ -162,7 +171,8 @@ def test_budget_too_small_names_smallest_budget(planning):
 
 @pytest.mark.parametrize("overrides,message", [
     (("--parallelism.tensor_parallel_degree=3",), "no legal mesh"),
-    (("--parallelism.context_parallel_degree=2",), "does not search this dimension"),
+    (("--parallelism.pipeline_parallel_degree=2",), "does not search this dimension"),
+    (("--parallelism.context_parallel_degree=3",), "no legal mesh"),
     (("--autoparallel.hardware=tpu9",), "unknown hardware profile"),
     (("--autoparallel.techniques=fsdp,magic",), "unknown entries"),
     (("--autoparallel.memory_gib=-1",), "memory_gib must be >= 0"),

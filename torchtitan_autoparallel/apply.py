@@ -21,8 +21,9 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 def check_plan_matches(plan: Plan, parallel_dims: Any) -> None:
     """The mesh TorchTitan built must be the plan's, and every rank must hold the same plan."""
     m = plan.mesh
-    built = (parallel_dims.dp_replicate, parallel_dims.dp_shard, parallel_dims.tp)
-    if built != (m.dp_replicate, m.dp_shard, m.tp):
+    built = (parallel_dims.dp_replicate, parallel_dims.dp_shard, parallel_dims.tp,
+             parallel_dims.cp)
+    if built != (m.dp_replicate, m.dp_shard, m.tp, m.cp):
         raise RuntimeError(f"mesh {built} differs from the plan's {m}")
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         digests: list[Any] = [None] * torch.distributed.get_world_size()
@@ -84,10 +85,20 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
         modes = {name: by_fqn[f"{adapter.blocks}.{name}"].tp_mode for name in blocks_names(blocks)}
         adapter.apply_tp(model, tp_mesh,
                          loss_parallel=not job_config.parallelism.disable_loss_parallel,
-                         block_names=[n for n, mode in modes.items() if mode == "sp"])
+                         block_names=[n for n, mode in modes.items() if mode == "sp"],
+                         cp_enabled=plan.mesh.cp > 1)
         for name, mode in modes.items():
             if mode == "dp":
                 _batch_split_over_tp(blocks.get_submodule(name), tp_mesh, adapter.block_args)
+
+    if plan.mesh.cp > 1:
+        from torchtitan.distributed.context_parallel import apply_cp_to_attention_module
+
+        apply_cp_to_attention_module(
+            [block.get_submodule(adapter.inner_attention) for block in blocks.children()],
+            parallel_dims.get_mesh("cp"),
+            getattr(getattr(model, "model_args", None), "attn_type", "sdpa"),
+        )
 
     for name, block in list(blocks.named_children()):
         layer = by_fqn[f"{adapter.blocks}.{name}"]

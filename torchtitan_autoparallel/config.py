@@ -28,10 +28,11 @@ class Autoparallel:
     memory_gib: float = 0.0
     """Memory budget per device in GiB; 0 takes the profile's usable memory."""
     techniques: list[str] = field(
-        default_factory=lambda: ["fsdp", "hsdp", "tp", "tp_dp", "ac"]
+        default_factory=lambda: ["fsdp", "hsdp", "tp", "tp_dp", "cp", "ac"]
     )
     """Techniques the search may use (restrict it to compare or to debug): fsdp, hsdp, tp
-    (tensor + sequence parallel), tp_dp (a block may use the tp dim as data parallel), ac."""
+    (tensor + sequence parallel), tp_dp (a block may use the tp dim as data parallel), cp
+    (context parallel), ac."""
     time_limit_s: float = 30.0
     """Wall-clock limit for all MILP solves; the best plan found so far is returned with its
     gap."""

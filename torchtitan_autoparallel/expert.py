@@ -28,14 +28,15 @@ def expert_plan(job_config: Any, world: int) -> Plan:
     par, training = job_config.parallelism, job_config.training
     inputs = job_inputs(job_config, world)
     dp_replicate, tp = par.data_parallel_replicate_degree, par.tensor_parallel_degree
+    cp = par.context_parallel_degree
     dp_shard = par.data_parallel_shard_degree
     if dp_shard == -1:
-        dp_shard = world // (dp_replicate * tp)
-    mesh = Mesh(dp_replicate, dp_shard, tp)
+        dp_shard = world // (dp_replicate * tp * cp)
+    mesh = Mesh(dp_replicate, dp_shard, tp, cp)
     if mesh.world != world:
         raise UserError(
-            f"[parallelism] degrees dp_replicate={dp_replicate} dp_shard={dp_shard} tp={tp} do "
-            f"not multiply to world size {world}"
+            f"[parallelism] degrees dp_replicate={dp_replicate} dp_shard={dp_shard} cp={cp} "
+            f"tp={tp} do not multiply to world size {world}"
         )
     local = training.local_batch_size
     global_batch = (training.global_batch_size if training.global_batch_size > 0
@@ -49,7 +50,7 @@ def expert_plan(job_config: Any, world: int) -> Plan:
     )
     cand = candidate_for(inputs, mesh, local)
     reshard = {"default": True, "always": True, "never": False}[par.fsdp_reshard_after_forward]
-    reshard = reshard and mesh.dp_shard > 1
+    reshard = reshard and mesh.dp_shard * mesh.cp > 1
     mode = "sp" if tp > 1 else "none"
     strategies = [
         BlockStrategy(_block_ac(job_config.activation_checkpoint, i), reshard, mode)

@@ -17,7 +17,8 @@ def explain_rows(plan: Plan) -> list[dict[str, Any]]:
     strategy for that block on the same mesh and micro-batch) with its time and memory deltas."""
     inputs = inputs_from_fingerprint(plan.fingerprint)
     m = plan.mesh
-    cand = candidate_for(inputs, Mesh(m.dp_replicate, m.dp_shard, m.tp), plan.local_batch_size)
+    mesh = Mesh(m.dp_replicate, m.dp_shard, m.tp, m.cp)
+    cand = candidate_for(inputs, mesh, plan.local_batch_size)
     by_fqn = {layer.fqn: layer for layer in inputs.graph.layers}
     counts: dict[tuple[str, BlockStrategy], int] = {}
     for layer in plan.layers:
@@ -103,6 +104,7 @@ def snippet(plan: Plan) -> str:
         f"data_parallel_replicate_degree = {m.dp_replicate}",
         f"data_parallel_shard_degree = {m.dp_shard}",
         f"tensor_parallel_degree = {m.tp}",
+        f"context_parallel_degree = {m.cp}",
         f'fsdp_reshard_after_forward = "{"default" if b.reshard_after_forward else "never"}"',
         "[training]",
         f"local_batch_size = {plan.local_batch_size}",

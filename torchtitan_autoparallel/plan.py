@@ -54,10 +54,11 @@ class MeshPlan:
     dp_replicate: int
     dp_shard: int
     tp: int
+    cp: int = 1
 
     @property
     def world(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp
+        return self.dp_replicate * self.dp_shard * self.cp * self.tp
 
 
 @dataclass
@@ -133,7 +134,7 @@ class Plan:
         p = self.predicted
         lines = [
             f"autoparallel plan {self.digest()}: mesh dp_replicate={m.dp_replicate} "
-            f"dp_shard={m.dp_shard} tp={m.tp} (world {m.world})",
+            f"dp_shard={m.dp_shard} cp={m.cp} tp={m.tp} (world {m.world})",
             f"  batch: global {self.global_batch_size} = local {self.local_batch_size} x dp "
             f"{m.dp_replicate * m.dp_shard} x accumulation {self.gradient_accumulation_steps}, "
             f"seq {self.seq_len}",

@@ -27,7 +27,6 @@ def constraints_from_config(job_config: Any) -> Constraints:
     """Degrees the user set in [parallelism] become constraints; unsupported ones are errors."""
     par = job_config.parallelism
     for name, value in (
-        ("context_parallel_degree", par.context_parallel_degree),
         ("pipeline_parallel_degree", par.pipeline_parallel_degree),
         ("expert_parallel_degree", par.expert_parallel_degree),
     ):
@@ -49,6 +48,7 @@ def constraints_from_config(job_config: Any) -> Constraints:
         if par.data_parallel_replicate_degree != 1 else 0,
         dp_shard=par.data_parallel_shard_degree if par.data_parallel_shard_degree != -1 else 0,
         tp=par.tensor_parallel_degree if par.tensor_parallel_degree != 1 else 0,
+        cp=par.context_parallel_degree if par.context_parallel_degree != 1 else 0,
         techniques=techniques,
     )
 
@@ -128,6 +128,7 @@ def job_inputs(job_config: Any, world: int) -> JobInputs:
         "mixed_precision_reduce": training.mixed_precision_reduce,
         "constraints": {"dp_replicate": constraints.dp_replicate,
                         "dp_shard": constraints.dp_shard, "tp": constraints.tp,
+                        "cp": constraints.cp,
                         "techniques": sorted(constraints.techniques)},
         "versions": {"torchtitan_autoparallel": __version__, "torch": torch.__version__,
                      "torchtitan": getattr(torchtitan, "__version__", "0.2.2")},
@@ -194,7 +195,7 @@ def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrateg
         ))
     return Plan(
         fingerprint=inputs.fingerprint,
-        mesh=MeshPlan(cand.mesh.dp_replicate, cand.mesh.dp_shard, cand.mesh.tp),
+        mesh=MeshPlan(cand.mesh.dp_replicate, cand.mesh.dp_shard, cand.mesh.tp, cand.mesh.cp),
         global_batch_size=inputs.global_batch,
         local_batch_size=cand.microbatch,
         gradient_accumulation_steps=cand.accum,
@@ -249,7 +250,8 @@ def inputs_from_fingerprint(fp: dict[str, Any]) -> JobInputs:
                                  mixed_precision_param=fp["mixed_precision_param"],
                                  mixed_precision_reduce=fp["mixed_precision_reduce"]),
         parallelism=SimpleNamespace(
-            context_parallel_degree=1, pipeline_parallel_degree=1, expert_parallel_degree=1,
+            context_parallel_degree=fp["constraints"].get("cp") or 1,
+            pipeline_parallel_degree=1, expert_parallel_degree=1,
             data_parallel_replicate_degree=fp["constraints"]["dp_replicate"] or 1,
             data_parallel_shard_degree=fp["constraints"]["dp_shard"] or -1,
             tensor_parallel_degree=fp["constraints"]["tp"] or 1),

@@ -5,9 +5,10 @@ from dataclasses import dataclass
 from .errors import UserError
 from .graph.layer_graph import LayerGraph
 
-TECHNIQUES = ("fsdp", "hsdp", "tp", "tp_dp", "ac")
+TECHNIQUES = ("fsdp", "hsdp", "tp", "tp_dp", "cp", "ac")
 """fsdp: shard over dp_shard; hsdp: replicate x shard; tp: tensor + sequence parallel; tp_dp: a
-block may use the tp dim as extra data parallel; ac: activation checkpointing."""
+block may use the tp dim as extra data parallel; cp: context parallel (ring attention);
+ac: activation checkpointing."""
 TP_MODES = ("sp", "dp")
 """Per block on a mesh with tp > 1: "sp" = TorchTitan's TP + sequence-parallel plan; "dp" = the
 block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split the micro-batch
@@ -17,15 +18,16 @@ AC_MODES = ("none", "selective", "full")
 
 @dataclass(frozen=True, order=True)
 class Mesh:
-    """dp_replicate x dp_shard x tp = world size (TorchTitan's mesh order, tp innermost)."""
+    """dp_replicate x dp_shard x cp x tp = world size (TorchTitan's mesh order, tp innermost)."""
 
     dp_replicate: int
     dp_shard: int
     tp: int
+    cp: int = 1
 
     @property
     def world(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp
+        return self.dp_replicate * self.dp_shard * self.cp * self.tp
 
     @property
     def dp(self) -> int:
@@ -33,11 +35,13 @@ class Mesh:
 
     def spans_nodes(self, dim: str, gpus_per_node: int) -> bool:
         """Whether the process groups of ``dim`` cross node boundaries (ranks are node-major)."""
-        inner = {"tp": self.tp, "dp_shard": self.dp_shard * self.tp, "dp_replicate": self.world}
+        inner = {"tp": self.tp, "cp": self.cp * self.tp,
+                 "dp_shard": self.dp_shard * self.cp * self.tp, "dp_replicate": self.world}
         return inner[dim] > gpus_per_node
 
     def __str__(self) -> str:
-        return f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} tp={self.tp}"
+        return (f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} cp={self.cp} "
+                f"tp={self.tp}")
 
 
 @dataclass(frozen=True, order=True)
@@ -62,6 +66,7 @@ class Constraints:
     dp_replicate: int = 0
     dp_shard: int = 0
     tp: int = 0
+    cp: int = 0
     techniques: tuple[str, ...] = TECHNIQUES
 
 
@@ -90,24 +95,31 @@ def enumerate_meshes(
             continue
         if not legal_tp(graph, tp, gpus_per_node):
             continue
-        for dp_replicate in _divisors(world // tp):
-            dp_shard = world // tp // dp_replicate
-            if dp_replicate > 1 and ("hsdp" not in allowed or dp_shard == 1):
-                continue  # replication only as HSDP (replicate x shard)
-            if dp_shard > 1 and "fsdp" not in allowed and "hsdp" not in allowed:
+        for cp in _divisors(world // tp):
+            # ring attention with head-tail load balancing: seq_len % (2 * cp * tp) == 0
+            if cp > 1 and ("cp" not in allowed or graph.seq_len % (2 * cp * tp)):
                 continue
-            mesh = Mesh(dp_replicate, dp_shard, tp)
-            fixed = (constraints.dp_replicate, constraints.dp_shard, constraints.tp)
-            if any(f and f != v for f, v in zip(fixed, (dp_replicate, dp_shard, tp), strict=True)):
-                continue
-            meshes.append(mesh)
+            for dp_replicate in _divisors(world // tp // cp):
+                dp_shard = world // tp // cp // dp_replicate
+                if dp_replicate > 1 and ("hsdp" not in allowed or dp_shard == 1):
+                    continue  # replication only as HSDP (replicate x shard)
+                if dp_shard > 1 and "fsdp" not in allowed and "hsdp" not in allowed:
+                    continue
+                mesh = Mesh(dp_replicate, dp_shard, tp, cp)
+                fixed = (constraints.dp_replicate, constraints.dp_shard, constraints.tp,
+                         constraints.cp)
+                values = (dp_replicate, dp_shard, tp, cp)
+                if any(f and f != v for f, v in zip(fixed, values, strict=True)):
+                    continue
+                meshes.append(mesh)
     if not meshes:
         raise UserError(
             f"no legal mesh for world size {world}: tp must divide the heads "
             f"({graph.n_heads} query / {graph.n_kv_heads} kv), the sequence length and be "
             f"<= gpus_per_node ({gpus_per_node}); fixed degrees "
             f"dp_replicate={constraints.dp_replicate or 'free'} "
-            f"dp_shard={constraints.dp_shard or 'free'} tp={constraints.tp or 'free'} and "
+            f"dp_shard={constraints.dp_shard or 'free'} tp={constraints.tp or 'free'} "
+            f"cp={constraints.cp or 'free'} (cp needs seq_len % (2 x cp x tp) == 0) and "
             f"techniques {list(constraints.techniques)} must multiply to {world}"
         )
     return meshes
@@ -119,11 +131,11 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints) -> l
     tp_modes: tuple[str, ...] = ("none",)
     if mesh.tp > 1:
         dp_ok = ("tp_dp" in constraints.techniques and microbatch % mesh.tp == 0
-                 and mesh.dp_replicate == 1)
+                 and mesh.dp_replicate == 1 and mesh.cp == 1)
         tp_modes = TP_MODES if dp_ok else ("sp",)
     out = []
     for mode in tp_modes:
-        sharded = mesh.dp_shard > 1 or mode == "dp"
+        sharded = mesh.dp_shard * mesh.cp > 1 or mode == "dp"
         for ac in acs:
             for reshard in ((True, False) if sharded else (False,)):
                 out.append(BlockStrategy(ac, reshard, mode))

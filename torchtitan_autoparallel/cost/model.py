@@ -58,15 +58,16 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     """Time for one micro-batch through one block (forward + backward) and its memory."""
     keep_frac, recompute_frac = AC_EFFECT[strategy.ac]
     act_scale = prec.param_bytes / 4
-    fwd = layer.fwd_flops * microbatch / mesh.tp / hw.flops_per_s
+    # cp splits every sequence (head-tail load balancing evens out causal attention)
+    fwd = layer.fwd_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
     compute = fwd * (3.0 + recompute_frac)
 
-    act = layer.io_bytes * microbatch * act_scale
+    act = layer.io_bytes * microbatch * act_scale / mesh.cp
     tp_nodes = mesh.spans_nodes("tp", gpus_per_node)
     full_ac = strategy.ac == "full"
     # tp mode "dp": parameters are not split by tp but FSDP-sharded over dp_shard x tp
     param_split = 1 if strategy.tp_mode == "dp" else mesh.tp
-    fsdp_group = mesh.dp_shard * (mesh.tp if strategy.tp_mode == "dp" else 1)
+    fsdp_group = mesh.dp_shard * mesh.cp * (mesh.tp if strategy.tp_mode == "dp" else 1)
     if strategy.tp_mode == "sp":
         # TP + SP: 2 all-gathers + 2 reduce-scatters of the activations in forward, the same
         # in backward, and again for a full recompute.
@@ -79,6 +80,15 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         tp_comm = a2a * (4 + (2 if full_ac else 0))
     else:
         tp_comm = 0.0
+    if mesh.cp > 1:
+        # ring attention: cp - 1 exchanges of the local keys/values in forward, twice that in
+        # backward (keys/values and their gradients), hidden under the attention compute
+        kv = layer.kv_bytes * microbatch * act_scale / (mesh.cp * mesh.tp)
+        cp_nodes = mesh.spans_nodes("cp", gpus_per_node)
+        step = collective_s("all_to_all", kv * 2, 2, cp_nodes, hw)  # one neighbour exchange
+        ring = step * (mesh.cp - 1) * (3 + (1 if full_ac else 0))
+        attn = layer.attn_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
+        tp_comm += max(0.0, ring - hw.comm_overlap * attn * (3.0 + recompute_frac))
 
     # FSDP: all-gather params in forward (and again in backward if resharded), reduce-scatter
     # grads; HSDP adds an all-reduce of the shard over dp_replicate.
@@ -96,13 +106,13 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     )
     time = compute + tp_comm + exposed
 
-    saved = layer.saved_bytes * microbatch * act_scale / mesh.tp
-    kept = keep_frac * saved + (layer.io_bytes * microbatch * act_scale / mesh.tp
+    saved = layer.saved_bytes * microbatch * act_scale / (mesh.tp * mesh.cp)
+    kept = keep_frac * saved + (layer.io_bytes * microbatch * act_scale / (mesh.tp * mesh.cp)
                                 if strategy.ac != "none" else 0.0)
     unsharded = layer.params * prec.param_bytes / param_split
     if not strategy.reshard_after_forward and fsdp_group > 1:
         kept += unsharded
-    state = layer.params * STATE_BYTES_PER_PARAM / (mesh.dp_shard * mesh.tp)
+    state = layer.params * STATE_BYTES_PER_PARAM / (mesh.dp_shard * mesh.cp * mesh.tp)
     # backward of this block: its recomputed activations, unsharded params of it and the
     # prefetched next one, and its unsharded gradients
     transient = (saved if strategy.ac != "none" else 0.0) + 2 * unsharded + gbytes
@@ -131,7 +141,7 @@ def fixed_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfi
                           gpus_per_node)
         time += cost.time_s
         # logits stay fp32 for the loss: not scaled by the activation dtype
-        fp32_logits = layer.saved_bytes * microbatch / mesh.tp
+        fp32_logits = layer.saved_bytes * microbatch / (mesh.tp * mesh.cp)
         kept += fp32_logits if layer.kind == "output" else cost.kept_bytes
         state += cost.state_bytes
     return FixedCost(time, kept, state)

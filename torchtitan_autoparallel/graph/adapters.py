@@ -35,9 +35,11 @@ class FamilyAdapter:
 
     block_args: int = 4
     """Positional arguments the model passes to each block (hidden states first)."""
+    inner_attention: str = "attention.inner_attention"
+    """Module in a block that calls SDPA (what context parallel wraps)."""
 
     def apply_tp(self, model: Any, tp_mesh: Any, loss_parallel: bool,
-                 block_names: list[str]) -> None:
+                 block_names: list[str], cp_enabled: bool = False) -> None:
         """TorchTitan's TP + SP plan for the embedding, the output and the named blocks only.
 
         The family's TorchTitan function parallelizes ``model.<embedding/norm/output>`` and
@@ -57,7 +59,7 @@ class FamilyAdapter:
             tp_mesh,
             loss_parallel=loss_parallel,
             enable_float8_tensorwise_tp=False,
-            cp_enabled=False,
+            cp_enabled=cp_enabled,
             **self.tp_kwargs,
         )
 

@@ -37,6 +37,10 @@ class Layer:
     """Bytes of the layer's input for one sequence (what full AC keeps), fp32."""
     signature: str
     """Layers with equal signatures are interchangeable (aggregated in the MILP)."""
+    attn_flops: float = 0.0
+    """Part of ``fwd_flops`` in causal attention (what ring attention overlaps with)."""
+    kv_bytes: float = 0.0
+    """Keys + values of one sequence, fp32 (what ring attention passes around)."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,8 @@ class _FlashSDPA(TorchFunctionMode):
 
 
 def measure_block(block: torch.nn.Module, rope: torch.Tensor, seq_len: int, dim: int) -> tuple:
-    """(forward FLOPs, saved bytes) of one block for one sequence, on meta tensors."""
+    """(forward FLOPs, saved bytes, attention FLOPs) of one block for one sequence, on meta
+    tensors."""
     params = {id(p) for p in block.parameters()}
     saved: dict[int, int] = {}
 
@@ -103,7 +108,8 @@ def measure_block(block: torch.nn.Module, rope: torch.Tensor, seq_len: int, dim:
         sdpa,
     ):
         block(x, rope, None)
-    return counter.get_total_flops() + sdpa.attention_flops, float(sum(saved.values()))
+    return (counter.get_total_flops() + sdpa.attention_flops, float(sum(saved.values())),
+            sdpa.attention_flops)
 
 
 def _signature(module: torch.nn.Module) -> str:
@@ -137,14 +143,15 @@ def build_layer_graph(
     layers.append(Layer(adapter.embedding, "embedding", count(embedding), 0.0,
                         seq_len * dim * fp32, seq_len * 8, "embedding"))
     rope = getattr(model, adapter.rope_buffer)
-    measured: dict[str, tuple[float, float]] = {}
+    measured: dict[str, tuple[float, float, float]] = {}
+    kv_bytes = 2.0 * seq_len * n_kv_heads * head_dim * fp32
     for name, block in model.get_submodule(adapter.blocks).named_children():
         sig = _signature(block)
         if sig not in measured:
             measured[sig] = measure_block(block, rope, seq_len, dim)
-        flops, saved = measured[sig]
+        flops, saved, attn = measured[sig]
         layers.append(Layer(f"{adapter.blocks}.{name}", "block", count(block), flops, saved,
-                            seq_len * dim * fp32, sig))
+                            seq_len * dim * fp32, sig, attn, kv_bytes))
     norm, output = model.get_submodule(adapter.final_norm), model.get_submodule(adapter.output)
     out_params = count(norm) + count(output)
     # logits are kept in fp32 for the loss, plus their gradient buffer during backward
