@@ -48,3 +48,19 @@ def test_405b_on_64_h100_reports_smallest_budget(tmp_path):
     result = dry_run("405b", 64, tmp_path)
     assert result.returncode == 2
     assert "smallest budget that works is 10" in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("flavor,hardware", [("70b", "h100_sxm"), ("405b", "h200_sxm")])
+def test_four_dimensional_long_context_dry_run(flavor, hardware, tmp_path):
+    """64k-token sequences with HSDP replication fixed: the planner adds FSDP, CP and TP, so all
+    four mesh dims are > 1, and the plan applies on 128 fake ranks."""
+    result = dry_run(flavor, 128, tmp_path, f"--autoparallel.hardware={hardware}",
+                     "--training.seq_len=65536", "--training.global_batch_size=16",
+                     "--parallelism.data_parallel_replicate_degree=2")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    dims = re.search(r"dry run OK: world 128 \(dp_replicate=(\d+), dp_shard=(\d+), cp=(\d+), "
+                     r"tp=(\d+)", out)
+    assert dims and all(int(d) > 1 for d in dims.groups()), out[-3000:]
+    match = REPORT.search(out)
+    assert match and float(match.group(4)) <= float(match.group(5))

@@ -18,7 +18,7 @@ from .errors import UserError
 from .graph.layer_graph import LayerGraph, build_layer_graph
 from .plan import LayerPlan, MeshPlan, Plan
 from .solver import Candidate, Solution, build_candidate, search
-from .strategies import TECHNIQUES, BlockStrategy, Constraints, Mesh, enumerate_meshes
+from .strategies import CP_ATTENTION, TECHNIQUES, BlockStrategy, Constraints, Mesh, enumerate_meshes
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -73,6 +73,17 @@ def layer_graph_for(job_config: Any) -> LayerGraph:
         raise UserError(f"unknown flavor {flavor!r} for {name}: choose one of "
                         f"{sorted(spec.model_args)}")
     args = dataclasses.replace(spec.model_args[flavor])
+    attn = getattr(args, "attn_type", "sdpa")
+    if attn != "sdpa":
+        if job_config.parallelism.context_parallel_degree > 1 and attn not in CP_ATTENTION:
+            raise UserError(
+                f"context parallel needs {' or '.join(CP_ATTENTION)} attention; {name} {flavor} "
+                f"uses {attn!r}: set parallelism.context_parallel_degree = 1"
+            )
+        raise UserError(
+            f"auto planning measures sdpa attention only; {name} {flavor} uses {attn!r}: pick an "
+            "sdpa flavor or set parallelism.auto = false"
+        )
     return build_layer_graph(name, flavor, args, spec.model_cls, job_config.training.seq_len)
 
 

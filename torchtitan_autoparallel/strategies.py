@@ -9,6 +9,8 @@ TECHNIQUES = ("fsdp", "hsdp", "tp", "tp_dp", "cp", "ac")
 """fsdp: shard over dp_shard; hsdp: replicate x shard; tp: tensor + sequence parallel; tp_dp: a
 block may use the tp dim as extra data parallel; cp: context parallel (ring attention);
 ac: activation checkpointing."""
+CP_ATTENTION = ("sdpa", "flex")
+"""Attention kernels TorchTitan's context parallel supports."""
 TP_MODES = ("sp", "dp")
 """Per block on a mesh with tp > 1: "sp" = TorchTitan's TP + sequence-parallel plan; "dp" = the
 block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split the micro-batch
@@ -89,6 +91,14 @@ def enumerate_meshes(
 ) -> list[Mesh]:
     """Every mesh shape the model, the world size and the user's constraints allow."""
     allowed = set(constraints.techniques)
+    if graph.attn_type not in CP_ATTENTION:
+        if constraints.cp > 1:
+            raise UserError(
+                f"context parallel needs {' or '.join(CP_ATTENTION)} attention; "
+                f"{graph.family} {graph.flavor} uses {graph.attn_type!r}: set "
+                "parallelism.context_parallel_degree = 1 or pick a flavor with sdpa attention"
+            )
+        allowed.discard("cp")
     meshes = []
     for tp in _divisors(world):
         if tp > 1 and "tp" not in allowed:

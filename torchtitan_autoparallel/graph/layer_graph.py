@@ -54,6 +54,8 @@ class LayerGraph:
     n_kv_heads: int
     head_dim: int
     layers: tuple[Layer, ...]
+    attn_type: str = "sdpa"
+    """The model's attention kernel ("sdpa", "flex", "varlen")."""
 
     @property
     def blocks(self) -> list[Layer]:
@@ -159,4 +161,4 @@ def build_layer_graph(
                         2 * seq_len * vocab * fp32 + 2 * seq_len * dim * fp32,
                         seq_len * dim * fp32, "output"))
     return LayerGraph(family, flavor, seq_len, dim, vocab, n_heads, n_kv_heads, head_dim,
-                      tuple(layers))
+                      tuple(layers), getattr(args, "attn_type", "sdpa"))
