@@ -42,6 +42,9 @@ class Autoparallel:
     """Replay this plan instead of solving."""
     save_plan: str = ""
     """Write the plan to this path (JSON) at job start."""
+    measure_memory: bool = False
+    """Track tensor memory of training step 2 with PyTorch's MemTracker (parameters, gradients,
+    optimizer state, activations, temporaries) and add its peak to the metrics file."""
     metrics_file: str = ""
     """If set, rank 0 appends one JSON line per step (loss, grad norm, step time, tokens/s,
     peak memory) to this file. Used by the parity tests and the experiment sweeps."""

@@ -10,7 +10,8 @@ max over used strategies (not a sum). Solved to optimality (``mip_rel_gap = 0``)
     subject to sum_s n[c,s] = N[c]                      (every block gets one strategy)
                n[c,s] <= N[c] * y[c,s]                  (y marks used strategies)
                W >= w[c,s] * y[c,s]                     (working set of the worst used one)
-               sum n[c,s] * k[c,s] + W <= budget - resident
+               sum n[c,s] * k[c,s] + W <= budget - resident   (forward/backward phase;
+               the optimizer-step phase does not depend on the blocks: checked per candidate)
 """
 
 import time
@@ -20,7 +21,15 @@ from dataclasses import dataclass, field
 import highspy
 
 from .cost.hardware import HardwareProfile
-from .cost.model import BlockCost, Precision, block_cost, fixed_cost
+from .cost.model import (
+    FWD_BWD_BYTES_PER_PARAM,
+    STATE_BYTES_PER_PARAM,
+    STEP_BYTES_PER_PARAM,
+    BlockCost,
+    Precision,
+    block_cost,
+    fixed_cost,
+)
 from .graph.layer_graph import LayerGraph
 from .strategies import BlockStrategy, Constraints, Mesh, block_strategies, microbatch_sizes
 
@@ -38,16 +47,20 @@ class Candidate:
     costs: dict[tuple[str, BlockStrategy], BlockCost]
     fixed_time_s: float
     resident_bytes: float
-    """Memory that does not depend on the per-block choice (state, embedding/output)."""
+    """Forward/backward memory that does not depend on the per-block choice (parameters and
+    optimizer moments, embedding/output activations)."""
     state_bytes: float
-    """Parameters, gradients and optimizer state per device (part of ``resident_bytes``)."""
+    """Parameters, gradients and optimizer state per device."""
+    step_bytes: float
+    """Peak of the optimizer step (independent of the per-block choice)."""
 
     def memory(self, counts: dict[tuple[str, BlockStrategy], int]) -> float:
         used = [key for key, n in counts.items() if n > 0]
         working = max((self.costs[key].transient_bytes for key in used), default=0.0)
-        return self.resident_bytes + working + sum(
+        fwd_bwd = self.resident_bytes + working + sum(
             n * self.costs[key].kept_bytes for key, n in counts.items()
         )
+        return max(fwd_bwd, self.step_bytes)
 
     def step_time(self, counts: dict[tuple[str, BlockStrategy], int]) -> float:
         return self.accum * (
@@ -104,11 +117,13 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
     }
     fixed = fixed_cost(graph, mesh, microbatch, hw, prec, gpus_per_node)
     # parameters, gradients and optimizer state do not depend on the block's strategy
-    block_state = sum(costs[(c, strategies[0])].state_bytes * n for c, n in classes.items())
+    state = fixed.state_bytes + sum(
+        costs[(c, strategies[0])].state_bytes * n for c, n in classes.items())
+    per_param = state / STATE_BYTES_PER_PARAM
     return Candidate(mesh, microbatch, global_batch // (microbatch * mesh.dp), dict(classes),
                      strategies, costs, fixed.time_s,
-                     block_state + fixed.state_bytes + fixed.kept_bytes,
-                     block_state + fixed.state_bytes)
+                     per_param * FWD_BWD_BYTES_PER_PARAM + fixed.kept_bytes, state,
+                     per_param * STEP_BYTES_PER_PARAM)
 
 
 def solve_candidate(cand: Candidate, budget: float, time_limit_s: float) -> Solution | None:
@@ -140,6 +155,8 @@ def solve_candidate(cand: Candidate, budget: float, time_limit_s: float) -> Solu
     idx = [n_idx[k] for k in keys] + [w]
     vals = [cand.costs[k].kept_bytes for k in keys] + [1.0]
     h.addRow(-inf, budget - cand.resident_bytes, len(idx), idx, vals)
+    if cand.step_bytes > budget:
+        return None
     h.run()
     status = h.modelStatusToString(h.getModelStatus())
     if h.getModelStatus() not in (highspy.HighsModelStatus.kOptimal,

@@ -153,8 +153,12 @@ def _make_trainer_class() -> type:
             self.metrics_processor.log = record
 
         def train_step(self, data_iterator: Any) -> None:
+            measured = None
             start = time.perf_counter()
-            super().train_step(data_iterator)
+            if self.job_config.autoparallel.measure_memory and self.step == 2:
+                measured = self._measured_step(data_iterator)
+            else:
+                super().train_step(data_iterator)
             elapsed = time.perf_counter() - start
             path = self.job_config.autoparallel.metrics_file
             if not path or int(os.environ.get("RANK", "0")) != 0:
@@ -172,8 +176,23 @@ def _make_trainer_class() -> type:
                 "tokens_per_s": tokens / elapsed,
                 "peak_memory_gib": peak,
             }
+            if measured is not None:
+                row["measured_tensor_peak_gib"] = measured["Total"]
+                row["measured_tensor_peak_by_kind_gib"] = measured
             with open(path, "a") as f:
                 f.write(json.dumps(row) + "\n")
+
+        def _measured_step(self, data_iterator: Any) -> dict[str, float]:
+            """Run one step under MemTracker; this rank's peak tensor memory (GiB) by kind."""
+            from torch.distributed._tools.mem_tracker import MemTracker
+
+            tracker = MemTracker()
+            # the container is not an Optimizer: hand MemTracker the torch optimizers inside
+            tracker.track_external(*self.model_parts, *self.optimizers.optimizers)
+            with tracker:
+                super().train_step(data_iterator)
+            peak = max(tracker.get_tracker_snapshot("peak").values(), key=lambda d: d["Total"])
+            return {str(getattr(k, "value", k)): v / 2**30 for k, v in peak.items()}
 
         def _batch_degree(self) -> int:
             dims = self.parallel_dims

@@ -18,6 +18,12 @@ from .hardware import HardwareProfile
 # selective = TorchTitan's op-level SAC (keeps every other matmul output and attention output).
 AC_EFFECT = {"none": (1.0, 0.0), "selective": (0.4, 0.5), "full": (0.0, 1.0)}
 STATE_BYTES_PER_PARAM = 16  # fp32 param + fp32 grad + AdamW exp_avg + exp_avg_sq
+# Peak is the larger of two phases. Forward/backward: parameters + AdamW moments (12 B/param;
+# gradients do not exist yet: TorchTitan zeroes them to None) + activations + working set.
+# Optimizer step: parameters, gradients, both moments and one foreach temporary (20 B/param,
+# measured with MemTracker on CPU).
+FWD_BWD_BYTES_PER_PARAM = 12
+STEP_BYTES_PER_PARAM = 20
 
 
 @dataclass(frozen=True)
