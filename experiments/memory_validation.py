@@ -11,13 +11,14 @@ predicted peak. Writes experiments/results/memory.md and memory.csv.
 """
 
 import csv
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from torchtitan_autoparallel.plan import Plan  # noqa: E402
 
 from parity import run_job  # noqa: E402
 
@@ -25,8 +26,10 @@ BASE = ["--training.steps=3", "--autoparallel.measure_memory", "--autoparallel.h
 CASES = [
     ("llama3 fsdp 2", "llama3_debug_auto.toml", 2, ["--autoparallel.techniques=fsdp"]),
     ("llama3 auto 2", "llama3_debug_auto.toml", 2, []),
-    ("llama3 fsdp+AC under 0.3 GiB", "llama3_debug_auto.toml", 2,
-     ["--autoparallel.techniques=fsdp,ac", "--autoparallel.memory_gib=0.3"]),
+    ("llama3 fsdp+AC under 0.08 GiB", "llama3_debug_auto.toml", 2,
+     ["--autoparallel.techniques=fsdp,ac", "--autoparallel.memory_gib=0.08"]),
+    ("llama3 fsdp+AC under 0.07 GiB", "llama3_debug_auto.toml", 2,
+     ["--autoparallel.techniques=fsdp,ac", "--autoparallel.memory_gib=0.07"]),
     ("llama3 fsdp+AC under 0.2 GiB", "llama3_debug_auto.toml", 2,
      ["--autoparallel.techniques=fsdp,ac", "--autoparallel.memory_gib=0.2"]),
     ("llama3 fsdp2 x tp2", "llama3_debug_auto.toml", 4,
@@ -49,18 +52,17 @@ def main() -> None:
             if result.returncode != 0:
                 print(f"{name}: run failed\n{result.output[-2000:]}")
                 continue
-            plan = json.loads(plan_path.read_text())
+            plan = Plan.load(str(plan_path))
         measured = next(r for r in result.rows if "measured_tensor_peak_gib" in r)
         kinds = measured["measured_tensor_peak_by_kind_gib"]
-        predicted = plan["predicted"]["peak_memory_gib"]
+        predicted = plan.predicted["peak_memory_gib"]
         actual = measured["measured_tensor_peak_gib"]
-        m = plan["mesh"]
-        strategies = sorted({layer_strategy(layer) for layer in plan["layers"]
-                             if layer["kind"] == "block"})
+        m = plan.mesh
+        strategies = sorted({layer.strategy for layer in plan.layers if layer.kind == "block"})
         row = {
             "plan": name, "world": ngpu,
-            "mesh": f"{m['dp_replicate']}x{m['dp_shard']}x{m.get('cp', 1)}x{m['tp']}",
-            "local_batch": plan["local_batch_size"], "blocks": " / ".join(strategies),
+            "mesh": f"{m.dp_replicate}x{m.dp_shard}x{m.cp}x{m.tp}",
+            "local_batch": plan.local_batch_size, "blocks": " / ".join(strategies),
             "predicted_mib": predicted * 1024, "measured_mib": actual * 1024,
             "error_pct": 100 * (predicted - actual) / actual,
             "measured_params_mib": kinds["Parameter"] * 1024,
@@ -90,17 +92,6 @@ def main() -> None:
             f"{r['measured_temp_mib']:.1f} |")
     (out / "memory.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
-
-def layer_strategy(layer: dict) -> str:
-    parts = ["fsdp" if layer["reshard_after_forward"] else "fsdp-keep"]
-    if layer["tp_mode"] == "sp":
-        parts.append("tp+sp")
-    elif layer["tp_mode"] == "dp":
-        parts.append("tp-as-dp")
-    if layer["ac"] != "none":
-        parts.append(f"ac:{layer['ac']}")
-    return "+".join(parts)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,14 @@ from parity import PARITY_OVERRIDES, assert_parity, run_job
 PLAN_RE = re.compile(r"autoparallel plan \w+: mesh (.*) \(world")
 
 
-@pytest.mark.parametrize("family,ngpu", [("llama3", 2), ("llama3", 4), ("qwen3", 2),
-                                         ("qwen3", 4)])
-def test_auto_plan_parity(family, ngpu, references, tmp_path):
+@pytest.mark.parametrize("family,ngpu,extra", [
+    ("llama3", 2, []), ("llama3", 4, []), ("qwen3", 2, []), ("qwen3", 4, []),
+    # FSDP with qwen3's tied embedding/output weights (one FSDP group for both)
+    ("qwen3", 2, ["--autoparallel.techniques=fsdp"]),
+], ids=["llama3-2", "llama3-4", "qwen3-2", "qwen3-4", "qwen3-2-fsdp-tied"])
+def test_auto_plan_parity(family, ngpu, extra, references, tmp_path):
     seed, reference = references(family)
-    result = run_job(f"{family}_debug_auto.toml", ngpu, tmp_path, seed_checkpoint=seed)
+    result = run_job(f"{family}_debug_auto.toml", ngpu, tmp_path, extra, seed_checkpoint=seed)
     assert PLAN_RE.search(result.output), result.output[-3000:]
     assert_parity(reference, result)
 

@@ -122,9 +122,13 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
                 reduce_dtype=TORCH_DTYPES[training.mixed_precision_reduce],
             ),
         }
-        emb = by_fqn[adapter.embedding]
-        fully_shard(model.get_submodule(adapter.embedding), **fsdp,
-                    reshard_after_forward=emb.reshard_after_forward)
+        embedding = model.get_submodule(adapter.embedding)
+        head = [model.get_submodule(adapter.final_norm), model.get_submodule(adapter.output)]
+        tied = {id(p) for p in embedding.parameters()} & {
+            id(p) for p in head[1].parameters()}
+        if not tied:
+            fully_shard(embedding, **fsdp,
+                        reshard_after_forward=by_fqn[adapter.embedding].reshard_after_forward)
         dp_over_tp = None
         for name, block in blocks.named_children():
             layer = by_fqn[f"{adapter.blocks}.{name}"]
@@ -134,9 +138,9 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
                 mesh = dp_over_tp
             fully_shard(block, mesh=mesh, mp_policy=fsdp["mp_policy"],
                         reshard_after_forward=layer.reshard_after_forward)
-        out = by_fqn[adapter.output]
-        fully_shard([model.get_submodule(adapter.final_norm), model.get_submodule(adapter.output)],
-                    **fsdp, reshard_after_forward=out.reshard_after_forward)
+        # tied embedding/output weights (qwen3 small flavors) must share one FSDP group
+        fully_shard([embedding, *head] if tied else head, **fsdp,
+                    reshard_after_forward=by_fqn[adapter.output].reshard_after_forward)
         fully_shard(model, **fsdp)
         # the loss is already normalised by the global token count (as in TorchTitan's recipes)
         disable_fsdp_gradient_division(model)

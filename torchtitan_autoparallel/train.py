@@ -185,12 +185,26 @@ def _make_trainer_class() -> type:
         def _measured_step(self, data_iterator: Any) -> dict[str, float]:
             """Run one step under MemTracker; this rank's peak tensor memory (GiB) by kind."""
             from torch.distributed._tools.mem_tracker import MemTracker
+            from torch.nn.modules.module import register_module_forward_pre_hook
 
             tracker = MemTracker()
             # the container is not an Optimizer: hand MemTracker the torch optimizers inside
             tracker.track_external(*self.model_parts, *self.optimizers.optimizers)
-            with tracker:
-                super().train_step(data_iterator)
+            roots = {id(m) for m in self.model_parts}
+
+            def new_microbatch(module: Any, args: Any) -> None:
+                # MemTracker refuses a module called twice (gradient accumulation); its
+                # per-module stats restart with each micro-batch, the global peak is kept.
+                # Registered before MemTracker's own global hooks, so it runs first.
+                if id(module) in roots:
+                    tracker.reset_mod_stats()
+
+            handle = register_module_forward_pre_hook(new_microbatch)
+            try:
+                with tracker:
+                    super().train_step(data_iterator)
+            finally:
+                handle.remove()
             peak = max(tracker.get_tracker_snapshot("peak").values(), key=lambda d: d["Total"])
             return {str(getattr(k, "value", k)): v / 2**30 for k, v in peak.items()}
 
