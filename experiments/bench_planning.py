@@ -78,7 +78,7 @@ def grid(out: str) -> None:
     from torchtitan_autoparallel.planner import plan_job
     from torchtitan_autoparallel.train import parse_config
 
-    rows = ["| model | GPUs | mesh (dp_rep x dp_shard x tp) | planning s | MILPs | variables "
+    rows = ["| model | GPUs | mesh (dp_rep x dp_shard x cp x tp) | planning s | MILPs | variables "
             "| gap | `plan` wall s |", "|---|---|---|---|---|---|---|---|"]
     for name in GRID:
         config = str(REPO / "train_configs" / f"{name}_auto.toml")
@@ -89,7 +89,7 @@ def grid(out: str) -> None:
                 plan = plan_job(job, ngpu)
                 t = time.perf_counter() - start
                 m, s = plan.mesh, plan.solver
-                cells = [f"{m.dp_replicate} x {m.dp_shard} x {m.tp}", f"{t:.3f}",
+                cells = [f"{m.dp_replicate} x {m.dp_shard} x {m.cp} x {m.tp}", f"{t:.3f}",
                          str(s["milps_solved"]), str(s["variables"]), str(s["gap"])]
             except UserError as exc:
                 t = time.perf_counter() - start

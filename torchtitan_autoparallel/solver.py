@@ -14,6 +14,8 @@ max over used strategies (not a sum). Solved to optimality (``mip_rel_gap = 0``)
                the optimizer-step phase does not depend on the blocks: checked per candidate)
 """
 
+import os
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -126,10 +128,25 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
                      per_param * STEP_BYTES_PER_PARAM)
 
 
+def _new_highs() -> highspy.Highs:
+    """A silent HiGHS instance. The first one prints a banner straight to file descriptor 1
+    (not through Python), which would corrupt ``--json`` output: hide fd 1 meanwhile."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            h = highspy.Highs()
+            h.setOptionValue("output_flag", False)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    return h
+
+
 def solve_candidate(cand: Candidate, budget: float, time_limit_s: float) -> Solution | None:
     """Solve the per-block MILP for one candidate; None if infeasible."""
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = _new_highs()
     h.setOptionValue("mip_rel_gap", 0.0)
     h.setOptionValue("time_limit", float(time_limit_s))
     inf = highspy.kHighsInf

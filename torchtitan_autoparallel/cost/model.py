@@ -92,9 +92,12 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         kv = layer.kv_bytes * microbatch * act_scale / (mesh.cp * mesh.tp)
         cp_nodes = mesh.spans_nodes("cp", gpus_per_node)
         step = collective_s("all_to_all", kv * 2, 2, cp_nodes, hw)  # one neighbour exchange
-        ring = step * (mesh.cp - 1) * (3 + (1 if full_ac else 0))
+        exchanges = (mesh.cp - 1) * (3 + (1 if full_ac else 0))
         attn = layer.attn_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
-        tp_comm += max(0.0, ring - hw.comm_overlap * attn * (3.0 + recompute_frac))
+        hidden = max(0.0, step * exchanges - hw.comm_overlap * attn * (3.0 + recompute_frac))
+        # each ring step also synchronises the neighbours: its latency is never hidden
+        alpha = (hw.inter_node_latency_us if cp_nodes else hw.intra_node_latency_us) * 1e-6
+        tp_comm += hidden + exchanges * alpha
 
     # FSDP: all-gather params in forward (and again in backward if resharded), reduce-scatter
     # grads; HSDP adds an all-reduce of the shard over dp_replicate.
