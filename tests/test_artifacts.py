@@ -66,7 +66,7 @@ def test_predict_expert_recipe_with_snippet(capsys):
     config = str(REPO / "train_configs" / "llama3_debug_fsdp_tp.toml")
     code, out, _ = cli(capsys, "predict", "--config", config, "--ngpu", "4")
     assert code == 0
-    assert "dp_shard=2 tp=2" in out
+    assert "dp_shard=2 cp=1 tp=2" in out
     assert "data_parallel_shard_degree = 2" in out and "tensor_parallel_degree = 2" in out
 
 
