@@ -5,9 +5,9 @@ import dataclasses
 from typing import Any
 
 from .errors import UserError
-from .plan import Plan
+from .plan import Mesh, Plan
 from .planner import build_plan, candidate_for, job_inputs
-from .strategies import BlockStrategy, Mesh
+from .strategies import BlockStrategy
 
 
 def _block_ac(ac: Any, index: int) -> str:

@@ -5,7 +5,7 @@ from typing import Any
 
 from .plan import LayerPlan, Plan
 from .planner import candidate_for, inputs_from_fingerprint
-from .strategies import BlockStrategy, Mesh
+from .strategies import BlockStrategy
 
 
 def _strategy(layer: LayerPlan) -> BlockStrategy:
@@ -16,9 +16,7 @@ def explain_rows(plan: Plan) -> list[dict[str, Any]]:
     """Per block: the chosen strategy's cost breakdown, and the runner-up (the fastest other
     strategy for that block on the same mesh and micro-batch) with its time and memory deltas."""
     inputs = inputs_from_fingerprint(plan.fingerprint)
-    m = plan.mesh
-    mesh = Mesh(m.dp_replicate, m.dp_shard, m.tp, m.cp)
-    cand = candidate_for(inputs, mesh, plan.local_batch_size)
+    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
     by_fqn = {layer.fqn: layer for layer in inputs.graph.layers}
     counts: dict[tuple[str, BlockStrategy], int] = {}
     for layer in plan.layers:

@@ -49,8 +49,10 @@ class LayerPlan:
         return "+".join(parts)
 
 
-@dataclass
-class MeshPlan:
+@dataclass(frozen=True, order=True)
+class Mesh:
+    """dp_replicate x dp_shard x cp x tp = world size (TorchTitan's mesh order, tp innermost)."""
+
     dp_replicate: int
     dp_shard: int
     tp: int
@@ -60,11 +62,25 @@ class MeshPlan:
     def world(self) -> int:
         return self.dp_replicate * self.dp_shard * self.cp * self.tp
 
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    def spans_nodes(self, dim: str, gpus_per_node: int) -> bool:
+        """Whether the process groups of ``dim`` cross node boundaries (ranks are node-major)."""
+        inner = {"tp": self.tp, "cp": self.cp * self.tp,
+                 "dp_shard": self.dp_shard * self.cp * self.tp, "dp_replicate": self.world}
+        return inner[dim] > gpus_per_node
+
+    def __str__(self) -> str:
+        return (f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} cp={self.cp} "
+                f"tp={self.tp}")
+
 
 @dataclass
 class Plan:
     fingerprint: dict[str, Any]
-    mesh: MeshPlan
+    mesh: Mesh
     global_batch_size: int
     local_batch_size: int
     gradient_accumulation_steps: int
@@ -102,7 +118,7 @@ class Plan:
                 f"reads {SCHEMA_VERSION}); re-plan the job"
             )
         data = dict(data)
-        data["mesh"] = MeshPlan(**data["mesh"])
+        data["mesh"] = Mesh(**data["mesh"])
         data["layers"] = [LayerPlan(**layer) for layer in data["layers"]]
         return cls(**data)
 

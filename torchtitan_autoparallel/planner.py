@@ -16,9 +16,15 @@ from .cost.hardware import HardwareProfile, load_profile
 from .cost.model import Precision
 from .errors import UserError
 from .graph.layer_graph import LayerGraph, build_layer_graph
-from .plan import LayerPlan, MeshPlan, Plan
+from .plan import LayerPlan, Mesh, Plan
 from .solver import Candidate, Solution, build_candidate, search
-from .strategies import CP_ATTENTION, TECHNIQUES, BlockStrategy, Constraints, Mesh, enumerate_meshes
+from .strategies import (
+    CP_ATTENTION,
+    TECHNIQUES,
+    BlockStrategy,
+    Constraints,
+    enumerate_meshes,
+)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -206,7 +212,7 @@ def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrateg
         ))
     return Plan(
         fingerprint=inputs.fingerprint,
-        mesh=MeshPlan(cand.mesh.dp_replicate, cand.mesh.dp_shard, cand.mesh.tp, cand.mesh.cp),
+        mesh=cand.mesh,
         global_batch_size=inputs.global_batch,
         local_batch_size=cand.microbatch,
         gradient_accumulation_steps=cand.accum,

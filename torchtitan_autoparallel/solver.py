@@ -33,7 +33,8 @@ from .cost.model import (
     fixed_cost,
 )
 from .graph.layer_graph import LayerGraph
-from .strategies import BlockStrategy, Constraints, Mesh, block_strategies, microbatch_sizes
+from .plan import Mesh
+from .strategies import BlockStrategy, Constraints, block_strategies, microbatch_sizes
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from .errors import UserError
 from .graph.layer_graph import LayerGraph
+from .plan import Mesh
 
 TECHNIQUES = ("fsdp", "hsdp", "tp", "tp_dp", "cp", "ac")
 """fsdp: shard over dp_shard; hsdp: replicate x shard; tp: tensor + sequence parallel; tp_dp: a
@@ -16,34 +17,6 @@ TP_MODES = ("sp", "dp")
 block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split the micro-batch
 (entry/exit all-to-all between the sequence-sharded residual stream and a batch shard)."""
 AC_MODES = ("none", "selective", "full")
-
-
-@dataclass(frozen=True, order=True)
-class Mesh:
-    """dp_replicate x dp_shard x cp x tp = world size (TorchTitan's mesh order, tp innermost)."""
-
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-    cp: int = 1
-
-    @property
-    def world(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.cp * self.tp
-
-    @property
-    def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
-    def spans_nodes(self, dim: str, gpus_per_node: int) -> bool:
-        """Whether the process groups of ``dim`` cross node boundaries (ranks are node-major)."""
-        inner = {"tp": self.tp, "cp": self.cp * self.tp,
-                 "dp_shard": self.dp_shard * self.cp * self.tp, "dp_replicate": self.world}
-        return inner[dim] > gpus_per_node
-
-    def __str__(self) -> str:
-        return (f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} cp={self.cp} "
-                f"tp={self.tp}")
 
 
 @dataclass(frozen=True, order=True)

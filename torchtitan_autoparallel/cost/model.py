@@ -11,7 +11,8 @@ between forward and backward, the logits, and the transient working set of one b
 from dataclasses import dataclass
 
 from ..graph.layer_graph import Layer, LayerGraph
-from ..strategies import BlockStrategy, Mesh
+from ..plan import Mesh
+from ..strategies import BlockStrategy
 from .hardware import HardwareProfile
 
 # activation checkpointing: (fraction of activations kept, fraction of forward recomputed)
