@@ -29,6 +29,9 @@ CPU_FAMILIES: dict[str, list[str]] = {
     "deepseek_v3": ["fsdp", "tp", "fsdp_tp", "ep", "cp"],
 }
 BENCH_RECIPES = ["fsdp", "fsdp_tp"]
+# flavor behind <family>_debug_*: qwen3's debugmodel ties embedding and output weights, which
+# TorchTitan 0.2.2's FSDP recipe cannot shard; the project registers an untied copy
+DEBUG_FLAVOR = {"qwen3": "debugmodel_untied"}
 AUTO_FAMILIES = ("llama3", "qwen3")  # families the planner covers
 
 # Large presets: (family, flavor, recipe name, settings as TorchTitan 0.2.2 ships them).
@@ -165,7 +168,8 @@ def main() -> None:
     files: dict[str, str] = {}
     for family, recipes in CPU_FAMILIES.items():
         for recipe in recipes:
-            files[f"{family}_debug_{recipe}.toml"] = cpu_config(family, "debugmodel", recipe)
+            flavor = DEBUG_FLAVOR.get(family, "debugmodel")
+            files[f"{family}_debug_{recipe}.toml"] = cpu_config(family, flavor, recipe)
         bench = BENCH_RECIPES + (["auto"] if family in AUTO_FAMILIES else [])
         for recipe in bench:
             files[f"{family}_bench_{recipe}.toml"] = cpu_config(family, "bench", recipe)

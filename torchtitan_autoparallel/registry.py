@@ -24,9 +24,17 @@ FAMILIES = ("llama3", "qwen3", "llama4", "deepseek_v3")
 # Overrides applied to each family's ``debugmodel`` args to make its ``bench`` flavor.
 BENCH_OVERRIDES: dict[str, dict[str, Any]] = {
     "llama3": {"n_layers": 10, "n_heads": 8},
-    "qwen3": {"n_layers": 8, "n_heads": 8, "n_kv_heads": 4, "head_dim": 32, "hidden_dim": 1024},
+    "qwen3": {"n_layers": 8, "n_heads": 8, "n_kv_heads": 4, "head_dim": 32, "hidden_dim": 1024,
+              "enable_weight_tying": False},
     "llama4": {"n_layers": 4, "n_heads": 8},
     "deepseek_v3": {"n_layers": 4, "n_heads": 8},
+}
+
+# Extra flavors: name -> (base flavor, overrides). TorchTitan 0.2.2's own FSDP recipe puts the
+# embedding and the output in separate FSDP groups, which fails for tied weights; its qwen3
+# debug flavor ties them, so the CPU recipe configs use an untied copy.
+EXTRA_FLAVORS: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {
+    "qwen3": {"debugmodel_untied": ("debugmodel", {"enable_weight_tying": False})},
 }
 
 _registered = False
@@ -89,6 +97,8 @@ def register() -> None:
         base = ts.get_train_spec(family)
         model_args = dict(base.model_args)
         model_args["bench"] = bench_args(family, model_args["debugmodel"])
+        for name, (base_flavor, overrides) in EXTRA_FLAVORS.get(family, {}).items():
+            model_args[name] = dataclasses.replace(model_args[base_flavor], **overrides)
         spec = dataclasses.replace(
             base,
             model_args=model_args,
