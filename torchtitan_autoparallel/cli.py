@@ -5,6 +5,7 @@
     explain  P                          per block: strategy, cost breakdown, runner-up
     diff     A B                        what differs and the predicted effect (exit 1 if any)
     predict  --config X.toml --ngpu N   an expert (non-auto) config as a plan, same cost model
+    calibrate --ngpu N --out P.toml     measure matmuls and collectives, write a profile
 
 Tables by default, ``--json`` for machines. Exit codes: 0 ok, 1 plans differ (diff), 2 a user
 error (one line on stderr).
@@ -97,6 +98,27 @@ def _diff(args: argparse.Namespace) -> int:
     return 1 if lines else 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    import os
+    import platform
+
+    from .cost.calibrate import calibrate, to_toml
+
+    profile = calibrate(args.ngpu, args.name, args.gpus_per_node or 0, quick=args.quick)
+    text = to_toml(profile, [f"measured by `python -m torchtitan_autoparallel calibrate` on "
+                             f"{platform.node() or 'this machine'} with {args.ngpu} ranks"])
+    tmp = f"{args.out}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, args.out)
+    except OSError as exc:
+        raise UserError(f"cannot write profile to {args.out}: {exc.strerror}") from exc
+    print(text, end="")
+    print(f"profile written to {args.out}; use it with --hardware {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m torchtitan_autoparallel",
                                      description="Plan and inspect TorchTitan parallelization.")
@@ -112,6 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--out", default="", help="write the plan JSON here")
         p.add_argument("--json", action="store_true", help="print JSON instead of tables")
         p.set_defaults(func=func)
+    p = sub.add_parser("calibrate", help="measure this machine and write a hardware profile")
+    p.add_argument("--ngpu", type=int, default=2, help="ranks for the collective measurements")
+    p.add_argument("--out", required=True, help="profile .toml to write")
+    p.add_argument("--name", default="calibrated")
+    p.add_argument("--gpus-per-node", type=int, default=None)
+    p.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+    p.set_defaults(func=_calibrate)
     p = sub.add_parser("explain", help="per-block costs and runner-up of a plan file")
     p.add_argument("plan")
     p.add_argument("--json", action="store_true")

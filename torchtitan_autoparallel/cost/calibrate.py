@@ -1,0 +1,148 @@
+"""Measure this machine and write a hardware profile: matmul throughput and collective
+latency/bandwidth (all-gather, reduce-scatter, all-reduce, all-to-all) over a process group.
+
+CPU uses gloo, a GPU machine NCCL. The ring model of ``cost.model.collective_s`` is fitted to
+two message sizes per collective: t = (p - 1) * alpha + factor * (p - 1) / p * bytes / bw.
+"""
+
+import json
+import os
+import socket
+import statistics
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ..errors import UserError
+from .hardware import HardwareProfile
+
+FACTOR = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0, "all_to_all": 1.0}
+
+
+def _time(fn: Any, repeats: int, sync: Any) -> float:
+    fn()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def matmul_tflops(device: str, sizes: list[int], repeats: int) -> dict[int, float]:
+    """Achieved TFLOP/s of square matmuls (fp32 on CPU, bf16 on GPU)."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out = {}
+    for n in sizes:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        t = _time(lambda a=a, b=b: a @ b, repeats, sync)
+        out[n] = 2 * n**3 / t / 1e12
+    return out
+
+
+def _ops(full: torch.Tensor, shard: torch.Tensor) -> dict[str, Any]:
+    return {
+        "all_gather": lambda: dist.all_gather_into_tensor(full, shard),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full),
+        "all_reduce": lambda: dist.all_reduce(full),
+        "all_to_all": lambda: dist.all_to_all_single(torch.empty_like(full), full),
+    }
+
+
+def _collectives_worker(rank: int, world: int, port: int, sizes: list[int], repeats: int,
+                        out: str) -> None:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    results = {}
+    try:
+        for nbytes in sizes:
+            n = max(world, nbytes // 4 // world * world)
+            ops = _ops(torch.ones(n, device=device), torch.ones(n // world, device=device))
+            for name, op in ops.items():
+                if device == "cpu" and name == "reduce_scatter":
+                    # gloo has no reduce_scatter_tensor: time it as its ring equivalent
+                    op = ops["all_gather"]
+                dist.barrier()
+                results[f"{name}:{n * 4}"] = _time(op, repeats, sync)
+    finally:
+        if rank == 0:
+            Path(out).write_text(json.dumps(results))
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def collectives(world: int, sizes: list[int], repeats: int) -> dict[str, tuple[float, float]]:
+    """Fitted (alpha seconds, bandwidth GB/s) per collective over ``world`` local ranks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "times.txt")
+        mp.spawn(_collectives_worker, args=(world, _free_port(), sizes, repeats, out),
+                 nprocs=world, join=True)
+        times = json.loads(Path(out).read_text())
+    fitted = {}
+    p = world
+    for name, factor in FACTOR.items():
+        points = sorted((int(k.split(":")[1]), v) for k, v in times.items()
+                        if k.startswith(name + ":"))
+        (b0, t0), (b1, t1) = points[0], points[-1]
+        slope = max((t1 - t0) / max(b1 - b0, 1), 1e-15)  # seconds per byte
+        bw = factor * (p - 1) / p / slope / 1e9
+        alpha = max(t0 - slope * b0, 1e-7) / (p - 1)
+        fitted[name] = (alpha, bw)
+    return fitted
+
+
+def calibrate(world: int, name: str, gpus_per_node: int, quick: bool = False) -> HardwareProfile:
+    """Measure this machine; ``world`` ranks take part in the collective measurements."""
+    if world < 2:
+        raise UserError("calibrate needs --ngpu >= 2 to measure collectives")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and torch.cuda.device_count() < world:
+        raise UserError(f"--ngpu {world} exceeds the {torch.cuda.device_count()} visible GPUs")
+    sizes = ([256, 512] if quick else [512, 1024, 2048]) if device == "cpu" else [4096, 8192]
+    flops = matmul_tflops(device, sizes, 3 if quick else 10)
+    comm = collectives(world, [1 << 16, 1 << 24],
+                       3 if quick else 10)
+    alpha, bw = comm["all_gather"]
+    if device == "cuda":
+        memory = torch.cuda.get_device_properties(0).total_memory / 2**30
+    else:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / world
+    return HardwareProfile(
+        name=name,
+        peak_tflops=round(max(flops.values()), 6),
+        matmul_efficiency=1.0,  # the measured throughput is already the achieved one
+        memory_gib=round(memory, 3),
+        usable_memory_fraction=0.9 if device == "cuda" else 1.0,
+        gpus_per_node=gpus_per_node or world,
+        intra_node_gbps=round(bw, 6),
+        inter_node_gbps=round(bw, 6),  # one machine: use a cluster profile for multi-node
+        intra_node_latency_us=round(alpha * 1e6, 3),
+        inter_node_latency_us=round(alpha * 1e6, 3),
+        comm_overlap=0.9 if device == "cuda" else 0.0,
+    )
+
+
+def to_toml(profile: HardwareProfile, notes: list[str]) -> str:
+    lines = [f"# {n}" for n in notes]
+    for key, value in asdict(profile).items():
+        lines.append(f'{key} = "{value}"' if isinstance(value, str) else f"{key} = {value}")
+    return "\n".join(lines) + "\n"
