@@ -78,10 +78,13 @@ def _collectives_worker(rank: int, world: int, port: int, sizes: list[int], repe
                     op = ops["all_gather"]
                 dist.barrier()
                 results[f"{name}:{n * 4}"] = _time(op, repeats, sync)
+        dist.barrier()
     finally:
         if rank == 0:
             Path(out).write_text(json.dumps(results))
         dist.destroy_process_group()
+    # skip C++ static destructors: gloo's thread teardown at exit can abort a finished rank
+    os._exit(0)
 
 
 def _free_port() -> int:
