@@ -25,14 +25,17 @@ RECIPES: dict[str, dict] = {
 CPU_FAMILIES: dict[str, list[str]] = {
     "llama3": ["fsdp", "tp", "fsdp_tp", "cp", "auto"],
     "qwen3": ["fsdp", "tp", "fsdp_tp", "cp", "auto"],
-    "llama4": ["fsdp", "tp", "fsdp_tp", "ep", "cp"],
-    "deepseek_v3": ["fsdp", "tp", "fsdp_tp", "ep", "cp"],
+    "llama4": ["fsdp", "tp", "fsdp_tp", "ep", "cp", "auto"],
+    "deepseek_v3": ["fsdp", "tp", "fsdp_tp", "ep", "cp", "auto"],
 }
 BENCH_RECIPES = ["fsdp", "fsdp_tp"]
 # flavor behind <family>_debug_*: qwen3's debugmodel ties embedding and output weights, which
 # TorchTitan 0.2.2's FSDP recipe cannot shard; the project registers an untied copy
 DEBUG_FLAVOR = {"qwen3": "debugmodel_untied"}
-AUTO_FAMILIES = ("llama3", "qwen3")  # families the planner covers
+AUTO_FAMILIES = ("llama3", "qwen3", "llama4", "deepseek_v3")  # families the planner covers
+# hardware of the large auto presets: 671B's fp32 master weights and AdamW state need more than
+# 80 GB per device on 128 devices
+AUTO_HARDWARE = {"671B": "h200_sxm"}
 
 # Large presets: (family, flavor, recipe name, settings as TorchTitan 0.2.2 ships them).
 LARGE: list[tuple[str, str, str, dict]] = [
@@ -152,8 +155,11 @@ def large_config(family: str, flavor: str, recipe: str, s: dict) -> str:
         sections["parallelism"]["enable_async_tensor_parallel"] = False
         sections["parallelism"]["auto"] = True
         sections["parallelism"]["tensor_parallel_degree"] = 1
+        sections["parallelism"]["expert_parallel_degree"] = 1
+        sections["parallelism"]["expert_tensor_parallel_degree"] = 1
         sections["activation_checkpoint"] = {"mode": "none"}
-        sections["autoparallel"] = {"hardware": "h100_sxm", "gpus_per_node": 8}
+        sections["autoparallel"] = {"hardware": AUTO_HARDWARE.get(flavor, "h100_sxm"),
+                                    "gpus_per_node": 8}
     if s.get("float8_fsdp"):
         sections["quantize.linear.float8"] = {
             "enable_fsdp_float8_all_gather": True,

@@ -10,6 +10,7 @@ from torchtitan_autoparallel.cost.hardware import load_profile
 from torchtitan_autoparallel.cost.model import Precision
 from torchtitan_autoparallel.errors import UserError
 from torchtitan_autoparallel.graph.layer_graph import Layer, LayerGraph
+from torchtitan_autoparallel.pins import Pin
 from torchtitan_autoparallel.plan import Plan
 from torchtitan_autoparallel.solver import build_candidate, search
 from torchtitan_autoparallel.strategies import Constraints, enumerate_meshes, microbatch_sizes
@@ -27,9 +28,15 @@ def random_graph(rng: random.Random) -> LayerGraph:
         params = rng.randint(1, 50) * 10**6
         flops = 2.0 * params * seq * rng.uniform(1.0, 1.5)
         saved = seq * dim * 4 * rng.uniform(10, 40)
+        moe = {}
+        if c == 1 and rng.random() < 0.6:  # an MoE class: routed experts, top-2
+            experts = rng.choice([4, 8])
+            expert_params = params * 3 // 4
+            moe = {"expert_params": expert_params, "num_experts": experts, "top_k": 2,
+                   "expert_flops": 2.0 * seq * 2 * expert_params / experts}
         for _ in range(count):
             layers.append(Layer(f"layers.{i}", "block", params, flops, saved, seq * dim * 4,
-                                f"class{c}"))
+                                f"class{c}", **moe))
             i += 1
     layers.append(Layer("output", "output", 32000 * dim, 2.0 * seq * dim * 32000,
                         2 * seq * 32000 * 4, seq * dim * 4, "output"))
@@ -48,16 +55,17 @@ def compositions(n: int, parts: int):
             yield (first, *rest)
 
 
-def brute_force(graph, world, global_batch, hw, prec, gpn, budget, constraints):
+def brute_force(graph, world, global_batch, hw, prec, gpn, budget, constraints, pins):
     best = None
     for mesh in enumerate_meshes(graph, world, gpn, constraints):
         for mb in microbatch_sizes(global_batch, mesh):
-            cand = build_candidate(graph, mesh, mb, global_batch, hw, prec, gpn, constraints)
+            cand = build_candidate(graph, mesh, mb, global_batch, hw, prec, gpn, constraints,
+                                   pins)
             per_class = []
             for cls, n in cand.classes.items():
                 options = []
-                for split in compositions(n, len(cand.strategies)):
-                    options.append({(cls, s): k for s, k in zip(cand.strategies, split,
+                for split in compositions(n, len(cand.strategies[cls])):
+                    options.append({(cls, s): k for s, k in zip(cand.strategies[cls], split,
                                                                  strict=True)})
                 per_class.append(options)
             for combo in itertools.product(*per_class):
@@ -84,16 +92,19 @@ def test_milp_matches_brute_force(seed):
     prec = Precision(rng.choice([2, 4]), 4)
     constraints = Constraints()
     global_batch = rng.choice([4, 8, 12])
+    # sometimes a user pin: block 0 fixed to a recipe with full AC
+    pins = {"layers.0": Pin("full", True)} if rng.random() < 0.3 else {}
     meshes = enumerate_meshes(graph, world, gpn, constraints)
     meshes = [m for m in meshes if global_batch % m.dp == 0]
-    cands = [build_candidate(graph, m, mb, global_batch, hw, prec, gpn, constraints)
+    cands = [build_candidate(graph, m, mb, global_batch, hw, prec, gpn, constraints, pins)
              for m in meshes for mb in microbatch_sizes(global_batch, m)]
     lo = min(c.min_memory() for c in cands)
-    hi = max(c.memory({(cls, c.strategies[-1]): n for cls, n in c.classes.items()})
+    hi = max(c.memory({(cls, c.strategies[cls][-1]): n for cls, n in c.classes.items()})
              for c in cands)
     budget = rng.uniform(lo * 0.9, hi * 1.1)
-    result = search(graph, world, global_batch, hw, prec, gpn, budget, constraints, meshes, 30.0)
-    expected = brute_force(graph, world, global_batch, hw, prec, gpn, budget, constraints)
+    result = search(graph, world, global_batch, hw, prec, gpn, budget, constraints, meshes, 30.0,
+                    pins)
+    expected = brute_force(graph, world, global_batch, hw, prec, gpn, budget, constraints, pins)
     if expected is None:
         assert result.best is None
         return
@@ -176,7 +187,7 @@ def test_budget_too_small_names_smallest_budget(planning):
     (("--parallelism.context_parallel_degree=2", "--training.seq_len=130"),
      r"cp needs seq_len % \(2 x cp x tp\) == 0"),
     (("--parallelism.context_parallel_degree=2", "--model.flavor=debugmodel_varlen_attn"),
-     "context parallel needs sdpa or flex attention"),
+     "context parallel in llama3 needs sdpa or flex attention"),
     (("--autoparallel.hardware=tpu9",), "unknown hardware profile"),
     (("--autoparallel.techniques=fsdp,magic",), "unknown entries"),
     (("--autoparallel.memory_gib=-1",), "memory_gib must be >= 0"),
@@ -185,6 +196,27 @@ def test_budget_too_small_names_smallest_budget(planning):
 def test_config_errors(planning, overrides, message):
     with pytest.raises(UserError, match=message):
         planning("llama3_debug_auto.toml", 4, *overrides)
+
+
+@pytest.mark.parametrize("config,overrides,message", [
+    ("deepseek_v3_debug_auto.toml", ("--autoparallel.pin=layers.*.mlp",),
+     r"pin 'layers.\*.mlp' matches no module of deepseek_v3 debugmodel"),
+    ("deepseek_v3_debug_auto.toml", ("--autoparallel.pin=layers.1.moe.experts.w1",),
+     r"names a parameter \(layers.1.moe.experts.w1\), not a module: pin its module instead "
+     r"\(e.g. 'layers.1.moe.experts'\)"),
+    ("llama3_debug_auto.toml", ("--parallelism.expert_parallel_degree=2",),
+     "has no MoE layers: set it to 1"),
+    ("deepseek_v3_debug_auto.toml", ("--parallelism.expert_parallel_degree=3",),
+     r"does not divide the 8 experts of deepseek_v3 debugmodel: choose one of \[2, 4\]"),
+    ("llama4_debug_auto.toml", ("--parallelism.tensor_parallel_degree=2",
+                                "--parallelism.expert_tensor_parallel_degree=4"),
+     "must be 1 or equal to tensor_parallel_degree"),
+    ("llama4_debug_auto.toml", ("--autoparallel.moe_load_imbalance=0.5",),
+     "moe_load_imbalance must be >= 1"),
+])
+def test_moe_config_errors(planning, config, overrides, message):
+    with pytest.raises(UserError, match=message):
+        planning(config, 4, *overrides)
 
 
 def test_layer_graph_counts_llama3_8b():

@@ -22,8 +22,8 @@ def check_plan_matches(plan: Plan, parallel_dims: Any) -> None:
     """The mesh TorchTitan built must be the plan's, and every rank must hold the same plan."""
     m = plan.mesh
     built = (parallel_dims.dp_replicate, parallel_dims.dp_shard, parallel_dims.tp,
-             parallel_dims.cp)
-    if built != (m.dp_replicate, m.dp_shard, m.tp, m.cp):
+             parallel_dims.cp, parallel_dims.ep, parallel_dims.etp)
+    if built != (m.dp_replicate, m.dp_shard, m.tp, m.cp, m.ep, m.etp):
         raise RuntimeError(f"mesh {built} differs from the plan's {m}")
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         digests: list[Any] = [None] * torch.distributed.get_world_size()
@@ -66,6 +66,22 @@ def _dp_over_tp_mesh(parallel_dims: Any) -> Any:
     return parallel_dims.get_mesh(["fsdp", "tp"])._flatten("fsdp_tp")
 
 
+def _shard_routed_experts(experts: nn.Module, parallel_dims: Any, plan: Plan, mp_policy: Any,
+                          reshard_after_forward: bool) -> None:
+    """FSDP of routed experts over the ranks EP leaves (``efsdp``, with dp_replicate for HSDP),
+    as TorchTitan's recipe does: on dim 1 when efsdp x ep exceeds the expert count (dim 0 is
+    already split by EP)."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
+
+    names = ["dp_replicate", "efsdp"] if parallel_dims.dp_replicate_enabled else ["efsdp"]
+    placement = None
+    if plan.mesh.efsdp * plan.mesh.ep > experts.num_experts:
+        placement = lambda param: Shard(1)  # noqa: E731
+    fully_shard(experts, mesh=parallel_dims.get_mesh(names), mp_policy=mp_policy,
+                reshard_after_forward=reshard_after_forward, shard_placement_fn=placement)
+
+
 def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan) -> nn.Module:
     """Parallelize ``model`` (on meta) as ``plan`` says."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -91,6 +107,12 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
             if mode == "dp":
                 _batch_split_over_tp(blocks.get_submodule(name), tp_mesh, adapter.block_args)
 
+    moe_blocks = {name: block for name, block in blocks.named_children()
+                  if adapter.routed_experts(block) is not None}
+    if moe_blocks and (plan.mesh.tp > 1 or plan.mesh.ep > 1):
+        # routing, token dispatch and the experts' EP / ETP / TP: TorchTitan's own code
+        adapter.apply_moe(model, parallel_dims)
+
     if plan.mesh.cp > 1:
         from torchtitan.distributed.context_parallel import apply_cp_to_attention_module
 
@@ -111,7 +133,8 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
         )
         blocks.register_module(name, wrapped)
 
-    if parallel_dims.fsdp_enabled or any(layer.tp_mode == "dp" for layer in plan.layers):
+    if (parallel_dims.fsdp_enabled or parallel_dims.ep_enabled
+            or any(layer.tp_mode == "dp" for layer in plan.layers)):
         mesh_dims = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
         training = job_config.training
         fsdp = {
@@ -136,6 +159,9 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
             if layer.tp_mode == "dp":
                 dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims)
                 mesh = dp_over_tp
+            if name in moe_blocks and plan.mesh.ep > 1:
+                _shard_routed_experts(adapter.routed_experts(block), parallel_dims, plan,
+                                      fsdp["mp_policy"], layer.reshard_after_forward)
             fully_shard(block, mesh=mesh, mp_policy=fsdp["mp_policy"],
                         reshard_after_forward=layer.reshard_after_forward)
         # tied embedding/output weights (qwen3 small flavors) must share one FSDP group

@@ -28,16 +28,23 @@ class Autoparallel:
     memory_gib: float = 0.0
     """Memory budget per device in GiB; 0 takes the profile's usable memory."""
     techniques: list[str] = field(
-        default_factory=lambda: ["fsdp", "hsdp", "tp", "tp_dp", "cp", "ac"]
+        default_factory=lambda: ["fsdp", "hsdp", "tp", "tp_dp", "cp", "ep", "ac"]
     )
     """Techniques the search may use (restrict it to compare or to debug): fsdp, hsdp, tp
     (tensor + sequence parallel), tp_dp (a block may use the tp dim as data parallel), cp
-    (context parallel), ac."""
+    (context parallel), ep (expert parallel, MoE models), ac."""
     time_limit_s: float = 30.0
     """Wall-clock limit for all MILP solves; the best plan found so far is returned with its
     gap."""
-    pins: list[str] = field(default_factory=list)
-    """Module fqn globs left to TorchTitan's own code (MoE routing; used by MoE planning)."""
+    pin: list[str] = field(default_factory=list)
+    """Module fqn globs left to TorchTitan's own code, e.g. ``["layers.0", "layers.*.attention"]``.
+    A pinned block runs TorchTitan's recipe for the job ([activation_checkpoint], FSDP
+    resharding, its TP plan); a pinned region inside a block keeps TorchTitan's parallelization
+    of that region. MoE routing and token dispatch are always pinned. A glob that matches no
+    module is an error."""
+    moe_load_imbalance: float = 0.0
+    """MoE routing imbalance assumed by the cost model (busiest expert-parallel rank's tokens /
+    mean); 0 takes the hardware profile's value."""
     plan_file: str = ""
     """Replay this plan instead of solving."""
     save_plan: str = ""

@@ -5,22 +5,10 @@ import dataclasses
 from typing import Any
 
 from .errors import UserError
+from .pins import recipe_block_ac
 from .plan import Mesh, Plan
 from .planner import build_plan, candidate_for, job_inputs
 from .strategies import BlockStrategy
-
-
-def _block_ac(ac: Any, index: int) -> str:
-    """TorchTitan's AC for block ``index``: "selective" with an integer k checkpoints every
-    k-th block fully; "op" is op-level selective AC."""
-    if ac.mode in ("none", "full"):
-        return ac.mode
-    if ac.mode == "selective" and ac.selective_ac_option == "op":
-        return "selective"
-    if ac.mode == "selective" and ac.selective_ac_option.isdigit():
-        k = int(ac.selective_ac_option)
-        return "full" if k > 0 and (index + 1) % k == 0 else "none"
-    raise UserError(f"activation_checkpoint mode {ac.mode!r} is not modelled by predict")
 
 
 def expert_plan(job_config: Any, world: int) -> Plan:
@@ -32,7 +20,9 @@ def expert_plan(job_config: Any, world: int) -> Plan:
     dp_shard = par.data_parallel_shard_degree
     if dp_shard == -1:
         dp_shard = world // (dp_replicate * tp * cp)
-    mesh = Mesh(dp_replicate, dp_shard, tp, cp)
+    ep = par.expert_parallel_degree if inputs.graph.num_experts else 1
+    mesh = Mesh(dp_replicate, dp_shard, tp, cp, ep,
+                par.expert_tensor_parallel_degree if ep > 1 else 1)
     if mesh.world != world:
         raise UserError(
             f"[parallelism] degrees dp_replicate={dp_replicate} dp_shard={dp_shard} cp={cp} "
@@ -45,15 +35,16 @@ def expert_plan(job_config: Any, world: int) -> Plan:
         raise UserError(f"global batch {global_batch} is not a multiple of local batch {local} "
                         f"x data-parallel degree {mesh.dp}")
     inputs = dataclasses.replace(
-        inputs, global_batch=global_batch,
+        inputs, global_batch=global_batch, pins={},
         fingerprint={**inputs.fingerprint, "global_batch_size": global_batch},
     )
     cand = candidate_for(inputs, mesh, local)
     reshard = {"default": True, "always": True, "never": False}[par.fsdp_reshard_after_forward]
     reshard = reshard and mesh.dp_shard * mesh.cp > 1
     mode = "sp" if tp > 1 else "none"
+    ac = job_config.activation_checkpoint
     strategies = [
-        BlockStrategy(_block_ac(job_config.activation_checkpoint, i), reshard, mode)
+        BlockStrategy(recipe_block_ac(ac.mode, ac.selective_ac_option, i), reshard, mode)
         for i in range(len(inputs.graph.blocks))
     ]
     plan = build_plan(inputs, cand, strategies, {"status": "expert recipe", "gap": 0.0,

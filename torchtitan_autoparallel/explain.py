@@ -5,6 +5,7 @@ from typing import Any
 
 from .plan import LayerPlan, Plan
 from .planner import candidate_for, inputs_from_fingerprint
+from .solver import block_classes
 from .strategies import BlockStrategy
 
 
@@ -17,21 +18,22 @@ def explain_rows(plan: Plan) -> list[dict[str, Any]]:
     strategy for that block on the same mesh and micro-batch) with its time and memory deltas."""
     inputs = inputs_from_fingerprint(plan.fingerprint)
     cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
-    by_fqn = {layer.fqn: layer for layer in inputs.graph.layers}
+    class_of = dict(zip([b.fqn for b in inputs.graph.blocks],
+                        block_classes(inputs.graph, inputs.pins), strict=True))
     counts: dict[tuple[str, BlockStrategy], int] = {}
     for layer in plan.layers:
         if layer.kind == "block":
-            key = (by_fqn[layer.fqn].signature, _strategy(layer))
+            key = (class_of[layer.fqn], _strategy(layer))
             counts[key] = counts.get(key, 0) + 1
     budget = plan.predicted["budget_gib"] * 2**30
     rows = []
     for layer in plan.layers:
         if layer.kind != "block":
             continue
-        sig = by_fqn[layer.fqn].signature
+        sig = class_of[layer.fqn]
         chosen = _strategy(layer)
         cost = cand.costs[(sig, chosen)]
-        others = sorted((cand.costs[(sig, s)].time_s, s.name, s) for s in cand.strategies
+        others = sorted((cand.costs[(sig, s)].time_s, s.name, s) for s in cand.strategies[sig]
                         if s != chosen)
         row = {
             "layer": layer.fqn, "strategy": layer.strategy,
@@ -42,7 +44,8 @@ def explain_rows(plan: Plan) -> list[dict[str, Any]]:
         if others:
             alt = cand.costs[(sig, others[0][2])]
             runner = LayerPlan(layer.fqn, "block", others[0][2].ac,
-                               others[0][2].reshard_after_forward, others[0][2].tp_mode)
+                               others[0][2].reshard_after_forward, others[0][2].tp_mode,
+                               ep=layer.ep)
             swapped = dict(counts)
             swapped[(sig, chosen)] -= 1
             swapped[(sig, others[0][2])] = swapped.get((sig, others[0][2]), 0) + 1
@@ -103,6 +106,8 @@ def snippet(plan: Plan) -> str:
         f"data_parallel_shard_degree = {m.dp_shard}",
         f"tensor_parallel_degree = {m.tp}",
         f"context_parallel_degree = {m.cp}",
+        *([f"expert_parallel_degree = {m.ep}", f"expert_tensor_parallel_degree = {m.etp}"]
+          if m.ep > 1 else []),
         f'fsdp_reshard_after_forward = "{"default" if b.reshard_after_forward else "never"}"',
         "[training]",
         f"local_batch_size = {plan.local_batch_size}",

@@ -36,6 +36,11 @@ class LayerPlan:
     """Predicted exposed communication per micro-batch."""
     memory_mib: float = 0.0
     """Predicted memory held for backward per micro-batch plus resident state."""
+    ep: int = 1
+    """Expert-parallel degree of this block's routed experts (1: dense block, or experts
+    sharded like the rest of the block)."""
+    pinned: bool = False
+    """Fixed by ``autoparallel.pin``: the block runs TorchTitan's own recipe for the job."""
 
     @property
     def strategy(self) -> str:
@@ -44,19 +49,29 @@ class LayerPlan:
             parts.append("tp+sp")
         elif self.tp_mode == "dp":
             parts.append("tp-as-dp")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
         if self.ac != "none":
             parts.append(f"ac:{self.ac}")
+        if self.pinned:
+            parts.append("pinned")
         return "+".join(parts)
 
 
 @dataclass(frozen=True, order=True)
 class Mesh:
-    """dp_replicate x dp_shard x cp x tp = world size (TorchTitan's mesh order, tp innermost)."""
+    """dp_replicate x dp_shard x cp x tp = world size (TorchTitan's mesh order, tp innermost).
+
+    ``ep`` / ``etp`` follow TorchTitan's rules for routed experts: with ``etp = tp`` the ep ranks
+    come from dp_shard x cp; with ``etp = 1`` they also take all of tp (ep a multiple of tp).
+    Experts are FSDP-sharded over the remaining ``efsdp`` ranks."""
 
     dp_replicate: int
     dp_shard: int
     tp: int
     cp: int = 1
+    ep: int = 1
+    etp: int = 1
 
     @property
     def world(self) -> int:
@@ -66,15 +81,22 @@ class Mesh:
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
 
+    @property
+    def efsdp(self) -> int:
+        """FSDP degree of routed experts when ep > 1."""
+        return self.dp_shard * self.cp * self.tp // (self.ep * self.etp)
+
     def spans_nodes(self, dim: str, gpus_per_node: int) -> bool:
         """Whether the process groups of ``dim`` cross node boundaries (ranks are node-major)."""
         inner = {"tp": self.tp, "cp": self.cp * self.tp,
-                 "dp_shard": self.dp_shard * self.cp * self.tp, "dp_replicate": self.world}
+                 "dp_shard": self.dp_shard * self.cp * self.tp, "dp_replicate": self.world,
+                 "ep": self.ep * self.etp}
         return inner[dim] > gpus_per_node
 
     def __str__(self) -> str:
-        return (f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} cp={self.cp} "
+        text = (f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} cp={self.cp} "
                 f"tp={self.tp}")
+        return text + (f" ep={self.ep} etp={self.etp}" if self.ep > 1 else "")
 
 
 @dataclass
@@ -149,8 +171,7 @@ class Plan:
         m = self.mesh
         p = self.predicted
         lines = [
-            f"autoparallel plan {self.digest()}: mesh dp_replicate={m.dp_replicate} "
-            f"dp_shard={m.dp_shard} cp={m.cp} tp={m.tp} (world {m.world})",
+            f"autoparallel plan {self.digest()}: mesh {m} (world {m.world})",
             f"  batch: global {self.global_batch_size} = local {self.local_batch_size} x dp "
             f"{m.dp_replicate * m.dp_shard} x accumulation {self.gradient_accumulation_steps}, "
             f"seq {self.seq_len}",
@@ -182,8 +203,9 @@ def _planning_time(solver: dict[str, Any]) -> str:
 def _runs(layers: list[LayerPlan]) -> list[list[LayerPlan]]:
     runs: list[list[LayerPlan]] = []
     for layer in layers:
-        same = (runs and runs[-1][0].kind == layer.kind
-                and runs[-1][0].strategy == layer.strategy)
+        prev = runs[-1][0] if runs else None
+        same = prev is not None and (prev.kind, prev.strategy, prev.time_ms, prev.memory_mib) \
+            == (layer.kind, layer.strategy, layer.time_ms, layer.memory_mib)
         if same:
             runs[-1].append(layer)
         else:

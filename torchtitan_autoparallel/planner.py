@@ -15,11 +15,12 @@ from . import __version__
 from .cost.hardware import HardwareProfile, load_profile
 from .cost.model import Precision
 from .errors import UserError
+from .graph.adapters import get_adapter
 from .graph.layer_graph import LayerGraph, build_layer_graph
+from .pins import Pin, recipe_of, resolve_pins
 from .plan import LayerPlan, Mesh, Plan
-from .solver import Candidate, Solution, build_candidate, search
+from .solver import Candidate, Solution, block_classes, build_candidate, search
 from .strategies import (
-    CP_ATTENTION,
     TECHNIQUES,
     BlockStrategy,
     Constraints,
@@ -32,15 +33,12 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 def constraints_from_config(job_config: Any) -> Constraints:
     """Degrees the user set in [parallelism] become constraints; unsupported ones are errors."""
     par = job_config.parallelism
-    for name, value in (
-        ("pipeline_parallel_degree", par.pipeline_parallel_degree),
-        ("expert_parallel_degree", par.expert_parallel_degree),
-    ):
-        if value != 1:
-            raise UserError(
-                f"parallelism.{name} = {value} with auto = true: the planner does not search "
-                f"this dimension yet; set it to 1 or set parallelism.auto = false"
-            )
+    if par.pipeline_parallel_degree != 1:
+        raise UserError(
+            f"parallelism.pipeline_parallel_degree = {par.pipeline_parallel_degree} with auto = "
+            "true: the planner does not search this dimension yet; set it to 1 or set "
+            "parallelism.auto = false"
+        )
     techniques = tuple(job_config.autoparallel.techniques)
     unknown = sorted(set(techniques) - set(TECHNIQUES))
     if unknown:
@@ -55,6 +53,8 @@ def constraints_from_config(job_config: Any) -> Constraints:
         dp_shard=par.data_parallel_shard_degree if par.data_parallel_shard_degree != -1 else 0,
         tp=par.tensor_parallel_degree if par.tensor_parallel_degree != 1 else 0,
         cp=par.context_parallel_degree if par.context_parallel_degree != 1 else 0,
+        ep=par.expert_parallel_degree if par.expert_parallel_degree != 1 else 0,
+        etp=par.expert_tensor_parallel_degree if par.expert_tensor_parallel_degree != 1 else 0,
         techniques=techniques,
     )
 
@@ -78,17 +78,13 @@ def layer_graph_for(job_config: Any) -> LayerGraph:
     if flavor not in spec.model_args:
         raise UserError(f"unknown flavor {flavor!r} for {name}: choose one of "
                         f"{sorted(spec.model_args)}")
-    args = dataclasses.replace(spec.model_args[flavor])
+    args = spec.model_args[flavor]
     attn = getattr(args, "attn_type", "sdpa")
-    if attn != "sdpa":
-        if job_config.parallelism.context_parallel_degree > 1 and attn not in CP_ATTENTION:
-            raise UserError(
-                f"context parallel needs {' or '.join(CP_ATTENTION)} attention; {name} {flavor} "
-                f"uses {attn!r}: set parallelism.context_parallel_degree = 1"
-            )
+    cp_attention = get_adapter(name).cp_attention
+    if job_config.parallelism.context_parallel_degree > 1 and attn not in cp_attention:
         raise UserError(
-            f"auto planning measures sdpa attention only; {name} {flavor} uses {attn!r}: pick an "
-            "sdpa flavor or set parallelism.auto = false"
+            f"context parallel in {name} needs {' or '.join(cp_attention)} attention; {flavor} "
+            f"uses {attn!r}: set parallelism.context_parallel_degree = 1"
         )
     return build_layer_graph(name, flavor, args, spec.model_cls, job_config.training.seq_len)
 
@@ -106,6 +102,8 @@ class JobInputs:
     precision: Precision
     world: int
     fingerprint: dict[str, Any]
+    pins: dict[str, Pin] = dataclasses.field(default_factory=dict)
+    """What ``autoparallel.pin`` (and the family's default pins) fix, per block fqn."""
 
 
 def job_inputs(job_config: Any, world: int) -> JobInputs:
@@ -117,6 +115,12 @@ def job_inputs(job_config: Any, world: int) -> JobInputs:
     _check_options(ap)
     constraints = constraints_from_config(job_config)
     hw = load_profile(ap.hardware)
+    imbalance = getattr(ap, "moe_load_imbalance", 0.0)
+    if imbalance < 0 or 0 < imbalance < 1:
+        raise UserError(f"autoparallel.moe_load_imbalance must be >= 1 (busiest rank / mean) or "
+                        f"0 for the profile's value, got {imbalance}")
+    if imbalance:
+        hw = dataclasses.replace(hw, moe_load_imbalance=float(imbalance))
     gpus_per_node = ap.gpus_per_node or hw.gpus_per_node
     budget = ap.memory_gib * 2**30 if ap.memory_gib > 0 else hw.budget_bytes
     training = job_config.training
@@ -128,6 +132,11 @@ def job_inputs(job_config: Any, world: int) -> JobInputs:
     except KeyError as exc:
         raise UserError(f"unsupported mixed precision dtype {exc}") from exc
     graph = layer_graph_for(job_config)
+    ac = job_config.activation_checkpoint
+    recipe = {"ac_mode": ac.mode, "selective_ac_option": str(ac.selective_ac_option),
+              "fsdp_reshard_after_forward": job_config.parallelism.fsdp_reshard_after_forward}
+    globs = list(getattr(ap, "pin", []))
+    pins = resolve_pins(graph, globs, get_adapter(graph.family).default_pins, recipe_of(recipe))
     layers_text = json.dumps([dataclasses.astuple(layer) for layer in graph.layers])
     fingerprint = {
         "model": job_config.model.name,
@@ -145,13 +154,16 @@ def job_inputs(job_config: Any, world: int) -> JobInputs:
         "mixed_precision_reduce": training.mixed_precision_reduce,
         "constraints": {"dp_replicate": constraints.dp_replicate,
                         "dp_shard": constraints.dp_shard, "tp": constraints.tp,
-                        "cp": constraints.cp,
+                        "cp": constraints.cp, "ep": constraints.ep, "etp": constraints.etp,
                         "techniques": sorted(constraints.techniques)},
+        "moe_load_imbalance": hw.moe_load_imbalance,
+        "pin": globs,
+        "pin_recipe": recipe if any(p.whole for p in pins.values()) else {},
         "versions": {"torchtitan_autoparallel": __version__, "torch": torch.__version__,
                      "torchtitan": getattr(torchtitan, "__version__", "0.2.2")},
     }
     return JobInputs(graph, constraints, hw, gpus_per_node, budget, global_batch, prec, world,
-                     fingerprint)
+                     fingerprint, pins)
 
 
 def fingerprint_diff(plan_fp: dict[str, Any], job_fp: dict[str, Any]) -> list[str]:
@@ -171,7 +183,8 @@ def plan_job(job_config: Any, world: int) -> Plan:
     meshes = [m for m in meshes if global_batch % m.dp == 0] or _no_batch_split(
         meshes, global_batch)
     result = search(graph, world, global_batch, hw, inputs.precision, inputs.gpus_per_node,
-                    budget, inputs.constraints, meshes, job_config.autoparallel.time_limit_s)
+                    budget, inputs.constraints, meshes, job_config.autoparallel.time_limit_s,
+                    inputs.pins)
     if result.best is None:
         raise UserError(
             f"no plan fits the memory budget of {budget / 2**30:.3g} GiB per device; the "
@@ -181,7 +194,7 @@ def plan_job(job_config: Any, world: int) -> Plan:
     sol = result.best
     stats = dict(result.stats)
     stats["planning_time_s"] = time.perf_counter() - start
-    return build_plan(inputs, sol.candidate, _assign(graph, sol), stats)
+    return build_plan(inputs, sol.candidate, _assign(inputs, sol), stats)
 
 
 def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrategy],
@@ -189,26 +202,30 @@ def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrateg
     """The Plan for running ``cand`` (mesh, micro-batch) with ``strategies`` for the blocks, in
     block order, with its predicted step time and memory."""
     graph = inputs.graph
+    classes = block_classes(graph, inputs.pins)
     counts: dict[tuple[str, BlockStrategy], int] = {}
-    for layer, strategy in zip(graph.blocks, strategies, strict=True):
-        key = (layer.signature, strategy)
+    for cls, strategy in zip(classes, strategies, strict=True):
+        key = (cls, strategy)
         counts[key] = counts.get(key, 0) + 1
     step = cand.step_time(counts)
     edge_mode = "sp" if cand.mesh.tp > 1 else "none"
-    assigned = iter(strategies)
+    assigned = iter(zip(classes, strategies, strict=True))
     layers = []
     for layer in graph.layers:
         if layer.kind != "block":
             layers.append(LayerPlan(layer.fqn, layer.kind, "none", layer.kind == "embedding",
                                     edge_mode))
             continue
-        strategy = next(assigned)
-        cost = cand.costs[(layer.signature, strategy)]
+        cls, strategy = next(assigned)
+        cost = cand.costs[(cls, strategy)]
+        pin = inputs.pins.get(layer.fqn)
         layers.append(LayerPlan(
             layer.fqn, "block", strategy.ac, strategy.reshard_after_forward, strategy.tp_mode,
             time_ms=round(cost.time_s * 1e3, 6),
             comm_ms=round(cost.exposed_comm_s * 1e3, 6),
             memory_mib=round((cost.kept_bytes + cost.state_bytes) / 2**20, 6),
+            ep=cand.mesh.ep if layer.expert_params else 1,
+            pinned=bool(pin and pin.whole),
         ))
     return Plan(
         fingerprint=inputs.fingerprint,
@@ -232,7 +249,7 @@ def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrateg
 def candidate_for(inputs: JobInputs, mesh: Mesh, microbatch: int) -> Candidate:
     """Per-strategy costs of every block class for one (mesh, micro-batch) of the job."""
     return build_candidate(inputs.graph, mesh, microbatch, inputs.global_batch, inputs.hw,
-                           inputs.precision, inputs.gpus_per_node, inputs.constraints)
+                           inputs.precision, inputs.gpus_per_node, inputs.constraints, inputs.pins)
 
 
 def _no_batch_split(meshes: list[Mesh], global_batch: int) -> list[Mesh]:
@@ -243,7 +260,7 @@ def _no_batch_split(meshes: list[Mesh], global_batch: int) -> list[Mesh]:
     )
 
 
-def _assign(graph: LayerGraph, sol: Solution) -> list[BlockStrategy]:
+def _assign(inputs: JobInputs, sol: Solution) -> list[BlockStrategy]:
     """Turn per-class counts into one strategy per block: within a class, the most
     memory-saving strategies go to the earliest blocks (deterministic; the order does not
     change the predicted time or peak)."""
@@ -253,7 +270,7 @@ def _assign(graph: LayerGraph, sol: Solution) -> list[BlockStrategy]:
         sol.counts.items(), key=lambda kv: (kv[0][0], cand.costs[kv[0]].kept_bytes, kv[0][1])
     ):
         queues.setdefault(cls, []).extend([strategy] * n)
-    return [queues[layer.signature].pop(0) for layer in graph.blocks]
+    return [queues[cls].pop(0) for cls in block_classes(inputs.graph, inputs.pins)]
 
 
 def inputs_from_fingerprint(fp: dict[str, Any]) -> JobInputs:
@@ -268,13 +285,21 @@ def inputs_from_fingerprint(fp: dict[str, Any]) -> JobInputs:
                                  mixed_precision_reduce=fp["mixed_precision_reduce"]),
         parallelism=SimpleNamespace(
             context_parallel_degree=fp["constraints"].get("cp") or 1,
-            pipeline_parallel_degree=1, expert_parallel_degree=1,
+            pipeline_parallel_degree=1,
+            expert_parallel_degree=fp["constraints"].get("ep") or 1,
+            expert_tensor_parallel_degree=fp["constraints"].get("etp") or 1,
+            fsdp_reshard_after_forward=fp.get("pin_recipe", {}).get(
+                "fsdp_reshard_after_forward", "default"),
             data_parallel_replicate_degree=fp["constraints"]["dp_replicate"] or 1,
             data_parallel_shard_degree=fp["constraints"]["dp_shard"] or -1,
             tensor_parallel_degree=fp["constraints"]["tp"] or 1),
         autoparallel=SimpleNamespace(
             hardware=fp["hardware"], gpus_per_node=fp["gpus_per_node"],
             memory_gib=fp["memory_budget_gib"], techniques=fp["constraints"]["techniques"],
-            time_limit_s=30.0),
+            time_limit_s=30.0, pin=fp.get("pin", []),
+            moe_load_imbalance=fp.get("moe_load_imbalance", 0.0)),
+        activation_checkpoint=SimpleNamespace(
+            mode=fp.get("pin_recipe", {}).get("ac_mode", "none"),
+            selective_ac_option=fp.get("pin_recipe", {}).get("selective_ac_option", "op")),
     )
     return job_inputs(job, fp["world_size"])

@@ -33,8 +33,9 @@ from .cost.model import (
     fixed_cost,
 )
 from .graph.layer_graph import LayerGraph
+from .pins import Pin
 from .plan import Mesh
-from .strategies import BlockStrategy, Constraints, block_strategies, microbatch_sizes
+from .strategies import BlockStrategy, Constraints, microbatch_sizes, pinned_strategies
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,9 @@ class Candidate:
     microbatch: int
     accum: int
     classes: dict[str, int]
-    """block signature -> number of blocks."""
-    strategies: list[BlockStrategy]
+    """block class (signature + pin) -> number of blocks."""
+    strategies: dict[str, list[BlockStrategy]]
+    """block class -> the strategies its blocks may take."""
     costs: dict[tuple[str, BlockStrategy], BlockCost]
     fixed_time_s: float
     resident_bytes: float
@@ -70,17 +72,24 @@ class Candidate:
             self.fixed_time_s + sum(n * self.costs[key].time_s for key, n in counts.items())
         )
 
+    def keys(self) -> list[tuple[str, BlockStrategy]]:
+        return [(c, s) for c in self.classes for s in self.strategies[c]]
+
     def min_memory(self) -> float:
-        """Smallest peak any single strategy for all blocks reaches (an achievable budget)."""
+        """Smallest peak reached by giving every block of each class one strategy, tried for
+        each strategy (a class that cannot take it keeps its most frugal one): achievable."""
         best = float("inf")
-        for s in self.strategies:
-            counts = {(c, s): n for c, n in self.classes.items()}
+        frugal = {c: min(ss, key=lambda s, c=c: self.costs[(c, s)].kept_bytes)
+                  for c, ss in self.strategies.items()}
+        for s in {s for ss in self.strategies.values() for s in ss}:
+            counts = {(c, s if s in self.strategies[c] else frugal[c]): n
+                      for c, n in self.classes.items()}
             best = min(best, self.memory(counts))
         return best
 
     def time_lower_bound(self) -> float:
         return self.accum * (self.fixed_time_s + sum(
-            n * min(self.costs[(c, s)].time_s for s in self.strategies)
+            n * min(self.costs[(c, s)].time_s for s in self.strategies[c])
             for c, n in self.classes.items()
         ))
 
@@ -104,24 +113,35 @@ class SearchResult:
     stats: dict = field(default_factory=dict)
 
 
+def block_classes(graph: LayerGraph, pins: dict[str, Pin]) -> list[str]:
+    """Each block's MILP class, in block order: its signature plus what its pin fixes."""
+    return [layer.signature + (pins[layer.fqn].key if layer.fqn in pins else "")
+            for layer in graph.blocks]
+
+
 def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch: int,
                     hw: HardwareProfile, prec: Precision, gpus_per_node: int,
-                    constraints: Constraints) -> Candidate:
+                    constraints: Constraints, pins: dict[str, Pin] | None = None) -> Candidate:
     """Costs of every block strategy for one (mesh, micro-batch)."""
+    pins = pins or {}
     classes: dict[str, int] = defaultdict(int)
     representative = {}
-    for layer in graph.blocks:
-        classes[layer.signature] += 1
-        representative.setdefault(layer.signature, layer)
-    strategies = block_strategies(mesh, microbatch, constraints)
+    strategies: dict[str, list[BlockStrategy]] = {}
+    moe_model = graph.num_experts > 0
+    for layer, cls in zip(graph.blocks, block_classes(graph, pins), strict=True):
+        classes[cls] += 1
+        if cls not in representative:
+            representative[cls] = layer
+            strategies[cls] = pinned_strategies(mesh, microbatch, constraints, moe_model,
+                                                pins.get(layer.fqn))
     costs = {
         (c, s): block_cost(representative[c], mesh, s, microbatch, hw, prec, gpus_per_node)
-        for c in classes for s in strategies
+        for c in classes for s in strategies[c]
     }
     fixed = fixed_cost(graph, mesh, microbatch, hw, prec, gpus_per_node)
     # parameters, gradients and optimizer state do not depend on the block's strategy
     state = fixed.state_bytes + sum(
-        costs[(c, strategies[0])].state_bytes * n for c, n in classes.items())
+        costs[(c, strategies[c][0])].state_bytes * n for c, n in classes.items())
     per_param = state / STATE_BYTES_PER_PARAM
     return Candidate(mesh, microbatch, global_batch // (microbatch * mesh.dp), dict(classes),
                      strategies, costs, fixed.time_s,
@@ -151,7 +171,7 @@ def solve_candidate(cand: Candidate, budget: float, time_limit_s: float) -> Solu
     h.setOptionValue("mip_rel_gap", 0.0)
     h.setOptionValue("time_limit", float(time_limit_s))
     inf = highspy.kHighsInf
-    keys = [(c, s) for c in cand.classes for s in cand.strategies]
+    keys = cand.keys()
     n_idx = {}
     y_idx = {}
     for key in keys:
@@ -165,7 +185,7 @@ def solve_candidate(cand: Candidate, budget: float, time_limit_s: float) -> Solu
     w = h.getNumCol()
     h.addCol(0.0, 0.0, inf, 0, [], [])
     for c, count in cand.classes.items():
-        idx = [n_idx[(c, s)] for s in cand.strategies]
+        idx = [n_idx[(c, s)] for s in cand.strategies[c]]
         h.addRow(float(count), float(count), len(idx), idx, [1.0] * len(idx))
     for key in keys:
         h.addRow(-inf, 0.0, 2, [n_idx[key], y_idx[key]], [1.0, -float(cand.classes[key[0]])])
@@ -191,7 +211,8 @@ def solve_candidate(cand: Candidate, budget: float, time_limit_s: float) -> Solu
 
 def search(graph: LayerGraph, world: int, global_batch: int, hw: HardwareProfile,
            prec: Precision, gpus_per_node: int, budget: float, constraints: Constraints,
-           meshes: list[Mesh], time_limit_s: float) -> SearchResult:
+           meshes: list[Mesh], time_limit_s: float,
+           pins: dict[str, Pin] | None = None) -> SearchResult:
     """Best (mesh, micro-batch, per-block strategies) by predicted step time under ``budget``.
 
     Candidates are visited in order of their time lower bound; those that cannot fit memory are
@@ -199,7 +220,8 @@ def search(graph: LayerGraph, world: int, global_batch: int, hw: HardwareProfile
     """
     start = time.perf_counter()
     cands = [
-        build_candidate(graph, mesh, mb, global_batch, hw, prec, gpus_per_node, constraints)
+        build_candidate(graph, mesh, mb, global_batch, hw, prec, gpus_per_node, constraints,
+                        pins)
         for mesh in meshes for mb in microbatch_sizes(global_batch, mesh)
     ]
     min_feasible = min((c.min_memory() for c in cands), default=float("inf"))

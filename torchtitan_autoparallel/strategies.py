@@ -4,14 +4,13 @@ from dataclasses import dataclass
 
 from .errors import UserError
 from .graph.layer_graph import LayerGraph
+from .pins import Pin
 from .plan import Mesh
 
-TECHNIQUES = ("fsdp", "hsdp", "tp", "tp_dp", "cp", "ac")
+TECHNIQUES = ("fsdp", "hsdp", "tp", "tp_dp", "cp", "ep", "ac")
 """fsdp: shard over dp_shard; hsdp: replicate x shard; tp: tensor + sequence parallel; tp_dp: a
-block may use the tp dim as extra data parallel; cp: context parallel (ring attention);
-ac: activation checkpointing."""
-CP_ATTENTION = ("sdpa", "flex")
-"""Attention kernels TorchTitan's context parallel supports."""
+block may use the tp dim as extra data parallel (dense models); cp: context parallel (ring
+attention); ep: expert parallel for routed experts (MoE models); ac: activation checkpointing."""
 TP_MODES = ("sp", "dp")
 """Per block on a mesh with tp > 1: "sp" = TorchTitan's TP + sequence-parallel plan; "dp" = the
 block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split the micro-batch
@@ -42,6 +41,8 @@ class Constraints:
     dp_shard: int = 0
     tp: int = 0
     cp: int = 0
+    ep: int = 0
+    etp: int = 0
     techniques: tuple[str, ...] = TECHNIQUES
 
 
@@ -64,14 +65,16 @@ def enumerate_meshes(
 ) -> list[Mesh]:
     """Every mesh shape the model, the world size and the user's constraints allow."""
     allowed = set(constraints.techniques)
-    if graph.attn_type not in CP_ATTENTION:
+    cp_attention = graph.cp_attention
+    if graph.attn_type not in cp_attention:
         if constraints.cp > 1:
             raise UserError(
-                f"context parallel needs {' or '.join(CP_ATTENTION)} attention; "
-                f"{graph.family} {graph.flavor} uses {graph.attn_type!r}: set "
+                f"context parallel in {graph.family} needs {' or '.join(cp_attention)} "
+                f"attention; {graph.flavor} uses {graph.attn_type!r}: set "
                 "parallelism.context_parallel_degree = 1 or pick a flavor with sdpa attention"
             )
         allowed.discard("cp")
+    check_expert_constraints(graph, world, constraints)
     meshes = []
     for tp in _divisors(world):
         if tp > 1 and "tp" not in allowed:
@@ -88,13 +91,15 @@ def enumerate_meshes(
                     continue  # replication only as HSDP (replicate x shard)
                 if dp_shard > 1 and "fsdp" not in allowed and "hsdp" not in allowed:
                     continue
-                mesh = Mesh(dp_replicate, dp_shard, tp, cp)
                 fixed = (constraints.dp_replicate, constraints.dp_shard, constraints.tp,
                          constraints.cp)
                 values = (dp_replicate, dp_shard, tp, cp)
                 if any(f and f != v for f, v in zip(fixed, values, strict=True)):
                     continue
-                meshes.append(mesh)
+                meshes.extend(
+                    Mesh(dp_replicate, dp_shard, tp, cp, ep, etp)
+                    for ep, etp in expert_degrees(graph, dp_shard, cp, tp, constraints, allowed)
+                )
     if not meshes:
         raise UserError(
             f"no legal mesh for world size {world}: tp must divide the heads "
@@ -108,13 +113,63 @@ def enumerate_meshes(
     return meshes
 
 
-def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints) -> list[BlockStrategy]:
-    """Per-block choices on ``mesh`` for a local batch of ``microbatch`` sequences."""
+def legal_ep(num_experts: int, dp_shard: int, cp: int, tp: int) -> list[tuple[int, int]]:
+    """(ep, etp) pairs TorchTitan 0.2.2 accepts on a dp_shard x cp x tp mesh, ep > 1: etp = tp
+    with ep dividing dp_shard x cp, or etp = 1 with ep a multiple of tp dividing
+    dp_shard x cp x tp (ep borrows all of tp); ep must divide the expert count. TorchTitan
+    shards the rest of an EP model with FSDP, so dp_shard x cp must exceed 1."""
+    out: list[tuple[int, int]] = []
+    if dp_shard * cp == 1:
+        return out
+    for k in _divisors(dp_shard * cp):
+        for ep, etp in ((k, tp), (k * tp, 1)):
+            if ep > 1 and num_experts % ep == 0 and (ep, etp) not in out:
+                out.append((ep, etp))
+    return sorted(out)
+
+
+def expert_degrees(graph: LayerGraph, dp_shard: int, cp: int, tp: int,
+                   constraints: Constraints, allowed: set[str]) -> list[tuple[int, int]]:
+    """The (ep, etp) choices for one dense mesh: (1, 1) plus the legal EP layouts."""
+    options = [(1, 1)]
+    if graph.num_experts and "ep" in allowed:
+        options += legal_ep(graph.num_experts, dp_shard, cp, tp)
+    return [(ep, etp) for ep, etp in options
+            if (not constraints.ep or constraints.ep == ep)
+            and (not constraints.etp or ep == 1 or constraints.etp == etp)]
+
+
+def check_expert_constraints(graph: LayerGraph, world: int, constraints: Constraints) -> None:
+    """Errors for EP settings that cannot work on this model."""
+    if constraints.ep > 1 and not graph.num_experts:
+        raise UserError(
+            f"parallelism.expert_parallel_degree = {constraints.ep} but {graph.family} "
+            f"{graph.flavor} has no MoE layers: set it to 1 (expert parallel applies to routed "
+            "experts only)"
+        )
+    if constraints.ep > 1 and graph.num_experts % constraints.ep:
+        legal = sorted({ep for ep, _ in legal_ep(graph.num_experts, world, 1, 1)})
+        raise UserError(
+            f"parallelism.expert_parallel_degree = {constraints.ep} does not divide the "
+            f"{graph.num_experts} experts of {graph.family} {graph.flavor}: choose one of "
+            f"{legal or [1]}"
+        )
+    if constraints.etp > 1 and constraints.tp and constraints.etp != constraints.tp:
+        raise UserError(
+            f"parallelism.expert_tensor_parallel_degree = {constraints.etp} must be 1 or equal "
+            f"to tensor_parallel_degree ({constraints.tp}) (TorchTitan's rule)"
+        )
+
+
+def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
+                     moe_model: bool = False) -> list[BlockStrategy]:
+    """Per-block choices on ``mesh`` for a local batch of ``microbatch`` sequences. The tp dim
+    as data parallel is offered on dense models only (MoE blocks follow TorchTitan's MoE TP)."""
     acs = AC_MODES if "ac" in constraints.techniques else ("none",)
     tp_modes: tuple[str, ...] = ("none",)
     if mesh.tp > 1:
         dp_ok = ("tp_dp" in constraints.techniques and microbatch % mesh.tp == 0
-                 and mesh.dp_replicate == 1 and mesh.cp == 1)
+                 and mesh.dp_replicate == 1 and mesh.cp == 1 and not moe_model)
         tp_modes = TP_MODES if dp_ok else ("sp",)
     out = []
     for mode in tp_modes:
@@ -123,6 +178,20 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints) -> l
             for reshard in ((True, False) if sharded else (False,)):
                 out.append(BlockStrategy(ac, reshard, mode))
     return out
+
+
+def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe_model: bool,
+                      pin: Pin | None) -> list[BlockStrategy]:
+    """Strategies a block may take given its pin: TorchTitan's recipe only (whole block
+    pinned), no tp-as-dp (a region inside pinned), or all of them."""
+    if pin is not None and pin.whole:
+        sharded = mesh.dp_shard * mesh.cp > 1
+        return [BlockStrategy(pin.recipe_ac, pin.recipe_reshard and sharded,
+                              "sp" if mesh.tp > 1 else "none")]
+    free = block_strategies(mesh, microbatch, constraints, moe_model)
+    if pin is not None and pin.regions:
+        return [s for s in free if s.tp_mode != "dp"]
+    return free
 
 
 def microbatch_sizes(global_batch: int, mesh: Mesh) -> list[int]:

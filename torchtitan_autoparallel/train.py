@@ -126,6 +126,8 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
     par.data_parallel_shard_degree = plan.mesh.dp_shard
     par.tensor_parallel_degree = plan.mesh.tp
     par.context_parallel_degree = plan.mesh.cp
+    par.expert_parallel_degree = plan.mesh.ep
+    par.expert_tensor_parallel_degree = plan.mesh.etp
     training.global_batch_size = plan.global_batch_size
     training.local_batch_size = plan.local_batch_size
     job_config.activation_checkpoint.mode = "none"  # per layer, from the plan

@@ -37,6 +37,9 @@ class HardwareProfile:
     inter_node_latency_us: float
     comm_overlap: float
     """Fraction of a layer's compute under which its FSDP collectives can hide (0..1)."""
+    moe_load_imbalance: float = 1.2
+    """MoE routing: tokens on the busiest expert-parallel rank / the mean (1 = perfectly
+    balanced). Scales token all-to-all volume and routed-expert compute when ep > 1."""
 
     @property
     def flops_per_s(self) -> float:

@@ -101,25 +101,38 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         tp_comm += hidden + exchanges * alpha
 
     # FSDP: all-gather params in forward (and again in backward if resharded), reduce-scatter
-    # grads; HSDP adds an all-reduce of the shard over dp_replicate.
-    pbytes = layer.params * prec.param_bytes / param_split
-    gbytes = layer.params * prec.reduce_bytes / param_split
-    ds_nodes = fsdp_group * param_split > gpus_per_node
-    ag = collective_s("all_gather", pbytes, fsdp_group, ds_nodes, hw)
-    rs = collective_s("reduce_scatter", gbytes, fsdp_group, ds_nodes, hw)
-    ar = collective_s("all_reduce", gbytes / fsdp_group, mesh.dp_replicate,
-                      mesh.spans_nodes("dp_replicate", gpus_per_node), hw)
+    # grads; HSDP adds an all-reduce of the shard over dp_replicate. With ep > 1 the routed
+    # experts are split over ep x etp and FSDP-sharded over the remaining efsdp ranks.
+    ds_nodes = mesh.dp_shard * mesh.cp * mesh.tp > gpus_per_node
+    rep_nodes = mesh.spans_nodes("dp_replicate", gpus_per_node)
+    ep = mesh.ep if layer.expert_params else 1
+    groups = [(layer.params - (layer.expert_params if ep > 1 else 0), param_split, fsdp_group)]
+    if ep > 1:
+        groups.append((layer.expert_params, mesh.ep * mesh.etp, mesh.efsdp))
+    ag = rs = ar = unsharded = gbytes = 0.0
+    for n_params, split, group in groups:
+        pb, gb = n_params * prec.param_bytes / split, n_params * prec.reduce_bytes / split
+        ag += collective_s("all_gather", pb, group, ds_nodes, hw)
+        rs += collective_s("reduce_scatter", gb, group, ds_nodes, hw)
+        ar += collective_s("all_reduce", gb / group, mesh.dp_replicate, rep_nodes, hw)
+        unsharded += pb
+        gbytes += gb
     fwd_comm = ag
     bwd_comm = (ag if strategy.reshard_after_forward else 0.0) + rs + ar
     exposed = max(0.0, fwd_comm - hw.comm_overlap * fwd) + max(
         0.0, bwd_comm - hw.comm_overlap * (compute - fwd)
     )
+    if ep > 1:
+        tp_comm += moe_dispatch_s(layer, mesh, microbatch, act_scale, hw, gpus_per_node) * (
+            4 + (2 if full_ac else 0))
+        # the slowest ep rank sets the pace: routed-expert compute scaled by the imbalance
+        expert = layer.expert_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
+        compute += expert * (3.0 + recompute_frac) * (hw.moe_load_imbalance - 1.0)
     time = compute + tp_comm + exposed
 
     saved = layer.saved_bytes * microbatch * act_scale / (mesh.tp * mesh.cp)
     kept = keep_frac * saved + (layer.io_bytes * microbatch * act_scale / (mesh.tp * mesh.cp)
                                 if strategy.ac != "none" else 0.0)
-    unsharded = layer.params * prec.param_bytes / param_split
     if not strategy.reshard_after_forward and fsdp_group > 1:
         kept += unsharded
     state = layer.params * STATE_BYTES_PER_PARAM / (mesh.dp_shard * mesh.cp * mesh.tp)
@@ -128,6 +141,20 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     transient = (saved if strategy.ac != "none" else 0.0) + 2 * unsharded + gbytes
     return BlockCost(time, compute, tp_comm + fwd_comm + bwd_comm, tp_comm + exposed,
                      kept, state, transient)
+
+
+def moe_dispatch_s(layer: Layer, mesh: Mesh, microbatch: int, act_scale: float,
+                   hw: HardwareProfile, gpus_per_node: int) -> float:
+    """One token dispatch (or combine) all-to-all over the ep group: every local token goes to
+    its top-k experts. With etp = 1 the tp ranks split the tokens first (TorchTitan's
+    ReordererSequenceParallel); with etp = tp each tp rank sends the same tokens. Routing is
+    assumed uniform up to the profile's ``moe_load_imbalance`` (busiest rank / mean)."""
+    # io_bytes: one sequence of hidden states in fp32; act_scale converts to the compute dtype
+    nbytes = microbatch * layer.io_bytes * act_scale / mesh.cp * layer.top_k
+    if mesh.etp == 1:
+        nbytes /= mesh.tp
+    nbytes *= hw.moe_load_imbalance
+    return collective_s("all_to_all", nbytes, mesh.ep, mesh.spans_nodes("ep", gpus_per_node), hw)
 
 
 @dataclass(frozen=True)

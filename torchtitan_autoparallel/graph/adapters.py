@@ -37,6 +37,25 @@ class FamilyAdapter:
     """Positional arguments the model passes to each block (hidden states first)."""
     inner_attention: str = "attention.inner_attention"
     """Module in a block that calls SDPA (what context parallel wraps)."""
+    tp_takes_cp: bool = True
+    """Whether the family's TP function takes ``cp_enabled``."""
+    cp_attention: tuple[str, ...] = ("sdpa", "flex")
+    """Attention kernels the family's context parallel supports."""
+    moe: str = "moe"
+    """Submodule of an MoE block holding router, routed experts and shared experts."""
+    moe_fn: str = "torchtitan.models.llama4.infra.parallelize.apply_moe_ep_tp"
+    """TorchTitan function applying EP / ETP / TP to the MoE blocks (import path)."""
+    default_pins: tuple[str, ...] = ("*.moe.router",)
+    """Regions always left to TorchTitan's code (routing and token dispatch)."""
+
+    def routed_experts(self, block: Any) -> Any:
+        """The block's routed experts module, or None for a dense block."""
+        if not getattr(block, "moe_enabled", False):
+            return None
+        return block.get_submodule(self.moe).experts
+
+    def top_k(self, block: Any) -> int:
+        return int(block.get_submodule(self.moe).router.top_k)
 
     def apply_tp(self, model: Any, tp_mesh: Any, loss_parallel: bool,
                  block_names: list[str], cp_enabled: bool = False) -> None:
@@ -54,13 +73,25 @@ class FamilyAdapter:
         blocks = model.get_submodule(self.blocks)
         setattr(view, self.blocks, nn.ModuleDict({n: blocks[n] for n in block_names}))
         view.model_args = getattr(model, "model_args", None)
-        _resolve(self.tp_fn)(
+        kwargs = dict(self.tp_kwargs)
+        if self.tp_takes_cp:
+            kwargs["cp_enabled"] = cp_enabled
+        _resolve(self.tp_fn)(view, tp_mesh, loss_parallel=loss_parallel,
+                             enable_float8_tensorwise_tp=False, **kwargs)
+
+    def apply_moe(self, model: Any, parallel_dims: Any) -> None:
+        """TorchTitan's EP / ETP / TP for every MoE block (router, token dispatch, experts,
+        shared experts), on the job's ep / etp / tp meshes."""
+        import torch.nn as nn
+
+        view = nn.Module()
+        setattr(view, self.blocks, model.get_submodule(self.blocks))
+        _resolve(self.moe_fn)(
             view,
-            tp_mesh,
-            loss_parallel=loss_parallel,
-            enable_float8_tensorwise_tp=False,
-            cp_enabled=cp_enabled,
-            **self.tp_kwargs,
+            tp_mesh=parallel_dims.get_optional_mesh("tp"),
+            ep_mesh=parallel_dims.get_optional_mesh("ep"),
+            etp_mesh=parallel_dims.get_optional_mesh("etp"),
+            ep_etp_mesh=parallel_dims.get_optional_mesh(["ep", "etp"]),
         )
 
     def sac_save_list(self) -> set:
@@ -75,6 +106,13 @@ def _llama_heads(args: Any) -> tuple[int, int, int]:
 def _qwen_heads(args: Any) -> tuple[int, int, int]:
     kv = args.n_kv_heads or args.n_heads
     return args.n_heads, kv, args.head_dim
+
+
+def _mla_heads(args: Any) -> tuple[int, int, int]:
+    # multi-head latent attention: keys (nope + rope dims) and values (v dim) per head; the
+    # mean of the two is what one K/V head costs in memory and ring-attention traffic
+    qk = args.qk_nope_head_dim + args.qk_rope_head_dim
+    return args.n_heads, args.n_heads, (qk + args.v_head_dim) // 2
 
 
 ADAPTERS: dict[str, FamilyAdapter] = {
@@ -93,6 +131,23 @@ ADAPTERS: dict[str, FamilyAdapter] = {
         op_sac_save_list="torchtitan.models.qwen3.infra.parallelize._op_sac_save_list",
         head_dims=_qwen_heads,
         tp_kwargs={"enable_async_tp": False},
+    ),
+    "llama4": FamilyAdapter(
+        family="llama4",
+        rope_buffer="freqs_cis",
+        tp_fn="torchtitan.models.llama4.infra.parallelize.apply_non_moe_tp",
+        op_sac_save_list="torchtitan.models.llama4.infra.parallelize._op_sac_save_list",
+        head_dims=_llama_heads,
+        tp_takes_cp=False,
+        cp_attention=("sdpa",),
+    ),
+    "deepseek_v3": FamilyAdapter(
+        family="deepseek_v3",
+        rope_buffer="freqs_cis",
+        tp_fn="torchtitan.models.deepseek_v3.infra.parallelize.apply_non_moe_tp",
+        op_sac_save_list="torchtitan.models.deepseek_v3.infra.parallelize._op_sac_save_list",
+        head_dims=_mla_heads,
+        cp_attention=("sdpa",),
     ),
 }
 

@@ -8,7 +8,8 @@ score matrix that flash attention never stores); its causal FLOPs are added anal
 the counter has no formula for it.
 """
 
-import dataclasses
+import copy
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,13 @@ class Layer:
     """Part of ``fwd_flops`` in causal attention (what ring attention overlaps with)."""
     kv_bytes: float = 0.0
     """Keys + values of one sequence, fp32 (what ring attention passes around)."""
+    expert_params: int = 0
+    """Parameters of the routed experts (MoE blocks; part of ``params``)."""
+    num_experts: int = 0
+    top_k: int = 0
+    """Routed experts per token."""
+    expert_flops: float = 0.0
+    """Part of ``fwd_flops`` in routed experts, for one sequence (uniform routing)."""
 
 
 @dataclass(frozen=True)
@@ -56,10 +64,20 @@ class LayerGraph:
     layers: tuple[Layer, ...]
     attn_type: str = "sdpa"
     """The model's attention kernel ("sdpa", "flex", "varlen")."""
+    module_names: tuple[str, ...] = ()
+    """Every module fqn of the model (what ``autoparallel.pin`` globs match)."""
+    param_names: tuple[str, ...] = ()
+    cp_attention: tuple[str, ...] = ("sdpa", "flex")
+    """Attention kernels the family's context parallel supports."""
 
     @property
     def blocks(self) -> list[Layer]:
         return [layer for layer in self.layers if layer.kind == "block"]
+
+    @property
+    def num_experts(self) -> int:
+        """Routed experts per MoE block (0 for a dense model)."""
+        return max((layer.num_experts for layer in self.layers), default=0)
 
     @property
     def total_params(self) -> int:
@@ -83,16 +101,31 @@ class _FlashSDPA(TorchFunctionMode):
                 k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
             b, h, s, d = q.shape
             self.attention_flops += 4 * b * h * s * s * d * (0.5 if causal else 1.0)
+            dv = v.shape[-1]
+            if dv != d:  # MLA: value heads narrower than query/key heads
+                v = F.pad(v, (0, d - dv))
             out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, is_causal=causal, scale=kwargs.get("scale")
             )
-            return out
+            return out[..., :dv] if dv != d else out
         return func(*args, **kwargs)
 
 
-def measure_block(block: torch.nn.Module, rope: torch.Tensor, seq_len: int, dim: int) -> tuple:
+def _experts_as_dense(experts: torch.nn.Module, routed: torch.Tensor, _counts: Any) -> Any:
+    """Stand-in forward for routed experts on meta tensors: every routed token through one
+    expert's SwiGLU. Same FLOPs and saved activations as the real grouped / looped kernels
+    for any routing (whose token split is data dependent and cannot run on meta)."""
+    w1, w2, w3 = experts.w1[0], experts.w2[0], experts.w3[0]
+    return (F.silu(routed @ w1.transpose(-2, -1)) * (routed @ w3.transpose(-2, -1))) @ \
+        w2.transpose(-2, -1)
+
+
+def measure_block(block: torch.nn.Module, rope: torch.Tensor, seq_len: int, dim: int,
+                  experts: torch.nn.Module | None = None, block_args: int = 2) -> tuple:
     """(forward FLOPs, saved bytes, attention FLOPs) of one block for one sequence, on meta
-    tensors."""
+    tensors. ``experts``: the block's routed experts, run through a dense stand-in."""
+    if experts is not None:
+        experts.forward = types.MethodType(_experts_as_dense, experts)
     params = {id(p) for p in block.parameters()}
     saved: dict[int, int] = {}
 
@@ -109,7 +142,9 @@ def measure_block(block: torch.nn.Module, rope: torch.Tensor, seq_len: int, dim:
         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
         sdpa,
     ):
-        block(x, rope, None)
+        block(x, rope, None, None) if block_args == 4 else block(x, rope, None)
+    if experts is not None:
+        del experts.forward
     return (counter.get_total_flops() + sdpa.attention_flops, float(sum(saved.values())),
             sdpa.attention_flops)
 
@@ -119,12 +154,31 @@ def _signature(module: torch.nn.Module) -> str:
     return f"{type(module).__name__}[{shapes}]"
 
 
+def _measurable_args(model_args: Any, seq_len: int) -> tuple[Any, str]:
+    """A private copy of the model args for ``seq_len``, set up as TorchTitan's trainer does
+    (``update_from_config``), with attention measured as causal SDPA: flex / varlen kernels with
+    document masks do at most the causal work. Returns (args, the model's own attention)."""
+    from torchtitan.config import JobConfig
+
+    args = copy.deepcopy(model_args)
+    attn_type = getattr(args, "attn_type", "sdpa")
+    if hasattr(args, "attn_type"):
+        args.attn_type = "sdpa"
+    if hasattr(args, "attn_mask_type"):
+        args.attn_mask_type = "causal"
+    job = JobConfig()
+    job.training.seq_len = seq_len
+    args.update_from_config(job)
+    args.max_seq_len = seq_len
+    return args, attn_type
+
+
 def build_layer_graph(
     family: str, flavor: str, model_args: Any, model_cls: type, seq_len: int
 ) -> LayerGraph:
     """Read the model (built on meta) into a LayerGraph for sequences of ``seq_len`` tokens."""
     adapter: FamilyAdapter = get_adapter(family)
-    args = dataclasses.replace(model_args, max_seq_len=seq_len)
+    args, attn_type = _measurable_args(model_args, seq_len)
     with torch.device("meta"):
         model = model_cls(args)
     n_heads, n_kv_heads, head_dim = adapter.head_dims(args)
@@ -149,11 +203,19 @@ def build_layer_graph(
     kv_bytes = 2.0 * seq_len * n_kv_heads * head_dim * fp32
     for name, block in model.get_submodule(adapter.blocks).named_children():
         sig = _signature(block)
+        experts = adapter.routed_experts(block)
         if sig not in measured:
-            measured[sig] = measure_block(block, rope, seq_len, dim)
+            measured[sig] = measure_block(block, rope, seq_len, dim, experts, adapter.block_args)
         flops, saved, attn = measured[sig]
+        moe: dict[str, Any] = {}
+        if experts is not None:
+            n_expert_params = sum(p.numel() for p in experts.parameters())
+            top_k = adapter.top_k(block)
+            moe = {"expert_params": n_expert_params, "num_experts": experts.num_experts,
+                   "top_k": top_k,
+                   "expert_flops": 2.0 * seq_len * top_k * n_expert_params / experts.num_experts}
         layers.append(Layer(f"{adapter.blocks}.{name}", "block", count(block), flops, saved,
-                            seq_len * dim * fp32, sig, attn, kv_bytes))
+                            seq_len * dim * fp32, sig, attn, kv_bytes, **moe))
     norm, output = model.get_submodule(adapter.final_norm), model.get_submodule(adapter.output)
     out_params = count(norm) + count(output)
     # logits are kept in fp32 for the loss, plus their gradient buffer during backward
@@ -161,4 +223,7 @@ def build_layer_graph(
                         2 * seq_len * vocab * fp32 + 2 * seq_len * dim * fp32,
                         seq_len * dim * fp32, "output"))
     return LayerGraph(family, flavor, seq_len, dim, vocab, n_heads, n_kv_heads, head_dim,
-                      tuple(layers), getattr(args, "attn_type", "sdpa"))
+                      tuple(layers), attn_type,
+                      tuple(name for name, _ in model.named_modules() if name),
+                      tuple(name for name, _ in model.named_parameters()),
+                      adapter.cp_attention)

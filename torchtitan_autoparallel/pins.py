@@ -1,0 +1,115 @@
+"""``autoparallel.pin``: module fqn globs left to TorchTitan's own code.
+
+A pin is resolved against the model's module names (on meta). For a block, a pin either fixes the
+whole block (the glob matches the block or a module containing it): the block runs exactly what
+TorchTitan's recipe would run for the job (its TP plan, the job's ``[activation_checkpoint]`` and
+FSDP ``fsdp_reshard_after_forward`` settings) and the MILP counts its cost as a constant; or it
+names a region inside the block (e.g. ``layers.*.moe.router``, ``layers.3.attention``): that
+region keeps TorchTitan's own parallelization (its TP plan, routing and token dispatch from
+``apply_moe_ep_tp``), so the block may not use the tp dim as data parallel, while its AC and
+resharding stay free. Each family pins its MoE routing by default.
+"""
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import UserError
+from .graph.layer_graph import LayerGraph
+
+
+@dataclass(frozen=True)
+class Pin:
+    """What the pins fix for one block."""
+
+    recipe_ac: str | None = None
+    """Set when the whole block is pinned: TorchTitan's AC mode for this block."""
+    recipe_reshard: bool = True
+    """TorchTitan's ``reshard_after_forward`` for the block (whole-block pins)."""
+    regions: tuple[str, ...] = ()
+    """Pinned modules inside the block (relative names)."""
+
+    @property
+    def whole(self) -> bool:
+        return self.recipe_ac is not None
+
+    @property
+    def key(self) -> str:
+        """Suffix of the block's MILP class (blocks with equal keys are interchangeable)."""
+        if self.whole:
+            return f"|pinned:{self.recipe_ac}:{self.recipe_reshard}"
+        return "|keep-tp" if self.regions else ""
+
+
+def recipe_block_ac(mode: str, option: str, index: int) -> str:
+    """TorchTitan's AC for block ``index`` under ``[activation_checkpoint]`` ``mode`` /
+    ``selective_ac_option``: "selective" with an integer k checkpoints every k-th block fully;
+    "op" is op-level selective AC."""
+    if mode in ("none", "full"):
+        return mode
+    if mode == "selective" and option == "op":
+        return "selective"
+    if mode == "selective" and option.isdigit():
+        k = int(option)
+        return "full" if k > 0 and (index + 1) % k == 0 else "none"
+    raise UserError(f"activation_checkpoint mode {mode!r} / selective_ac_option {option!r} is "
+                    "not modelled by the planner")
+
+
+def recipe_of(recipe: dict[str, str]) -> Any:
+    """``index -> (ac, reshard_after_forward)`` of TorchTitan's recipe described by ``recipe``
+    (keys ``ac_mode``, ``selective_ac_option``, ``fsdp_reshard_after_forward``)."""
+    reshard = {"default": True, "always": True, "never": False}.get(
+        recipe["fsdp_reshard_after_forward"])
+    if reshard is None:
+        raise UserError(f"parallelism.fsdp_reshard_after_forward "
+                        f"{recipe['fsdp_reshard_after_forward']!r} is not one of default / "
+                        "always / never")
+    return lambda index: (recipe_block_ac(recipe["ac_mode"], recipe["selective_ac_option"],
+                                          index), reshard)
+
+
+def _matches(names: tuple[str, ...], glob: str) -> list[str]:
+    return [name for name in names if fnmatch.fnmatchcase(name, glob)]
+
+
+def check_globs(graph: LayerGraph, globs: list[str]) -> None:
+    """One-line errors for globs that match no module (or name a parameter)."""
+    for glob in globs:
+        if not glob or not isinstance(glob, str):
+            raise UserError(f"autoparallel.pin entries must be non-empty fqn globs, got {glob!r}")
+        if _matches(graph.module_names, glob):
+            continue
+        params = _matches(graph.param_names, glob)
+        if params:
+            owner = params[0].rpartition(".")[0]
+            raise UserError(
+                f"autoparallel.pin {glob!r} names a parameter ({params[0]}), not a module: pin "
+                f"its module instead (e.g. {owner!r})"
+            )
+        examples = [n for n in graph.module_names if n.count(".") <= 2][:4]
+        raise UserError(
+            f"autoparallel.pin {glob!r} matches no module of {graph.family} {graph.flavor}: "
+            f"globs match module fqns such as {examples} (remove it or fix the pattern)"
+        )
+
+
+def resolve_pins(graph: LayerGraph, globs: list[str], defaults: tuple[str, ...],
+                 recipe: Any) -> dict[str, Pin]:
+    """Pins per block fqn for the user's ``globs`` (checked) and the family's ``defaults``
+    (silently skipped where they match nothing). ``recipe(index) -> (ac, reshard)`` gives
+    TorchTitan's own choice for block ``index``."""
+    check_globs(graph, globs)
+    matched = sorted({m for glob in [*globs, *defaults]
+                      for m in _matches(graph.module_names, glob)})
+    pins: dict[str, Pin] = {}
+    for index, block in enumerate(graph.blocks):
+        whole = any(block.fqn == m or block.fqn.startswith(m + ".") for m in matched)
+        regions = tuple(m[len(block.fqn) + 1:] for m in matched
+                        if m.startswith(block.fqn + "."))
+        if whole:
+            ac, reshard = recipe(index)
+            pins[block.fqn] = Pin(ac, reshard, regions)
+        elif regions:
+            pins[block.fqn] = Pin(regions=regions)
+    return pins
