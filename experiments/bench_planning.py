@@ -3,8 +3,9 @@
 Measures (1) planning time from a parsed config to a Plan, in-process, imports excluded
 (median of repeats), with the MILP statistics, and (2) the wall time of the whole
 ``python -m torchtitan_autoparallel plan`` command (median of repeats), for llama3 405B on 128
-H100s; then (3) the same for a grid of models x world sizes, as a markdown table. Targets:
-<= 2 s planning with gap 0, <= 15 s for the command.
+H100s (``--config train_configs/deepseek_v3_671b_auto.toml`` for DeepSeek-V3 671B on 128 H200s,
+expert-parallel degrees included in the search); then (3) the same for a grid of models x
+world sizes, as a markdown table. Targets: <= 2 s planning with gap 0, <= 15 s for the command.
 
     python experiments/bench_planning.py [--config train_configs/llama3_405b_auto.toml]
         [--ngpu 128] [--repeats 5] [--grid] [--out experiments/results/planning.md]
@@ -69,7 +70,8 @@ def main() -> None:
         grid(args.out)
 
 
-GRID = ["llama3_8b", "llama3_70b", "llama3_405b", "qwen3_32b"]
+GRID = ["llama3_8b", "llama3_70b", "llama3_405b", "qwen3_32b", "deepseek_v3_16b",
+        "deepseek_v3_671b", "llama4_17bx16e"]
 
 
 def grid(out: str) -> None:
@@ -78,7 +80,8 @@ def grid(out: str) -> None:
     from torchtitan_autoparallel.planner import plan_job
     from torchtitan_autoparallel.train import parse_config
 
-    rows = ["| model | GPUs | mesh (dp_rep x dp_shard x cp x tp) | planning s | MILPs | variables "
+    rows = ["| model | GPUs | mesh (dp_rep x dp_shard x cp x tp, ep/etp) | planning s | MILPs "
+            "| variables "
             "| gap | `plan` wall s |", "|---|---|---|---|---|---|---|---|"]
     for name in GRID:
         config = str(REPO / "train_configs" / f"{name}_auto.toml")
@@ -89,12 +92,14 @@ def grid(out: str) -> None:
                 plan = plan_job(job, ngpu)
                 t = time.perf_counter() - start
                 m, s = plan.mesh, plan.solver
-                cells = [f"{m.dp_replicate} x {m.dp_shard} x {m.cp} x {m.tp}", f"{t:.3f}",
+                ep = f", ep {m.ep}/etp {m.etp}" if m.ep > 1 else ""
+                cells = [f"{m.dp_replicate} x {m.dp_shard} x {m.cp} x {m.tp}{ep}", f"{t:.3f}",
                          str(s["milps_solved"]), str(s["variables"]), str(s["gap"])]
             except UserError as exc:
                 t = time.perf_counter() - start
                 need = str(exc).split("smallest budget that works is ")[-1].split(" (")[0]
-                cells = [f"does not fit 80 GB (needs {need})", f"{t:.3f}", "-", "-", "-"]
+                budget = str(exc).split("budget of ")[-1].split(" per device")[0]
+                cells = [f"does not fit {budget} (needs {need})", f"{t:.3f}", "-", "-", "-"]
             begin = time.perf_counter()
             subprocess.run([sys.executable, "-m", "torchtitan_autoparallel", "plan", "--config",
                             config, "--ngpu", str(ngpu)], cwd=REPO, capture_output=True)

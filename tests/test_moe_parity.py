@@ -38,3 +38,18 @@ def test_moe_auto_parity(case, references, tmp_path):
     if "pin" in case:
         assert re.search(r"layers\.0\s+\S*ac:full\+pinned", result.output), result.output[-3000:]
     assert_parity(reference, result)
+
+
+def test_qwen3_moe_auto_parity(tmp_path):
+    """qwen3's MoE flavor (64 experts, top-8, no shared expert): an auto plan with ep = 2 on 2
+    ranks matches 1 rank."""
+    from parity import SINGLE_RANK, make_seed_checkpoint
+
+    flavor = ("--model.flavor=debugmodel_moe",)
+    seed = make_seed_checkpoint("qwen3_debug_fsdp.toml", tmp_path / "seed", flavor)
+    reference = run_job("qwen3_debug_fsdp.toml", 1, tmp_path / "ref", (*SINGLE_RANK, *flavor),
+                        seed_checkpoint=seed)
+    result = run_job("qwen3_debug_auto.toml", 2, tmp_path / "auto",
+                     [*flavor, "--parallelism.expert_parallel_degree=2"], seed_checkpoint=seed)
+    assert "+ep2" in result.output, result.output[-3000:]
+    assert_parity(reference, result)
