@@ -64,10 +64,12 @@ def explain_text(plan: Plan, rows: list[dict[str, Any]]) -> str:
              f"  {'layers':<20}{'strategy':<26}{'compute ms':>11}{'comm ms':>9}{'kept MiB':>10}"
              f"  runner-up (delta time ms, delta kept MiB)"]
     groups: list[list[dict[str, Any]]] = []
+    def key(row: dict[str, Any]) -> tuple:
+        ru = row["runner_up"]
+        return (row["strategy"], row["compute_ms"], row["kept_mib"], ru and ru["strategy"])
+
     for row in rows:
-        key = (row["strategy"], row["runner_up"] and row["runner_up"]["strategy"])
-        if groups and (groups[-1][0]["strategy"], groups[-1][0]["runner_up"]
-                       and groups[-1][0]["runner_up"]["strategy"]) == key:
+        if groups and key(groups[-1][0]) == key(row):
             groups[-1].append(row)
         else:
             groups.append([row])
