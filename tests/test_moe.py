@@ -97,3 +97,28 @@ def test_pinned_moe_plan_round_trip_and_explain(planning, tmp_path):
     rows = {row["layer"]: row for row in explain_rows(loaded)}
     assert rows["layers.1"]["runner_up"] is None  # pinned: TorchTitan's recipe, no choice
     assert rows["layers.2"]["runner_up"] is not None
+
+
+def test_looped_experts_cost_a_kernel_per_expert_and_ep_splits_them():
+    import dataclasses
+
+    from torchtitan_autoparallel.cost.hardware import load_profile
+    from torchtitan_autoparallel.cost.model import Precision, block_cost
+    from torchtitan_autoparallel.graph.layer_graph import Layer
+    from torchtitan_autoparallel.strategies import BlockStrategy
+
+    layer = Layer("layers.1", "block", 10**8, 1e12, 1e8, 4096 * 1024 * 4, "moe", 0.0, 0.0,
+                  expert_params=9 * 10**7, num_experts=64, top_k=2, expert_flops=5e11)
+    hw = dataclasses.replace(load_profile("h100_sxm"), moe_load_imbalance=1.0)
+    s = BlockStrategy("none", True, "none")
+
+    def cost(mesh, grouped):
+        return block_cost(layer, mesh, s, 2, hw, Precision(2, 4), 8, grouped).compute_s
+
+    for mesh, local in ((Mesh(1, 8, 1), 64), (Mesh(1, 8, 1, 1, ep=8), 8)):
+        extra = cost(mesh, False) - cost(mesh, True)
+        assert extra == pytest.approx(local * 9 * hw.kernel_launch_us * 1e-6)
+    # EP moves tokens (all-to-all) and FSDP-gathers experts over efsdp only
+    no_ep = block_cost(layer, Mesh(1, 8, 1), s, 2, hw, Precision(2, 4), 8)
+    ep = block_cost(layer, Mesh(1, 8, 1, 1, ep=8), s, 2, hw, Precision(2, 4), 8)
+    assert ep.transient_bytes < no_ep.transient_bytes

@@ -88,10 +88,17 @@ class Mesh:
 
     def spans_nodes(self, dim: str, gpus_per_node: int) -> bool:
         """Whether the process groups of ``dim`` cross node boundaries (ranks are node-major)."""
-        inner = {"tp": self.tp, "cp": self.cp * self.tp,
-                 "dp_shard": self.dp_shard * self.cp * self.tp, "dp_replicate": self.world,
-                 "ep": self.ep * self.etp}
-        return inner[dim] > gpus_per_node
+        if dim == "tp":
+            inner = self.tp
+        elif dim == "cp":
+            inner = self.cp * self.tp
+        elif dim == "dp_shard":
+            inner = self.dp_shard * self.cp * self.tp
+        elif dim == "ep":
+            inner = self.ep * self.etp
+        else:
+            inner = self.world
+        return inner > gpus_per_node
 
     def __str__(self) -> str:
         text = (f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} cp={self.cp} "

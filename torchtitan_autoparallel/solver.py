@@ -135,7 +135,8 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
             strategies[cls] = pinned_strategies(mesh, microbatch, constraints, moe_model,
                                                 pins.get(layer.fqn))
     costs = {
-        (c, s): block_cost(representative[c], mesh, s, microbatch, hw, prec, gpus_per_node)
+        (c, s): block_cost(representative[c], mesh, s, microbatch, hw, prec, gpus_per_node,
+                           graph.grouped_experts)
         for c in classes for s in strategies[c]
     }
     fixed = fixed_cost(graph, mesh, microbatch, hw, prec, gpus_per_node)

@@ -37,6 +37,11 @@ class HardwareProfile:
     inter_node_latency_us: float
     comm_overlap: float
     """Fraction of a layer's compute under which its FSDP collectives can hide (0..1)."""
+    grouped_mm: bool = True
+    """Grouped GEMMs for routed experts (TorchTitan uses them from SM90 on); without them each
+    local expert's three GEMMs are separate kernels, forward and backward."""
+    kernel_launch_us: float = 5.0
+    """Fixed cost of one kernel (launch + tail) when experts run one GEMM each."""
     moe_load_imbalance: float = 1.2
     """MoE routing: tokens on the busiest expert-parallel rank / the mean (1 = perfectly
     balanced). Scales token all-to-all volume and routed-expert compute when ep > 1."""

@@ -61,7 +61,8 @@ def collective_s(kind: str, nbytes: float, group: int, spans_nodes: bool,
 
 
 def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
-               hw: HardwareProfile, prec: Precision, gpus_per_node: int) -> BlockCost:
+               hw: HardwareProfile, prec: Precision, gpus_per_node: int,
+               grouped_experts: bool = True) -> BlockCost:
     """Time for one micro-batch through one block (forward + backward) and its memory."""
     keep_frac, recompute_frac = AC_EFFECT[strategy.ac]
     act_scale = prec.param_bytes / 4
@@ -122,6 +123,10 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     exposed = max(0.0, fwd_comm - hw.comm_overlap * fwd) + max(
         0.0, bwd_comm - hw.comm_overlap * (compute - fwd)
     )
+    if layer.num_experts and not (hw.grouped_mm and grouped_experts):
+        # one GEMM per local expert and projection: 3 forward, 6 backward (+3 recomputed)
+        local = layer.num_experts // (mesh.ep if ep > 1 else 1)
+        compute += local * 3 * (3 + (1 if recompute_frac else 0)) * hw.kernel_launch_us * 1e-6
     if ep > 1:
         tp_comm += moe_dispatch_s(layer, mesh, microbatch, act_scale, hw, gpus_per_node) * (
             4 + (2 if full_ac else 0))

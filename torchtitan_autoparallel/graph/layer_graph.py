@@ -9,6 +9,7 @@ the counter has no formula for it.
 """
 
 import copy
+import logging
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +70,9 @@ class LayerGraph:
     param_names: tuple[str, ...] = ()
     cp_attention: tuple[str, ...] = ("sdpa", "flex")
     """Attention kernels the family's context parallel supports."""
+    grouped_experts: bool = True
+    """The flavor runs routed experts as grouped GEMMs (else one GEMM per expert); TorchTitan
+    uses grouped GEMMs only where the hardware has them (profile ``grouped_mm``)."""
 
     @property
     def blocks(self) -> list[Layer]:
@@ -168,7 +172,14 @@ def _measurable_args(model_args: Any, seq_len: int) -> tuple[Any, str]:
         args.attn_mask_type = "causal"
     job = JobConfig()
     job.training.seq_len = seq_len
-    args.update_from_config(job)
+    # quiet: TorchTitan warns about this machine's kernels (grouped mm), not the job's
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        args.update_from_config(job)
+    finally:
+        root.setLevel(level)
     args.max_seq_len = seq_len
     return args, attn_type
 
@@ -178,6 +189,7 @@ def build_layer_graph(
 ) -> LayerGraph:
     """Read the model (built on meta) into a LayerGraph for sequences of ``seq_len`` tokens."""
     adapter: FamilyAdapter = get_adapter(family)
+    grouped = bool(getattr(getattr(model_args, "moe_args", None), "use_grouped_mm", True))
     args, attn_type = _measurable_args(model_args, seq_len)
     with torch.device("meta"):
         model = model_cls(args)
@@ -226,4 +238,4 @@ def build_layer_graph(
                       tuple(layers), attn_type,
                       tuple(name for name, _ in model.named_modules() if name),
                       tuple(name for name, _ in model.named_parameters()),
-                      adapter.cp_attention)
+                      adapter.cp_attention, grouped)
