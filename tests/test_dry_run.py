@@ -38,6 +38,12 @@ CASES = [("8b", 64, ()), ("70b", 64, ()), ("405b", 64, H200),
 @pytest.mark.parametrize("flavor,ngpu,hardware", CASES)
 def test_auto_plan_dry_run(flavor, ngpu, hardware, tmp_path):
     result = dry_run(flavor, ngpu, tmp_path, *(hardware or ("--autoparallel.hardware=h100_sxm",)))
+    check_report(result, ngpu)
+
+
+def check_report(result: subprocess.CompletedProcess, ngpu: int) -> str:
+    """The dry run built the plan on ``ngpu`` ranks, the sharded state per rank equals the
+    prediction and the predicted peak fits the budget. Returns the output."""
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-4000:]
     match = REPORT.search(out)
@@ -46,6 +52,7 @@ def test_auto_plan_dry_run(flavor, ngpu, hardware, tmp_path):
     assert int(world) == ngpu
     assert abs(float(measured) - float(predicted)) <= 0.02 * float(predicted) + 0.01
     assert float(peak) <= float(budget)
+    return out
 
 
 def test_405b_on_64_h100_reports_smallest_budget(tmp_path):
@@ -82,15 +89,7 @@ MOE_CASES = [("deepseek_v3_16b", 64, ()), ("deepseek_v3_16b", 128, ()),
 
 @pytest.mark.parametrize("flavor,ngpu,overrides", MOE_CASES)
 def test_moe_auto_plan_dry_run(flavor, ngpu, overrides, tmp_path):
-    result = dry_run(flavor, ngpu, tmp_path, *overrides)
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out[-4000:]
-    match = REPORT.search(out)
-    assert match, out[-3000:]
-    world, measured, predicted, peak, budget = match.groups()
-    assert int(world) == ngpu
-    assert abs(float(measured) - float(predicted)) <= 0.02 * float(predicted) + 0.01
-    assert float(peak) <= float(budget)
+    out = check_report(dry_run(flavor, ngpu, tmp_path, *overrides), ngpu)
     # the mesh TorchTitan built has the plan's expert-parallel degree
     planned = re.search(r"autoparallel plan \w+: mesh .*?(?: ep=(\d+) etp=\d+)? \(world", out)
     built = re.search(r"dry run OK: world \d+ \(.*ep=(\d+)\)", out)
