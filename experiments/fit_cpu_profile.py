@@ -40,6 +40,9 @@ def repredict(plan: Any, hw: HardwareProfile, cache: dict[str, Any]) -> float:
     from torchtitan_autoparallel.planner import build_plan, candidate_for, inputs_from_fingerprint
     from torchtitan_autoparallel.strategies import BlockStrategy
 
+    from torchtitan_autoparallel.registry import register
+
+    register()
     key = plan.fingerprint["model_hash"] + str(plan.fingerprint["global_batch_size"])
     if key not in cache:
         cache[key] = inputs_from_fingerprint(plan.fingerprint)
@@ -114,6 +117,10 @@ def _report(points: list[tuple[Any, float, dict[str, str]]], hw: HardwareProfile
         rows.append({**row, "pred_step_time_s": str(repredict(plan, hw, cache)),
                      "step_time_s": str(measured)})
     rho, err, n = accuracy(rows)
+    for row in rows:
+        pred, meas = float(row["pred_step_time_s"]), float(row["step_time_s"])
+        print(f"  {row['config']:28s} {row['arm']:24s} measured {meas:7.3f} s  predicted "
+              f"{pred:7.3f} s  {pred / meas - 1:+.0%}")
     print(f"{label}: Spearman {rho:.3f}, median relative error {err:.1%} over {n} plans")
 
 

@@ -45,7 +45,7 @@ CSV_FIELDS = [
     "cell", "config", "family", "ngpu", "global_batch", "seq_len", "memory_gib", "arm", "round",
     "status", "dp_replicate", "dp_shard", "tp", "cp", "local_batch", "accum", "ac",
     "step_time_s", "tokens_per_s", "peak_memory_gib", "final_loss", "steps_measured",
-    "pred_step_time_s", "pred_peak_gib", "wall_s", "note",
+    "pred_step_time_s", "pred_peak_gib", "wall_s", "foreign_load", "attempts", "note",
 ]
 AUTO_FAMILIES = ("llama3", "qwen3")
 """Families the planner supports; other families get an ``unsupported`` auto row."""
@@ -63,6 +63,8 @@ class Config:
     """Per-device budget; 0 = the hardware profile's. Experts predicted above it are not run."""
     recipes: tuple[str, ...] = ("all",)
     expert_ac: tuple[str, ...] = ("none",)
+    expert_local_batch: tuple[int, ...] = (0,)
+    """Local batch sizes tried by the experts; 0 = global batch / dp (no accumulation)."""
     flavor: str = "bench"
 
     @property
@@ -111,6 +113,10 @@ class Grid:
     """First step counted in the median (earlier steps warm up)."""
     rounds: int = 2
     timeout_s: int = 600
+    max_foreign_load: float = 0.3
+    """A run during which other processes used more than this many cores on average is
+    repeated (the machine is shared); the least disturbed attempt is kept."""
+    retries: int = 2
     configs: list[Config] = field(default_factory=list)
 
 
@@ -132,7 +138,8 @@ def load_grid(path: str | Path) -> Grid:
     axes = ("family", "ngpu", "global_batch", "seq_len", "memory_gib")
     seen = set()
     for block in blocks:
-        unknown = set(block) - set(axes) - {"recipes", "expert_ac", "flavor"}
+        unknown = set(block) - set(axes) - {"recipes", "expert_ac", "expert_local_batch",
+                                            "flavor"}
         if unknown:
             raise ValueError(f"{path}: unknown config keys {sorted(unknown)}")
         if "family" not in block or "ngpu" not in block:
@@ -142,6 +149,7 @@ def load_grid(path: str | Path) -> Grid:
         for combo in itertools.product(*values):
             cfg = Config(*combo, recipes=tuple(_as_list(block.get("recipes", "all"))),
                          expert_ac=tuple(_as_list(block.get("expert_ac", "none"))),
+                         expert_local_batch=tuple(_as_list(block.get("expert_local_batch", 0))),
                          flavor=block.get("flavor", "bench"))
             if cfg.id not in seen:
                 seen.add(cfg.id)
@@ -169,7 +177,11 @@ def legal_recipes(cfg: Config, n_heads: int, n_kv_heads: int) -> list[Recipe]:
                 if cfg.global_batch % (dr * ds):
                     continue
                 for ac in cfg.expert_ac:
-                    out.append(Recipe(dr, ds, tp, cp, ac))
+                    for lb in cfg.expert_local_batch:
+                        if lb and (lb >= cfg.global_batch // (dr * ds)
+                                   or cfg.global_batch // (dr * ds) % lb):
+                            continue  # no accumulation, or uneven micro-batches
+                        out.append(Recipe(dr, ds, tp, cp, ac, lb))
     if cfg.recipes != ("all",):
         wanted = set(cfg.recipes)
         out = [r for r in out if r.name in wanted or r.name.split("+")[0] in wanted]
@@ -256,9 +268,49 @@ def steady_stats(rows: list[dict], steady_from: int) -> dict[str, Any]:
             "final_loss": rows[-1]["loss"], "steps_measured": len(steady)}
 
 
+def _busy_cpu_s() -> float:
+    """CPU seconds all processes on this machine have used since boot (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure_run(cfg: Config, grid: Grid, extra: list[str], auto: bool, workdir: Path
+                ) -> tuple[int, list[dict], str, float, int]:
+    """``run_training`` repeated while other processes loaded the machine more than
+    ``grid.max_foreign_load`` cores; returns the least disturbed attempt, its foreign load
+    (cores used by processes outside this run, averaged over its wall time) and the attempts."""
+    best = None
+    for attempt in range(1, grid.retries + 2):
+        busy, mine, t0 = _busy_cpu_s(), _children_cpu_s(), time.time()
+        code, rows, tail = run_training(cfg, grid, extra, auto, workdir / f"a{attempt}")
+        wall = max(time.time() - t0, 1e-6)
+        foreign = max(0.0, (_busy_cpu_s() - busy) - (_children_cpu_s() - mine)) / wall
+        if best is None or (code == 0 and foreign < best[3]) or best[0] != 0:
+            best = (code, rows, tail, foreign, attempt)
+        if code != 0 or foreign <= grid.max_foreign_load:
+            break
+        print(f"    machine shared ({foreign:.2f} cores used by other processes): repeating",
+              flush=True)
+    assert best is not None
+    return best
+
+
 def run_training(cfg: Config, grid: Grid, extra: list[str], auto: bool, workdir: Path
                  ) -> tuple[int, list[dict], str]:
     """Launch ``run_train.sh`` for one arm; return exit code, metrics rows, output tail."""
+    workdir.mkdir(parents=True, exist_ok=True)
     metrics = workdir / "metrics.jsonl"
     env = {**os.environ, "NGPU": str(cfg.ngpu), "CONFIG_FILE": str(config_file(cfg, auto)),
            "LOG_RANK": "0", "PREFLIGHT": "0",
@@ -331,14 +383,16 @@ def run_grid(grid: Grid, out: Path, plans_dir: Path, dry: bool = False) -> int:
                "global_batch": cfg.global_batch, "seq_len": cfg.seq_len,
                "memory_gib": cfg.memory_gib, "arm": arm, "round": round_index + 1}
         plan_path = plans_dir / f"{cfg.id}.{arm}.json"
-        pred = predict(cfg, recipe, plan_path)
-        row.update(pred)
+        unsupported = recipe is None and cfg.family not in AUTO_FAMILIES
+        pred = {} if unsupported else predict(cfg, recipe, plan_path)
+        row.update({k: v for k, v in pred.items() if k != "error"})
         budget = cfg.memory_gib or None
-        if recipe is None and cfg.family not in AUTO_FAMILIES:
-            row.update(status="unsupported", note="auto planning supports llama3 and qwen3")
-        elif "error" in pred:
+        if unsupported:
+            row.update(status="unsupported",
+                       note=f"auto planning supports {', '.join(AUTO_FAMILIES)}")
+        elif "error" in pred and recipe is None:
             row.update(status="plan_error", note=pred["error"])
-        elif recipe is not None and budget and pred["pred_peak_gib"] > budget:
+        elif recipe is not None and budget and pred.get("pred_peak_gib", 0.0) > budget:
             row.update(status="over_budget",
                        note=f"predicted peak {pred['pred_peak_gib']:.3g} GiB > {budget:g} GiB")
         elif dry:
@@ -348,11 +402,13 @@ def run_grid(grid: Grid, out: Path, plans_dir: Path, dry: bool = False) -> int:
                      else recipe_overrides(cfg, recipe))
             with tempfile.TemporaryDirectory(prefix="sweep_") as tmp:
                 t0 = time.time()
-                code, rows, tail = run_training(cfg, grid, extra, recipe is None, Path(tmp))
-                row["wall_s"] = time.time() - t0
+                code, rows, tail, foreign, attempts = measure_run(
+                    cfg, grid, extra, recipe is None, Path(tmp))
+                row.update(wall_s=time.time() - t0, foreign_load=foreign, attempts=attempts)
             stats = steady_stats(rows, grid.steady_from)
             if code == 0 and stats:
-                row.update(status="ok", **stats)
+                # an expert the cost model cannot express is measured without a prediction
+                row.update(status="ok", note=pred.get("error", ""), **stats)
             else:
                 error = [ln for ln in tail.splitlines() if "Error:" in ln or "error:" in ln]
                 row.update(status="failed", note=f"exit {code}: "

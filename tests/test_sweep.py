@@ -100,7 +100,7 @@ def test_steady_stats_skip_warmup_steps() -> None:
 
 def test_finished_cells_are_skipped(tmp_path: Path, monkeypatch) -> None:
     """A second run of the same grid trains nothing: every cell is already in the CSV."""
-    grid = sweep.Grid("t", rounds=2, configs=[
+    grid = sweep.Grid("t", rounds=2, max_foreign_load=math.inf, configs=[
         sweep.Config("llama3", 2, 8, 256, recipes=("fsdp2",))])
     calls = []
     monkeypatch.setattr(sweep, "_heads", lambda family, flavor: (8, 8))
@@ -128,7 +128,7 @@ def test_finished_cells_are_skipped(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_over_budget_experts_are_not_run(tmp_path: Path, monkeypatch) -> None:
-    grid = sweep.Grid("t", rounds=1, configs=[
+    grid = sweep.Grid("t", rounds=1, max_foreign_load=math.inf, configs=[
         sweep.Config("deepseek_v3", 2, 8, 256, memory_gib=0.5, recipes=("fsdp2",))])
     monkeypatch.setattr(sweep, "_heads", lambda family, flavor: (8, 8))
     monkeypatch.setattr(sweep, "predict", lambda cfg, recipe, path: {
@@ -138,6 +138,19 @@ def test_over_budget_experts_are_not_run(tmp_path: Path, monkeypatch) -> None:
     done = sweep.read_done(tmp_path / "sweep.csv")
     assert done["deepseek_v3_ws2_b8_s256_m0.5/auto/r1"]["status"] == "unsupported"
     assert done["deepseek_v3_ws2_b8_s256_m0.5/fsdp2/r1"]["status"] == "over_budget"
+
+
+def test_runs_on_a_shared_machine_are_repeated(tmp_path: Path, monkeypatch) -> None:
+    """Other processes' CPU use during a run triggers a repeat; the quietest attempt is kept."""
+    grid = sweep.Grid("t", retries=2, max_foreign_load=0.3)
+    busy = iter([0.0, 1e9, 0.0, 1e9, 0.0, 0.0])  # attempts 1 and 2 shared, 3 quiet
+    monkeypatch.setattr(sweep, "_busy_cpu_s", lambda: next(busy))
+    monkeypatch.setattr(sweep, "_children_cpu_s", lambda: 0.0)
+    runs = []
+    monkeypatch.setattr(sweep, "run_training", lambda *a: runs.append(1) or (0, [], ""))
+    code, _, _, foreign, attempts = sweep.measure_run(
+        sweep.Config("llama3", 2, 8, 256), grid, [], True, tmp_path)
+    assert (code, foreign, attempts, len(runs)) == (0, 0.0, 3, 3)
 
 
 def test_spearman_matches_known_values() -> None:

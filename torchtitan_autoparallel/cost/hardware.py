@@ -37,6 +37,12 @@ class HardwareProfile:
     inter_node_latency_us: float
     comm_overlap: float
     """Fraction of a layer's compute under which its FSDP collectives can hide (0..1)."""
+    host_cores: int = 0
+    """CPU cores the ranks of a node share (CPU training); 0 = each rank has its own device.
+    More ranks than cores time-share them: every time scales by ranks per node / host_cores."""
+    block_overhead_us: float = 0.0
+    """Fixed host time per layer and micro-batch, forward + backward (framework dispatch,
+    FSDP hooks); matters where kernels are small (CPU, tiny models)."""
 
     @property
     def flops_per_s(self) -> float:

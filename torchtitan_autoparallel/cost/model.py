@@ -114,7 +114,7 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     exposed = max(0.0, fwd_comm - hw.comm_overlap * fwd) + max(
         0.0, bwd_comm - hw.comm_overlap * (compute - fwd)
     )
-    time = compute + tp_comm + exposed
+    time = host_time_s(compute + tp_comm + exposed, mesh, hw, gpus_per_node)
 
     saved = layer.saved_bytes * microbatch * act_scale / (mesh.tp * mesh.cp)
     kept = keep_frac * saved + (layer.io_bytes * microbatch * act_scale / (mesh.tp * mesh.cp)
@@ -128,6 +128,14 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     transient = (saved if strategy.ac != "none" else 0.0) + 2 * unsharded + gbytes
     return BlockCost(time, compute, tp_comm + fwd_comm + bwd_comm, tp_comm + exposed,
                      kept, state, transient)
+
+
+def host_time_s(device_s: float, mesh: Mesh, hw: HardwareProfile, gpus_per_node: int) -> float:
+    """A layer's time per micro-batch on the host: the device time, stretched when the ranks of
+    a node outnumber its cores (``host_cores``), plus the fixed per-layer overhead."""
+    ranks_per_node = min(mesh.world, gpus_per_node)
+    share = max(1.0, ranks_per_node / hw.host_cores) if hw.host_cores > 0 else 1.0
+    return device_s * share + hw.block_overhead_us * 1e-6
 
 
 @dataclass(frozen=True)
