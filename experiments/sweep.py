@@ -116,7 +116,9 @@ class Grid:
     max_foreign_load: float = 0.3
     """A run during which other processes used more than this many cores on average is
     repeated (the machine is shared); the least disturbed attempt is kept."""
-    retries: int = 2
+    retries: int = 1
+    quiet_wait_s: float = 90.0
+    """Before each run, wait up to this long for other processes to go quiet."""
     configs: list[Config] = field(default_factory=list)
 
 
@@ -286,6 +288,18 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def wait_for_quiet(max_load: float, max_wait_s: float, window_s: float = 3.0) -> float:
+    """Sleep until the machine's CPU use over ``window_s`` is at most ``max_load`` cores (this
+    process is idle meanwhile) or ``max_wait_s`` has passed; returns the last load seen."""
+    deadline = time.time() + max_wait_s
+    while True:
+        busy = _busy_cpu_s()
+        time.sleep(window_s)
+        load = (_busy_cpu_s() - busy) / window_s
+        if load <= max_load or time.time() >= deadline:
+            return load
+
+
 def measure_run(cfg: Config, grid: Grid, extra: list[str], auto: bool, workdir: Path
                 ) -> tuple[int, list[dict], str, float, int]:
     """``run_training`` repeated while other processes loaded the machine more than
@@ -293,6 +307,7 @@ def measure_run(cfg: Config, grid: Grid, extra: list[str], auto: bool, workdir: 
     (cores used by processes outside this run, averaged over its wall time) and the attempts."""
     best = None
     for attempt in range(1, grid.retries + 2):
+        wait_for_quiet(grid.max_foreign_load, grid.quiet_wait_s)
         busy, mine, t0 = _busy_cpu_s(), _children_cpu_s(), time.time()
         code, rows, tail = run_training(cfg, grid, extra, auto, workdir / f"a{attempt}")
         wall = max(time.time() - t0, 1e-6)

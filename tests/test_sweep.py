@@ -103,6 +103,7 @@ def test_finished_cells_are_skipped(tmp_path: Path, monkeypatch) -> None:
     grid = sweep.Grid("t", rounds=2, max_foreign_load=math.inf, configs=[
         sweep.Config("llama3", 2, 8, 256, recipes=("fsdp2",))])
     calls = []
+    monkeypatch.setattr(sweep, "wait_for_quiet", lambda load, wait: 0.0)
     monkeypatch.setattr(sweep, "_heads", lambda family, flavor: (8, 8))
     monkeypatch.setattr(sweep, "predict", lambda cfg, recipe, path: {
         "pred_step_time_s": 1.0, "pred_peak_gib": 0.1})
@@ -143,6 +144,7 @@ def test_over_budget_experts_are_not_run(tmp_path: Path, monkeypatch) -> None:
 def test_runs_on_a_shared_machine_are_repeated(tmp_path: Path, monkeypatch) -> None:
     """Other processes' CPU use during a run triggers a repeat; the quietest attempt is kept."""
     grid = sweep.Grid("t", retries=2, max_foreign_load=0.3)
+    monkeypatch.setattr(sweep, "wait_for_quiet", lambda load, wait: 0.0)
     busy = iter([0.0, 1e9, 0.0, 1e9, 0.0, 0.0])  # attempts 1 and 2 shared, 3 quiet
     monkeypatch.setattr(sweep, "_busy_cpu_s", lambda: next(busy))
     monkeypatch.setattr(sweep, "_children_cpu_s", lambda: 0.0)
