@@ -29,8 +29,8 @@ from sweep_report import accuracy, read_rows  # noqa: E402
 
 from torchtitan_autoparallel.cost.hardware import HardwareProfile, load_profile  # noqa: E402
 
-FITTED = ("peak_tflops", "intra_node_gbps", "intra_node_latency_us", "block_overhead_us",
-          "comm_overlap")
+FITTED = ("peak_tflops", "intra_node_gbps", "intra_node_latency_us", "oversubscribed_latency_us",
+          "block_overhead_us", "comm_overlap")
 """Profile fields the fit searches; the rest (host_cores, memory) are facts of the machine."""
 BOUNDS = {"comm_overlap": (0.0, 1.0)}
 
@@ -38,9 +38,8 @@ BOUNDS = {"comm_overlap": (0.0, 1.0)}
 def repredict(plan: Any, hw: HardwareProfile, cache: dict[str, Any]) -> float:
     """Predicted step time of ``plan`` (same mesh, batch split, per-block strategies) on ``hw``."""
     from torchtitan_autoparallel.planner import build_plan, candidate_for, inputs_from_fingerprint
-    from torchtitan_autoparallel.strategies import BlockStrategy
-
     from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.strategies import BlockStrategy
 
     register()
     key = plan.fingerprint["model_hash"] + str(plan.fingerprint["global_batch_size"])

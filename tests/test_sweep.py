@@ -175,7 +175,7 @@ def test_host_time_stretches_oversubscribed_ranks() -> None:
     import dataclasses
 
     from torchtitan_autoparallel.cost.hardware import load_profile
-    from torchtitan_autoparallel.cost.model import host_time_s
+    from torchtitan_autoparallel.cost.model import host_profile, host_time_s
     from torchtitan_autoparallel.plan import Mesh
 
     hw = dataclasses.replace(load_profile("cpu"), host_cores=2, block_overhead_us=1000.0)
@@ -183,3 +183,8 @@ def test_host_time_stretches_oversubscribed_ranks() -> None:
     assert host_time_s(1.0, Mesh(1, 8, 1, 1), hw, 8) == pytest.approx(4.001)
     gpu = load_profile("h100_sxm")
     assert host_time_s(1.0, Mesh(1, 8, 1, 1), gpu, 8) == 1.0
+    # collectives of oversubscribed ranks wait for a time slice; not so at 2 ranks on 2 cores
+    hw = dataclasses.replace(hw, intra_node_latency_us=100.0, oversubscribed_latency_us=5000.0)
+    assert host_profile(hw, Mesh(1, 4, 1, 1), 8).intra_node_latency_us == 5100.0
+    assert host_profile(hw, Mesh(1, 2, 1, 1), 8) is hw
+    assert host_profile(gpu, Mesh(1, 8, 1, 1), 8) is gpu
