@@ -45,6 +45,15 @@ class HardwareProfile:
     moe_load_imbalance: float = 1.2
     """MoE routing: tokens on the busiest expert-parallel rank / the mean (1 = perfectly
     balanced). Scales token all-to-all volume and routed-expert compute when ep > 1."""
+    host_cores: int = 0
+    """CPU cores the ranks of a node share (CPU training); 0 = each rank has its own device.
+    More ranks than cores time-share them: every time scales by ranks per node / host_cores."""
+    oversubscribed_latency_us: float = 0.0
+    """Extra latency per collective step when the ranks of a node outnumber ``host_cores``: a
+    rank waits for its peer to be scheduled (about one scheduler time slice)."""
+    block_overhead_us: float = 0.0
+    """Fixed host time per layer and micro-batch, forward + backward (framework dispatch,
+    FSDP hooks); matters where kernels are small (CPU, tiny models)."""
 
     @property
     def flops_per_s(self) -> float:

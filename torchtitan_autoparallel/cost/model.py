@@ -3,11 +3,14 @@
 Alpha-beta collectives (ring: (p-1)/p of the buffer for all-gather / reduce-scatter, 2(p-1)/p for
 all-reduce; intra- vs inter-node bandwidth by whether the mesh dim spans nodes). FSDP collectives
 overlap a fraction (profile ``comm_overlap``) of the block's compute; TP collectives are exposed.
+On CPU training (profile ``host_cores``) ranks that outnumber the cores time-share them, and
+their collectives wait for peers to be scheduled; every layer pays a fixed host overhead.
 Memory counts fp32 master parameters, gradients and AdamW state sharded over dp_shard x tp,
 activations kept for backward (scaled by AC), unsharded parameters of blocks that keep them
 between forward and backward, the logits, and the transient working set of one block.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..graph.layer_graph import Layer, LayerGraph
@@ -64,6 +67,7 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
                hw: HardwareProfile, prec: Precision, gpus_per_node: int,
                grouped_experts: bool = True) -> BlockCost:
     """Time for one micro-batch through one block (forward + backward) and its memory."""
+    hw = host_profile(hw, mesh, gpus_per_node)
     keep_frac, recompute_frac = AC_EFFECT[strategy.ac]
     act_scale = prec.param_bytes / 4
     # cp splits every sequence (head-tail load balancing evens out causal attention)
@@ -133,7 +137,7 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         # the slowest ep rank sets the pace: routed-expert compute scaled by the imbalance
         expert = layer.expert_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
         compute += expert * (3.0 + recompute_frac) * (hw.moe_load_imbalance - 1.0)
-    time = compute + tp_comm + exposed
+    time = host_time_s(compute + tp_comm + exposed, mesh, hw, gpus_per_node)
 
     saved = layer.saved_bytes * microbatch * act_scale / (mesh.tp * mesh.cp)
     kept = keep_frac * saved + (layer.io_bytes * microbatch * act_scale / (mesh.tp * mesh.cp)
@@ -160,6 +164,27 @@ def moe_dispatch_s(layer: Layer, mesh: Mesh, microbatch: int, act_scale: float,
         nbytes /= mesh.tp
     nbytes *= hw.moe_load_imbalance
     return collective_s("all_to_all", nbytes, mesh.ep, mesh.spans_nodes("ep", gpus_per_node), hw)
+
+
+def core_share(mesh: Mesh, hw: HardwareProfile, gpus_per_node: int) -> float:
+    """Ranks per core on a node when they outnumber ``host_cores`` (CPU training), else 1."""
+    ranks_per_node = min(mesh.world, gpus_per_node)
+    return max(1.0, ranks_per_node / hw.host_cores) if hw.host_cores > 0 else 1.0
+
+
+def host_profile(hw: HardwareProfile, mesh: Mesh, gpus_per_node: int) -> HardwareProfile:
+    """``hw`` with the collective latency of oversubscribed cores added (identity otherwise)."""
+    if core_share(mesh, hw, gpus_per_node) <= 1.0 or not hw.oversubscribed_latency_us:
+        return hw
+    extra = hw.oversubscribed_latency_us
+    return dataclasses.replace(hw, intra_node_latency_us=hw.intra_node_latency_us + extra,
+                               inter_node_latency_us=hw.inter_node_latency_us + extra)
+
+
+def host_time_s(device_s: float, mesh: Mesh, hw: HardwareProfile, gpus_per_node: int) -> float:
+    """A layer's time per micro-batch on the host: the device time, stretched when the ranks of
+    a node outnumber its cores (``host_cores``), plus the fixed per-layer overhead."""
+    return device_s * core_share(mesh, hw, gpus_per_node) + hw.block_overhead_us * 1e-6
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,318 @@
+"""Simulated at-scale sweep: predicted tokens/s of auto vs every expert recipe on H100s.
+
+For each model preset and world size: the auto plan (``plan_job`` on the ``h100_sxm``
+profile), TorchTitan's shipped recipe for the model (its config's degrees and AC, where they
+divide the world size), and every legal variant (dp_replicate x dp_shard x cp x tp meshes,
+tp <= 8 inside a node, AC none / selective / full), all costed by the same model
+(``expert_plan``). Experts predicted to exceed device memory do not count as winners. Each auto
+plan is then dry-run on fake ranks (``COMM_MODE=fake_backend``, the plan replayed from its
+JSON) to show it applies. Weak scaling: the global batch is the shipped local batch x world.
+
+    python experiments/at_scale.py [--models llama3_8b,...] [--worlds 8,16,...] [--no-dry-run]
+
+Writes experiments/results/at_scale.csv, at_scale.md and at_scale.png. Rows are keyed by
+(model, world) and finished rows are kept, so the script resumes. MoE presets (deepseek_v3,
+llama4) are added to MODELS once the planner supports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "experiments")]
+
+from sweep import _divisors  # noqa: E402
+
+MODELS: dict[str, tuple[str, str]] = {
+    "llama3_8b": ("llama3_8b_auto.toml", "llama3_8b_fsdp.toml"),
+    "llama3_70b": ("llama3_70b_auto.toml", "llama3_70b_fsdp_tp.toml"),
+    "llama3_405b": ("llama3_405b_auto.toml", "llama3_405b_fsdp_tp.toml"),
+    "qwen3_32b": ("qwen3_32b_auto.toml", "qwen3_32b_fsdp.toml"),
+}
+"""model -> (auto config, TorchTitan's shipped expert config), both under train_configs/."""
+WORLDS = (8, 16, 32, 64, 128)
+HW = "h100_sxm"
+ACS = ("none", "selective", "full")
+FIELDS = ["model", "world", "global_batch", "auto_status", "auto_mesh", "auto_tps",
+          "auto_peak_gib", "shipped", "shipped_tps", "shipped_fits", "best_expert",
+          "best_expert_tps", "experts_costed", "experts_fit", "vs_best", "vs_shipped",
+          "dry_run", "note"]
+
+
+@functools.cache
+def _parse(config: str, extra: tuple[str, ...]) -> Any:
+    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.train import parse_config
+
+    register()
+    return parse_config(["--job.config_file", str(REPO / "train_configs" / config), *extra])
+
+
+def _memoize_layer_graphs() -> None:
+    """Build each (model, flavor, seq_len) layer graph once: every expert variant of a model
+    shares it (the graph does not depend on the parallelization)."""
+    from torchtitan_autoparallel import planner
+
+    if getattr(planner.layer_graph_for, "_memoized", False):
+        return
+    original = planner.layer_graph_for
+    cache: dict[tuple[str, str, int], Any] = {}
+
+    def layer_graph_for(job_config: Any) -> Any:
+        key = (job_config.model.name, job_config.model.flavor, job_config.training.seq_len)
+        if key not in cache:
+            cache[key] = original(job_config)
+        return cache[key]
+
+    layer_graph_for._memoized = True  # type: ignore[attr-defined]
+    planner.layer_graph_for = layer_graph_for
+
+
+def expert_variants(world: int, n_heads: int, n_kv: int, seq_len: int, gpus_per_node: int,
+                    global_batch: int) -> list[tuple[int, int, int, int, str]]:
+    """Legal (dp_replicate, dp_shard, cp, tp, ac) recipes: tp inside a node and dividing the
+    heads, cp with seq_len % (2 cp tp) == 0, the global batch split over dp."""
+    out = []
+    for tp in _divisors(min(world, gpus_per_node)):
+        if world % tp or n_heads % tp or n_kv % tp:
+            continue
+        for cp in _divisors(world // tp):
+            if cp > 1 and seq_len % (2 * cp * tp):
+                continue
+            for dr in _divisors(world // tp // cp):
+                ds = world // tp // cp // dr
+                if global_batch % (dr * ds) == 0:
+                    out.extend((dr, ds, cp, tp, ac) for ac in ACS)
+    return out
+
+
+def _expert(config: str, world: int, global_batch: int, degrees: tuple[int, ...] | None,
+            ac: str | None) -> Any:
+    from torchtitan_autoparallel.expert import expert_plan
+
+    extra = [f"--training.global_batch_size={global_batch}", f"--autoparallel.hardware={HW}"]
+    if degrees is not None:
+        dr, ds, cp, tp = degrees
+        local = _parse(config, ()).training.local_batch_size
+        while global_batch % (local * dr * ds):
+            local //= 2
+        extra += [f"--parallelism.data_parallel_replicate_degree={dr}",
+                  f"--parallelism.data_parallel_shard_degree={ds}",
+                  f"--parallelism.context_parallel_degree={cp}",
+                  f"--parallelism.tensor_parallel_degree={tp}",
+                  f"--training.local_batch_size={max(local, 1)}"]
+    if ac is not None:
+        extra.append(f"--activation_checkpoint.mode={ac}")
+        if ac == "selective":
+            extra.append("--activation_checkpoint.selective_ac_option=op")
+    return expert_plan(_parse(config, tuple(extra)), world)
+
+
+def _fits(plan: Any) -> bool:
+    return plan.predicted["peak_memory_gib"] <= plan.predicted["budget_gib"]
+
+
+def evaluate(model: str, world: int) -> dict[str, Any]:
+    """One row: auto plan, shipped recipe and the best legal expert variant, predicted."""
+    from torchtitan_autoparallel.errors import UserError
+    from torchtitan_autoparallel.planner import plan_job
+
+    _memoize_layer_graphs()
+    auto_cfg, shipped_cfg = MODELS[model]
+    base = _parse(auto_cfg, ())
+    global_batch = base.training.local_batch_size * world
+    row: dict[str, Any] = {"model": model, "world": world, "global_batch": global_batch}
+    extra = (f"--training.global_batch_size={global_batch}", "--parallelism.auto",
+             f"--autoparallel.hardware={HW}")
+    try:
+        auto = plan_job(_parse(auto_cfg, extra), world)
+        m = auto.mesh
+        row.update(auto_status="ok", auto_tps=auto.predicted["tokens_per_s"],
+                   auto_peak_gib=auto.predicted["peak_memory_gib"],
+                   auto_mesh=f"dr{m.dp_replicate} ds{m.dp_shard} cp{m.cp} tp{m.tp} "
+                             f"lb{auto.local_batch_size}x{auto.gradient_accumulation_steps}")
+        row["_plan"] = auto
+    except UserError as exc:
+        row.update(auto_status="no plan", note=str(exc)[:160])
+    try:
+        shipped = _expert(shipped_cfg, world, global_batch, None, None)
+        m = shipped.mesh
+        ac = _parse(shipped_cfg, ()).activation_checkpoint.mode
+        row.update(shipped=f"dr{m.dp_replicate} ds{m.dp_shard} cp{m.cp} tp{m.tp} ac:{ac}",
+                   shipped_tps=shipped.predicted["tokens_per_s"], shipped_fits=_fits(shipped))
+    except UserError as exc:
+        row.update(shipped="not legal here", shipped_fits=False,
+                   note=(row.get("note", "") + f" shipped: {exc}")[:240])
+    ship = _parse(shipped_cfg, ())
+    graph_heads = _heads(ship)
+    best, best_name, costed, fit = None, "", 0, 0
+    for dr, ds, cp, tp, ac in expert_variants(world, *graph_heads, ship.training.seq_len, 8,
+                                              global_batch):
+        try:
+            plan = _expert(shipped_cfg, world, global_batch, (dr, ds, cp, tp), ac)
+        except UserError:
+            continue
+        costed += 1
+        if not _fits(plan):
+            continue
+        fit += 1
+        if best is None or plan.predicted["tokens_per_s"] > best.predicted["tokens_per_s"]:
+            best, best_name = plan, f"dr{dr} ds{ds} cp{cp} tp{tp} ac:{ac}"
+    row.update(experts_costed=costed, experts_fit=fit, best_expert=best_name or "none fits",
+               best_expert_tps=best.predicted["tokens_per_s"] if best else math.nan)
+    if row.get("auto_status") == "ok":
+        if best is not None:
+            row["vs_best"] = row["auto_tps"] / row["best_expert_tps"]
+        if row.get("shipped_fits"):
+            row["vs_shipped"] = row["auto_tps"] / row["shipped_tps"]
+    return row
+
+
+def _heads(job_config: Any) -> tuple[int, int]:
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    args = get_train_spec(job_config.model.name).model_args[job_config.model.flavor]
+    return args.n_heads, getattr(args, "n_kv_heads", None) or args.n_heads
+
+
+def dry_run(model: str, world: int, plan: Any, timeout_s: int = 900) -> str:
+    """Replay ``plan`` on ``world`` fake ranks; "ok" or the failure's last line."""
+    auto_cfg = MODELS[model][0]
+    with tempfile.TemporaryDirectory(prefix="at_scale_") as tmp:
+        path = Path(tmp) / "plan.json"
+        plan.save(str(path))
+        env = {**os.environ, "NGPU": str(world), "COMM_MODE": "fake_backend",
+               "CONFIG_FILE": str(REPO / "train_configs" / auto_cfg),
+               "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        cmd = [str(REPO / "run_train.sh"), f"--autoparallel.plan_file={path}",
+               f"--training.global_batch_size={plan.global_batch_size}",
+               f"--job.dump_folder={tmp}/out"]
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                                  timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return f"timeout after {timeout_s}s"
+        out = proc.stdout + proc.stderr
+        if proc.returncode == 0 and "dry run OK" in out:
+            return "ok"
+        lines = [ln for ln in out.splitlines() if ln.strip()]
+        return f"failed (exit {proc.returncode}): {lines[-1][:160] if lines else ''}"
+
+
+def _fmt(value: Any) -> Any:
+    return f"{value:.6g}" if isinstance(value, float) else value
+
+
+def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
+    with open(out / "at_scale.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows({k: _fmt(r.get(k, "")) for k in FIELDS} for r in rows)
+    lines = ["# Simulated at scale: auto vs TorchTitan expert recipes on H100s (predicted)", "",
+             "Cost model: `h100_sxm` profile. Weak scaling (global batch = shipped local batch "
+             "x world). Experts: every legal dp_replicate x dp_shard x cp x tp mesh (tp <= 8) "
+             "x AC none/selective/full; only those predicted to fit 80 GB count. Dry run: the "
+             "auto plan replayed on fake ranks (`COMM_MODE=fake_backend`).", "",
+             "| model | GPUs | auto mesh | auto tok/s | shipped recipe | shipped tok/s | "
+             "best expert | best tok/s | auto / best | auto / shipped | dry run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        shipped = (f"{float(r['shipped_tps']):.4g}" + ("" if r.get("shipped_fits") in
+                                                       (True, "True") else " (OOM)")
+                   if r.get("shipped_tps") not in (None, "") else "")
+        lines.append(
+            f"| {r['model']} | {r['world']} | {r.get('auto_mesh', r.get('auto_status'))} | "
+            f"{_num(r.get('auto_tps'))} | {r.get('shipped', '')} | {shipped} | "
+            f"{r.get('best_expert', '')} | {_num(r.get('best_expert_tps'))} | "
+            f"{_num(r.get('vs_best'), '.3f')} | {_num(r.get('vs_shipped'), '.3f')} | "
+            f"{r.get('dry_run', '')} |")
+    (out / "at_scale.md").write_text("\n".join(lines) + "\n")
+    _plot(rows, out / "at_scale.png")
+
+
+def _num(value: Any, spec: str = ".4g") -> str:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return ""
+    return "" if math.isnan(v) else format(v, spec)
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(3.6 * len(models), 3.4), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        rs = [r for r in rows if r["model"] == model]
+        worlds = [int(r["world"]) for r in rs]
+        for key, label, marker in (("auto_tps", "auto", "o"), ("best_expert_tps",
+                                   "best expert", "s"), ("shipped_tps", "shipped", "x")):
+            ys = [float(r[key]) if r.get(key) not in (None, "") else math.nan for r in rs]
+            ax.plot(worlds, ys, marker=marker, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(model)
+        ax.set_xlabel("H100s")
+    axes[0][0].set_ylabel("predicted tokens/s")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--worlds", default=",".join(map(str, WORLDS)))
+    parser.add_argument("--no-dry-run", action="store_true")
+    parser.add_argument("--out", default=str(REPO / "experiments" / "results"))
+    args = parser.parse_args(argv)
+    models = args.models.split(",")
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        print(f"error: unknown models {unknown}; choose from {list(MODELS)}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    done: dict[tuple[str, int], dict[str, Any]] = {}
+    if (out / "at_scale.csv").exists():
+        with open(out / "at_scale.csv", newline="") as f:
+            done = {(r["model"], int(r["world"])): r for r in csv.DictReader(f)}
+    rows = []
+    for model in models:
+        for world in map(int, args.worlds.split(",")):
+            old = done.get((model, world))
+            if old and (old.get("dry_run") or args.no_dry_run or old["auto_status"] != "ok"):
+                rows.append(old)
+                continue
+            row = evaluate(model, world)
+            plan = row.pop("_plan", None)
+            if plan is not None and not args.no_dry_run:
+                row["dry_run"] = dry_run(model, world, plan)
+            rows.append(row)
+            print(f"{model} x{world}: auto {row.get('auto_mesh', row.get('auto_status'))} "
+                  f"{_num(row.get('auto_tps'))} tok/s, best expert {row['best_expert']} "
+                  f"{_num(row.get('best_expert_tps'))}, dry run {row.get('dry_run', '-')}",
+                  flush=True)
+            write_outputs(rows + [r for k, r in done.items() if k not in
+                                  {(x["model"], int(x["world"])) for x in rows}], out)
+    write_outputs(rows, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

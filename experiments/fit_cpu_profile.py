@@ -1,0 +1,150 @@
+"""Fit the CPU hardware profile's constants to measured step times.
+
+Reads a sweep CSV (``experiments/sweep.py`` output) and the plan JSON of every measured arm
+(``plans/<config>.<arm>.json`` next to it), re-costs each plan with candidate profile values and
+searches (coordinate descent on a log scale) for the values that minimise the mean squared log
+error of predicted vs measured step time. Prints the fitted fields and the accuracy before and
+after; with ``--write`` updates ``torchtitan_autoparallel/profiles/cpu.toml``.
+
+    python experiments/fit_cpu_profile.py experiments/results/calibration.csv
+
+Fit on a calibration grid, then judge the profile on a different sweep: fitting and
+validating on the same runs would flatter the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "experiments")]
+
+from sweep_report import accuracy, read_rows  # noqa: E402
+
+from torchtitan_autoparallel.cost.hardware import HardwareProfile, load_profile  # noqa: E402
+
+FITTED = ("peak_tflops", "intra_node_gbps", "intra_node_latency_us", "oversubscribed_latency_us",
+          "block_overhead_us", "comm_overlap")
+"""Profile fields the fit searches; the rest (host_cores, memory) are facts of the machine."""
+BOUNDS = {"comm_overlap": (0.0, 1.0)}
+
+
+def repredict(plan: Any, hw: HardwareProfile, cache: dict[str, Any]) -> float:
+    """Predicted step time of ``plan`` (same mesh, batch split, per-block strategies) on ``hw``."""
+    from torchtitan_autoparallel.planner import build_plan, candidate_for, inputs_from_fingerprint
+    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.strategies import BlockStrategy
+
+    register()
+    key = plan.fingerprint["model_hash"] + str(plan.fingerprint["global_batch_size"])
+    if key not in cache:
+        cache[key] = inputs_from_fingerprint(plan.fingerprint)
+    inputs = dataclasses.replace(cache[key], hw=hw, global_batch=plan.global_batch_size)
+    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
+    strategies = [BlockStrategy(lp.ac, lp.reshard_after_forward, lp.tp_mode)
+                  for lp in plan.layers if lp.kind == "block"]
+    return build_plan(inputs, cand, strategies, {}).predicted["step_time_s"]
+
+
+def load_measured(csv_path: Path) -> list[tuple[Any, float, dict[str, str]]]:
+    """(plan, measured median step time, row) for every successful run."""
+    from torchtitan_autoparallel.plan import Plan
+
+    out = []
+    for row in read_rows(csv_path):
+        plan_path = csv_path.parent / "plans" / f"{row['config']}.{row['arm']}.json"
+        if row["status"] == "ok" and plan_path.exists():
+            out.append((Plan.load(str(plan_path)), float(row["step_time_s"]), row))
+    return out
+
+
+def loss(points: list[tuple[Any, float, dict[str, str]]], hw: HardwareProfile,
+         cache: dict[str, Any]) -> float:
+    return sum(math.log(repredict(p, hw, cache) / m) ** 2 for p, m, _ in points) / len(points)
+
+
+def fit(points: list[tuple[Any, float, dict[str, str]]], hw: HardwareProfile,
+        rounds: int = 6) -> HardwareProfile:
+    """Coordinate descent over FITTED (multiplicative steps, shrinking each round)."""
+    cache: dict[str, Any] = {}
+    best = loss(points, hw, cache)
+    step = 2.0
+    for _ in range(rounds):
+        for name in FITTED:
+            for factor in (step, 1 / step):
+                while True:
+                    value = getattr(hw, name)
+                    new = value * factor if value > 0 else (0.1 if factor > 1 else 0.0)
+                    lo, hi = BOUNDS.get(name, (0.0, math.inf))
+                    new = min(max(new, lo), hi)
+                    if new == value:
+                        break
+                    trial = dataclasses.replace(hw, **{name: new})
+                    value_loss = loss(points, trial, cache)
+                    if value_loss >= best:
+                        break
+                    hw, best = trial, value_loss
+        step = math.sqrt(step)
+    return hw
+
+
+def write_profile(path: Path, hw: HardwareProfile) -> None:
+    """Replace the fitted fields' values in the profile TOML, keeping its comments."""
+    text = path.read_text()
+    for name in FITTED:
+        value = round(getattr(hw, name), 4)
+        pattern = rf"(?m)^{name}\s*=\s*[^#\n]*?(\s*#.*)?$"
+        if re.search(pattern, text):
+            text = re.sub(pattern, lambda m, n=name, v=value: f"{n} = {v}{m.group(1) or ''}",
+                          text)
+        else:
+            text += f"{name} = {value}\n"
+    path.write_text(text)
+
+
+def _report(points: list[tuple[Any, float, dict[str, str]]], hw: HardwareProfile,
+            label: str) -> None:
+    cache: dict[str, Any] = {}
+    rows = []
+    for plan, measured, row in points:
+        rows.append({**row, "pred_step_time_s": str(repredict(plan, hw, cache)),
+                     "step_time_s": str(measured)})
+    rho, err, n = accuracy(rows)
+    for row in rows:
+        pred, meas = float(row["pred_step_time_s"]), float(row["step_time_s"])
+        print(f"  {row['config']:28s} {row['arm']:24s} measured {meas:7.3f} s  predicted "
+              f"{pred:7.3f} s  {pred / meas - 1:+.0%}")
+    print(f"{label}: Spearman {rho:.3f}, median relative error {err:.1%} over {n} plans")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("csv", help="sweep CSV of calibration runs (plans/ next to it)")
+    parser.add_argument("--profile", default="cpu")
+    parser.add_argument("--write", action="store_true", help="update the profile TOML")
+    args = parser.parse_args(argv)
+    points = load_measured(Path(args.csv))
+    if not points:
+        print(f"error: no measured runs with plans in {args.csv}", file=sys.stderr)
+        return 2
+    hw = load_profile(args.profile)
+    _report(points, hw, "before")
+    fitted = fit(points, hw)
+    _report(points, fitted, "after")
+    for name in FITTED:
+        print(f"{name} = {getattr(fitted, name):.4g}")
+    if args.write:
+        path = REPO / "torchtitan_autoparallel" / "profiles" / f"{args.profile}.toml"
+        write_profile(path, fitted)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""The sweep runner's pieces without training: grid parsing, recipe enumeration, resume,
+interleaving, Spearman and median relative error, the report, and the host-time cost terms."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "experiments"))
+
+import sweep  # noqa: E402
+import sweep_report  # noqa: E402
+
+
+def _grid(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "grid.toml"
+    path.write_text(text)
+    return path
+
+
+def test_grid_expands_lists_to_the_cartesian_product(tmp_path: Path) -> None:
+    grid = sweep.load_grid(_grid(tmp_path, """
+name = "t"
+rounds = 3
+[[config]]
+family = "llama3"
+ngpu = [2, 4]
+global_batch = [8, 16]
+recipes = ["fsdp2", "tp2"]
+[[config]]
+family = "qwen3"
+ngpu = 2
+memory_gib = 0.25
+expert_ac = ["none", "full"]
+"""))
+    assert grid.rounds == 3 and grid.steps == 6
+    assert [c.id for c in grid.configs] == [
+        "llama3_ws2_b8_s256", "llama3_ws2_b16_s256", "llama3_ws4_b8_s256",
+        "llama3_ws4_b16_s256", "qwen3_ws2_b16_s256_m0.25"]
+    assert grid.configs[0].recipes == ("fsdp2", "tp2")
+    assert grid.configs[-1].expert_ac == ("none", "full")
+
+
+@pytest.mark.parametrize("text", ["bogus = 1\n", "[[config]]\nfamily = 'llama3'\n",
+                                  "[[config]]\nfamily = 'llama3'\nngpu = 2\nwat = 1\n"])
+def test_grid_errors_name_the_problem(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ValueError, match="unknown|needs family and ngpu"):
+        sweep.load_grid(_grid(tmp_path, text))
+
+
+def test_cli_reports_a_bad_grid_in_one_line(tmp_path: Path, capsys) -> None:
+    assert sweep.main([str(_grid(tmp_path, "bogus = 1\n"))]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and err.count("\n") == 1
+
+
+def test_legal_recipes_follow_heads_sequence_and_batch() -> None:
+    cfg = sweep.Config("llama3", 4, 16, 256)
+    names = {r.name for r in sweep.legal_recipes(cfg, n_heads=8, n_kv_heads=8)}
+    assert {"fsdp4", "ddp4", "hsdp2x2", "fsdp2_tp2", "tp4", "cp4", "fsdp2_cp2",
+            "cp2_tp2"} <= names
+    # 6 heads: tp 4 is illegal; batch 2 cannot split over dp 4
+    names = {r.name for r in sweep.legal_recipes(sweep.Config("llama3", 4, 2, 256), 6, 6)}
+    assert "tp4" not in names and "fsdp4" not in names and "fsdp2_tp2" in names
+    # seq 12: cp needs seq % (2 cp tp) == 0
+    names = {r.name for r in sweep.legal_recipes(sweep.Config("llama3", 4, 16, 12), 8, 8)}
+    assert "cp2_tp2" not in names and "cp4" not in names and "fsdp2_cp2" in names
+    ac = sweep.legal_recipes(sweep.Config("llama3", 2, 16, 256, recipes=("fsdp2",),
+                                          expert_ac=("none", "full")), 8, 8)
+    assert [r.name for r in ac] == ["fsdp2", "fsdp2+ac_full"]
+
+
+def test_recipe_overrides_set_every_degree_and_the_local_batch() -> None:
+    cfg = sweep.Config("llama3", 4, 16, 256)
+    over = sweep.recipe_overrides(cfg, sweep.Recipe(1, 2, 2, 1, "selective"))
+    assert "--parallelism.tensor_parallel_degree=2" in over
+    assert "--training.local_batch_size=8" in over
+    assert "--activation_checkpoint.selective_ac_option=op" in over
+
+
+def test_interleaving_reverses_every_other_round() -> None:
+    arms = ["auto", "a", "b"]
+    assert sweep.arm_order(arms, 0) == arms
+    assert sweep.arm_order(arms, 1) == ["b", "a", "auto"]
+
+
+def test_steady_stats_skip_warmup_steps() -> None:
+    rows = [{"step": s, "step_time_s": t, "tokens_per_s": 100 / t, "loss": 10 - s,
+             "peak_memory_gib": 0.5 + s / 10} for s, t in enumerate([9.0, 5.0, 1.0, 2.0, 3.0],
+                                                                     start=1)]
+    stats = sweep.steady_stats(rows, steady_from=3)
+    assert stats["step_time_s"] == 2.0 and stats["steps_measured"] == 3
+    assert stats["final_loss"] == 5 and stats["peak_memory_gib"] == pytest.approx(1.0)
+    assert sweep.steady_stats(rows[:2], steady_from=3) == {}
+
+
+def test_finished_cells_are_skipped(tmp_path: Path, monkeypatch) -> None:
+    """A second run of the same grid trains nothing: every cell is already in the CSV."""
+    grid = sweep.Grid("t", rounds=2, max_foreign_load=math.inf, configs=[
+        sweep.Config("llama3", 2, 8, 256, recipes=("fsdp2",))])
+    calls = []
+    monkeypatch.setattr(sweep, "wait_for_quiet", lambda load, wait: 0.0)
+    monkeypatch.setattr(sweep, "_heads", lambda family, flavor: (8, 8))
+    monkeypatch.setattr(sweep, "predict", lambda cfg, recipe, path: {
+        "pred_step_time_s": 1.0, "pred_peak_gib": 0.1})
+
+    def fake_run(cfg, grid, extra, auto, workdir):
+        calls.append(auto)
+        rows = [{"step": s, "step_time_s": 1.0 + auto, "tokens_per_s": 2048 / (1.0 + auto),
+                 "loss": 5.0, "peak_memory_gib": 1.0} for s in range(1, 7)]
+        return 0, rows, ""
+
+    monkeypatch.setattr(sweep, "run_training", fake_run)
+    assert sweep.run_grid(grid, tmp_path, tmp_path / "plans") == 4
+    assert calls == [True, False, False, True]
+    assert sweep.run_grid(grid, tmp_path, tmp_path / "plans") == 0
+    assert len(calls) == 4
+    done = sweep.read_done(tmp_path / "sweep.csv")
+    assert set(done) == {f"llama3_ws2_b8_s256/{a}/r{r}" for a in ("auto", "fsdp2")
+                         for r in (1, 2)}
+    # the report reads it back: auto (2 s/step) is half the expert's (1 s/step) speed
+    head = sweep_report.headline(sweep_report.aggregate(sweep_report.read_rows(
+        tmp_path / "sweep.csv"))["llama3_ws2_b8_s256"])
+    assert head["best_expert"] == "fsdp2" and head["vs_best"] == pytest.approx(0.5)
+
+
+def test_over_budget_experts_are_not_run(tmp_path: Path, monkeypatch) -> None:
+    grid = sweep.Grid("t", rounds=1, max_foreign_load=math.inf, configs=[
+        sweep.Config("deepseek_v3", 2, 8, 256, memory_gib=0.5, recipes=("fsdp2",))])
+    monkeypatch.setattr(sweep, "_heads", lambda family, flavor: (8, 8))
+    monkeypatch.setattr(sweep, "predict", lambda cfg, recipe, path: {
+        "pred_step_time_s": 1.0, "pred_peak_gib": 0.7})
+    monkeypatch.setattr(sweep, "run_training", lambda *a: pytest.fail("must not train"))
+    sweep.run_grid(grid, tmp_path, tmp_path / "plans")
+    done = sweep.read_done(tmp_path / "sweep.csv")
+    assert done["deepseek_v3_ws2_b8_s256_m0.5/auto/r1"]["status"] == "unsupported"
+    assert done["deepseek_v3_ws2_b8_s256_m0.5/fsdp2/r1"]["status"] == "over_budget"
+
+
+def test_runs_on_a_shared_machine_are_repeated(tmp_path: Path, monkeypatch) -> None:
+    """Other processes' CPU use during a run triggers a repeat; the quietest attempt is kept."""
+    grid = sweep.Grid("t", retries=2, max_foreign_load=0.3)
+    monkeypatch.setattr(sweep, "wait_for_quiet", lambda load, wait: 0.0)
+    busy = iter([0.0, 1e9, 0.0, 1e9, 0.0, 0.0])  # attempts 1 and 2 shared, 3 quiet
+    monkeypatch.setattr(sweep, "_busy_cpu_s", lambda: next(busy))
+    monkeypatch.setattr(sweep, "_children_cpu_s", lambda: 0.0)
+    runs = []
+    monkeypatch.setattr(sweep, "run_training", lambda *a: runs.append(1) or (0, [], ""))
+    code, _, _, foreign, attempts = sweep.measure_run(
+        sweep.Config("llama3", 2, 8, 256), grid, [], True, tmp_path)
+    assert (code, foreign, attempts, len(runs)) == (0, 0.0, 3, 3)
+
+
+def test_spearman_matches_known_values() -> None:
+    assert sweep_report.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert sweep_report.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # textbook example with ties: ranks (1, 2.5, 2.5, 4) vs (1, 2, 3, 4)
+    assert sweep_report.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(
+        0.9486833, rel=1e-6)
+    # no ties: 1 - 6 sum(d^2) / (n (n^2 - 1)) = 1 - 6 * 26 / 120
+    assert sweep_report.spearman([1, 5, 2, 4, 3], [2, 1, 4, 3, 5]) == pytest.approx(-0.3)
+    assert math.isnan(sweep_report.spearman([1], [1]))
+
+
+def test_median_relative_error() -> None:
+    assert sweep_report.median_relative_error([1.1, 2.0, 2.4], [1.0, 2.0, 3.0]) == \
+        pytest.approx(0.1)
+
+
+def test_host_time_stretches_oversubscribed_ranks() -> None:
+    import dataclasses
+
+    from torchtitan_autoparallel.cost.hardware import load_profile
+    from torchtitan_autoparallel.cost.model import host_profile, host_time_s
+    from torchtitan_autoparallel.plan import Mesh
+
+    hw = dataclasses.replace(load_profile("cpu"), host_cores=2, block_overhead_us=1000.0)
+    assert host_time_s(1.0, Mesh(1, 2, 1, 1), hw, 8) == pytest.approx(1.001)
+    assert host_time_s(1.0, Mesh(1, 8, 1, 1), hw, 8) == pytest.approx(4.001)
+    gpu = load_profile("h100_sxm")
+    assert host_time_s(1.0, Mesh(1, 8, 1, 1), gpu, 8) == 1.0
+    # collectives of oversubscribed ranks wait for a time slice; not so at 2 ranks on 2 cores
+    hw = dataclasses.replace(hw, intra_node_latency_us=100.0, oversubscribed_latency_us=5000.0)
+    assert host_profile(hw, Mesh(1, 4, 1, 1), 8).intra_node_latency_us == 5100.0
+    assert host_profile(hw, Mesh(1, 2, 1, 1), 8) is hw
+    assert host_profile(gpu, Mesh(1, 8, 1, 1), 8) is gpu
