@@ -7,12 +7,15 @@ tp <= 8 inside a node, AC none / selective / full), all costed by the same model
 (``expert_plan``). Experts predicted to exceed device memory do not count as winners. Each auto
 plan is then dry-run on fake ranks (``COMM_MODE=fake_backend``, the plan replayed from its
 JSON) to show it applies. Weak scaling: the global batch is the shipped local batch x world.
+MoE presets (deepseek_v3, llama4) add every legal expert-parallel layout (ep / etp by
+TorchTitan's rules) to the expert variants. DeepSeek-V3 671B does not fit 80 GB devices at these
+sizes (fp32 master weights and AdamW moments: 97.6 GiB per device on 128), so it is costed on
+H200s (``MODEL_HW``).
 
     python experiments/at_scale.py [--models llama3_8b,...] [--worlds 8,16,...] [--no-dry-run]
 
 Writes experiments/results/at_scale.csv, at_scale.md and at_scale.png. Rows are keyed by
-(model, world) and finished rows are kept, so the script resumes. MoE presets (deepseek_v3,
-llama4) are added to MODELS once the planner supports them.
+(model, world) and finished rows are kept, so the script resumes.
 """
 
 from __future__ import annotations
@@ -38,10 +41,14 @@ MODELS: dict[str, tuple[str, str]] = {
     "llama3_70b": ("llama3_70b_auto.toml", "llama3_70b_fsdp_tp.toml"),
     "llama3_405b": ("llama3_405b_auto.toml", "llama3_405b_fsdp_tp.toml"),
     "qwen3_32b": ("qwen3_32b_auto.toml", "qwen3_32b_fsdp.toml"),
+    "deepseek_v3_16b": ("deepseek_v3_16b_auto.toml", "deepseek_v3_16b_fsdp_ep.toml"),
+    "deepseek_v3_671b": ("deepseek_v3_671b_auto.toml", "deepseek_v3_671b_fsdp.toml"),
+    "llama4_17bx16e": ("llama4_17bx16e_auto.toml", "llama4_17bx16e_fsdp_tp.toml"),
 }
 """model -> (auto config, TorchTitan's shipped expert config), both under train_configs/."""
 WORLDS = (8, 16, 32, 64, 128)
 HW = "h100_sxm"
+MODEL_HW = {"deepseek_v3_671b": "h200_sxm"}
 ACS = ("none", "selective", "full")
 FIELDS = ["model", "world", "global_batch", "auto_status", "auto_mesh", "auto_tps",
           "auto_peak_gib", "shipped", "shipped_tps", "shipped_fits", "best_expert",
@@ -79,9 +86,13 @@ def _memoize_layer_graphs() -> None:
 
 
 def expert_variants(world: int, n_heads: int, n_kv: int, seq_len: int, gpus_per_node: int,
-                    global_batch: int) -> list[tuple[int, int, int, int, str]]:
-    """Legal (dp_replicate, dp_shard, cp, tp, ac) recipes: tp inside a node and dividing the
-    heads, cp with seq_len % (2 cp tp) == 0, the global batch split over dp."""
+                    global_batch: int, num_experts: int = 0
+                    ) -> list[tuple[int, int, int, int, int, int, str]]:
+    """Legal (dp_replicate, dp_shard, cp, tp, ep, etp, ac) recipes: tp inside a node and dividing
+    the heads, cp with seq_len % (2 cp tp) == 0, the global batch split over dp, and for MoE
+    models ep = 1 or any layout TorchTitan accepts (``legal_ep``)."""
+    from torchtitan_autoparallel.strategies import legal_ep
+
     out = []
     for tp in _divisors(min(world, gpus_per_node)):
         if world % tp or n_heads % tp or n_kv % tp:
@@ -91,31 +102,39 @@ def expert_variants(world: int, n_heads: int, n_kv: int, seq_len: int, gpus_per_
                 continue
             for dr in _divisors(world // tp // cp):
                 ds = world // tp // cp // dr
-                if global_batch % (dr * ds) == 0:
-                    out.extend((dr, ds, cp, tp, ac) for ac in ACS)
+                if global_batch % (dr * ds):
+                    continue
+                eps = [(1, 1), *(legal_ep(num_experts, ds, cp, tp) if num_experts else [])]
+                out.extend((dr, ds, cp, tp, ep, etp, ac) for ep, etp in eps for ac in ACS)
     return out
 
 
 def _expert(config: str, world: int, global_batch: int, degrees: tuple[int, ...] | None,
-            ac: str | None) -> Any:
+            ac: str | None, hw: str = HW) -> Any:
+    """The expert plan of ``config`` with the given degrees / AC (None: as shipped). The
+    parsed config is copied and edited rather than re-parsed (parsing dominates otherwise)."""
+    import copy
+
     from torchtitan_autoparallel.expert import expert_plan
 
-    extra = [f"--training.global_batch_size={global_batch}", f"--autoparallel.hardware={HW}"]
+    job = copy.deepcopy(_parse(config, ()))
+    job.training.global_batch_size = global_batch
+    job.autoparallel.hardware = hw
     if degrees is not None:
-        dr, ds, cp, tp = degrees
-        local = _parse(config, ()).training.local_batch_size
+        dr, ds, cp, tp, ep, etp = degrees
+        local = job.training.local_batch_size
         while global_batch % (local * dr * ds):
             local //= 2
-        extra += [f"--parallelism.data_parallel_replicate_degree={dr}",
-                  f"--parallelism.data_parallel_shard_degree={ds}",
-                  f"--parallelism.context_parallel_degree={cp}",
-                  f"--parallelism.tensor_parallel_degree={tp}",
-                  f"--training.local_batch_size={max(local, 1)}"]
+        par = job.parallelism
+        par.data_parallel_replicate_degree, par.data_parallel_shard_degree = dr, ds
+        par.context_parallel_degree, par.tensor_parallel_degree = cp, tp
+        par.expert_parallel_degree, par.expert_tensor_parallel_degree = ep, etp
+        job.training.local_batch_size = max(local, 1)
     if ac is not None:
-        extra.append(f"--activation_checkpoint.mode={ac}")
+        job.activation_checkpoint.mode = ac
         if ac == "selective":
-            extra.append("--activation_checkpoint.selective_ac_option=op")
-    return expert_plan(_parse(config, tuple(extra)), world)
+            job.activation_checkpoint.selective_ac_option = "op"
+    return expert_plan(job, world)
 
 
 def _fits(plan: Any) -> bool:
@@ -132,34 +151,35 @@ def evaluate(model: str, world: int) -> dict[str, Any]:
     base = _parse(auto_cfg, ())
     global_batch = base.training.local_batch_size * world
     row: dict[str, Any] = {"model": model, "world": world, "global_batch": global_batch}
+    hw = MODEL_HW.get(model, HW)
     extra = (f"--training.global_batch_size={global_batch}", "--parallelism.auto",
-             f"--autoparallel.hardware={HW}")
+             f"--autoparallel.hardware={hw}")
     try:
         auto = plan_job(_parse(auto_cfg, extra), world)
         m = auto.mesh
         row.update(auto_status="ok", auto_tps=auto.predicted["tokens_per_s"],
                    auto_peak_gib=auto.predicted["peak_memory_gib"],
-                   auto_mesh=f"dr{m.dp_replicate} ds{m.dp_shard} cp{m.cp} tp{m.tp} "
+                   auto_mesh=f"{_mesh(m)} "
                              f"lb{auto.local_batch_size}x{auto.gradient_accumulation_steps}")
         row["_plan"] = auto
     except UserError as exc:
         row.update(auto_status="no plan", note=str(exc)[:160])
     try:
-        shipped = _expert(shipped_cfg, world, global_batch, None, None)
+        shipped = _expert(shipped_cfg, world, global_batch, None, None, hw)
         m = shipped.mesh
         ac = _parse(shipped_cfg, ()).activation_checkpoint.mode
-        row.update(shipped=f"dr{m.dp_replicate} ds{m.dp_shard} cp{m.cp} tp{m.tp} ac:{ac}",
+        row.update(shipped=f"{_mesh(m)} ac:{ac}",
                    shipped_tps=shipped.predicted["tokens_per_s"], shipped_fits=_fits(shipped))
     except UserError as exc:
         row.update(shipped="not legal here", shipped_fits=False,
                    note=(row.get("note", "") + f" shipped: {exc}")[:240])
     ship = _parse(shipped_cfg, ())
-    graph_heads = _heads(ship)
+    n_heads, n_kv, n_experts = _heads(ship)
     best, best_name, costed, fit = None, "", 0, 0
-    for dr, ds, cp, tp, ac in expert_variants(world, *graph_heads, ship.training.seq_len, 8,
-                                              global_batch):
+    for dr, ds, cp, tp, ep, etp, ac in expert_variants(
+            world, n_heads, n_kv, ship.training.seq_len, 8, global_batch, n_experts):
         try:
-            plan = _expert(shipped_cfg, world, global_batch, (dr, ds, cp, tp), ac)
+            plan = _expert(shipped_cfg, world, global_batch, (dr, ds, cp, tp, ep, etp), ac, hw)
         except UserError:
             continue
         costed += 1
@@ -167,7 +187,7 @@ def evaluate(model: str, world: int) -> dict[str, Any]:
             continue
         fit += 1
         if best is None or plan.predicted["tokens_per_s"] > best.predicted["tokens_per_s"]:
-            best, best_name = plan, f"dr{dr} ds{ds} cp{cp} tp{tp} ac:{ac}"
+            best, best_name = plan, f"{_mesh(plan.mesh)} ac:{ac}"
     row.update(experts_costed=costed, experts_fit=fit, best_expert=best_name or "none fits",
                best_expert_tps=best.predicted["tokens_per_s"] if best else math.nan)
     if row.get("auto_status") == "ok":
@@ -178,11 +198,21 @@ def evaluate(model: str, world: int) -> dict[str, Any]:
     return row
 
 
-def _heads(job_config: Any) -> tuple[int, int]:
+def _heads(job_config: Any) -> tuple[int, int, int]:
+    """(query heads, kv heads, routed experts or 0) of the job's model."""
     from torchtitan.protocols.train_spec import get_train_spec
 
     args = get_train_spec(job_config.model.name).model_args[job_config.model.flavor]
-    return args.n_heads, getattr(args, "n_kv_heads", None) or args.n_heads
+    experts = args.moe_args.num_experts if getattr(args, "moe_args", None) else 0
+    if getattr(args, "n_dense_layers", None) == args.n_layers or (
+            hasattr(args, "moe_enabled") and not args.moe_enabled):
+        experts = 0
+    return args.n_heads, getattr(args, "n_kv_heads", None) or args.n_heads, experts
+
+
+def _mesh(m: Any) -> str:
+    ep = f" ep{m.ep}/{m.etp}" if m.ep > 1 else ""
+    return f"dr{m.dp_replicate} ds{m.dp_shard} cp{m.cp} tp{m.tp}{ep}"
 
 
 def dry_run(model: str, world: int, plan: Any, timeout_s: int = 900) -> str:
@@ -221,7 +251,8 @@ def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
     lines = ["# Simulated at scale: auto vs TorchTitan expert recipes on H100s (predicted)", "",
              "Cost model: `h100_sxm` profile. Weak scaling (global batch = shipped local batch "
              "x world). Experts: every legal dp_replicate x dp_shard x cp x tp mesh (tp <= 8) "
-             "x AC none/selective/full; only those predicted to fit 80 GB count. Dry run: the "
+             "x AC none/selective/full (x every legal ep / etp for MoE); only those predicted "
+             "to fit the device (80 GB; 671B on 141 GB H200s) count. Dry run: the "
              "auto plan replayed on fake ranks (`COMM_MODE=fake_backend`).", "",
              "| model | GPUs | auto mesh | auto tok/s | shipped recipe | shipped tok/s | "
              "best expert | best tok/s | auto / best | auto / shipped | dry run |",
