@@ -129,3 +129,14 @@ def test_tied_weights_fsdp_plan_parity(tmp_path):
                      [*tied, "--autoparallel.techniques=fsdp"], seed_checkpoint=seed)
     assert "dp_shard=2" in result.output, result.output[-3000:]
     assert_parity(reference, result)
+
+
+def test_replicate_only_plan_parity(references, tmp_path):
+    """Pure data-parallel replication (DDP as FSDP2 on a replicate x 1 mesh) sums gradients like
+    every other plan: it matches 1 rank (TorchTitan 0.2.2's DDP recipe averages them instead)."""
+    seed, reference = references("llama3")
+    result = run_job("llama3_debug_auto.toml", 2, tmp_path, ["--autoparallel.techniques=ddp"],
+                     seed_checkpoint=seed)
+    mesh = PLAN_RE.search(result.output)
+    assert mesh and mesh.group(1).startswith("dp_replicate=2 dp_shard=1"), result.output[-3000:]
+    assert_parity(reference, result)

@@ -66,6 +66,19 @@ def _dp_over_tp_mesh(parallel_dims: Any) -> Any:
     return parallel_dims.get_mesh(["fsdp", "tp"])._flatten("fsdp_tp")
 
 
+def _replicate_mesh(parallel_dims: Any) -> Any:
+    """Data parallel by replication (DDP) as FSDP2 on a (dp_replicate, 1) mesh: parameters stay
+    whole, gradients are all-reduced and summed like every other plan (TorchTitan's DDP recipe
+    averages them on top of its global-token loss normalisation, which changes the numerics)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchtitan.tools.utils import device_type
+
+    if parallel_dims.tp > 1 or parallel_dims.cp > 1 or parallel_dims.ep > 1:
+        raise UserError("pure data-parallel replication is planned with tp = cp = ep = 1 only")
+    return init_device_mesh(device_type, (parallel_dims.dp_replicate, 1),
+                            mesh_dim_names=("dp_replicate", "dp_shard_1"))
+
+
 def _shard_routed_experts(experts: nn.Module, parallel_dims: Any, plan: Plan, mp_policy: Any,
                           reshard_after_forward: bool) -> None:
     """FSDP of routed experts over the ranks EP leaves (``efsdp``, with dp_replicate for HSDP),
@@ -133,13 +146,19 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
         )
         blocks.register_module(name, wrapped)
 
-    if (parallel_dims.fsdp_enabled or parallel_dims.ep_enabled
+    replicate_only = parallel_dims.dp_replicate_enabled and not parallel_dims.fsdp_enabled
+    if (parallel_dims.fsdp_enabled or parallel_dims.ep_enabled or replicate_only
             or any(layer.tp_mode == "dp" for layer in plan.layers)):
         mesh_dims = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
         training = job_config.training
+        if parallel_dims.fsdp_enabled:
+            dp_mesh = parallel_dims.get_mesh(mesh_dims)
+        elif replicate_only:
+            dp_mesh = _replicate_mesh(parallel_dims)
+        else:
+            dp_mesh = parallel_dims.get_mesh("tp")
         fsdp = {
-            "mesh": (parallel_dims.get_mesh(mesh_dims) if parallel_dims.fsdp_enabled
-                     else parallel_dims.get_mesh("tp")),
+            "mesh": dp_mesh,
             "mp_policy": MixedPrecisionPolicy(
                 param_dtype=TORCH_DTYPES[training.mixed_precision_param],
                 reduce_dtype=TORCH_DTYPES[training.mixed_precision_reduce],

@@ -28,9 +28,10 @@ class Autoparallel:
     memory_gib: float = 0.0
     """Memory budget per device in GiB; 0 takes the profile's usable memory."""
     techniques: list[str] = field(
-        default_factory=lambda: ["fsdp", "hsdp", "tp", "tp_dp", "cp", "ep", "ac"]
+        default_factory=lambda: ["fsdp", "hsdp", "ddp", "tp", "tp_dp", "cp", "ep", "ac"]
     )
-    """Techniques the search may use (restrict it to compare or to debug): fsdp, hsdp, tp
+    """Techniques the search may use (restrict it to compare or to debug): fsdp, hsdp, ddp
+    (replicate only, gradients all-reduced), tp
     (tensor + sequence parallel), tp_dp (a block may use the tp dim as data parallel), cp
     (context parallel), ep (expert parallel, MoE models), ac."""
     time_limit_s: float = 30.0

@@ -7,8 +7,9 @@ from .graph.layer_graph import LayerGraph
 from .pins import Pin
 from .plan import Mesh
 
-TECHNIQUES = ("fsdp", "hsdp", "tp", "tp_dp", "cp", "ep", "ac")
-"""fsdp: shard over dp_shard; hsdp: replicate x shard; tp: tensor + sequence parallel; tp_dp: a
+TECHNIQUES = ("fsdp", "hsdp", "ddp", "tp", "tp_dp", "cp", "ep", "ac")
+"""fsdp: shard over dp_shard; hsdp: replicate x shard; ddp: replicate only (gradients
+all-reduced, parameters whole on every rank; tp = cp = 1); tp: tensor + sequence parallel; tp_dp: a
 block may use the tp dim as extra data parallel (dense models); cp: context parallel (ring
 attention); ep: expert parallel for routed experts (MoE models); ac: activation checkpointing."""
 TP_MODES = ("sp", "dp")
@@ -87,8 +88,11 @@ def enumerate_meshes(
                 continue
             for dp_replicate in _divisors(world // tp // cp):
                 dp_shard = world // tp // cp // dp_replicate
-                if dp_replicate > 1 and ("hsdp" not in allowed or dp_shard == 1):
-                    continue  # replication only as HSDP (replicate x shard)
+                if dp_replicate > 1 and dp_shard > 1 and "hsdp" not in allowed:
+                    continue
+                if dp_replicate > 1 and dp_shard == 1 and (
+                        "ddp" not in allowed or tp > 1 or cp > 1):
+                    continue  # pure replication: data parallel alone
                 if dp_shard > 1 and "fsdp" not in allowed and "hsdp" not in allowed:
                     continue
                 fixed = (constraints.dp_replicate, constraints.dp_shard, constraints.tp,
