@@ -47,7 +47,7 @@ CSV_FIELDS = [
     "step_time_s", "tokens_per_s", "peak_memory_gib", "final_loss", "steps_measured",
     "pred_step_time_s", "pred_peak_gib", "wall_s", "foreign_load", "attempts", "note",
 ]
-AUTO_FAMILIES = ("llama3", "qwen3")
+AUTO_FAMILIES = ("llama3", "qwen3", "llama4", "deepseek_v3")
 """Families the planner supports; other families get an ``unsupported`` auto row."""
 
 
@@ -84,6 +84,9 @@ class Recipe:
     ac: str = "none"
     local_batch: int = 0
     """0 = global batch / dp (no gradient accumulation)."""
+    ep: int = 1
+    etp: int = 1
+    """Expert parallel / expert tensor parallel degrees (MoE models)."""
 
     @property
     def name(self) -> str:
@@ -97,6 +100,8 @@ class Recipe:
             parts.append(f"cp{self.cp}")
         if self.tp > 1:
             parts.append(f"tp{self.tp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}" + (f"etp{self.etp}" if self.etp > 1 else ""))
         name = "_".join(parts) or "single"
         if self.ac != "none":
             name += f"+ac_{self.ac}"
@@ -163,10 +168,14 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def legal_recipes(cfg: Config, n_heads: int, n_kv_heads: int) -> list[Recipe]:
+def legal_recipes(cfg: Config, n_heads: int, n_kv_heads: int, num_experts: int = 0
+                  ) -> list[Recipe]:
     """Every mesh TorchTitan 0.2.2 accepts for this model and world size (FSDP, HSDP, DDP, TP,
-    CP and their products; CP needs ``seq_len % (2 cp tp) == 0``; the global batch must split
-    over dp), times the config's activation-checkpointing modes."""
+    CP, and for MoE models EP / ETP by TorchTitan's rules, and their products; CP needs
+    ``seq_len % (2 cp tp) == 0``; the global batch must split over dp), times the config's
+    activation-checkpointing modes."""
+    from torchtitan_autoparallel.strategies import legal_ep
+
     out = []
     for tp in _divisors(cfg.ngpu):
         if n_heads % tp or n_kv_heads % tp:
@@ -178,12 +187,13 @@ def legal_recipes(cfg: Config, n_heads: int, n_kv_heads: int) -> list[Recipe]:
                 ds = cfg.ngpu // tp // cp // dr
                 if cfg.global_batch % (dr * ds):
                     continue
-                for ac in cfg.expert_ac:
+                eps = [(1, 1), *(legal_ep(num_experts, ds, cp, tp) if num_experts else [])]
+                for (ep, etp), ac in itertools.product(eps, cfg.expert_ac):
                     for lb in cfg.expert_local_batch:
                         if lb and (lb >= cfg.global_batch // (dr * ds)
                                    or cfg.global_batch // (dr * ds) % lb):
                             continue  # no accumulation, or uneven micro-batches
-                        out.append(Recipe(dr, ds, tp, cp, ac, lb))
+                        out.append(Recipe(dr, ds, tp, cp, ac, lb, ep, etp))
     if cfg.recipes != ("all",):
         wanted = set(cfg.recipes)
         out = [r for r in out if r.name in wanted or r.name.split("+")[0] in wanted]
@@ -226,6 +236,8 @@ def recipe_overrides(cfg: Config, r: Recipe) -> list[str]:
             f"--parallelism.data_parallel_shard_degree={r.dp_shard}",
             f"--parallelism.tensor_parallel_degree={r.tp}",
             f"--parallelism.context_parallel_degree={r.cp}",
+            f"--parallelism.expert_parallel_degree={r.ep}",
+            f"--parallelism.expert_tensor_parallel_degree={r.etp}",
             f"--training.local_batch_size={local}", *ac]
 
 
@@ -372,14 +384,18 @@ def arm_order(arms: list[str], round_index: int) -> list[str]:
     return list(arms) if round_index % 2 == 0 else list(reversed(arms))
 
 
-def _heads(family: str, flavor: str) -> tuple[int, int]:
+def _heads(family: str, flavor: str) -> tuple[int, int, int]:
+    """(query heads, kv heads, routed experts or 0)."""
     from torchtitan.protocols.train_spec import get_train_spec
 
     from torchtitan_autoparallel.registry import register
 
     register()
     args = get_train_spec(family).model_args[flavor]
-    return args.n_heads, getattr(args, "n_kv_heads", None) or args.n_heads
+    experts = args.moe_args.num_experts if getattr(args, "moe_args", None) else 0
+    if hasattr(args, "moe_enabled") and not args.moe_enabled:
+        experts = 0
+    return args.n_heads, getattr(args, "n_kv_heads", None) or args.n_heads, experts
 
 
 def run_grid(grid: Grid, out: Path, plans_dir: Path, dry: bool = False) -> int:
@@ -445,7 +461,7 @@ def run_grid(grid: Grid, out: Path, plans_dir: Path, dry: bool = False) -> int:
 
 def _cells(grid: Grid):
     """(config, round, arm name, recipe or None for auto) in run order."""
-    heads: dict[tuple[str, str], tuple[int, int]] = {}
+    heads: dict[tuple[str, str], tuple[int, int, int]] = {}
     for cfg in grid.configs:
         key = (cfg.family, cfg.flavor)
         if key not in heads:

@@ -72,6 +72,10 @@ def test_legal_recipes_follow_heads_sequence_and_batch() -> None:
     ac = sweep.legal_recipes(sweep.Config("llama3", 2, 16, 256, recipes=("fsdp2",),
                                           expert_ac=("none", "full")), 8, 8)
     assert [r.name for r in ac] == ["fsdp2", "fsdp2+ac_full"]
+    # MoE: TorchTitan's ep layouts (etp = tp inside dp_shard x cp, or etp = 1 taking all of tp)
+    moe = {r.name for r in sweep.legal_recipes(sweep.Config("deepseek_v3", 4, 16, 256), 8, 8, 8)}
+    assert {"fsdp4_ep2", "fsdp4_ep4", "fsdp2_tp2_ep2etp2", "fsdp2_tp2_ep4"} <= moe
+    assert not any(n.startswith(("ddp", "tp4")) and "ep" in n for n in moe)
 
 
 def test_recipe_overrides_set_every_degree_and_the_local_batch() -> None:
@@ -104,7 +108,7 @@ def test_finished_cells_are_skipped(tmp_path: Path, monkeypatch) -> None:
         sweep.Config("llama3", 2, 8, 256, recipes=("fsdp2",))])
     calls = []
     monkeypatch.setattr(sweep, "wait_for_quiet", lambda load, wait: 0.0)
-    monkeypatch.setattr(sweep, "_heads", lambda family, flavor: (8, 8))
+    monkeypatch.setattr(sweep, "_heads", lambda family, flavor: (8, 8, 0))
     monkeypatch.setattr(sweep, "predict", lambda cfg, recipe, path: {
         "pred_step_time_s": 1.0, "pred_peak_gib": 0.1})
 
@@ -131,13 +135,21 @@ def test_finished_cells_are_skipped(tmp_path: Path, monkeypatch) -> None:
 def test_over_budget_experts_are_not_run(tmp_path: Path, monkeypatch) -> None:
     grid = sweep.Grid("t", rounds=1, max_foreign_load=math.inf, configs=[
         sweep.Config("deepseek_v3", 2, 8, 256, memory_gib=0.5, recipes=("fsdp2",))])
-    monkeypatch.setattr(sweep, "_heads", lambda family, flavor: (8, 8))
+    monkeypatch.setattr(sweep, "_heads", lambda family, flavor: (8, 8, 8))
     monkeypatch.setattr(sweep, "predict", lambda cfg, recipe, path: {
-        "pred_step_time_s": 1.0, "pred_peak_gib": 0.7})
-    monkeypatch.setattr(sweep, "run_training", lambda *a: pytest.fail("must not train"))
+        "pred_step_time_s": 1.0, "pred_peak_gib": 0.7 if recipe else 0.4})
+    trained = []
+
+    def fake_run(cfg, grid, extra, auto, workdir):
+        trained.append(auto)
+        return 0, [{"step": s, "step_time_s": 1.0, "tokens_per_s": 2048.0, "loss": 5.0}
+                   for s in range(1, 7)], ""
+
+    monkeypatch.setattr(sweep, "run_training", fake_run)
     sweep.run_grid(grid, tmp_path, tmp_path / "plans")
     done = sweep.read_done(tmp_path / "sweep.csv")
-    assert done["deepseek_v3_ws2_b8_s256_m0.5/auto/r1"]["status"] == "unsupported"
+    assert trained == [True]  # the auto plan (within budget) ran; the expert did not
+    assert done["deepseek_v3_ws2_b8_s256_m0.5/auto/r1"]["status"] == "ok"
     assert done["deepseek_v3_ws2_b8_s256_m0.5/fsdp2/r1"]["status"] == "over_budget"
 
 
