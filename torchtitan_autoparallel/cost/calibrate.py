@@ -141,11 +141,20 @@ def calibrate(world: int, name: str, gpus_per_node: int, quick: bool = False) ->
         intra_node_latency_us=round(alpha * 1e6, 3),
         inter_node_latency_us=round(alpha * 1e6, 3),
         comm_overlap=0.9 if device == "cuda" else 0.0,
+        # TorchTitan runs routed experts as grouped GEMMs from SM90 on
+        grouped_mm=device == "cuda" and torch.cuda.get_device_capability()[0] >= 9,
+        host_cores=0 if device == "cuda" else (os.cpu_count() or 1),
     )
 
 
 def to_toml(profile: HardwareProfile, notes: list[str]) -> str:
     lines = [f"# {n}" for n in notes]
     for key, value in asdict(profile).items():
-        lines.append(f'{key} = "{value}"' if isinstance(value, str) else f"{key} = {value}")
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, str):
+            text = f'"{value}"'
+        else:
+            text = str(value)
+        lines.append(f"{key} = {text}")
     return "\n".join(lines) + "\n"
