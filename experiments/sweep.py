@@ -44,7 +44,7 @@ if str(REPO) not in sys.path:
 CSV_FIELDS = [
     "cell", "config", "family", "ngpu", "global_batch", "seq_len", "memory_gib", "arm", "round",
     "status", "dp_replicate", "dp_shard", "tp", "cp", "local_batch", "accum", "ac",
-    "step_time_s", "tokens_per_s", "peak_memory_gib", "final_loss", "steps_measured",
+    "step_time_s", "min_step_time_s", "tokens_per_s", "peak_memory_gib", "final_loss", "steps_measured",
     "pred_step_time_s", "pred_peak_gib", "wall_s", "foreign_load", "attempts", "note",
 ]
 AUTO_FAMILIES = ("llama3", "qwen3")
@@ -260,11 +260,13 @@ def predict(cfg: Config, recipe: Recipe | None, plan_path: Path | None) -> dict[
 # ---------------------------------------------------------------- running
 
 def steady_stats(rows: list[dict], steady_from: int) -> dict[str, Any]:
-    """Median step time and tokens/s over steps >= ``steady_from``; peak memory; final loss."""
+    """Median (and fastest) step time and median tokens/s over steps >= ``steady_from``; peak
+    memory; final loss. On a shared machine the fastest step is the least disturbed one."""
     steady = [r for r in rows if r.get("step", 0) >= steady_from and "step_time_s" in r]
     if not steady:
         return {}
     return {"step_time_s": statistics.median(r["step_time_s"] for r in steady),
+            "min_step_time_s": min(r["step_time_s"] for r in steady),
             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
             "peak_memory_gib": max(r.get("peak_memory_gib", 0.0) for r in rows),
             "final_loss": rows[-1]["loss"], "steps_measured": len(steady)}
