@@ -78,9 +78,11 @@ def _float(value: str) -> float:
 
 
 def aggregate(rows: list[dict[str, str]]) -> dict[str, dict[str, Arm]]:
-    """config -> arm -> Arm (medians over the successful rounds)."""
+    """config -> arm -> Arm (medians over the successful rounds; a re-run cell's last row
+    supersedes its earlier ones)."""
+    latest = {row["cell"]: row for row in rows}
     grouped: dict[tuple[str, str], list[dict[str, str]]] = defaultdict(list)
-    for row in rows:
+    for row in latest.values():
         grouped[(row["config"], row["arm"])].append(row)
     out: dict[str, dict[str, Arm]] = defaultdict(dict)
     for (config, arm), runs in grouped.items():
@@ -96,7 +98,8 @@ def aggregate(rows: list[dict[str, str]]) -> dict[str, dict[str, Arm]]:
 
         out[config][arm] = Arm(
             config, arm, "ok" if ok else first["status"], med("tokens_per_s"),
-            med("step_time_s"), med("min_step_time_s"), med("pred_step_time_s", runs), med("pred_peak_gib", runs),
+            med("step_time_s"), med("min_step_time_s"), med("pred_step_time_s", runs),
+            med("pred_peak_gib", runs),
             med("peak_memory_gib"), med("final_loss"), mesh, first.get("note", ""), len(ok))
     return out
 
@@ -193,6 +196,7 @@ def write_plots(rows: list[dict[str, str]], folder: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     agg = aggregate(rows)
     configs = [c for c in sorted(agg) if headline(agg[c]).get("best_expert")]
@@ -230,6 +234,9 @@ def write_plots(rows: list[dict[str, str]], folder: Path) -> list[Path]:
     ax.plot(lim, lim, "k--", lw=0.8, label="predicted = measured")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        axis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.1f"))
     rho, err, n = accuracy(rows)
     ax.set_title(f"step time: Spearman {rho:.2f}, median error {err:.0%} (n={n})")
     ax.set_xlabel("predicted step time (s)")
