@@ -139,6 +139,39 @@ def cross_validate(points: list[tuple[Any, float, dict[str, str]]], hw: Hardware
     return rows
 
 
+def write_validation(out: Path, cv_rows: list[dict[str, str]], fitted: HardwareProfile,
+                     points: list[tuple[Any, float, dict[str, str]]]) -> None:
+    """cost_model.md (fitted constants, in-sample and leave-one-config-out accuracy, every
+    plan's out-of-sample prediction) and cost_model_cv.png."""
+    from sweep_report import aggregate, scatter_plot
+
+    cache: dict[str, Any] = {}
+    fitted_rows = [{**row, "pred_step_time_s": str(repredict(plan, fitted, cache)),
+                    "step_time_s": str(measured)} for plan, measured, row in points]
+    rho_in, err_in, n = accuracy(fitted_rows)
+    rho, err, _ = accuracy(cv_rows)
+    lines = ["# Cost model vs measured step time (CPU, gloo)", "",
+             f"{n} measured plans (config x arm; step time = median over rounds of each run's "
+             "median steady step).", "",
+             "| profile | Spearman | median relative error |", "|---|---|---|",
+             f"| fitted to all runs (in-sample) | {rho_in:.3f} | {err_in:.1%} |",
+             f"| leave one config out (each config predicted by a profile fitted to the "
+             f"others) | {rho:.3f} | {err:.1%} |", "",
+             "Fitted constants (`torchtitan_autoparallel/profiles/cpu.toml`): " + ", ".join(
+                 f"`{name} = {getattr(fitted, name):.4g}`" for name in FITTED), "",
+             "![leave-one-config-out](cost_model_cv.png)", "",
+             "| config | arm | measured s | predicted s (left out) | error |",
+             "|---|---|---|---|---|"]
+    for config, arms in sorted(aggregate(cv_rows).items()):
+        for name, a in sorted(arms.items()):
+            lines.append(f"| {config} | {name} | {a.step_time_s:.3f} | "
+                         f"{a.pred_step_time_s:.3f} | "
+                         f"{a.pred_step_time_s / a.step_time_s - 1:+.0%} |")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cost_model.md").write_text("\n".join(lines) + "\n")
+    scatter_plot(cv_rows, out / "cost_model_cv.png", "leave one config out: ")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv", nargs="+", help="sweep CSVs of measured runs (plans/ next to each)")
@@ -146,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="update the profile TOML")
     parser.add_argument("--cv", action="store_true",
                         help="also report leave-one-config-out accuracy")
+    parser.add_argument("--out", default="",
+                        help="with --cv: folder for cost_model.md and its plot")
     parser.add_argument("--max-foreign-load", type=float, default=float("inf"),
                         help="use only runs during which other processes used at most this "
                              "many cores")
@@ -162,9 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in FITTED:
         print(f"{name} = {getattr(fitted, name):.4g}")
     if args.cv:
-        rho, err, n = accuracy(cross_validate(points, hw))
+        cv_rows = cross_validate(points, hw)
+        rho, err, n = accuracy(cv_rows)
         print(f"leave-one-config-out: Spearman {rho:.3f}, median relative error {err:.1%} "
               f"over {n} plans")
+        if args.out:
+            write_validation(Path(args.out), cv_rows, fitted, points)
     if args.write:
         path = REPO / "torchtitan_autoparallel" / "profiles" / f"{args.profile}.toml"
         write_profile(path, fitted)

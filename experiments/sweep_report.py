@@ -220,17 +220,28 @@ def write_plots(rows: list[dict[str, str]], folder: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
 
+    paths.append(scatter_plot(rows, folder / "sweep_predicted_vs_measured.png"))
+    return paths
+
+
+def scatter_plot(rows: list[dict[str, str]], path: Path, label: str = "") -> Path:
+    """Predicted vs measured step time of every measured plan (log-log, with y = x)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    agg = aggregate(rows)
     fig, ax = plt.subplots(figsize=(5.5, 5))
-    for label, marker in (("auto", "o"), ("expert", "x")):
+    for kind, marker in (("auto", "o"), ("expert", "x")):
         pts = [(a.pred_step_time_s, a.step_time_s) for arms in agg.values()
                for a in arms.values() if a.status == "ok" and not math.isnan(a.pred_step_time_s)
-               and (a.arm == "auto") == (label == "auto")]
+               and (a.arm == "auto") == (kind == "auto")]
         if pts:
-            ax.scatter(*zip(*pts, strict=True), marker=marker, label=label)
-    lim = [min([a.step_time_s for arms in agg.values() for a in arms.values()
-                if a.status == "ok"] or [0.1]) * 0.8,
-           max([a.step_time_s for arms in agg.values() for a in arms.values()
-                if a.status == "ok"] or [1.0]) * 1.25]
+            ax.scatter(*zip(*pts, strict=True), marker=marker, label=kind)
+    times = [a.step_time_s for arms in agg.values() for a in arms.values() if a.status == "ok"]
+    lim = [min(times or [0.1]) * 0.8, max(times or [1.0]) * 1.25]
     ax.plot(lim, lim, "k--", lw=0.8, label="predicted = measured")
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -238,15 +249,14 @@ def write_plots(rows: list[dict[str, str]], folder: Path) -> list[Path]:
         axis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         axis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.1f"))
     rho, err, n = accuracy(rows)
-    ax.set_title(f"step time: Spearman {rho:.2f}, median error {err:.0%} (n={n})")
+    ax.set_title(f"{label}Spearman {rho:.2f}, median error {err:.0%} (n={n})", fontsize=10)
     ax.set_xlabel("predicted step time (s)")
     ax.set_ylabel("measured step time (s)")
     ax.legend()
     fig.tight_layout()
-    paths.append(folder / "sweep_predicted_vs_measured.png")
-    fig.savefig(paths[-1], dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    return paths
+    return path
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
