@@ -6,7 +6,7 @@ searches (coordinate descent on a log scale) for the values that minimise the me
 error of predicted vs measured step time. Prints the fitted fields and the accuracy before and
 after; with ``--write`` updates ``torchtitan_autoparallel/profiles/cpu.toml``.
 
-    python experiments/fit_cpu_profile.py experiments/results/calibration.csv
+    python experiments/fit_cpu_profile.py experiments/results/calibration/sweep.csv [--cv]
 
 Fit on a calibration grid, then judge the profile on a different sweep: fitting and
 validating on the same runs would flatter the model.
@@ -123,13 +123,70 @@ def _report(points: list[tuple[Any, float, dict[str, str]]], hw: HardwareProfile
     print(f"{label}: Spearman {rho:.3f}, median relative error {err:.1%} over {n} plans")
 
 
+def cross_validate(points: list[tuple[Any, float, dict[str, str]]], hw: HardwareProfile
+                   ) -> list[dict[str, str]]:
+    """Leave one config out: each config's plans are predicted by a profile fitted to the other
+    configs' runs. Returns rows for ``sweep_report.accuracy``."""
+    rows = []
+    for config in sorted({row["config"] for _, _, row in points}):
+        train = [p for p in points if p[2]["config"] != config]
+        fitted = fit(train, hw) if train else hw
+        cache: dict[str, Any] = {}
+        for plan, measured, row in points:
+            if row["config"] == config:
+                rows.append({**row, "pred_step_time_s": str(repredict(plan, fitted, cache)),
+                             "step_time_s": str(measured)})
+    return rows
+
+
+def write_validation(out: Path, cv_rows: list[dict[str, str]], fitted: HardwareProfile,
+                     points: list[tuple[Any, float, dict[str, str]]]) -> None:
+    """cost_model.md (fitted constants, in-sample and leave-one-config-out accuracy, every
+    plan's out-of-sample prediction) and cost_model_cv.png."""
+    from sweep_report import aggregate, scatter_plot
+
+    cache: dict[str, Any] = {}
+    fitted_rows = [{**row, "pred_step_time_s": str(repredict(plan, fitted, cache)),
+                    "step_time_s": str(measured)} for plan, measured, row in points]
+    rho_in, err_in, n = accuracy(fitted_rows)
+    rho, err, _ = accuracy(cv_rows)
+    lines = ["# Cost model vs measured step time (CPU, gloo)", "",
+             f"{n} measured plans (config x arm; step time = median over rounds of each run's "
+             "median steady step).", "",
+             "| profile | Spearman | median relative error |", "|---|---|---|",
+             f"| fitted to all runs (in-sample) | {rho_in:.3f} | {err_in:.1%} |",
+             f"| leave one config out (each config predicted by a profile fitted to the "
+             f"others) | {rho:.3f} | {err:.1%} |", "",
+             "Fitted constants (`torchtitan_autoparallel/profiles/cpu.toml`): " + ", ".join(
+                 f"`{name} = {getattr(fitted, name):.4g}`" for name in FITTED), "",
+             "![leave-one-config-out](cost_model_cv.png)", "",
+             "| config | arm | measured s | predicted s (left out) | error |",
+             "|---|---|---|---|---|"]
+    for config, arms in sorted(aggregate(cv_rows).items()):
+        for name, a in sorted(arms.items()):
+            lines.append(f"| {config} | {name} | {a.step_time_s:.3f} | "
+                         f"{a.pred_step_time_s:.3f} | "
+                         f"{a.pred_step_time_s / a.step_time_s - 1:+.0%} |")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cost_model.md").write_text("\n".join(lines) + "\n")
+    scatter_plot(cv_rows, out / "cost_model_cv.png", "leave one config out: ")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("csv", help="sweep CSV of calibration runs (plans/ next to it)")
+    parser.add_argument("csv", nargs="+", help="sweep CSVs of measured runs (plans/ next to each)")
     parser.add_argument("--profile", default="cpu")
     parser.add_argument("--write", action="store_true", help="update the profile TOML")
+    parser.add_argument("--cv", action="store_true",
+                        help="also report leave-one-config-out accuracy")
+    parser.add_argument("--out", default="",
+                        help="with --cv: folder for cost_model.md and its plot")
+    parser.add_argument("--max-foreign-load", type=float, default=float("inf"),
+                        help="use only runs during which other processes used at most this "
+                             "many cores")
     args = parser.parse_args(argv)
-    points = load_measured(Path(args.csv))
+    points = [p for csv_path in args.csv for p in load_measured(Path(csv_path))
+              if float(p[2].get("foreign_load") or 0.0) <= args.max_foreign_load]
     if not points:
         print(f"error: no measured runs with plans in {args.csv}", file=sys.stderr)
         return 2
@@ -139,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     _report(points, fitted, "after")
     for name in FITTED:
         print(f"{name} = {getattr(fitted, name):.4g}")
+    if args.cv:
+        cv_rows = cross_validate(points, hw)
+        rho, err, n = accuracy(cv_rows)
+        print(f"leave-one-config-out: Spearman {rho:.3f}, median relative error {err:.1%} "
+              f"over {n} plans")
+        if args.out:
+            write_validation(Path(args.out), cv_rows, fitted, points)
     if args.write:
         path = REPO / "torchtitan_autoparallel" / "profiles" / f"{args.profile}.toml"
         write_profile(path, fitted)

@@ -44,7 +44,8 @@ if str(REPO) not in sys.path:
 CSV_FIELDS = [
     "cell", "config", "family", "ngpu", "global_batch", "seq_len", "memory_gib", "arm", "round",
     "status", "dp_replicate", "dp_shard", "tp", "cp", "local_batch", "accum", "ac",
-    "step_time_s", "tokens_per_s", "peak_memory_gib", "final_loss", "steps_measured",
+    "step_time_s", "min_step_time_s", "tokens_per_s", "peak_memory_gib", "final_loss",
+    "steps_measured",
     "pred_step_time_s", "pred_peak_gib", "wall_s", "foreign_load", "attempts", "note",
 ]
 AUTO_FAMILIES = ("llama3", "qwen3", "llama4", "deepseek_v3")
@@ -272,11 +273,13 @@ def predict(cfg: Config, recipe: Recipe | None, plan_path: Path | None) -> dict[
 # ---------------------------------------------------------------- running
 
 def steady_stats(rows: list[dict], steady_from: int) -> dict[str, Any]:
-    """Median step time and tokens/s over steps >= ``steady_from``; peak memory; final loss."""
+    """Median (and fastest) step time and median tokens/s over steps >= ``steady_from``; peak
+    memory; final loss. On a shared machine the fastest step is the least disturbed one."""
     steady = [r for r in rows if r.get("step", 0) >= steady_from and "step_time_s" in r]
     if not steady:
         return {}
     return {"step_time_s": statistics.median(r["step_time_s"] for r in steady),
+            "min_step_time_s": min(r["step_time_s"] for r in steady),
             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
             "peak_memory_gib": max(r.get("peak_memory_gib", 0.0) for r in rows),
             "final_loss": rows[-1]["loss"], "steps_measured": len(steady)}
@@ -398,10 +401,16 @@ def _heads(family: str, flavor: str) -> tuple[int, int, int]:
     return args.n_heads, getattr(args, "n_kv_heads", None) or args.n_heads, experts
 
 
-def run_grid(grid: Grid, out: Path, plans_dir: Path, dry: bool = False) -> int:
-    """Run every unfinished cell of ``grid``; return the number of cells run."""
+def run_grid(grid: Grid, out: Path, plans_dir: Path, dry: bool = False,
+             rerun_disturbed: float | None = None) -> int:
+    """Run every unfinished cell of ``grid``; return the number of cells run. With
+    ``rerun_disturbed``, cells measured while other processes used more than that many cores
+    count as unfinished (the new row supersedes the old one)."""
     csv_path = out / "sweep.csv"
     done = read_done(csv_path)
+    if rerun_disturbed is not None:
+        done = {cell: row for cell, row in done.items()
+                if float(row.get("foreign_load") or 0.0) <= rerun_disturbed}
     plans_dir.mkdir(parents=True, exist_ok=True)
     total = sum(1 for _ in _cells(grid))
     ran = 0
@@ -480,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="results folder (sweep.csv is appended; finished cells skipped)")
     parser.add_argument("--dry", action="store_true",
                         help="plan and predict every cell without training")
+    parser.add_argument("--rerun-disturbed", type=float, default=None, metavar="CORES",
+                        help="re-run cells during which other processes used more than CORES")
     args = parser.parse_args(argv)
     try:
         grid = load_grid(args.grid)
@@ -487,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    ran = run_grid(grid, out, out / "plans", dry=args.dry)
+    ran = run_grid(grid, out, out / "plans", dry=args.dry, rerun_disturbed=args.rerun_disturbed)
     print(f"{ran} cells run; results in {out / 'sweep.csv'}")
     return 0
 

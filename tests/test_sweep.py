@@ -126,10 +126,14 @@ def test_finished_cells_are_skipped(tmp_path: Path, monkeypatch) -> None:
     done = sweep.read_done(tmp_path / "sweep.csv")
     assert set(done) == {f"llama3_ws2_b8_s256/{a}/r{r}" for a in ("auto", "fsdp2")
                          for r in (1, 2)}
+    # cells measured on a busy machine can be re-run; the new row supersedes the old
+    assert sweep.run_grid(grid, tmp_path, tmp_path / "plans", rerun_disturbed=-1.0) == 4
+    assert len(sweep_report.read_rows(tmp_path / "sweep.csv")) == 8
     # the report reads it back: auto (2 s/step) is half the expert's (1 s/step) speed
     head = sweep_report.headline(sweep_report.aggregate(sweep_report.read_rows(
         tmp_path / "sweep.csv"))["llama3_ws2_b8_s256"])
     assert head["best_expert"] == "fsdp2" and head["vs_best"] == pytest.approx(0.5)
+    assert head["experts_measured"] == 1
 
 
 def test_over_budget_experts_are_not_run(tmp_path: Path, monkeypatch) -> None:
