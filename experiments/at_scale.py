@@ -341,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             write_outputs(rows + [r for k, r in done.items() if k not in
                                   {(x["model"], int(x["world"])) for x in rows}], out)
-    write_outputs(rows, out)
+    ran = {(r["model"], int(r["world"])) for r in rows}
+    write_outputs(rows + [r for k, r in done.items() if k not in ran], out)
     return 0
 
 
