@@ -293,6 +293,9 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
         for key, label, marker in (("auto_tps", "auto", "o"), ("best_expert_tps",
                                    "best expert", "s"), ("shipped_tps", "shipped", "x")):
             ys = [float(r[key]) if r.get(key) not in (None, "") else math.nan for r in rs]
+            if key == "shipped_tps":  # a recipe predicted to run out of memory is no point
+                ys = [y if r.get("shipped_fits") in (True, "True") else math.nan
+                      for y, r in zip(ys, rs, strict=True)]
             ax.plot(worlds, ys, marker=marker, label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
