@@ -66,17 +66,25 @@ def _dp_over_tp_mesh(parallel_dims: Any) -> Any:
     return parallel_dims.get_mesh(["fsdp", "tp"])._flatten("fsdp_tp")
 
 
-def _replicate_mesh(parallel_dims: Any) -> Any:
-    """Data parallel by replication (DDP) as FSDP2 on a (dp_replicate, 1) mesh: parameters stay
-    whole, gradients are all-reduced and summed like every other plan (TorchTitan's DDP recipe
-    averages them on top of its global-token loss normalisation, which changes the numerics)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torchtitan.tools.utils import device_type
+def _sum_allreduce_hook(group: Any, bucket: torch.distributed.GradBucket
+                        ) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: all-reduce a gradient bucket as a sum (DDP's default divides by
+    the world size; the loss is already normalised by the global token count)."""
+    work = torch.distributed.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def _apply_replication(model: nn.Module, parallel_dims: Any) -> None:
+    """Pure data parallel: TorchTitan's ``apply_ddp`` with gradients summed like every other
+    plan (TorchTitan 0.2.2's DDP recipe averages them on top of its global-token loss
+    normalisation, which changes the numerics)."""
+    from torchtitan.models.llama3.infra.parallelize import apply_ddp
 
     if parallel_dims.tp > 1 or parallel_dims.cp > 1 or parallel_dims.ep > 1:
         raise UserError("pure data-parallel replication is planned with tp = cp = ep = 1 only")
-    return init_device_mesh(device_type, (parallel_dims.dp_replicate, 1),
-                            mesh_dim_names=("dp_replicate", "dp_shard_1"))
+    mesh = parallel_dims.get_mesh("dp_replicate")
+    apply_ddp(model, mesh, enable_compile=False)
+    model.register_comm_hook(mesh.get_group(), _sum_allreduce_hook)
 
 
 def _shard_routed_experts(experts: nn.Module, parallel_dims: Any, plan: Plan, mp_policy: Any,
@@ -146,19 +154,16 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
         )
         blocks.register_module(name, wrapped)
 
-    replicate_only = parallel_dims.dp_replicate_enabled and not parallel_dims.fsdp_enabled
-    if (parallel_dims.fsdp_enabled or parallel_dims.ep_enabled or replicate_only
+    if (parallel_dims.dp_replicate_enabled and not parallel_dims.fsdp_enabled
+            and not any(layer.tp_mode == "dp" for layer in plan.layers)):
+        _apply_replication(model, parallel_dims)
+    elif (parallel_dims.fsdp_enabled or parallel_dims.ep_enabled
             or any(layer.tp_mode == "dp" for layer in plan.layers)):
         mesh_dims = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
         training = job_config.training
-        if parallel_dims.fsdp_enabled:
-            dp_mesh = parallel_dims.get_mesh(mesh_dims)
-        elif replicate_only:
-            dp_mesh = _replicate_mesh(parallel_dims)
-        else:
-            dp_mesh = parallel_dims.get_mesh("tp")
         fsdp = {
-            "mesh": dp_mesh,
+            "mesh": (parallel_dims.get_mesh(mesh_dims) if parallel_dims.fsdp_enabled
+                     else parallel_dims.get_mesh("tp")),
             "mp_policy": MixedPrecisionPolicy(
                 param_dtype=TORCH_DTYPES[training.mixed_precision_param],
                 reduce_dtype=TORCH_DTYPES[training.mixed_precision_reduce],

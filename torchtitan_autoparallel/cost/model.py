@@ -142,8 +142,8 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     saved = layer.saved_bytes * microbatch * act_scale / (mesh.tp * mesh.cp)
     kept = keep_frac * saved + (layer.io_bytes * microbatch * act_scale / (mesh.tp * mesh.cp)
                                 if strategy.ac != "none" else 0.0)
-    if not strategy.reshard_after_forward and (fsdp_group > 1 or mesh.dp_replicate > 1):
-        kept += unsharded  # FSDP2 (also for pure replication) holds an unsharded copy
+    if not strategy.reshard_after_forward and fsdp_group > 1:
+        kept += unsharded
     state = layer.params * STATE_BYTES_PER_PARAM / (mesh.dp_shard * mesh.cp * mesh.tp)
     # backward of this block: its recomputed activations, unsharded params of it and the
     # prefetched next one, and its unsharded gradients
