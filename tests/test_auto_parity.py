@@ -132,8 +132,8 @@ def test_tied_weights_fsdp_plan_parity(tmp_path):
 
 
 def test_replicate_only_plan_parity(references, tmp_path):
-    """Pure data-parallel replication (TorchTitan's apply_ddp with a summing hook) sums gradients like
-    every other plan: it matches 1 rank (TorchTitan 0.2.2's DDP recipe averages them instead)."""
+    """Pure data-parallel replication (TorchTitan's apply_ddp with a summing hook) sums gradients
+    like every other plan: it matches 1 rank (TorchTitan 0.2.2's DDP recipe averages them)."""
     seed, reference = references("llama3")
     result = run_job("llama3_debug_auto.toml", 2, tmp_path, ["--autoparallel.techniques=ddp"],
                      seed_checkpoint=seed)
