@@ -34,7 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "experiments")]
 
-from sweep import _divisors  # noqa: E402
+from sweep import _divisors, _heads  # noqa: E402
 
 MODELS: dict[str, tuple[str, str]] = {
     "llama3_8b": ("llama3_8b_auto.toml", "llama3_8b_fsdp.toml"),
@@ -174,7 +174,7 @@ def evaluate(model: str, world: int) -> dict[str, Any]:
         row.update(shipped="not legal here", shipped_fits=False,
                    note=(row.get("note", "") + f" shipped: {exc}")[:240])
     ship = _parse(shipped_cfg, ())
-    n_heads, n_kv, n_experts = _heads(ship)
+    n_heads, n_kv, n_experts = _heads(ship.model.name, ship.model.flavor)
     best, best_name, costed, fit = None, "", 0, 0
     for dr, ds, cp, tp, ep, etp, ac in expert_variants(
             world, n_heads, n_kv, ship.training.seq_len, 8, global_batch, n_experts):
@@ -196,18 +196,6 @@ def evaluate(model: str, world: int) -> dict[str, Any]:
         if row.get("shipped_fits"):
             row["vs_shipped"] = row["auto_tps"] / row["shipped_tps"]
     return row
-
-
-def _heads(job_config: Any) -> tuple[int, int, int]:
-    """(query heads, kv heads, routed experts or 0) of the job's model."""
-    from torchtitan.protocols.train_spec import get_train_spec
-
-    args = get_train_spec(job_config.model.name).model_args[job_config.model.flavor]
-    experts = args.moe_args.num_experts if getattr(args, "moe_args", None) else 0
-    if getattr(args, "n_dense_layers", None) == args.n_layers or (
-            hasattr(args, "moe_enabled") and not args.moe_enabled):
-        experts = 0
-    return args.n_heads, getattr(args, "n_kv_heads", None) or args.n_heads, experts
 
 
 def _mesh(m: Any) -> str:

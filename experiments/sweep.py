@@ -396,7 +396,8 @@ def _heads(family: str, flavor: str) -> tuple[int, int, int]:
     register()
     args = get_train_spec(family).model_args[flavor]
     experts = args.moe_args.num_experts if getattr(args, "moe_args", None) else 0
-    if hasattr(args, "moe_enabled") and not args.moe_enabled:
+    if (hasattr(args, "moe_enabled") and not args.moe_enabled) or (
+            getattr(args, "n_dense_layers", None) == args.n_layers):
         experts = 0
     return args.n_heads, getattr(args, "n_kv_heads", None) or args.n_heads, experts
 

@@ -5,7 +5,7 @@ import dataclasses
 from typing import Any
 
 from .errors import UserError
-from .pins import recipe_block_ac
+from .pins import recipe_from_config, recipe_of
 from .plan import Mesh, Plan
 from .planner import build_plan, candidate_for, job_inputs
 from .strategies import BlockStrategy
@@ -39,14 +39,13 @@ def expert_plan(job_config: Any, world: int) -> Plan:
         fingerprint={**inputs.fingerprint, "global_batch_size": global_batch},
     )
     cand = candidate_for(inputs, mesh, local)
-    reshard = {"default": True, "always": True, "never": False}[par.fsdp_reshard_after_forward]
-    reshard = reshard and mesh.dp_shard * mesh.cp > 1
+    recipe = recipe_of(recipe_from_config(job_config))  # what a pinned block runs, too
+    sharded = mesh.dp_shard * mesh.cp > 1
     mode = "sp" if tp > 1 else "none"
-    ac = job_config.activation_checkpoint
-    strategies = [
-        BlockStrategy(recipe_block_ac(ac.mode, ac.selective_ac_option, i), reshard, mode)
-        for i in range(len(inputs.graph.blocks))
-    ]
+    strategies = []
+    for i in range(len(inputs.graph.blocks)):
+        ac, reshard = recipe(i)
+        strategies.append(BlockStrategy(ac, reshard and sharded, mode))
     plan = build_plan(inputs, cand, strategies, {"status": "expert recipe", "gap": 0.0,
                                                  "candidates": 1, "milps_solved": 0,
                                                  "variables": 0, "constraints": 0})

@@ -69,6 +69,13 @@ def recipe_of(recipe: dict[str, str]) -> Any:
                                           index), reshard)
 
 
+def recipe_from_config(job_config: Any) -> dict[str, str]:
+    """The job's own recipe settings that ``recipe_of`` reads."""
+    ac = job_config.activation_checkpoint
+    return {"ac_mode": ac.mode, "selective_ac_option": str(ac.selective_ac_option),
+            "fsdp_reshard_after_forward": job_config.parallelism.fsdp_reshard_after_forward}
+
+
 def _matches(names: tuple[str, ...], glob: str) -> list[str]:
     return [name for name in names if fnmatch.fnmatchcase(name, glob)]
 

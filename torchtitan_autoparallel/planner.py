@@ -17,7 +17,7 @@ from .cost.model import Precision
 from .errors import UserError
 from .graph.adapters import get_adapter
 from .graph.layer_graph import LayerGraph, build_layer_graph
-from .pins import Pin, recipe_of, resolve_pins
+from .pins import Pin, recipe_from_config, recipe_of, resolve_pins
 from .plan import LayerPlan, Mesh, Plan
 from .solver import Candidate, Solution, block_classes, build_candidate, search
 from .strategies import (
@@ -132,9 +132,7 @@ def job_inputs(job_config: Any, world: int) -> JobInputs:
     except KeyError as exc:
         raise UserError(f"unsupported mixed precision dtype {exc}") from exc
     graph = layer_graph_for(job_config)
-    ac = job_config.activation_checkpoint
-    recipe = {"ac_mode": ac.mode, "selective_ac_option": str(ac.selective_ac_option),
-              "fsdp_reshard_after_forward": job_config.parallelism.fsdp_reshard_after_forward}
+    recipe = recipe_from_config(job_config)
     globs = list(getattr(ap, "pin", []))
     pins = resolve_pins(graph, globs, get_adapter(graph.family).default_pins, recipe_of(recipe))
     layers_text = json.dumps([dataclasses.astuple(layer) for layer in graph.layers])
