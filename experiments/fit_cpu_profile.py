@@ -30,9 +30,9 @@ from sweep_report import accuracy, read_rows  # noqa: E402
 from torchtitan_autoparallel.cost.hardware import HardwareProfile, load_profile  # noqa: E402
 
 FITTED = ("peak_tflops", "intra_node_gbps", "intra_node_latency_us", "oversubscribed_latency_us",
-          "block_overhead_us", "comm_overlap")
+          "block_overhead_us", "comm_overlap", "host_copy_gbps")
 """Profile fields the fit searches; the rest (host_cores, memory) are facts of the machine."""
-BOUNDS = {"comm_overlap": (0.0, 1.0)}
+BOUNDS = {"comm_overlap": (0.0, 1.0), "host_copy_gbps": (0.05, 50.0)}
 
 
 def repredict(plan: Any, hw: HardwareProfile, cache: dict[str, Any]) -> float:

@@ -123,6 +123,28 @@ def headline(arms: dict[str, Arm]) -> dict[str, float | str]:
     return out
 
 
+def round_ratios(rows: list[dict[str, str]], config: str, best: str) -> list[float]:
+    """Auto / ``best`` throughput within each round of ``config`` (arms of a round ran
+    back to back, so this pairs measurements taken under the same machine conditions)."""
+    latest = {row["cell"]: row for row in rows if row["config"] == config}
+    by_round: dict[str, dict[str, float]] = defaultdict(dict)
+    for row in latest.values():
+        if row["status"] == "ok":
+            by_round[row["round"]][row["arm"]] = _float(row["tokens_per_s"])
+    return [arms["auto"] / arms[best] for _, arms in sorted(by_round.items())
+            if "auto" in arms and best in arms and arms[best] > 0]
+
+
+def round_spread(rows: list[dict[str, str]]) -> list[float]:
+    """Per arm measured in several rounds: (max - min) / median of its rounds' tokens/s."""
+    latest = {row["cell"]: row for row in rows}
+    runs: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for row in latest.values():
+        if row["status"] == "ok":
+            runs[(row["config"], row["arm"])].append(_float(row["tokens_per_s"]))
+    return [(max(v) - min(v)) / statistics.median(v) for v in runs.values() if len(v) > 1]
+
+
 def accuracy(rows: list[dict[str, str]], measure: str = "step_time_s"
              ) -> tuple[float, float, int]:
     """Spearman and median relative error of predicted vs measured step time, over every
@@ -145,16 +167,23 @@ def write_markdown(rows: list[dict[str, str]], path: Path, notes: str = "") -> s
              "Tokens/s: median over rounds of each run's median steady-step throughput. "
              "Experts predicted to exceed a memory budget are not run (`over_budget`).", "",
              "| config | auto tok/s | best expert | best tok/s | median expert tok/s | "
-             "auto / best | auto / median |", "|---|---|---|---|---|---|---|"]
+             "auto / best | auto / best per round | auto / median |",
+             "|---|---|---|---|---|---|---|---|"]
     for config in sorted(agg):
         h = headline(agg[config])
         if h.get("auto_status") != "ok":
             lines.append(f"| {config} | auto {h.get('auto_status')} | {h['best_expert']} | "
-                         f"{_tps(agg[config], h['best_expert'])} | | | |")
+                         f"{_tps(agg[config], h['best_expert'])} | | | | |")
             continue
+        per_round = ", ".join(f"{r:.3f}" for r in round_ratios(rows, config, h["best_expert"]))
         lines.append(f"| {config} | {h['auto_tps']:.0f} | {h['best_expert']} | "
                      f"{h['best_tps']:.0f} | {h['median_tps']:.0f} | {h['vs_best']:.3f} | "
-                     f"{h['vs_median']:.3f} |")
+                     f"{per_round} | {h['vs_median']:.3f} |")
+    spread = round_spread(rows)
+    if spread:
+        lines += ["", f"Noise: the same arm's throughput differs between rounds by a median "
+                  f"{statistics.median(spread):.1%} (max {max(spread):.1%}) over "
+                  f"{len(spread)} arms."]
     lines += ["", f"Cost model over {n} measured plans: Spearman {rho:.3f}, median relative "
               f"error {err:.1%} (predicted vs measured median steady step time)."]
     rho_min, err_min, n_min = accuracy(rows, "min_step_time_s")

@@ -134,6 +134,10 @@ def test_finished_cells_are_skipped(tmp_path: Path, monkeypatch) -> None:
         tmp_path / "sweep.csv"))["llama3_ws2_b8_s256"])
     assert head["best_expert"] == "fsdp2" and head["vs_best"] == pytest.approx(0.5)
     assert head["experts_measured"] == 1
+    rows = sweep_report.read_rows(tmp_path / "sweep.csv")
+    assert sweep_report.round_ratios(rows, "llama3_ws2_b8_s256", "fsdp2") == [
+        pytest.approx(0.5), pytest.approx(0.5)]
+    assert sweep_report.round_spread(rows) == [0.0, 0.0]  # identical rounds
 
 
 def test_over_budget_experts_are_not_run(tmp_path: Path, monkeypatch) -> None:
@@ -204,3 +208,31 @@ def test_host_time_stretches_oversubscribed_ranks() -> None:
     assert host_profile(hw, Mesh(1, 4, 1, 1), 8).intra_node_latency_us == 5100.0
     assert host_profile(hw, Mesh(1, 2, 1, 1), 8) is hw
     assert host_profile(gpu, Mesh(1, 8, 1, 1), 8) is gpu
+
+
+def test_host_copies_make_sharded_data_parallel_cost_more_than_replication() -> None:
+    """``host_copy_gbps``: FSDP2's all-gather / reduce-scatter buffers are copied on the
+    training thread (the time DDP saves on CPU); off (0) on GPU profiles."""
+    import dataclasses
+
+    from torchtitan_autoparallel.cost.hardware import load_profile
+    from torchtitan_autoparallel.cost.model import Precision, block_cost
+    from torchtitan_autoparallel.graph.layer_graph import Layer
+    from torchtitan_autoparallel.plan import Mesh
+    from torchtitan_autoparallel.strategies import BlockStrategy
+
+    layer = Layer("layers.0", "block", 10**6, 1e9, 1e6, 1e5, "b")
+    hw = dataclasses.replace(load_profile("cpu"), host_copy_gbps=0.0)
+    copies = dataclasses.replace(hw, host_copy_gbps=1.0)
+
+    def time(profile, mesh, reshard=True):
+        return block_cost(layer, mesh, BlockStrategy("none", reshard), 1, profile,
+                          Precision(), 8).time_s
+
+    ddp, fsdp = Mesh(2, 1, 1, 1), Mesh(1, 2, 1, 1)
+    assert time(copies, ddp) == time(hw, ddp)  # replication: no sharded collectives
+    # 4 MB of parameters all-gathered twice (forward, backward) + 4 MB of gradients
+    assert time(copies, fsdp) - time(hw, fsdp) == pytest.approx(12e6 / 1e9)
+    assert time(copies, fsdp, reshard=False) - time(hw, fsdp, reshard=False) == \
+        pytest.approx(8e6 / 1e9)
+    assert load_profile("h100_sxm").host_copy_gbps == 0.0

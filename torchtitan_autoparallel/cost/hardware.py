@@ -54,6 +54,10 @@ class HardwareProfile:
     block_overhead_us: float = 0.0
     """Fixed host time per layer and micro-batch, forward + backward (framework dispatch,
     FSDP hooks); matters where kernels are small (CPU, tiny models)."""
+    host_copy_gbps: float = 0.0
+    """FSDP2's host copies on the training thread (all-gather copy-in / copy-out, gradient
+    reduce-scatter buffers), GB/s of sharded-collective traffic; they do not overlap compute.
+    0 = not modelled (GPUs: the copies are device kernels on their own streams)."""
 
     @property
     def flops_per_s(self) -> float:

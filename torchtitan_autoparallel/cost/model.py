@@ -124,6 +124,14 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         gbytes += gb
     fwd_comm = ag
     bwd_comm = (ag if strategy.reshard_after_forward else 0.0) + rs + ar
+    copy_s = 0.0
+    if hw.host_copy_gbps > 0:
+        # every micro-batch: the all-gathered parameters (again after resharding) and the
+        # reduce-scattered gradients pass through host copies on the training thread
+        copied = sum(n * (prec.param_bytes * (2 if strategy.reshard_after_forward else 1)
+                          + prec.reduce_bytes) / split
+                     for n, split, group in groups if group > 1)
+        copy_s = copied / (hw.host_copy_gbps * 1e9)
     exposed = max(0.0, fwd_comm - hw.comm_overlap * fwd) + max(
         0.0, bwd_comm - hw.comm_overlap * (compute - fwd)
     )
@@ -137,7 +145,7 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         # the slowest ep rank sets the pace: routed-expert compute scaled by the imbalance
         expert = layer.expert_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
         compute += expert * (3.0 + recompute_frac) * (hw.moe_load_imbalance - 1.0)
-    time = host_time_s(compute + tp_comm + exposed, mesh, hw, gpus_per_node)
+    time = host_time_s(compute + copy_s + tp_comm + exposed, mesh, hw, gpus_per_node)
 
     saved = layer.saved_bytes * microbatch * act_scale / (mesh.tp * mesh.cp)
     kept = keep_frac * saved + (layer.io_bytes * microbatch * act_scale / (mesh.tp * mesh.cp)
