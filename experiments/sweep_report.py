@@ -188,8 +188,8 @@ def write_markdown(rows: list[dict[str, str]], path: Path, notes: str = "") -> s
               f"error {err:.1%} (predicted vs measured median steady step time)."]
     rho_min, err_min, n_min = accuracy(rows, "min_step_time_s")
     if n_min:
-        lines.append(f"Against the fastest steady step of each run (the least disturbed on this "
-                     f"shared machine): Spearman {rho_min:.3f}, median relative error "
+        lines.append(f"Against the fastest steady step of each run (the least disturbed by "
+                     f"other processes): Spearman {rho_min:.3f}, median relative error "
                      f"{err_min:.1%} over {n_min} plans.")
     lines.append("")
     if notes:
