@@ -123,3 +123,14 @@ def test_replayed_plan_trains_identically(tmp_path):
                        [f"--autoparallel.plan_file={saved}"])
     assert replayed.returncode == 0, replayed.output[-3000:]
     assert replayed.losses == solved.losses and len(solved.losses) == 5
+
+
+def test_replicate_only_meshes_are_labelled_ddp() -> None:
+    """On a pure data-parallel mesh nothing is sharded: tables say ddp, not fsdp / fsdp-keep."""
+    from torchtitan_autoparallel.plan import LayerPlan, Mesh
+
+    assert Mesh(2, 1, 1, 1).replicate_only and not Mesh(2, 2, 1, 1).replicate_only
+    assert not Mesh(1, 1, 1, 1).replicate_only and not Mesh(2, 1, 2, 1).replicate_only
+    layer = LayerPlan("layers.0", "block", ac="full", reshard_after_forward=False)
+    assert layer.strategy == "fsdp-keep+ac:full"
+    assert layer.describe(replicate_only=True) == "ddp+ac:full"

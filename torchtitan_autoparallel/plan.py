@@ -44,7 +44,13 @@ class LayerPlan:
 
     @property
     def strategy(self) -> str:
-        parts = ["fsdp" if self.reshard_after_forward else "fsdp-keep"]
+        return self.describe()
+
+    def describe(self, replicate_only: bool = False) -> str:
+        """Strategy label; ``replicate_only``: the mesh is pure data parallel (DDP), where
+        parameters are never sharded, so resharding does not apply."""
+        parts = ["ddp" if replicate_only else
+                 "fsdp" if self.reshard_after_forward else "fsdp-keep"]
         if self.tp_mode == "sp":
             parts.append("tp+sp")
         elif self.tp_mode == "dp":
@@ -80,6 +86,11 @@ class Mesh:
     @property
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
+
+    @property
+    def replicate_only(self) -> bool:
+        """Pure data parallel (DDP): replicas only, nothing sharded."""
+        return self.dp_replicate > 1 and self.dp_shard * self.cp * self.tp == 1
 
     @property
     def efsdp(self) -> int:
@@ -194,8 +205,9 @@ class Plan:
         for group in _runs(self.layers):
             first, last = group[0], group[-1]
             name = first.fqn if first is last else f"{first.fqn}..{last.fqn.split('.')[-1]}"
+            label = first.describe(self.mesh.replicate_only)
             lines.append(
-                f"  {name:<24}{first.strategy:<26}{first.time_ms:>12.4g}{first.comm_ms:>17.4g}"
+                f"  {name:<24}{label:<26}{first.time_ms:>12.4g}{first.comm_ms:>17.4g}"
                 f"{first.memory_mib:>12.4g}" + (f"  x{len(group)}" if len(group) > 1 else "")
             )
         return "\n".join(lines)
