@@ -114,7 +114,8 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     groups = [(layer.params - (layer.expert_params if ep > 1 else 0), param_split, fsdp_group)]
     if ep > 1:
         groups.append((layer.expert_params, mesh.ep * mesh.etp, mesh.efsdp))
-    ag = rs = ar = unsharded = gbytes = 0.0
+    gathers = 2 if strategy.reshard_after_forward else 1
+    ag = rs = ar = unsharded = gbytes = copied = 0.0
     for n_params, split, group in groups:
         pb, gb = n_params * prec.param_bytes / split, n_params * prec.reduce_bytes / split
         ag += collective_s("all_gather", pb, group, ds_nodes, hw)
@@ -122,16 +123,13 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         ar += collective_s("all_reduce", gb / group, mesh.dp_replicate, rep_nodes, hw)
         unsharded += pb
         gbytes += gb
+        if group > 1:
+            # every micro-batch: the all-gathered parameters (again after resharding) and the
+            # reduce-scattered gradients pass through host copies on the training thread
+            copied += pb * gathers + gb
     fwd_comm = ag
     bwd_comm = (ag if strategy.reshard_after_forward else 0.0) + rs + ar
-    copy_s = 0.0
-    if hw.host_copy_gbps > 0:
-        # every micro-batch: the all-gathered parameters (again after resharding) and the
-        # reduce-scattered gradients pass through host copies on the training thread
-        copied = sum(n * (prec.param_bytes * (2 if strategy.reshard_after_forward else 1)
-                          + prec.reduce_bytes) / split
-                     for n, split, group in groups if group > 1)
-        copy_s = copied / (hw.host_copy_gbps * 1e9)
+    copy_s = copied / (hw.host_copy_gbps * 1e9) if hw.host_copy_gbps > 0 else 0.0
     exposed = max(0.0, fwd_comm - hw.comm_overlap * fwd) + max(
         0.0, bwd_comm - hw.comm_overlap * (compute - fwd)
     )

@@ -14,6 +14,11 @@ def _resolve(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def _titan(family: str, name: str) -> str:
+    """Dotted path of ``name`` in TorchTitan's parallelize module of ``family``."""
+    return f"torchtitan.models.{family}.infra.parallelize.{name}"
+
+
 @dataclass(frozen=True)
 class FamilyAdapter:
     """How the planner and the applier see one TorchTitan model family."""
@@ -43,7 +48,7 @@ class FamilyAdapter:
     """Attention kernels the family's context parallel supports."""
     moe: str = "moe"
     """Submodule of an MoE block holding router, routed experts and shared experts."""
-    moe_fn: str = "torchtitan.models.llama4.infra.parallelize.apply_moe_ep_tp"
+    moe_fn: str = _titan("llama4", "apply_moe_ep_tp")
     """TorchTitan function applying EP / ETP / TP to the MoE blocks (import path)."""
     default_pins: tuple[str, ...] = ("*.moe.router",)
     """Regions always left to TorchTitan's code (routing and token dispatch)."""
@@ -119,24 +124,24 @@ ADAPTERS: dict[str, FamilyAdapter] = {
     "llama3": FamilyAdapter(
         family="llama3",
         rope_buffer="freqs_cis",
-        tp_fn="torchtitan.models.llama3.infra.parallelize.apply_tp",
-        op_sac_save_list="torchtitan.models.llama3.infra.parallelize._op_sac_save_list",
+        tp_fn=_titan("llama3", "apply_tp"),
+        op_sac_save_list=_titan("llama3", "_op_sac_save_list"),
         head_dims=_llama_heads,
         block_args=2,  # layer(h, freqs_cis, attention_masks=..., positions=...)
     ),
     "qwen3": FamilyAdapter(
         family="qwen3",
         rope_buffer="rope_cache",
-        tp_fn="torchtitan.models.qwen3.infra.parallelize.apply_non_moe_tp",
-        op_sac_save_list="torchtitan.models.qwen3.infra.parallelize._op_sac_save_list",
+        tp_fn=_titan("qwen3", "apply_non_moe_tp"),
+        op_sac_save_list=_titan("qwen3", "_op_sac_save_list"),
         head_dims=_qwen_heads,
         tp_kwargs={"enable_async_tp": False},
     ),
     "llama4": FamilyAdapter(
         family="llama4",
         rope_buffer="freqs_cis",
-        tp_fn="torchtitan.models.llama4.infra.parallelize.apply_non_moe_tp",
-        op_sac_save_list="torchtitan.models.llama4.infra.parallelize._op_sac_save_list",
+        tp_fn=_titan("llama4", "apply_non_moe_tp"),
+        op_sac_save_list=_titan("llama4", "_op_sac_save_list"),
         head_dims=_llama_heads,
         tp_takes_cp=False,
         cp_attention=("sdpa",),
@@ -144,8 +149,8 @@ ADAPTERS: dict[str, FamilyAdapter] = {
     "deepseek_v3": FamilyAdapter(
         family="deepseek_v3",
         rope_buffer="freqs_cis",
-        tp_fn="torchtitan.models.deepseek_v3.infra.parallelize.apply_non_moe_tp",
-        op_sac_save_list="torchtitan.models.deepseek_v3.infra.parallelize._op_sac_save_list",
+        tp_fn=_titan("deepseek_v3", "apply_non_moe_tp"),
+        op_sac_save_list=_titan("deepseek_v3", "_op_sac_save_list"),
         head_dims=_mla_heads,
         cp_attention=("sdpa",),
     ),
