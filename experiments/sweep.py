@@ -44,8 +44,8 @@ if str(REPO) not in sys.path:
 CSV_FIELDS = [
     "cell", "config", "family", "ngpu", "global_batch", "seq_len", "memory_gib", "arm", "round",
     "status", "dp_replicate", "dp_shard", "tp", "cp", "local_batch", "accum", "ac",
-    "step_time_s", "min_step_time_s", "tokens_per_s", "peak_memory_gib", "final_loss",
-    "steps_measured",
+    "step_time_s", "min_step_time_s", "tokens_per_s", "peak_memory_gib", "peak_active_gib",
+    "tensor_peak_gib", "tensor_peak_by_kind", "final_loss", "steps_measured",
     "pred_step_time_s", "pred_peak_gib", "wall_s", "foreign_load", "attempts", "note",
 ]
 AUTO_FAMILIES = ("llama3", "qwen3", "llama4", "deepseek_v3")
@@ -67,11 +67,14 @@ class Config:
     expert_local_batch: tuple[int, ...] = (0,)
     """Local batch sizes tried by the experts; 0 = global batch / dp (no accumulation)."""
     flavor: str = "bench"
+    hardware: str = "cpu"
+    """Hardware profile the planner and the experts' predictions use."""
 
     @property
     def id(self) -> str:
         mem = f"_m{self.memory_gib:g}" if self.memory_gib else ""
-        return f"{self.family}_ws{self.ngpu}_b{self.global_batch}_s{self.seq_len}{mem}"
+        flavor = "" if self.flavor == "bench" else f"_{self.flavor}"
+        return f"{self.family}{flavor}_ws{self.ngpu}_b{self.global_batch}_s{self.seq_len}{mem}"
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,9 @@ class Grid:
     """A run during which other processes used more than this many cores on average is
     repeated (the machine is shared); the least disturbed attempt is kept."""
     retries: int = 1
+    measure_memory: bool = False
+    """Run step 2 under PyTorch's MemTracker: tensor peak by kind (params, grads, optimizer
+    state, activations, temporaries) next to the planner's prediction. Slows that step only."""
     quiet_wait_s: float = 90.0
     """Before each run, wait up to this long for other processes to go quiet."""
     configs: list[Config] = field(default_factory=list)
@@ -147,7 +153,7 @@ def load_grid(path: str | Path) -> Grid:
     seen = set()
     for block in blocks:
         unknown = set(block) - set(axes) - {"recipes", "expert_ac", "expert_local_batch",
-                                            "flavor"}
+                                            "flavor", "hardware"}
         if unknown:
             raise ValueError(f"{path}: unknown config keys {sorted(unknown)}")
         if "family" not in block or "ngpu" not in block:
@@ -158,7 +164,8 @@ def load_grid(path: str | Path) -> Grid:
             cfg = Config(*combo, recipes=tuple(_as_list(block.get("recipes", "all"))),
                          expert_ac=tuple(_as_list(block.get("expert_ac", "none"))),
                          expert_local_batch=tuple(_as_list(block.get("expert_local_batch", 0))),
-                         flavor=block.get("flavor", "bench"))
+                         flavor=block.get("flavor", "bench"),
+                         hardware=block.get("hardware", "cpu"))
             if cfg.id not in seen:
                 seen.add(cfg.id)
                 grid.configs.append(cfg)
@@ -215,12 +222,13 @@ def _job_config(cfg: Config, auto: bool, extra: list[str]) -> Any:
 
 
 def config_file(cfg: Config, auto: bool) -> Path:
-    return REPO / "train_configs" / f"{cfg.family}_{cfg.flavor}_{'auto' if auto else 'fsdp'}.toml"
+    name = f"{cfg.family}_{cfg.flavor.lower()}_{'auto' if auto else 'fsdp'}.toml"
+    return REPO / "train_configs" / name
 
 
 def common_overrides(cfg: Config) -> list[str]:
     out = [f"--training.global_batch_size={cfg.global_batch}",
-           f"--training.seq_len={cfg.seq_len}", "--autoparallel.hardware=cpu"]
+           f"--training.seq_len={cfg.seq_len}", f"--autoparallel.hardware={cfg.hardware}"]
     if cfg.memory_gib:
         out.append(f"--autoparallel.memory_gib={cfg.memory_gib}")
     return out
@@ -282,7 +290,19 @@ def steady_stats(rows: list[dict], steady_from: int) -> dict[str, Any]:
             "min_step_time_s": min(r["step_time_s"] for r in steady),
             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
             "peak_memory_gib": max(r.get("peak_memory_gib", 0.0) for r in rows),
-            "final_loss": rows[-1]["loss"], "steps_measured": len(steady)}
+            "peak_active_gib": max(r.get("peak_active_gib", 0.0) for r in rows),
+            "final_loss": rows[-1]["loss"], "steps_measured": len(steady),
+            **_tensor_peak(rows)}
+
+
+def _tensor_peak(rows: list[dict]) -> dict[str, Any]:
+    """MemTracker's tensor peak (GiB) and its split by kind, where a row has them."""
+    for r in rows:
+        if "measured_tensor_peak_gib" in r:
+            kinds = {k: round(v, 3) for k, v in r["measured_tensor_peak_by_kind_gib"].items()}
+            return {"tensor_peak_gib": r["measured_tensor_peak_gib"],
+                    "tensor_peak_by_kind": json.dumps(kinds, sort_keys=True)}
+    return {}
 
 
 def _busy_cpu_s() -> float:
@@ -346,6 +366,7 @@ def run_training(cfg: Config, grid: Grid, extra: list[str], auto: bool, workdir:
            "LOG_RANK": "0", "PREFLIGHT": "0",
            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     cmd = [str(REPO / "run_train.sh"), *common_overrides(cfg), *extra,
+           *(["--autoparallel.measure_memory"] if grid.measure_memory else []),
            f"--training.steps={grid.steps}", "--metrics.log_freq=1",
            f"--job.dump_folder={workdir / 'outputs'}", f"--autoparallel.metrics_file={metrics}"]
     try:
@@ -454,6 +475,7 @@ def run_grid(grid: Grid, out: Path, plans_dir: Path, dry: bool = False,
                 error = [ln for ln in tail.splitlines() if "Error:" in ln or "error:" in ln]
                 row.update(status="failed", note=f"exit {code}: "
                            + (error[-1].strip()[:200] if error else "no metrics"))
+                print("    " + "\n    ".join(tail.splitlines()[-15:]), flush=True)
         if not dry:
             append_row(csv_path, row)
         ran += 1

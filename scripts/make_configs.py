@@ -34,11 +34,16 @@ BENCH_RECIPES = ["fsdp", "fsdp_tp"]
 DEBUG_FLAVOR = {"qwen3": "debugmodel_untied"}
 AUTO_FAMILIES = ("llama3", "qwen3", "llama4", "deepseek_v3")  # families the planner covers
 # hardware of the large auto presets: 671B's fp32 master weights and AdamW state need more than
-# 80 GB per device on 128 devices
-AUTO_HARDWARE = {"671B": "h200_sxm"}
+# 80 GB per device on 128 devices; 1B / 3B are the single-H200 checks
+AUTO_HARDWARE = {"671B": "h200_sxm", "1B": "h200_sxm", "3B": "h200_sxm"}
 
 # Large presets: (family, flavor, recipe name, settings as TorchTitan 0.2.2 ships them).
 LARGE: list[tuple[str, str, str, dict]] = [
+    # single-GPU presets (Llama 3.2 shapes): TorchTitan's 8B recipe scaled down
+    ("llama3", "1B", "fsdp", dict(lr=3e-4, warmup=200, lbs=4, seq=4096, tp=1, ac="selective",
+                                   ac_option="op", compile=False, converters=[])),
+    ("llama3", "3B", "fsdp", dict(lr=3e-4, warmup=200, lbs=2, seq=8192, tp=1, ac="selective",
+                                   ac_option="op", compile=False, converters=[])),
     ("llama3", "8B", "fsdp", dict(lr=3e-4, warmup=200, lbs=1, seq=8192, tp=1, ac="selective",
                                    ac_option="op", compile=False, converters=[])),
     ("llama3", "70B", "fsdp_tp", dict(lr=1.5e-4, warmup=200, lbs=8, seq=8192, tp=8, ac="full",

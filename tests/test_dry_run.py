@@ -95,3 +95,12 @@ def test_moe_auto_plan_dry_run(flavor, ngpu, overrides, tmp_path):
     built = re.search(r"dry run OK: world \d+ \(.*ep=(\d+)\)", out)
     assert planned and built, out[-3000:]
     assert int(planned.group(1) or 1) == int(built.group(1))
+
+
+@pytest.mark.parametrize("ngpu", [1, 2])
+def test_bf16_plan_without_fsdp_dry_run(ngpu, tmp_path):
+    """One device, or a plan that replicates (DDP): TorchTitan trains these under autocast,
+    which has no meta backend; the dry run still builds them."""
+    result = dry_run("3b", ngpu, tmp_path)
+    out = check_report(result, ngpu)
+    assert "dp_shard=1" in out

@@ -33,8 +33,16 @@ BENCH_OVERRIDES: dict[str, dict[str, Any]] = {
 # Extra flavors: name -> (base flavor, overrides). TorchTitan 0.2.2's own FSDP recipe puts the
 # embedding and the output in separate FSDP groups, which fails for tied weights; its qwen3
 # debug flavor ties them, so the CPU recipe configs use an untied copy.
+# llama3 1B / 3B: Llama 3.2's shapes (untied output; TorchTitan's llama3 does not tie), sized
+# for one GPU: the single-device runs that check the cost and memory model on real hardware.
 EXTRA_FLAVORS: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {
     "qwen3": {"debugmodel_untied": ("debugmodel", {"enable_weight_tying": False})},
+    "llama3": {
+        "1B": ("8B", {"dim": 2048, "n_layers": 16, "n_heads": 32, "n_kv_heads": 8,
+                      "multiple_of": 256, "ffn_dim_multiplier": 1.5}),
+        "3B": ("8B", {"dim": 3072, "n_layers": 28, "n_heads": 24, "n_kv_heads": 8,
+                      "multiple_of": 256, "ffn_dim_multiplier": 1.0}),
+    },
 }
 
 _registered = False

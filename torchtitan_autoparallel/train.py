@@ -149,7 +149,14 @@ def _make_trainer_class() -> type:
             log = self.metrics_processor.log
 
             def record(step: int, loss: float, max_loss: float, grad_norm: float, **kw: Any):
-                self._last_metrics = {"loss": float(loss), "grad_norm": float(grad_norm)}
+                # read the step's memory peaks before TorchTitan's log resets them
+                peak = self.metrics_processor.device_memory_monitor.get_peak_stats()
+                self._last_metrics = {
+                    "loss": float(loss), "grad_norm": float(grad_norm),
+                    "peak_memory_gib": peak.max_reserved_gib,
+                    # bytes held by tensors (torch.cuda.max_memory_allocated on GPUs)
+                    "peak_active_gib": peak.max_active_gib,
+                }
                 return log(step, loss, max_loss, grad_norm, **kw)
 
             self.metrics_processor.log = record
@@ -169,14 +176,11 @@ def _make_trainer_class() -> type:
             tokens = training.seq_len * self.gradient_accumulation_steps * (
                 training.local_batch_size * self._batch_degree()
             )
-            monitor = self.metrics_processor.device_memory_monitor
-            peak = monitor.get_peak_stats().max_reserved_gib
             row = {
                 "step": self.step,
                 **self._last_metrics,
                 "step_time_s": elapsed,
                 "tokens_per_s": tokens / elapsed,
-                "peak_memory_gib": peak,
             }
             if measured is not None:
                 row["measured_tensor_peak_gib"] = measured["Total"]

@@ -6,6 +6,8 @@ A dry run here keeps every parameter on the meta device: TorchTitan's Trainer re
 ``torchtitan.tools.utils.device_type`` for the device it initialises weights on, so it is set to
 "meta" for the dry-run process only. Kernels that only accelerate compute (float8, compile,
 async TP) are switched off with a warning: they do not change how the model is sharded.
+Autocast (TorchTitan's mixed precision without FSDP: DDP or one device) has no meta backend; it
+is skipped, as the dry run runs no kernels.
 Tested by tests/test_dry_run.py.
 """
 
@@ -20,6 +22,7 @@ def prepare_dry_run(job_config: Any) -> list[str]:
     from torchtitan.tools.logging import logger
 
     tt_utils.device_type = "meta"
+    _skip_meta_autocast()
     warnings: list[str] = []
     if job_config.debug.seed is None:
         # The seed broadcast reads a tensor back from the device, impossible on meta.
@@ -37,3 +40,23 @@ def prepare_dry_run(job_config: Any) -> list[str]:
     for w in warnings:
         logger.warning(w)
     return warnings
+
+
+def _skip_meta_autocast() -> None:
+    """TorchTitan's ``maybe_enable_amp`` without autocast on the meta device (idempotent)."""
+    import contextlib
+
+    import torchtitan.distributed.utils as dist_utils
+
+    original = dist_utils.maybe_enable_amp
+    if getattr(original, "_skips_meta", False):
+        return
+
+    def maybe_enable_amp(parallel_dims: Any, mixed_precision_param: str, device_type: str
+                         ) -> Any:
+        if device_type == "meta":
+            return contextlib.nullcontext()
+        return original(parallel_dims, mixed_precision_param, device_type)
+
+    maybe_enable_amp._skips_meta = True  # type: ignore[attr-defined]
+    dist_utils.maybe_enable_amp = maybe_enable_amp
