@@ -160,10 +160,11 @@ def accuracy(rows: list[dict[str, str]], measure: str = "step_time_s"
     return spearman(pred, meas), median_relative_error(pred, meas), len(pred)
 
 
-def write_markdown(rows: list[dict[str, str]], path: Path, notes: str = "") -> str:
+def write_markdown(rows: list[dict[str, str]], path: Path, notes: str = "",
+                   machine: str = "this CPU box, gloo") -> str:
     agg = aggregate(rows)
     rho, err, n = accuracy(rows)
-    lines = ["# Sweep: auto plans vs TorchTitan expert recipes (this CPU box, gloo)", "",
+    lines = [f"# Sweep: auto plans vs TorchTitan expert recipes ({machine})", "",
              "Tokens/s: median over rounds of each run's median steady-step throughput. "
              "Experts predicted to exceed a memory budget are not run (`over_budget`).", "",
              "| config | auto tok/s | best expert | best tok/s | median expert tok/s | "
@@ -196,7 +197,7 @@ def write_markdown(rows: list[dict[str, str]], path: Path, notes: str = "") -> s
         lines += [notes.strip(), ""]
     lines += ["## Every arm", "",
               "| config | arm | status | plan | tok/s | step s | predicted s | error | "
-              "predicted peak GiB | RSS peak GiB | final loss | note |",
+              "predicted peak GiB | peak GiB (CPU RSS, GPU reserved) | final loss | note |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for config in sorted(agg):
         for name, a in sorted(agg[config].items(), key=lambda kv: (kv[0] != "auto", kv[0])):
@@ -298,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     default = Path(__file__).resolve().parent / "results" / "sweep.csv"
     parser.add_argument("csv", nargs="?", default=str(default))
     parser.add_argument("--notes", default="", help="markdown file appended after the summary")
+    parser.add_argument("--machine", default="this CPU box, gloo",
+                        help="where the sweep ran, for the title")
     args = parser.parse_args(argv)
     path = Path(args.csv)
     if not path.is_file():
@@ -306,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = read_rows(path)
     notes = Path(args.notes).read_text() if args.notes else ""
-    print(write_markdown(rows, path.with_suffix(".md"), notes))
+    print(write_markdown(rows, path.with_suffix(".md"), notes, args.machine))
     for p in write_plots(rows, path.parent):
         print(f"wrote {p}")
     return 0

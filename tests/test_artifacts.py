@@ -125,12 +125,17 @@ def test_replayed_plan_trains_identically(tmp_path):
     assert replayed.losses == solved.losses and len(solved.losses) == 5
 
 
-def test_replicate_only_meshes_are_labelled_ddp() -> None:
-    """On a pure data-parallel mesh nothing is sharded: tables say ddp, not fsdp / fsdp-keep."""
+def test_unsharded_meshes_are_labelled_ddp_or_single() -> None:
+    """On a pure data-parallel mesh or one device nothing is sharded: tables say ddp / single,
+    not fsdp / fsdp-keep."""
     from torchtitan_autoparallel.plan import LayerPlan, Mesh
 
     assert Mesh(2, 1, 1, 1).replicate_only and not Mesh(2, 2, 1, 1).replicate_only
     assert not Mesh(1, 1, 1, 1).replicate_only and not Mesh(2, 1, 2, 1).replicate_only
+    assert Mesh(2, 1, 1, 1).unsharded_label == "ddp"
+    assert Mesh(1, 1, 1, 1).unsharded_label == "single"
+    assert Mesh(2, 2, 1, 1).unsharded_label == "" and Mesh(1, 1, 1, 2).unsharded_label == ""
     layer = LayerPlan("layers.0", "block", ac="full", reshard_after_forward=False)
     assert layer.strategy == "fsdp-keep+ac:full"
-    assert layer.describe(replicate_only=True) == "ddp+ac:full"
+    assert layer.describe("ddp") == "ddp+ac:full"
+    assert layer.describe(Mesh(1, 1, 1, 1).unsharded_label) == "single+ac:full"

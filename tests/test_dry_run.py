@@ -101,6 +101,7 @@ def test_moe_auto_plan_dry_run(flavor, ngpu, overrides, tmp_path):
 def test_bf16_plan_without_fsdp_dry_run(ngpu, tmp_path):
     """One device, or a plan that replicates (DDP): TorchTitan trains these under autocast,
     which has no meta backend; the dry run still builds them."""
-    result = dry_run("3b", ngpu, tmp_path)
+    result = dry_run("3b", ngpu, tmp_path, f"--parallelism.data_parallel_replicate_degree={ngpu}",
+                     "--training.seq_len=2048")
     out = check_report(result, ngpu)
-    assert "dp_shard=1" in out
+    assert f"dp_replicate={ngpu}, dp_shard=1" in out

@@ -233,3 +233,50 @@ def test_layer_graph_counts_llama3_8b():
     assert block.fwd_flops == pytest.approx(matmul + 2 * 4096**2 * 4096, rel=0.01)
     # flash attention keeps O(s) per layer: ~20-25 tokens x dim fp32 values, not s^2
     assert 15 < block.saved_bytes / (4096 * 4096 * 4) < 30
+
+
+def test_memory_terms_measured_on_one_gpu():
+    """The memory terms MemTracker showed on one H200 (experiments/results/h200_model.md):
+    gradients stay resident while accumulating; under autocast (one device / DDP, bf16) the
+    cached bf16 weight copies and fp32 residual activations; bf16 logits beside the fp32 ones."""
+    from torchtitan_autoparallel.cost.model import AUTOCAST_ACTIVATION_FACTOR, fixed_cost
+    from torchtitan_autoparallel.plan import Mesh
+
+    graph = random_graph(random.Random(3))
+    hw = load_profile("h200_sxm")
+    bf16, fp32 = Precision(2, 4), Precision(4, 4)
+    params = sum(layer.params for layer in graph.layers)
+    body = params - graph.layers[0].params  # all but the embedding
+    logits = graph.seq_len * graph.vocab_size
+    single, fsdp = Mesh(1, 1, 1, 1), Mesh(1, 2, 1, 1)
+
+    def cand(mesh, mb, global_batch, prec):
+        return build_candidate(graph, mesh, mb, global_batch, hw, prec, 8, Constraints())
+
+    # accumulation: + 4 B per (sharded) parameter; same micro-batch, one step vs two
+    one, two = cand(fsdp, 1, 2, bf16), cand(fsdp, 1, 4, bf16)
+    assert (one.accum, two.accum) == (1, 2)
+    assert two.resident_bytes - one.resident_bytes == pytest.approx(4 * params / 2)
+    # autocast: bf16 weight cache of every non-embedding weight; FSDP (mixed precision) or
+    # fp32 training caches nothing
+    cache = (fixed_cost(graph, single, 1, hw, bf16, 8).kept_bytes
+             - fixed_cost(graph, fsdp, 1, hw, bf16, 8).kept_bytes)
+    assert cache == pytest.approx(2 * body, rel=1e-3)
+    assert fixed_cost(graph, single, 1, hw, fp32, 8).kept_bytes == pytest.approx(
+        fixed_cost(graph, fsdp, 1, hw, fp32, 8).kept_bytes)
+    # bf16 logits (2 B) kept beside the fp32 logits and their gradient (8 B)
+    assert fixed_cost(graph, fsdp, 1, hw, bf16, 8).kept_bytes - fixed_cost(
+        graph, fsdp, 1, hw, fp32, 8).kept_bytes == pytest.approx(2 * logits, rel=0.01)
+    # block activations: x1.19 under autocast
+    block = graph.blocks[0]
+
+    def no_ac(c):
+        return next(cost for (cls, s), cost in c.costs.items()
+                    if cls == block.signature and s.ac == "none")
+
+    single_cost = no_ac(cand(single, 1, 1, bf16))
+    assert single_cost.kept_bytes == pytest.approx(
+        block.saved_bytes / 2 * AUTOCAST_ACTIVATION_FACTOR)
+    # DDP trains under autocast too; FSDP casts the parameters itself (all bf16)
+    assert no_ac(cand(Mesh(2, 1, 1, 1), 1, 2, bf16)).kept_bytes == single_cost.kept_bytes
+    assert no_ac(cand(fsdp, 1, 2, bf16)).kept_bytes == pytest.approx(block.saved_bytes / 2)

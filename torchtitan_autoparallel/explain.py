@@ -36,7 +36,7 @@ def explain_rows(plan: Plan) -> list[dict[str, Any]]:
         others = sorted((cand.costs[(sig, s)].time_s, s.name, s) for s in cand.strategies[sig]
                         if s != chosen)
         row = {
-            "layer": layer.fqn, "strategy": layer.describe(plan.mesh.replicate_only),
+            "layer": layer.fqn, "strategy": layer.describe(plan.mesh.unsharded_label),
             "compute_ms": cost.compute_s * 1e3, "exposed_comm_ms": cost.exposed_comm_s * 1e3,
             "kept_mib": cost.kept_bytes / 2**20, "transient_mib": cost.transient_bytes / 2**20,
             "runner_up": None,
@@ -50,7 +50,7 @@ def explain_rows(plan: Plan) -> list[dict[str, Any]]:
             swapped[(sig, chosen)] -= 1
             swapped[(sig, others[0][2])] = swapped.get((sig, others[0][2]), 0) + 1
             row["runner_up"] = {
-                "strategy": runner.describe(plan.mesh.replicate_only),
+                "strategy": runner.describe(plan.mesh.unsharded_label),
                 "delta_time_ms": (alt.time_s - cost.time_s) * 1e3,
                 "delta_kept_mib": (alt.kept_bytes - cost.kept_bytes) / 2**20,
                 "fits_budget": cand.memory(swapped) <= budget,
@@ -96,7 +96,7 @@ def snippet(plan: Plan) -> str:
         odd = [b.fqn for b in blocks if (b.ac, b.reshard_after_forward, b.tp_mode) != first]
         return (f"not expressible as uniform TorchTitan degrees: {len(odd)} of {len(blocks)} "
                 f"blocks differ from {blocks[0].fqn} "
-                f"({blocks[0].describe(plan.mesh.replicate_only)}): {', '.join(odd[:8])}"
+                f"({blocks[0].describe(plan.mesh.unsharded_label)}): {', '.join(odd[:8])}"
                 + (" ..." if len(odd) > 8 else ""))
     b = blocks[0]
     m = plan.mesh

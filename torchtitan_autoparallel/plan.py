@@ -46,11 +46,10 @@ class LayerPlan:
     def strategy(self) -> str:
         return self.describe()
 
-    def describe(self, replicate_only: bool = False) -> str:
-        """Strategy label; ``replicate_only``: the mesh is pure data parallel (DDP), where
-        parameters are never sharded, so resharding does not apply."""
-        parts = ["ddp" if replicate_only else
-                 "fsdp" if self.reshard_after_forward else "fsdp-keep"]
+    def describe(self, unsharded: str = "") -> str:
+        """Strategy label; ``unsharded``: the mesh's label when it shards nothing ("ddp",
+        "single", see ``Mesh.unsharded_label``), where resharding does not apply."""
+        parts = [unsharded or ("fsdp" if self.reshard_after_forward else "fsdp-keep")]
         if self.tp_mode == "sp":
             parts.append("tp+sp")
         elif self.tp_mode == "dp":
@@ -91,6 +90,12 @@ class Mesh:
     def replicate_only(self) -> bool:
         """Pure data parallel (DDP): replicas only, nothing sharded."""
         return self.dp_replicate > 1 and self.dp_shard * self.cp * self.tp == 1
+
+    @property
+    def unsharded_label(self) -> str:
+        """"ddp" for pure data parallel, "single" for one device, "" when something is
+        sharded."""
+        return "ddp" if self.replicate_only else "single" if self.world == 1 else ""
 
     @property
     def efsdp(self) -> int:
@@ -205,7 +210,7 @@ class Plan:
         for group in _runs(self.layers):
             first, last = group[0], group[-1]
             name = first.fqn if first is last else f"{first.fqn}..{last.fqn.split('.')[-1]}"
-            label = first.describe(self.mesh.replicate_only)
+            label = first.describe(self.mesh.unsharded_label)
             lines.append(
                 f"  {name:<24}{label:<26}{first.time_ms:>12.4g}{first.comm_ms:>17.4g}"
                 f"{first.memory_mib:>12.4g}" + (f"  x{len(group)}" if len(group) > 1 else "")

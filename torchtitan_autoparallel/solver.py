@@ -25,6 +25,7 @@ import highspy
 from .cost.hardware import HardwareProfile
 from .cost.model import (
     FWD_BWD_BYTES_PER_PARAM,
+    GRAD_BYTES_PER_PARAM,
     STATE_BYTES_PER_PARAM,
     STEP_BYTES_PER_PARAM,
     BlockCost,
@@ -144,9 +145,11 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
     state = fixed.state_bytes + sum(
         costs[(c, strategies[c][0])].state_bytes * n for c, n in classes.items())
     per_param = state / STATE_BYTES_PER_PARAM
-    return Candidate(mesh, microbatch, global_batch // (microbatch * mesh.dp), dict(classes),
-                     strategies, costs, fixed.time_s,
-                     per_param * FWD_BWD_BYTES_PER_PARAM + fixed.kept_bytes, state,
+    accum = global_batch // (microbatch * mesh.dp)
+    # gradients accumulate across micro-batches: resident from the second one on
+    fwd_bwd = FWD_BWD_BYTES_PER_PARAM + (GRAD_BYTES_PER_PARAM if accum > 1 else 0)
+    return Candidate(mesh, microbatch, accum, dict(classes), strategies, costs, fixed.time_s,
+                     per_param * fwd_bwd + fixed.kept_bytes, state,
                      per_param * STEP_BYTES_PER_PARAM)
 
 

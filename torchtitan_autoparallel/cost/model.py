@@ -7,7 +7,8 @@ On CPU training (profile ``host_cores``) ranks that outnumber the cores time-sha
 their collectives wait for peers to be scheduled; every layer pays a fixed host overhead.
 Memory counts fp32 master parameters, gradients and AdamW state sharded over dp_shard x tp,
 activations kept for backward (scaled by AC), unsharded parameters of blocks that keep them
-between forward and backward, the logits, and the transient working set of one block.
+between forward and backward, the logits, and the transient working set of one block; under
+autocast (one device, DDP) also the cached low-precision weight copies.
 """
 
 import dataclasses
@@ -28,6 +29,12 @@ STATE_BYTES_PER_PARAM = 16  # fp32 param + fp32 grad + AdamW exp_avg + exp_avg_s
 # measured with MemTracker on CPU).
 FWD_BWD_BYTES_PER_PARAM = 12
 STEP_BYTES_PER_PARAM = 20
+# With gradient accumulation the fp32 gradients of earlier micro-batches are resident too.
+GRAD_BYTES_PER_PARAM = 4
+# Under autocast (bf16 compute on fp32 weights: one device or DDP) the residual stream, norms
+# and RoPE stay fp32: block activations are this much above the all-bf16 estimate (MemTracker
+# on one H200: 1.16 for llama3 3B, 1.21 for 1B).
+AUTOCAST_ACTIVATION_FACTOR = 1.19
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,13 @@ class BlockCost:
     """Working set while this block runs its backward."""
 
 
+def autocast(mesh: Mesh, prec: Precision) -> bool:
+    """TorchTitan trains under ``torch.autocast`` (fp32 weights, low-precision compute) when no
+    FSDP applies the mixed precision: one device or pure data-parallel replication."""
+    return (prec.param_bytes < 4 and mesh.dp_shard == 1 and mesh.cp == 1 and mesh.tp == 1
+            and mesh.ep == 1)
+
+
 def collective_s(kind: str, nbytes: float, group: int, spans_nodes: bool,
                  hw: HardwareProfile) -> float:
     """Time of one ring collective of ``nbytes`` (full buffer) over ``group`` ranks."""
@@ -70,6 +84,9 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     hw = host_profile(hw, mesh, gpus_per_node)
     keep_frac, recompute_frac = AC_EFFECT[strategy.ac]
     act_scale = prec.param_bytes / 4
+    cast = autocast(mesh, prec)
+    saved_scale = act_scale * (AUTOCAST_ACTIVATION_FACTOR if cast else 1.0)
+    io_scale = 1.0 if cast else act_scale  # the residual stream stays fp32 under autocast
     # cp splits every sequence (head-tail load balancing evens out causal attention)
     fwd = layer.fwd_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
     compute = fwd * (3.0 + recompute_frac)
@@ -145,15 +162,20 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         compute += expert * (3.0 + recompute_frac) * (hw.moe_load_imbalance - 1.0)
     time = host_time_s(compute + copy_s + tp_comm + exposed, mesh, hw, gpus_per_node)
 
-    saved = layer.saved_bytes * microbatch * act_scale / (mesh.tp * mesh.cp)
-    kept = keep_frac * saved + (layer.io_bytes * microbatch * act_scale / (mesh.tp * mesh.cp)
+    saved = layer.saved_bytes * microbatch * saved_scale / (mesh.tp * mesh.cp)
+    kept = keep_frac * saved + (layer.io_bytes * microbatch * io_scale / (mesh.tp * mesh.cp)
                                 if strategy.ac != "none" else 0.0)
     if not strategy.reshard_after_forward and fsdp_group > 1:
         kept += unsharded
     state = layer.params * STATE_BYTES_PER_PARAM / (mesh.dp_shard * mesh.cp * mesh.tp)
-    # backward of this block: its recomputed activations, unsharded params of it and the
-    # prefetched next one, and its unsharded gradients
-    transient = (saved if strategy.ac != "none" else 0.0) + 2 * unsharded + gbytes
+    # backward of this block: its recomputed activations and, when FSDP shards it, the
+    # unsharded params of it and the prefetched next one and its unsharded gradients (DDP:
+    # the gradients' reduction buckets; one device: nothing beyond the state)
+    if fsdp_group > 1 or ep > 1:
+        gathered = 2 * unsharded + gbytes
+    else:
+        gathered = gbytes if mesh.dp_replicate > 1 else 0.0
+    transient = (saved if strategy.ac != "none" else 0.0) + gathered
     return BlockCost(time, compute, tp_comm + fwd_comm + bwd_comm, tp_comm + exposed,
                      kept, state, transient)
 
@@ -217,4 +239,13 @@ def fixed_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfi
         fp32_logits = layer.saved_bytes * microbatch / (mesh.tp * mesh.cp)
         kept += fp32_logits if layer.kind == "output" else cost.kept_bytes
         state += cost.state_bytes
+        if layer.kind == "output" and prec.param_bytes < 4:
+            # the output projection's low-precision logits, upcast by the loss (kept as well)
+            kept += (graph.seq_len * graph.vocab_size * prec.param_bytes * microbatch
+                     / (mesh.tp * mesh.cp))
+    if autocast(mesh, prec):
+        # autocast caches the low-precision copy of every weight it casts (all but the
+        # embedding) from the forward until the backward
+        kept += prec.param_bytes * sum(layer.params for layer in graph.layers
+                                       if layer.kind != "embedding")
     return FixedCost(time, kept, state)
