@@ -58,7 +58,8 @@ def main() -> None:
         predicted = plan.predicted["peak_memory_gib"]
         actual = measured["measured_tensor_peak_gib"]
         m = plan.mesh
-        strategies = sorted({layer.strategy for layer in plan.layers if layer.kind == "block"})
+        strategies = sorted({layer.describe(m.unsharded_label) for layer in plan.layers
+                             if layer.kind == "block"})
         row = {
             "plan": name, "world": ngpu,
             "mesh": f"{m.dp_replicate}x{m.dp_shard}x{m.cp}x{m.tp}",
