@@ -286,7 +286,9 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
                       for y, r in zip(ys, rs, strict=True)]
             ax.plot(worlds, ys, marker=marker, label=label)
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        if any(float(r.get("auto_tps") or 0) > 0 or float(r.get("best_expert_tps") or 0) > 0
+               for r in rs):
+            ax.set_yscale("log")  # (a model with no feasible plan yet has nothing to scale)
         ax.set_title(model)
         ax.set_xlabel("H100s")
     axes[0][0].set_ylabel("predicted tokens/s")
@@ -318,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     for model in models:
         for world in map(int, args.worlds.split(",")):
             old = done.get((model, world))
-            if old and (old.get("dry_run") or args.no_dry_run or old["auto_status"] != "ok"):
+            # finished: no auto plan, or its dry run passed (a failed one is tried again)
+            if old and (old.get("dry_run") == "ok" or args.no_dry_run
+                        or old["auto_status"] != "ok"):
                 rows.append(old)
                 continue
             row = evaluate(model, world)

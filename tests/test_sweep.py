@@ -236,3 +236,43 @@ def test_host_copies_make_sharded_data_parallel_cost_more_than_replication() -> 
     assert time(copies, fsdp, reshard=False) - time(hw, fsdp, reshard=False) == \
         pytest.approx(8e6 / 1e9)
     assert load_profile("h100_sxm").host_copy_gbps == 0.0
+
+
+def test_gpu_grids_name_hardware_flavor_and_memory_measurement(tmp_path: Path) -> None:
+    """Grid keys for device runs: the profile the plans use, the model flavor (its configs are
+    ``<family>_<flavor>_{auto,fsdp}.toml``) and MemTracker on step 2."""
+    grid = sweep.load_grid(_grid(tmp_path, """
+measure_memory = true
+[[config]]
+family = "llama3"
+flavor = "1B"
+hardware = "h200_sxm"
+ngpu = 1
+global_batch = 8
+seq_len = 4096
+"""))
+    cfg = grid.configs[0]
+    assert grid.measure_memory and cfg.id == "llama3_1B_ws1_b8_s4096"
+    assert "--autoparallel.hardware=h200_sxm" in sweep.common_overrides(cfg)
+    assert sweep.config_file(cfg, True).name == "llama3_1b_auto.toml"
+    assert sweep.config_file(cfg, True).is_file() and sweep.config_file(cfg, False).is_file()
+    # MemTracker's row and the device's active peak reach the CSV
+    rows = [{"step": s, "step_time_s": 1.0, "tokens_per_s": 1.0, "loss": 1.0,
+             "peak_memory_gib": 3.0, "peak_active_gib": 2.0 + s} for s in (1, 2, 3)]
+    rows[1].update(measured_tensor_peak_gib=2.5,
+                   measured_tensor_peak_by_kind_gib={"Total": 2.5, "Activation": 1.25})
+    stats = sweep.steady_stats(rows, steady_from=2)
+    assert stats["peak_active_gib"] == 5.0 and stats["tensor_peak_gib"] == 2.5
+    assert '"Activation": 1.25' in stats["tensor_peak_by_kind"]
+
+
+def test_repredict_costs_auto_plans_as_they_ran() -> None:
+    """A measured auto plan with one AC mode is re-costed as the recipe it is; plans that mix
+    AC modes cannot be, and are re-planned."""
+    import repredict
+
+    row = {"dp_replicate": "2", "dp_shard": "1", "tp": "1", "cp": "1", "ac": "full",
+           "local_batch": "2", "global_batch": "16"}
+    assert repredict.as_recipe(row) == sweep.Recipe(2, 1, 1, 1, "full", 2)
+    assert repredict.as_recipe({**row, "local_batch": "8"}) == sweep.Recipe(2, 1, 1, 1, "full")
+    assert repredict.as_recipe({**row, "ac": "full/none"}) is None

@@ -132,11 +132,16 @@ def measure_block(block: torch.nn.Module, rope: torch.Tensor, seq_len: int, dim:
         experts.forward = types.MethodType(_experts_as_dense, experts)
     params = {id(p) for p in block.parameters()}
     saved: dict[int, int] = {}
+    # every saved base stays referenced until the count is done: a tensor freed mid-forward
+    # (a branch autograd drops) would hand its id to a later one and make the count vary
+    # between runs (and with it the plan fingerprint's model hash)
+    alive: list[torch.Tensor] = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         base = t._base if t._base is not None else t
-        if id(t) not in params and id(base) not in params:
+        if id(t) not in params and id(base) not in params and id(base) not in saved:
             saved[id(base)] = base.numel() * base.element_size()
+            alive.append(base)
         return t
 
     x = torch.empty(1, seq_len, dim, device="meta", requires_grad=True)
