@@ -131,6 +131,34 @@ def test_tied_weights_fsdp_plan_parity(tmp_path):
     assert_parity(reference, result)
 
 
+def test_replicate_only_plan_with_accumulation_parity(references, tmp_path):
+    """DDP all-reduces the gradient accumulated so far after every micro-batch: summed over the
+    replicas, earlier micro-batches were counted again (the loss drifted from the 1-rank run
+    from step 2 on). Replicated plans synchronise on the last micro-batch only. Local batch 1 x
+    2 micro-batches on 2 replicas."""
+    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.runtime import cpu
+    from torchtitan_autoparallel.train import parse_config
+
+    cpu.install()
+    register()
+    job = parse_config(["--job.config_file", "train_configs/llama3_debug_auto.toml",
+                        *PARITY_OVERRIDES, "--autoparallel.techniques=ddp"])
+    plan = plan_job(job, 2)
+    assert plan.mesh.replicate_only
+    plan.local_batch_size, plan.gradient_accumulation_steps = 1, 2
+    path = tmp_path / "ddp_accum.json"
+    plan.save(str(path))
+
+    seed, reference = references("llama3")
+    result = run_job("llama3_debug_auto.toml", 2, tmp_path / "run",
+                     [f"--autoparallel.plan_file={path}", "--autoparallel.techniques=ddp"],
+                     seed_checkpoint=seed)
+    assert "gradient accumulation steps 2" in result.output, result.output[-3000:]
+    assert_parity(reference, result)
+
+
 def test_replicate_only_plan_parity(references, tmp_path):
     """Pure data-parallel replication (TorchTitan's apply_ddp with a summing hook) sums gradients
     like every other plan: it matches 1 rank (TorchTitan 0.2.2's DDP recipe averages them)."""

@@ -77,7 +77,9 @@ def _sum_allreduce_hook(group: Any, bucket: torch.distributed.GradBucket
 def _apply_replication(model: nn.Module, parallel_dims: Any) -> None:
     """Pure data parallel: TorchTitan's ``apply_ddp`` with gradients summed like every other
     plan (TorchTitan 0.2.2's DDP recipe averages them on top of its global-token loss
-    normalisation, which changes the numerics)."""
+    normalisation, which changes the numerics). DDP all-reduces the gradient accumulated so far,
+    so with gradient accumulation only the last micro-batch may synchronise (a sum would count
+    the earlier ones again): the trainer calls ``sync_replicas_on_last_microbatch``."""
     from torchtitan.models.llama3.infra.parallelize import apply_ddp
 
     if parallel_dims.tp > 1 or parallel_dims.cp > 1 or parallel_dims.ep > 1:
@@ -85,6 +87,7 @@ def _apply_replication(model: nn.Module, parallel_dims: Any) -> None:
     mesh = parallel_dims.get_mesh("dp_replicate")
     apply_ddp(model, mesh, enable_compile=False)
     model.register_comm_hook(mesh.get_group(), _sum_allreduce_hook)
+
 
 
 def _shard_routed_experts(experts: nn.Module, parallel_dims: Any, plan: Plan, mp_policy: Any,
@@ -195,3 +198,14 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
         # the loss is already normalised by the global token count (as in TorchTitan's recipes)
         disable_fsdp_gradient_division(model)
     return model
+
+
+def sync_replicas_on_last_microbatch(model_parts: list[nn.Module], plan: Plan, microbatch: int
+                                     ) -> None:
+    """Replicated (DDP) plans: all-reduce gradients on the step's last micro-batch only."""
+    if not plan.mesh.replicate_only:
+        return
+    last = microbatch == plan.gradient_accumulation_steps - 1
+    for model in model_parts:
+        if hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(last)

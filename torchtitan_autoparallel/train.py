@@ -146,6 +146,7 @@ def _make_trainer_class() -> type:
         def __init__(self, job_config: Any) -> None:
             super().__init__(job_config)
             self._last_metrics: dict[str, float] = {}
+            self._microbatch = 0
             log = self.metrics_processor.log
 
             def record(step: int, loss: float, max_loss: float, grad_norm: float, **kw: Any):
@@ -161,7 +162,18 @@ def _make_trainer_class() -> type:
 
             self.metrics_processor.log = record
 
+        def forward_backward_step(self, *args: Any, **kwargs: Any) -> Any:
+            from .apply import sync_replicas_on_last_microbatch
+            from .converter import PLAN_ATTR
+
+            plan = getattr(self.job_config, PLAN_ATTR, None)
+            if plan is not None:
+                sync_replicas_on_last_microbatch(self.model_parts, plan, self._microbatch)
+            self._microbatch += 1
+            return super().forward_backward_step(*args, **kwargs)
+
         def train_step(self, data_iterator: Any) -> None:
+            self._microbatch = 0
             measured = None
             start = time.perf_counter()
             if self.job_config.autoparallel.measure_memory and self.step == 2:
