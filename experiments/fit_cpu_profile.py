@@ -37,19 +37,11 @@ BOUNDS = {"comm_overlap": (0.0, 1.0), "host_copy_gbps": (0.05, 50.0)}
 
 def repredict(plan: Any, hw: HardwareProfile, cache: dict[str, Any]) -> float:
     """Predicted step time of ``plan`` (same mesh, batch split, per-block strategies) on ``hw``."""
-    from torchtitan_autoparallel.planner import build_plan, candidate_for, inputs_from_fingerprint
+    from torchtitan_autoparallel.planner import recost
     from torchtitan_autoparallel.registry import register
-    from torchtitan_autoparallel.strategies import BlockStrategy
 
     register()
-    key = plan.fingerprint["model_hash"] + str(plan.fingerprint["global_batch_size"])
-    if key not in cache:
-        cache[key] = inputs_from_fingerprint(plan.fingerprint)
-    inputs = dataclasses.replace(cache[key], hw=hw, global_batch=plan.global_batch_size)
-    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
-    strategies = [BlockStrategy(lp.ac, lp.reshard_after_forward, lp.tp_mode)
-                  for lp in plan.layers if lp.kind == "block"]
-    return build_plan(inputs, cand, strategies, {}).predicted["step_time_s"]
+    return recost(plan, hw, cache).predicted["step_time_s"]
 
 
 def load_measured(csv_path: Path) -> list[tuple[Any, float, dict[str, str]]]:

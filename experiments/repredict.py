@@ -1,14 +1,14 @@
 """Re-predict a measured sweep with the current cost model and hardware profiles.
 
-For every measured cell of a sweep CSV (made from ``GRID``), the plan that ran is costed again
-(experts, and auto plans with one AC mode, through ``expert_plan``; auto plans that mix AC modes
-are planned again, marked "re-planned") and set beside the measurement and
-the prediction stored when the sweep ran: step time, and peak memory against the best
-measurement of it the CSV has (MemTracker's tensor peak, else the device's active peak).
-Use it after a cost-model or profile change; the stored predictions are the out-of-sample ones.
+For every measured cell of a sweep CSV, the plan that ran (``plans/<config>.<arm>.json`` next to
+the CSV) is costed again (``planner.recost``: same mesh, batch split and per-block strategies) and
+set beside the measurement and the prediction stored when the sweep ran: step time, and peak
+memory against the best measurement of it the CSV has (MemTracker's tensor peak, else the
+device's active peak). Use it after a cost-model or profile change; the stored predictions are
+the out-of-sample ones.
 
-    python experiments/repredict.py experiments/grids/h200_memory.toml \\
-        experiments/results/h200_memory/sweep.csv [--out experiments/results/h200_model.md]
+    python experiments/repredict.py experiments/results/h200_memory/sweep.csv \\
+        [--out experiments/results/h200_model.md]
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "experiments")]
 
-from sweep import Recipe, _cells, load_grid, predict  # noqa: E402
 from sweep_report import spearman  # noqa: E402
 
 
@@ -38,38 +37,27 @@ def measured_peak(row: dict[str, str]) -> float | None:
     return _float(row.get("tensor_peak_gib")) or _float(row.get("peak_active_gib"))
 
 
-def as_recipe(row: dict[str, str]) -> Recipe | None:
-    """The auto plan a row measured, as the uniform recipe it is (one AC mode for every block),
-    so that it is costed as it ran; None for plans that mix AC modes."""
-    if "/" in row.get("ac", "/") or not row.get("local_batch"):
-        return None
-    dp = int(row["dp_replicate"]) * int(row["dp_shard"])
-    local = int(row["local_batch"])
-    return Recipe(int(row["dp_replicate"]), int(row["dp_shard"]), int(row["tp"]),
-                  int(row["cp"]), row["ac"],
-                  0 if local * dp == int(row["global_batch"]) else local)
+def rows_for(csv_path: str) -> list[dict]:
+    from torchtitan_autoparallel.plan import Plan
+    from torchtitan_autoparallel.planner import recost
+    from torchtitan_autoparallel.registry import register
 
-
-def rows_for(grid_path: str, csv_path: str) -> list[dict]:
-    grid = load_grid(grid_path)
-    with open(csv_path, newline="") as f:
-        measured = {row["cell"]: row for row in csv.DictReader(f)}
+    register()
+    cache: dict = {}
     out = []
-    for cfg, round_index, arm, recipe in _cells(grid):
-        row = measured.get(f"{cfg.id}/{arm}/r{round_index + 1}")
-        if row is None or row["status"] not in ("ok", "failed"):
+    with open(csv_path, newline="") as f:
+        measured = list(csv.DictReader(f))
+    for row in measured:
+        plan_path = Path(csv_path).parent / "plans" / f"{row['config']}.{row['arm']}.json"
+        if row["status"] not in ("ok", "failed") or not plan_path.exists():
             continue
-        measured_plan = recipe or as_recipe(row)
-        now = predict(cfg, measured_plan, None)
-        if measured_plan is None:
-            arm += " (re-planned)"
+        now = recost(Plan.load(str(plan_path)), cache=cache).predicted
         out.append({
-            "config": cfg.id, "arm": arm, "status": row["status"],
+            "config": row["config"], "arm": row["arm"], "status": row["status"],
             "step": _float(row.get("step_time_s")), "peak": measured_peak(row),
             "old_step": _float(row.get("pred_step_time_s")),
             "old_peak": _float(row.get("pred_peak_gib")),
-            "new_step": now.get("pred_step_time_s"), "new_peak": now.get("pred_peak_gib"),
-            "note": row.get("note", "")[:60],
+            "new_step": now["step_time_s"], "new_peak": now["peak_memory_gib"],
         })
     return out
 
@@ -115,15 +103,13 @@ def report(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("grid")
     parser.add_argument("csv")
     parser.add_argument("--out", default="", help="write the markdown table here")
     args = parser.parse_args(argv)
-    for path in (args.grid, args.csv):
-        if not Path(path).is_file():
-            print(f"error: {path} not found", file=sys.stderr)
-            return 2
-    text = report(rows_for(args.grid, args.csv))
+    if not Path(args.csv).is_file():
+        print(f"error: {args.csv} not found", file=sys.stderr)
+        return 2
+    text = report(rows_for(args.csv))
     print(text, end="")
     if args.out:
         Path(args.out).write_text(text)

@@ -266,13 +266,18 @@ seq_len = 4096
     assert '"Activation": 1.25' in stats["tensor_peak_by_kind"]
 
 
-def test_repredict_costs_auto_plans_as_they_ran() -> None:
-    """A measured auto plan with one AC mode is re-costed as the recipe it is; plans that mix
-    AC modes cannot be, and are re-planned."""
-    import repredict
+def test_repredict_costs_the_plan_that_ran() -> None:
+    """``planner.recost`` (behind repredict.py and the CPU profile fit) costs a stored plan,
+    mixed AC included, as it ran: unchanged model and profile, unchanged prediction."""
+    from torchtitan_autoparallel.planner import plan_job, recost
+    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.train import parse_config
 
-    row = {"dp_replicate": "2", "dp_shard": "1", "tp": "1", "cp": "1", "ac": "full",
-           "local_batch": "2", "global_batch": "16"}
-    assert repredict.as_recipe(row) == sweep.Recipe(2, 1, 1, 1, "full", 2)
-    assert repredict.as_recipe({**row, "local_batch": "8"}) == sweep.Recipe(2, 1, 1, 1, "full")
-    assert repredict.as_recipe({**row, "ac": "full/none"}) is None
+    register()
+    job = parse_config(["--job.config_file", str(REPO / "train_configs/llama3_bench_auto.toml"),
+                        "--parallelism.auto", "--autoparallel.memory_gib=0.2"])
+    plan = plan_job(job, 2)
+    assert len({lp.ac for lp in plan.layers if lp.kind == "block"}) > 1
+    again = recost(plan).predicted
+    assert again["step_time_s"] == pytest.approx(plan.predicted["step_time_s"])
+    assert again["peak_memory_gib"] == pytest.approx(plan.predicted["peak_memory_gib"])

@@ -89,7 +89,6 @@ def _apply_replication(model: nn.Module, parallel_dims: Any) -> None:
     model.register_comm_hook(mesh.get_group(), _sum_allreduce_hook)
 
 
-
 def _shard_routed_experts(experts: nn.Module, parallel_dims: Any, plan: Plan, mp_policy: Any,
                           reshard_after_forward: bool) -> None:
     """FSDP of routed experts over the ranks EP leaves (``efsdp``, with dp_replicate for HSDP),

@@ -89,7 +89,12 @@ class Mesh:
     @property
     def replicate_only(self) -> bool:
         """Pure data parallel (DDP): replicas only, nothing sharded."""
-        return self.dp_replicate > 1 and self.dp_shard * self.cp * self.tp == 1
+        return self.dp_replicate > 1 and self.unsharded
+
+    @property
+    def unsharded(self) -> bool:
+        """No dim splits parameters or sequences (one device, or replicas only)."""
+        return self.dp_shard * self.cp * self.tp == 1
 
     @property
     def unsharded_label(self) -> str:

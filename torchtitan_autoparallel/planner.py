@@ -271,6 +271,26 @@ def _assign(inputs: JobInputs, sol: Solution) -> list[BlockStrategy]:
     return [queues[cls].pop(0) for cls in block_classes(inputs.graph, inputs.pins)]
 
 
+def recost(plan: Plan, hw: HardwareProfile | None = None,
+           cache: dict[str, JobInputs] | None = None) -> Plan:
+    """``plan`` (same mesh, batch split, per-block strategies) costed again by the current cost
+    model on ``hw`` (default: the profile the plan names). ``cache`` keeps rebuilt planning
+    inputs between calls."""
+    from .strategies import BlockStrategy
+
+    fp = plan.fingerprint
+    cache = {} if cache is None else cache
+    key = fp["model_hash"] + str(fp["global_batch_size"])
+    if key not in cache:
+        cache[key] = inputs_from_fingerprint(fp)
+    inputs = dataclasses.replace(cache[key], hw=hw or cache[key].hw,
+                                 global_batch=plan.global_batch_size)
+    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
+    strategies = [BlockStrategy(lp.ac, lp.reshard_after_forward, lp.tp_mode)
+                  for lp in plan.layers if lp.kind == "block"]
+    return build_plan(inputs, cand, strategies, {})
+
+
 def inputs_from_fingerprint(fp: dict[str, Any]) -> JobInputs:
     """Rebuild a plan's planning inputs from its fingerprint (for explain / diff)."""
     from types import SimpleNamespace

@@ -164,9 +164,9 @@ def _make_trainer_class() -> type:
 
         def forward_backward_step(self, *args: Any, **kwargs: Any) -> Any:
             from .apply import sync_replicas_on_last_microbatch
-            from .converter import PLAN_ATTR
+            from .converter import job_plan
 
-            plan = getattr(self.job_config, PLAN_ATTR, None)
+            plan = job_plan(self.job_config)
             if plan is not None:
                 sync_replicas_on_last_microbatch(self.model_parts, plan, self._microbatch)
             self._microbatch += 1

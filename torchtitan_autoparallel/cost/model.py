@@ -62,8 +62,7 @@ class BlockCost:
 def autocast(mesh: Mesh, prec: Precision) -> bool:
     """TorchTitan trains under ``torch.autocast`` (fp32 weights, low-precision compute) when no
     FSDP applies the mixed precision: one device or pure data-parallel replication."""
-    return (prec.param_bytes < 4 and mesh.dp_shard == 1 and mesh.cp == 1 and mesh.tp == 1
-            and mesh.ep == 1)
+    return prec.param_bytes < 4 and mesh.unsharded
 
 
 def collective_s(kind: str, nbytes: float, group: int, spans_nodes: bool,
