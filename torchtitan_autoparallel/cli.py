@@ -104,9 +104,10 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     from .cost.calibrate import calibrate, to_toml
 
-    profile = calibrate(args.ngpu, args.name, args.gpus_per_node or 0, quick=args.quick)
+    profile, notes = calibrate(args.ngpu, args.name, args.gpus_per_node or 0, quick=args.quick)
     text = to_toml(profile, [f"measured by `python -m torchtitan_autoparallel calibrate` on "
-                             f"{platform.node() or 'this machine'} with {args.ngpu} ranks"])
+                             f"{platform.node() or 'this machine'} with {args.ngpu} ranks"]
+                   + notes)
     tmp = f"{args.out}.tmp"
     try:
         with open(tmp, "w") as f:
