@@ -14,7 +14,6 @@ import socket
 import statistics
 import tempfile
 import time
-from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -179,16 +178,3 @@ def _rough_gbps(times: dict[str, float], world: int) -> float:
     nbytes, t = max((int(k.split(":")[1]), v) for k, v in times.items()
                     if k.startswith("all_gather:"))
     return nbytes * (world - 1) / world / t / 1e9
-
-
-def to_toml(profile: HardwareProfile, notes: list[str]) -> str:
-    lines = [f"# {n}" for n in notes]
-    for key, value in asdict(profile).items():
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, str):
-            text = f'"{value}"'
-        else:
-            text = str(value)
-        lines.append(f"{key} = {text}")
-    return "\n".join(lines) + "\n"

@@ -49,7 +49,7 @@ import numpy as np
 from ..errors import UserError
 from .hardware import HardwareProfile
 
-DEFAULT_FREE = ("peak_tflops", "intra_node_gbps", "inter_node_gbps", "intra_node_latency_us",
+DEFAULT_FREE = ("matmul_efficiency", "intra_node_gbps", "inter_node_gbps", "intra_node_latency_us",
                 "inter_node_latency_us", "oversubscribed_latency_us", "block_overhead_us",
                 "comm_overlap", "host_copy_gbps", "kernel_launch_us")
 """Fields fitted when ``free`` is not given (those the runs do not exercise are reported)."""
@@ -58,6 +58,12 @@ MAX_REL_STDERR = 0.5
 HUBER_M = 0.1
 """Relative error beyond which the Huber loss grows linearly (outliers weigh less)."""
 MAX_ITERATIONS = 30
+
+
+def datasheet_caps(profile: HardwareProfile) -> dict[str, float]:
+    """Upper bounds a fit keeps to: the profile's peak throughput and bandwidths."""
+    return {f.name: float(getattr(profile, f.name)) for f in dataclasses.fields(profile)
+            if f.name.endswith(("_gbps", "tflops")) and getattr(profile, f.name) > 0}
 
 
 @dataclass(frozen=True)
