@@ -36,10 +36,15 @@ def _float(value: str | None) -> float | None:
         return None
 
 
-def measured_peak(row: dict[str, str]) -> float | None:
-    """Measured peak memory of a row (GiB): MemTracker's tensor peak, else the device's
-    active peak, else ``peak_memory_gib``."""
-    for key in ("tensor_peak_gib", "peak_active_gib", "peak_memory_gib"):
+PEAK_COLUMNS = ("tensor_peak_gib", "peak_active_gib", "peak_memory_gib")
+"""Measured peak memory columns, best first: MemTracker's tensor peak, the device's active
+peak, the peak the user's logs give (on a GPU TorchTitan logs the allocator's reserved peak)."""
+
+
+def measured_peak(row: dict[str, str], columns: tuple[str, ...] = PEAK_COLUMNS
+                  ) -> float | None:
+    """Measured peak memory of a row (GiB): the first of ``columns`` it has."""
+    for key in columns:
         value = _float(row.get(key))
         if value:
             return value
