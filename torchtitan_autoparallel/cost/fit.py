@@ -175,6 +175,8 @@ class _Problem:
             h = 1e-4 * abs(z[j]) if z[j] else 1e-3
             for _ in range(4):  # grow a step too small to move any time above rounding
                 step = -h if z[j] + h > c.hi else h
+                if z[j] + step < c.lo:
+                    break  # no room inside the bounds: nothing depends on it there
                 dz = z.copy()
                 dz[j] += step
                 diff = self.times(dz) - t
@@ -273,11 +275,12 @@ def _descend(prob: _Problem, z: np.ndarray, active: list[int]) -> tuple[np.ndarr
     return z, iterations
 
 
-def _rel_stderr(prob: _Problem, z: np.ndarray, fitted: list[int]) -> dict[str, float]:
-    """Relative standard error of each fitted field from the residuals (Gauss-Newton)."""
-    t = prob.times(z)
+def _rel_stderr(prob: _Problem, t: np.ndarray, scaled: np.ndarray, fitted: list[int]
+                ) -> dict[str, float]:
+    """Relative standard error of each fitted field from the residuals (Gauss-Newton);
+    ``scaled``: the Jacobian from ``_scaled``."""
     rel = t / prob.measured - 1.0
-    a = _scaled(prob.jacobian(z, t, fitted), z, prob.measured)[:, fitted]
+    a = scaled[:, fitted]
     dof = len(rel) - len(fitted)
     out = {}
     if dof <= 0:  # as many runs as constants: an exact fit, its error unknown
@@ -324,10 +327,10 @@ def fit_profile(runs: list[Run], base: HardwareProfile, free: list[str] | None =
         at_bound = [names[j] for j in active if abs(z[j] - coords[j].lo) <= tol[j]
                     or abs(z[j] - coords[j].hi) <= tol[j]]
         inside = [j for j in active if names[j] not in at_bound]
-        final_dead = _dependent(_scaled(prob.jacobian(z, t, inside), z, prob.measured), names,
-                                inside)
+        scaled = _scaled(prob.jacobian(z, t, inside), z, prob.measured)
+        final_dead = _dependent(scaled, names, inside)
         fitted = [j for j in inside if names[j] not in final_dead]
-        stderr = _rel_stderr(prob, z, fitted)
+        stderr = _rel_stderr(prob, t, scaled, fitted)
         loose = {n: s for n, s in stderr.items() if s > MAX_REL_STDERR}
         if not loose:
             break
