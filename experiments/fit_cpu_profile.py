@@ -89,7 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         per_run += [f"| {r.label} | {r.measured_s:.3f} | {p:.3f} | {p / r.measured_s - 1:+.0%} |"
                     for r, p in zip(runs, left_out, strict=True)]
         doc = (__doc__ or "").splitlines()[0]
-        text = "\n".join([f"# {doc}", "", *lines, *per_run]) + "\n"
+        about = ("Committed `cpu`: torchtitan_autoparallel/profiles/cpu.toml (a "
+                 "coordinate-descent fit to the quiet sweep); its leave-one-config-out figure "
+                 "is that fit's, re-run under the current cost model before it was removed "
+                 "(coordinate_descent_loco.txt). Refit: `cost.fit.fit_profile` with its "
+                 "default constants and bounds. Cells: Spearman / median relative error of "
+                 "predicted vs measured step time. Command: `python "
+                 "experiments/fit_cpu_profile.py " + " ".join(argv or sys.argv[1:]) + "`.")
+        text = "\n".join([f"# {doc}", "", about, "", *lines, *per_run]) + "\n"
         Path(args.out, "profile_fit.md").write_text(text)
     if args.write:
         write_profile(args.write, refit, [f"refitted by experiments/fit_cpu_profile.py to "
