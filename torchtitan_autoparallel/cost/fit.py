@@ -221,29 +221,30 @@ def _dependent(a: np.ndarray, names: list[str], active: list[int]) -> dict[str, 
 
 def _solve_step(a_rel: np.ndarray, resid: np.ndarray, z: np.ndarray, coords: list[_Coord],
                 active: list[int], loss: str) -> np.ndarray:
-    """Optimum of the affine model: relative errors ``resid + a_rel @ (z' - z)``."""
+    """Optimum of the affine model: relative errors ``resid + a_rel @ (z' - z)``, solved for
+    the relative change of each coordinate (columns of like size: a well-scaled program)."""
     import cvxpy as cp
 
-    x = cp.Variable(len(active))
-    rel = resid + a_rel[:, active] @ x
+    scale = np.where(np.abs(z[active]) > 0, np.abs(z[active]), 1.0)
+    lo = np.array([coords[j].lo for j in active])
+    hi = np.array([coords[j].hi for j in active])
+    y = cp.Variable(len(active))
+    rel = resid + (a_rel[:, active] * scale) @ y
     obj = cp.sum_squares(rel) if loss == "squares" else cp.sum(cp.huber(rel, HUBER_M))
-    cons = []
-    for k, j in enumerate(active):
-        c = coords[j]
-        cons.append(z[j] + x[k] >= c.lo)
-        if math.isfinite(c.hi):
-            cons.append(z[j] + x[k] <= c.hi)
+    cons = [y >= (lo - z[active]) / scale]
+    finite = np.isfinite(hi)
+    if finite.any():
+        cons.append(y[np.flatnonzero(finite)] <= ((hi - z[active]) / scale)[finite])
     problem = cp.Problem(cp.Minimize(obj), cons)
     try:
         problem.solve(solver=cp.CLARABEL)
     except cp.error.SolverError:
         problem.solve(solver=cp.SCS)
-    if x.value is None:
+    if y.value is None:
         raise UserError(f"the profile fit did not solve ({problem.status}): check the runs' "
                         "measured times")
     out = z.copy()
-    out[active] = np.clip(z[active] + x.value, [coords[j].lo for j in active],
-                          [coords[j].hi for j in active])
+    out[active] = np.clip(z[active] + scale * y.value, lo, hi)
     return out
 
 
