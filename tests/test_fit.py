@@ -160,6 +160,14 @@ def test_fit_reports_what_too_few_runs_cannot_pin_down(tmp_path: Path, capsys) -
     assert "not identifiable" in out.read_text()
 
 
+def test_fit_names_an_unknown_constant(tmp_path: Path, capsys) -> None:
+    rows = [f"{_plan('llama3_ws2_b16_s256.ddp2')},1.72"]
+    code, _, err = _fit([_csv(tmp_path, "plan,step_time_s", rows), "--base", "cpu", "--out",
+                         str(tmp_path / "p.toml"), "--free", "warp_speed,gpus_per_node"], capsys)
+    assert code == 2 and "cannot fit ['warp_speed', 'gpus_per_node']" in err
+    assert err.count("\n") == 1
+
+
 def test_fit_output_that_cannot_be_written_is_one_line(tmp_path: Path, capsys) -> None:
     rows = [f"{_plan('llama3_ws2_b16_s256.ddp2')},1.72"]
     out = tmp_path / "missing" / "fitted.toml"
