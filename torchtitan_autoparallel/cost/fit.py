@@ -12,7 +12,20 @@ Public API::
 A ``Run`` is one measurement: a label, the measured seconds and either a ``Plan`` (its step time
 comes from ``planner.recost``: the plan as it ran, costed on a candidate profile) or a
 ``time_of(profile) -> seconds`` function (a micro-benchmark priced by the cost model's own
-formula); ``group`` names what ``cross_validate`` leaves out together (a config).
+formula); ``group`` names what ``cross_validate`` leaves out together (a config). A published
+table's rows, for instance::
+
+    runs = [Run(name, global_batch * seq_len / (tokens_per_s_per_gpu * gpus), plan=plan)
+            for name, plan, ... in rows]        # plan: e.g. expert.expert_plan(job, gpus)
+    result = fit_profile(runs, load_profile("h100_sxm"),
+                         free=["matmul_efficiency", "block_overhead_us"])
+    result.profile, result.rel_stderr, result.unidentified
+
+``FitResult.profile`` is ``base`` with the fitted constants replaced (nothing else changes);
+``free`` lists what was fitted, ``unidentified`` what kept the base value and why. Fields added
+to ``HardwareProfile`` later are fitted by name, their kind read from the name: ``*_gbps``,
+``*tflops`` and ``*efficiency`` are throughputs (fitted as inverses; efficiency at most 1),
+names with ``overlap`` or ``fraction`` lie in [0, 1], all others are non-negative.
 
 How step time depends on the constants is read off the cost model, not restated here. Each
 constant is fitted in the coordinate in which time is linear: the inverse of a throughput or
