@@ -15,6 +15,7 @@ from . import __version__
 from .cost.hardware import HardwareProfile, load_profile
 from .cost.model import Precision
 from .errors import UserError
+from .features import Features, features_from_config
 from .graph.adapters import get_adapter
 from .graph.layer_graph import LayerGraph, build_layer_graph
 from .pins import Pin, recipe_from_config, recipe_of, resolve_pins
@@ -104,10 +105,14 @@ class JobInputs:
     fingerprint: dict[str, Any]
     pins: dict[str, Pin] = dataclasses.field(default_factory=dict)
     """What ``autoparallel.pin`` (and the family's default pins) fix, per block fqn."""
+    features: Features = Features()
+    """Compile, float8 / MX, async TP, CPU offload and the resharding policy of the job."""
 
 
-def job_inputs(job_config: Any, world: int) -> JobInputs:
-    """Resolve the planning inputs of ``job_config`` on ``world`` devices (validating them)."""
+def job_inputs(job_config: Any, world: int, features: Features | None = None) -> JobInputs:
+    """Resolve the planning inputs of ``job_config`` on ``world`` devices (validating them).
+    ``features``: the job's speed features when rebuilt from a plan (default: from the
+    config)."""
     import torch
     import torchtitan
 
@@ -131,6 +136,7 @@ def job_inputs(job_config: Any, world: int) -> JobInputs:
                          DTYPE_BYTES[training.mixed_precision_reduce])
     except KeyError as exc:
         raise UserError(f"unsupported mixed precision dtype {exc}") from exc
+    features = features or features_from_config(job_config)
     graph = layer_graph_for(job_config)
     recipe = recipe_from_config(job_config)
     globs = list(getattr(ap, "pin", []))
@@ -160,8 +166,11 @@ def job_inputs(job_config: Any, world: int) -> JobInputs:
         "versions": {"torchtitan_autoparallel": __version__, "torch": torch.__version__,
                      "torchtitan": getattr(torchtitan, "__version__", "0.2.2")},
     }
+    if features != Features():
+        # only when set: plans of eager jobs keep their files (and digests) unchanged
+        fingerprint["features"] = features.to_dict()
     return JobInputs(graph, constraints, hw, gpus_per_node, budget, global_batch, prec, world,
-                     fingerprint, pins)
+                     fingerprint, pins, features)
 
 
 def fingerprint_diff(plan_fp: dict[str, Any], job_fp: dict[str, Any]) -> list[str]:
@@ -320,4 +329,4 @@ def inputs_from_fingerprint(fp: dict[str, Any]) -> JobInputs:
             mode=fp.get("pin_recipe", {}).get("ac_mode", "none"),
             selective_ac_option=fp.get("pin_recipe", {}).get("selective_ac_option", "op")),
     )
-    return job_inputs(job, fp["world_size"])
+    return job_inputs(job, fp["world_size"], Features(**fp.get("features", {})))
