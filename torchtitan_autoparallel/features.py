@@ -61,6 +61,10 @@ class Features:
         return asdict(self)
 
 
+EAGER = Features()
+"""No speed feature: the default everywhere features are optional."""
+
+
 def features_from_config(job_config: Any) -> Features:
     """The job's features; conflicting settings are one-line errors naming the fix."""
     compile_cfg, par = job_config.compile, job_config.parallelism

@@ -191,7 +191,7 @@ def plan_job(job_config: Any, world: int) -> Plan:
         meshes, global_batch)
     result = search(graph, world, global_batch, hw, inputs.precision, inputs.gpus_per_node,
                     budget, inputs.constraints, meshes, job_config.autoparallel.time_limit_s,
-                    inputs.pins)
+                    inputs.pins, inputs.features)
     if result.best is None:
         raise UserError(
             f"no plan fits the memory budget of {budget / 2**30:.3g} GiB per device; the "
@@ -256,7 +256,8 @@ def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrateg
 def candidate_for(inputs: JobInputs, mesh: Mesh, microbatch: int) -> Candidate:
     """Per-strategy costs of every block class for one (mesh, micro-batch) of the job."""
     return build_candidate(inputs.graph, mesh, microbatch, inputs.global_batch, inputs.hw,
-                           inputs.precision, inputs.gpus_per_node, inputs.constraints, inputs.pins)
+                           inputs.precision, inputs.gpus_per_node, inputs.constraints, inputs.pins,
+                           inputs.features)
 
 
 def _no_batch_split(meshes: list[Mesh], global_batch: int) -> list[Mesh]:
