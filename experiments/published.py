@@ -3,13 +3,14 @@
     python experiments/published.py            # predict with profiles/h100_grand_teton.toml
     python experiments/published.py --fit      # refit its free constants on the two FIT rows
 
-Every row of ../shared/anchors/torchtitan_h100_202412.csv (benchmarks/llama3_h100_202412_torchtitan.md
-in pytorch/torchtitan) from Tables 1-4 is turned into TorchTitan's own recipe for the job (same
-model, GPUs, degrees, local / global batch, AC, compile, float8 with FSDP float8 all-gather and
-the precomputed scale, async TP) and costed by ``expert.expert_plan``: predicted tokens/s per GPU
-and peak memory against the published ones. Two rows (FIT_ROWS) fix the profile's two free
-constants (GEMM and attention efficiency); every other row is out of sample. Writes
-experiments/results/published.md and prints the same table; exits 1 if a target is missed.
+Every row of ../shared/anchors/torchtitan_h100_202412.csv
+(benchmarks/llama3_h100_202412_torchtitan.md in pytorch/torchtitan) from Tables 1-4 is turned
+into TorchTitan's own recipe for the job (same model, GPUs, degrees, local / global batch, AC,
+compile, float8 with FSDP float8 all-gather and the precomputed scale, async TP) and costed by
+``expert.expert_plan``: predicted tokens/s per GPU and peak memory against the published ones.
+Two rows (FIT_ROWS) fix the profile's two free constants (GEMM and attention efficiency); every
+other row is out of sample. Writes experiments/results/published.md and prints the same table;
+exits 1 if a target is missed.
 Tables 5-6 (pipeline parallel) are not predicted here.
 """
 
@@ -142,8 +143,9 @@ def report(rows: list[Row]) -> tuple[str, bool]:
         "# TorchTitan's published H100 results, predicted",
         "",
         "`python experiments/published.py` with `profiles/h100_grand_teton.toml`; rows from",
-        "`../shared/anchors/torchtitan_h100_202412.csv` (benchmarks/llama3_h100_202412_torchtitan.md in",
-        "pytorch/torchtitan). FIT rows fixed the profile's two free constants; all others are",
+        "`../shared/anchors/torchtitan_h100_202412.csv`",
+        "(benchmarks/llama3_h100_202412_torchtitan.md in pytorch/torchtitan). FIT rows fixed",
+        "the profile's two free constants; all others are",
         "out of sample. Memory: predicted peak vs TorchTitan's logged maximum.",
         "",
         "| row | published tok/s/GPU | predicted | error | published GiB | predicted | error | |",
