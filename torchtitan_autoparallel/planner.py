@@ -31,8 +31,9 @@ from .strategies import (
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def constraints_from_config(job_config: Any) -> Constraints:
-    """Degrees the user set in [parallelism] become constraints; unsupported ones are errors."""
+def constraints_from_config(job_config: Any, features: Features) -> Constraints:
+    """Degrees the user set in [parallelism] become constraints (and what the job's
+    ``features`` require of the mesh); unsupported ones are errors."""
     par = job_config.parallelism
     if par.pipeline_parallel_degree != 1:
         raise UserError(
@@ -48,15 +49,19 @@ def constraints_from_config(job_config: Any) -> Constraints:
         )
     if par.data_parallel_shard_degree not in (-1,) and par.data_parallel_shard_degree < 1:
         raise UserError("parallelism.data_parallel_shard_degree must be -1 (free) or >= 1")
+    cp = par.context_parallel_degree if par.context_parallel_degree != 1 else 0
+    if features.grouped_mm != "none":
+        cp = 1  # TorchTitan's low-precision grouped GEMMs run with cp = 1 only
     return Constraints(
         dp_replicate=par.data_parallel_replicate_degree
         if par.data_parallel_replicate_degree != 1 else 0,
         dp_shard=par.data_parallel_shard_degree if par.data_parallel_shard_degree != -1 else 0,
         tp=par.tensor_parallel_degree if par.tensor_parallel_degree != 1 else 0,
-        cp=par.context_parallel_degree if par.context_parallel_degree != 1 else 0,
+        cp=cp,
         ep=par.expert_parallel_degree if par.expert_parallel_degree != 1 else 0,
         etp=par.expert_tensor_parallel_degree if par.expert_tensor_parallel_degree != 1 else 0,
         techniques=techniques,
+        reshard_after_forward=features.reshard_after_forward,
     )
 
 
@@ -118,7 +123,8 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None) ->
 
     ap = job_config.autoparallel
     _check_options(ap)
-    constraints = constraints_from_config(job_config)
+    features = features or features_from_config(job_config)
+    constraints = constraints_from_config(job_config, features)
     hw = load_profile(ap.hardware)
     imbalance = getattr(ap, "moe_load_imbalance", 0.0)
     if imbalance < 0 or 0 < imbalance < 1:
@@ -136,7 +142,6 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None) ->
                          DTYPE_BYTES[training.mixed_precision_reduce])
     except KeyError as exc:
         raise UserError(f"unsupported mixed precision dtype {exc}") from exc
-    features = features or features_from_config(job_config)
     graph = layer_graph_for(job_config)
     recipe = recipe_from_config(job_config)
     globs = list(getattr(ap, "pin", []))
@@ -159,7 +164,9 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None) ->
         "constraints": {"dp_replicate": constraints.dp_replicate,
                         "dp_shard": constraints.dp_shard, "tp": constraints.tp,
                         "cp": constraints.cp, "ep": constraints.ep, "etp": constraints.etp,
-                        "techniques": sorted(constraints.techniques)},
+                        "techniques": sorted(constraints.techniques),
+                        **({"reshard_after_forward": constraints.reshard_after_forward}
+                           if constraints.reshard_after_forward != "default" else {})},
         "moe_load_imbalance": hw.moe_load_imbalance,
         "pin": globs,
         "pin_recipe": recipe if any(p.whole for p in pins.values()) else {},
@@ -317,7 +324,8 @@ def inputs_from_fingerprint(fp: dict[str, Any]) -> JobInputs:
             expert_parallel_degree=fp["constraints"].get("ep") or 1,
             expert_tensor_parallel_degree=fp["constraints"].get("etp") or 1,
             fsdp_reshard_after_forward=fp.get("pin_recipe", {}).get(
-                "fsdp_reshard_after_forward", "default"),
+                "fsdp_reshard_after_forward",
+                fp["constraints"].get("reshard_after_forward", "default")),
             data_parallel_replicate_degree=fp["constraints"]["dp_replicate"] or 1,
             data_parallel_shard_degree=fp["constraints"]["dp_shard"] or -1,
             tensor_parallel_degree=fp["constraints"]["tp"] or 1),
