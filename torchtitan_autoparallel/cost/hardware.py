@@ -82,6 +82,9 @@ class HardwareProfile:
     async_tp_overlap: float = 0.0
     """Fraction of TP all-gathers / reduce-scatters hidden under the neighbouring GEMMs with
     async (micro-pipelined) TP."""
+    recompute_grad_factor: float = 0.0
+    """Backward of a fully checkpointed block: activation gradients held beside the
+    recomputed activations, per byte of them (0: not modelled)."""
     pcie_gbps: float = 0.0
     """Host <-> device copy bandwidth per device (FSDP CPU offload), GB/s."""
     host_optimizer_gbps: float = 0.0

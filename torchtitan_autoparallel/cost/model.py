@@ -116,10 +116,11 @@ def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     gemm /= gemm_speedup(layer, mesh, strategy, hw, features)
     stream = cast_fwd = cast_bwd = 0.0
     if hw.hbm_gbps > 0:
-        act_scale = prec.param_bytes / 4
-        traffic = (layer.gemm_io_bytes + 2 * layer.io_bytes if features.compile
-                   else layer.eager_bytes)
-        stream = traffic * act_scale * scale / (hw.hbm_gbps * 1e9)
+        # traffic was measured in a bf16 forward (io_bytes: fp32); compiled, the residual
+        # stream is read and written once more around the fused regions
+        traffic = (layer.gemm_io_bytes + layer.io_bytes / 2 if features.compile
+                   else layer.eager_bytes) * prec.param_bytes / 2
+        stream = traffic * scale / (hw.hbm_gbps * 1e9)
         if features.linear != "none":
             elements = layer.linear_input_elements * scale
             fwd_b, bwd_b = FLOAT8_CAST_BYTES[features.compile]
@@ -250,6 +251,11 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     else:
         gathered = gbytes if mesh.dp_replicate > 1 else 0.0
     transient = (saved if strategy.ac != "none" else 0.0) + gathered
+    if full_ac and hw.recompute_grad_factor:
+        # backward of a recomputed block: the gradients of its activations beside them, and
+        # under TP + SP the all-gathered (unsplit) inputs of attention and FFN with theirs
+        unsplit = 2 * layer.io_bytes * microbatch * act_scale / mesh.cp * (1 - 1 / mesh.tp)
+        transient += hw.recompute_grad_factor * (saved + 2 * unsplit)
     return BlockCost(time, compute, tp_comm + fwd_comm + bwd_comm, tp_comm + exposed,
                      kept, state, transient)
 

@@ -53,11 +53,11 @@ class Layer:
     """Part of ``fwd_flops`` in routed experts, for one sequence (uniform routing)."""
     eager_bytes: float = 0.0
     """Forward memory traffic of the ops other than GEMMs and attention (norms, RoPE,
-    activations, residual adds, casts, copies), one sequence, fp32: bytes read + written
-    when each op is its own kernel (eager)."""
+    activations, residual adds, casts, copies), one sequence, in a bf16 forward: bytes read +
+    written when each op is its own kernel (eager)."""
     gemm_io_bytes: float = 0.0
-    """Activation operands and outputs of the block's GEMMs and attention, one sequence,
-    fp32: what fused (compiled) elementwise code still reads and writes once."""
+    """Activation operands and outputs of the block's GEMMs and attention, one sequence, bf16:
+    what fused (compiled) elementwise code still reads and writes once."""
     linear_shapes: tuple[tuple[int, int], ...] = ()
     """(in_features, out_features) of every linear in the block (float8 GEMM shapes)."""
     linear_input_elements: float = 0.0
@@ -130,6 +130,7 @@ class _FlashSDPA(TorchFunctionMode):
 _GEMMS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
           torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
 _FREE = {torch.ops.aten.empty.memory_format, torch.ops.aten.detach.default,
+         torch.ops.aten._unsafe_view.default,
          torch.ops.aten.lift_fresh.default}
 
 
@@ -196,16 +197,23 @@ def measure_block(block: torch.nn.Module, rope: torch.Tensor, seq_len: int, dim:
             alive.append(base)
         return t
 
+    def run(x: torch.Tensor) -> None:
+        block(x, rope, None, None) if block_args == 4 else block(x, rope, None)
+
     x = torch.empty(1, seq_len, dim, device="meta", requires_grad=True)
     sdpa = _FlashSDPA()
-    traffic = _Traffic(params)
     with (
         FlopCounterMode(display=False) as counter,
         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
         sdpa,
-        traffic,
     ):
-        block(x, rope, None, None) if block_args == 4 else block(x, rope, None)
+        run(x)
+    # memory traffic in the dtype GPUs train in: the block's own upcasts (norms, RoPE) show
+    block.to(torch.bfloat16)
+    traffic = _Traffic({id(p) for p in block.parameters()})
+    with _FlashSDPA(), traffic:
+        run(x.detach().to(torch.bfloat16).requires_grad_())
+    block.to(torch.float32)
     if experts is not None:
         del experts.forward
     return (counter.get_total_flops() + sdpa.attention_flops, float(sum(saved.values())),
