@@ -82,6 +82,10 @@ class HardwareProfile:
     async_tp_overlap: float = 0.0
     """Fraction of TP all-gathers / reduce-scatters hidden under the neighbouring GEMMs with
     async (micro-pipelined) TP."""
+    reserved_gradients: bool = False
+    """Memory is the caching allocator's reserve (GPUs): the sharded gradients freed before
+    each step's forward stay reserved (their blocks are too small for the activations), so
+    the forward/backward peak counts them. False: tensor memory (CPU, MemTracker)."""
     recompute_grad_factor: float = 0.0
     """Backward of a fully checkpointed block: activation gradients held beside the
     recomputed activations, per byte of them (0: not modelled)."""
