@@ -45,6 +45,9 @@ class Constraints:
     ep: int = 0
     etp: int = 0
     techniques: tuple[str, ...] = TECHNIQUES
+    reshard_after_forward: str = "default"
+    """parallelism.fsdp_reshard_after_forward: "default" = chosen per block, "always" /
+    "never" = every FSDP-sharded block reshards / keeps its parameters after forward."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -178,8 +181,10 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
     out = []
     for mode in tp_modes:
         sharded = mesh.dp_shard * mesh.cp > 1 or mode == "dp"
+        reshards = {"default": (True, False), "always": (True,), "never": (False,)}[
+            constraints.reshard_after_forward] if sharded else (False,)
         for ac in acs:
-            for reshard in ((True, False) if sharded else (False,)):
+            for reshard in reshards:
                 out.append(BlockStrategy(ac, reshard, mode))
     return out
 
