@@ -181,3 +181,23 @@ def test_merged_rounds_are_one_run_at_their_median(tmp_path: Path) -> None:
     rows = [f"{_plan('llama3_ws2_b16_s256.ddp2')},{t}" for t in (1.0, 3.0, 1.5)]
     runs = load_runs(_csv(tmp_path, "plan,step_time_s", rows), load_profile("cpu"))
     assert len(runs) == 1 and runs[0].measured_s == statistics.median([1.0, 3.0, 1.5])
+
+
+def test_published_table_fit_gives_back_the_committed_constants() -> None:
+    """experiments/published.py fits h100_grand_teton's two efficiencies through fit_profile:
+    on the two FIT rows it gives back the values committed in the profile."""
+    import importlib.util
+    import sys
+
+    path = RESULTS.parent / "published.py"
+    spec = importlib.util.spec_from_file_location("published", path)
+    published = importlib.util.module_from_spec(spec)
+    sys.modules["published"] = published
+    spec.loader.exec_module(published)
+    if not published.ANCHORS.is_file():
+        pytest.skip(f"published rows not found at {published.ANCHORS}")
+    register()
+    values = published.fit(published.published_rows())
+    profile = load_profile("h100_grand_teton")
+    for name, value in values.items():
+        assert value == pytest.approx(getattr(profile, name), abs=2e-4), name
