@@ -46,7 +46,7 @@ def _cell(pred: list[float], runs: list[Run]) -> str:
     return "n/a" if math.isnan(err) else f"{rho:.3f} / {err:.1%}"
 
 
-def compare(fit_csv: str, holdout: list[str], committed: HardwareProfile, loss: str = "huber"
+def compare(fit_csv: str, holdout: list[str], committed: HardwareProfile, loss: str = "squares"
             ) -> tuple[list[str], HardwareProfile, list[Run], list[float]]:
     """Markdown rows (evaluation, runs, committed, refit), the refitted profile, the fitted
     runs and their left-out predictions."""
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="cpu", help="the committed profile")
     parser.add_argument("--out", default="", help="folder for profile_fit.md")
     parser.add_argument("--write", default="", help="write the refitted profile here")
-    parser.add_argument("--loss", choices=("huber", "squares"), default="huber")
+    parser.add_argument("--loss", choices=("squares", "huber"), default="squares")
     args = parser.parse_args(argv)
     committed = load_profile(args.profile)
     rows, refit, runs, left_out = compare(args.csv, args.holdout, committed, args.loss)

@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "efficiency, bandwidths, latencies, overheads, overlap)")
     p.add_argument("--datasheet", default="", help="profile whose peak and bandwidths bound "
                    "the fit (default: the base; 'none': no bound)")
-    p.add_argument("--loss", choices=("huber", "squares"), default="huber")
+    p.add_argument("--loss", choices=("squares", "huber"), default="squares",
+                   help="relative-error least squares, or Huber (outliers weigh less)")
     p.add_argument("--name", default="", help="name in the written profile (default: the "
                    "base's, so its plans stay comparable)")
     p.add_argument("--no-cv", action="store_true", help="skip the leave-one-config-out check")

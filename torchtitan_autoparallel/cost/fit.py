@@ -5,8 +5,8 @@ published-table fits in experiments/.
 Public API::
 
     fit_profile(runs: list[Run], base: HardwareProfile, free: list[str] | None = None,
-                caps: dict[str, float] | None = None, loss: str = "huber") -> FitResult
-    cross_validate(runs, base, free=None, caps=None, loss="huber") -> list[float]
+                caps: dict[str, float] | None = None, loss: str = "squares") -> FitResult
+    cross_validate(runs, base, free=None, caps=None, loss="squares") -> list[float]
     predicted_times(runs, hw) -> list[float]
 
 A ``Run`` is one measurement: a label, the measured seconds and either a ``Plan`` (its step time
@@ -35,7 +35,7 @@ or communication is exposed per block, as the current profile decides) step time
 those coordinates, so its coefficients are exact finite differences of ``recost`` at the current
 profile. One iteration solves the convex program on that affine model
 
-    minimize  sum_i huber((t_i + J_i (z - z_k)) / m_i - 1)   (or sum of squares)
+    minimize  sum_i ((t_i + J_i (z - z_k)) / m_i - 1)^2   (or Huber: outliers weigh less)
     subject to bounds on z (efficiency and overlap in (0, 1], bandwidth and peak <= ``caps``,
                non-negative latencies and overheads)
 
@@ -307,7 +307,7 @@ def _rel_stderr(prob: _Problem, t: np.ndarray, scaled: np.ndarray, fitted: list[
 
 
 def fit_profile(runs: list[Run], base: HardwareProfile, free: list[str] | None = None,
-                caps: dict[str, float] | None = None, loss: str = "huber") -> FitResult:
+                caps: dict[str, float] | None = None, loss: str = "squares") -> FitResult:
     """Fit the ``free`` fields of ``base`` to the runs' measured times (see module doc).
     ``caps``: upper bounds on fields' values (datasheet peak and bandwidths)."""
     if loss not in ("huber", "squares"):
@@ -363,7 +363,7 @@ def fit_profile(runs: list[Run], base: HardwareProfile, free: list[str] | None =
 
 
 def cross_validate(runs: list[Run], base: HardwareProfile, free: list[str] | None = None,
-                   caps: dict[str, float] | None = None, loss: str = "huber") -> list[float]:
+                   caps: dict[str, float] | None = None, loss: str = "squares") -> list[float]:
     """Leave one group out: each run's time predicted by a profile fitted to the runs of the
     other groups (``Run.group``; one group: nan for every run)."""
     groups = sorted({r.group for r in runs})
