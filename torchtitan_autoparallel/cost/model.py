@@ -112,8 +112,13 @@ def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     # cp splits every sequence (head-tail load balancing evens out causal attention)
     scale = microbatch / (mesh.tp * mesh.cp)
     attn = layer.attn_flops * scale / hw.attention_flops_per_s
-    gemm = (layer.fwd_flops - layer.attn_flops) * scale / hw.flops_per_s
-    gemm /= gemm_speedup(layer, mesh, strategy, hw, features)
+    # routed experts run grouped GEMMs (low precision with quantize.grouped_mm.*, rowwise
+    # scaled), everything else nn.Linear GEMMs (low precision with quantize.linear.*)
+    grouped = {"float8": hw.float8_rowwise_speedup, "mx": hw.mx_speedup}.get(
+        features.grouped_mm, 1.0)
+    dense = layer.fwd_flops - layer.attn_flops - layer.expert_flops
+    gemm = (dense / gemm_speedup(layer, mesh, strategy, hw, features)
+            + layer.expert_flops / grouped) * scale / hw.flops_per_s
     stream = cast_fwd = cast_bwd = 0.0
     if hw.hbm_gbps > 0:
         # traffic was measured in a bf16 forward (io_bytes: fp32); compiled, the residual
