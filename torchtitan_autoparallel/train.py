@@ -17,6 +17,8 @@ from typing import Any
 
 from .config import CONFIG_MODULE
 from .errors import UserError, run_cli
+from .features import check_device, features_from_config
+from .graph.adapters import get_adapter
 from .runtime.dry_run import prepare_dry_run
 
 
@@ -83,12 +85,28 @@ def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
         problems = cuda_only_features(job_config)
         if problems:
             raise UserError(problems[0])
+    # conflicting speed features, and features this GPU cannot run, end here: run_train.sh's
+    # preflight calls this before torchrun starts any rank
+    features = features_from_config(job_config)
+    if not dry_run:
+        check_device(features, device_capability())
+
+
+def device_capability() -> tuple[int, int] | None:
+    """CUDA compute capability of this machine's GPU, None without one."""
+    import torch
+
+    return tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
 
 
 def world_size(job_config: Any) -> int:
     """World size of the job: NGPU for dry runs, else WORLD_SIZE set by torchrun."""
     key = "NGPU" if job_config.comm.mode == "fake_backend" else "WORLD_SIZE"
     return int(os.environ.get(key, os.environ.get("WORLD_SIZE", "1")))
+
+
+AC_MODES = ("none", "selective", "full")
+"""``activation_checkpoint.mode`` values auto accepts (the plan picks per block among them)."""
 
 
 def prepare_planned_job(job_config: Any, write: bool) -> Any:
@@ -102,6 +120,12 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
 
     world = world_size(job_config)
     ap = job_config.autoparallel
+    if job_config.activation_checkpoint.mode not in AC_MODES:
+        raise UserError(
+            f"activation_checkpoint.mode = {job_config.activation_checkpoint.mode!r} with auto "
+            f"= true: the planner chooses AC per block among {list(AC_MODES)}; set one of "
+            "those or parallelism.auto = false"
+        )
     if ap.plan_file:
         plan = Plan.load(ap.plan_file)
         job_fp = job_inputs(job_config, world).fingerprint
@@ -130,7 +154,12 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
     par.expert_tensor_parallel_degree = plan.mesh.etp
     training.global_batch_size = plan.global_batch_size
     training.local_batch_size = plan.local_batch_size
-    job_config.activation_checkpoint.mode = "none"  # per layer, from the plan
+    ac = job_config.activation_checkpoint
+    if write:
+        logger.info(f"activation checkpointing per block from the plan (searched); the "
+                    f"configured activation_checkpoint.mode = {ac.mode!r} is what pinned "
+                    "blocks run")
+    ac.mode = "none"  # TorchTitan's recipe-wide AC is off: apply_plan applies the plan's
     if NAME not in job_config.model.converters:
         job_config.model.converters = [NAME, *job_config.model.converters]
     setattr(job_config, PLAN_ATTR, plan)
@@ -240,6 +269,40 @@ def _make_trainer_class() -> type:
     return AutoparallelTrainer
 
 
+def block_features(model: Any, blocks: str = "layers") -> dict[str, dict[str, Any]]:
+    """What was built in each block of ``model.<blocks>``: float8 linears, weights FSDP
+    all-gathers in float8, compile wrappers, the mesh dims of its sharded weights and whether
+    FSDP offloads it to CPU. Read back by the dry-run tests."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    try:
+        from torchao.float8.float8_linear import Float8Linear
+        from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+    except ImportError:  # torchao absent: no float8 job can have run
+        Float8Linear = WeightWithDynamicFloat8CastTensor = ()  # noqa: N806
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, block in model.get_submodule(blocks).named_children():
+        weights = [p for m in block.modules() if isinstance(m, Float8Linear)
+                   for p in m.parameters(recurse=False)]
+        local = [getattr(p, "_local_tensor", p) for p in weights]
+        state = getattr(block, "_get_fsdp_state", None)
+        group = state()._fsdp_param_group if state is not None else None
+        mesh = next((p.device_mesh for p in block.parameters() if hasattr(p, "device_mesh")),
+                    None)
+        out[name] = {
+            "float8_linears": sum(isinstance(m, Float8Linear) for m in block.modules()),
+            "float8_all_gather": sum(isinstance(t, WeightWithDynamicFloat8CastTensor)
+                                     for t in local),
+            "compiled": sum(isinstance(m, OptimizedModule) for m in block.modules()),
+            "block_compiled": isinstance(block, OptimizedModule),
+            "mesh": list(mesh.mesh_dim_names or ()) if mesh is not None else [],
+            "cpu_offload": type(getattr(group, "offload_policy", None)).__name__
+            == "CPUOffloadPolicy",
+        }
+    return out
+
+
 def dry_run_report(trainer: Any) -> str:
     """One paragraph on what a fake-backend dry run built: mesh and per-rank parameter bytes."""
     dims = trainer.parallel_dims
@@ -264,6 +327,11 @@ def dry_run_report(trainer: Any) -> str:
             f"(predicted {p['state_memory_gib']:.2f} GiB), predicted peak "
             f"{p['peak_memory_gib']:.2f} GiB of budget {p['budget_gib']:.2f} GiB"
         )
+    blocks = get_adapter(trainer.job_config.model.name).blocks if plan is not None else "layers"
+    features = {}
+    for model in trainer.model_parts:
+        features.update(block_features(model, blocks))
+    report += "\ndry run blocks: " + json.dumps(features, sort_keys=True)
     return report
 
 

@@ -63,7 +63,8 @@ class FamilyAdapter:
         return int(block.get_submodule(self.moe).router.top_k)
 
     def apply_tp(self, model: Any, tp_mesh: Any, loss_parallel: bool,
-                 block_names: list[str], cp_enabled: bool = False) -> None:
+                 block_names: list[str], cp_enabled: bool = False,
+                 enable_float8_tensorwise_tp: bool = False) -> None:
         """TorchTitan's TP + SP plan for the embedding, the output and the named blocks only.
 
         The family's TorchTitan function parallelizes ``model.<embedding/norm/output>`` and
@@ -82,7 +83,7 @@ class FamilyAdapter:
         if self.tp_takes_cp:
             kwargs["cp_enabled"] = cp_enabled
         _resolve(self.tp_fn)(view, tp_mesh, loss_parallel=loss_parallel,
-                             enable_float8_tensorwise_tp=False, **kwargs)
+                             enable_float8_tensorwise_tp=enable_float8_tensorwise_tp, **kwargs)
 
     def apply_moe(self, model: Any, parallel_dims: Any) -> None:
         """TorchTitan's EP / ETP / TP for every MoE block (router, token dispatch, experts,
