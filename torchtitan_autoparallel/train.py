@@ -81,13 +81,13 @@ def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
             "tokenizer.json (the project ships ./assets/tokenizer)"
         )
 
+    # conflicting speed features, and features this GPU cannot run, end here: run_train.sh's
+    # preflight calls this before torchrun starts any rank
+    features = features_from_config(job_config)
     if cpu and not dry_run:
         problems = cuda_only_features(job_config)
         if problems:
             raise UserError(problems[0])
-    # conflicting speed features, and features this GPU cannot run, end here: run_train.sh's
-    # preflight calls this before torchrun starts any rank
-    features = features_from_config(job_config)
     if not dry_run:
         check_device(features, device_capability())
 
@@ -120,6 +120,13 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
 
     world = world_size(job_config)
     ap = job_config.autoparallel
+    if job_config.parallelism.expert_parallel_comm_backend != "standard":
+        raise UserError(
+            f"parallelism.expert_parallel_comm_backend = "
+            f"{job_config.parallelism.expert_parallel_comm_backend!r} with auto = true: plans "
+            "apply TorchTitan's standard all-to-all; set it to \"standard\" or "
+            "parallelism.auto = false"
+        )
     if job_config.activation_checkpoint.mode not in AC_MODES:
         raise UserError(
             f"activation_checkpoint.mode = {job_config.activation_checkpoint.mode!r} with auto "
@@ -164,6 +171,12 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
         job_config.model.converters = [NAME, *job_config.model.converters]
     setattr(job_config, PLAN_ATTR, plan)
     return plan
+
+
+def _compiled_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def _make_trainer_class() -> type:
@@ -229,6 +242,8 @@ def _make_trainer_class() -> type:
                 **self._last_metrics,
                 "step_time_s": elapsed,
                 "tokens_per_s": tokens / elapsed,
+                # graphs torch.compile has produced in this process so far (0: nothing compiled)
+                "compiled_graphs": _compiled_graphs(),
             }
             if measured is not None:
                 row["measured_tensor_peak_gib"] = measured["Total"]
