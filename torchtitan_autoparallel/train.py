@@ -84,12 +84,45 @@ def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
     # conflicting speed features, and features this GPU cannot run, end here: run_train.sh's
     # preflight calls this before torchrun starts any rank
     features = features_from_config(job_config)
+    check_torchao(features)
     if cpu and not dry_run:
         problems = cuda_only_features(job_config)
         if problems:
             raise UserError(problems[0])
     if not dry_run:
         check_device(features, device_capability())
+
+
+# What TorchTitan 0.2.2's quantization converters import from torchao, per feature: torchao
+# 0.18.0 no longer has the MX linear config nor the MoE training config those converters use.
+TORCHAO_NEEDS = {
+    "float8": ("torchao.float8", "Float8LinearConfig", "quantize.linear.float8"),
+    "mx": ("torchao.prototype.mx_formats.config", "MXLinearConfig", "quantize.linear.mx"),
+    "grouped": ("torchao.prototype.moe_training.conversion_utils", "MoETrainingConfig",
+                "quantize.grouped_mm.*"),
+}
+
+
+def check_torchao(features: Any) -> None:
+    """Refuse a quantization converter whose torchao API the installed torchao lacks (TorchTitan
+    would fail with an ImportError after the ranks started)."""
+    import importlib
+    import importlib.util
+
+    wanted = [key for key, on in (("float8", features.float8), ("mx", features.linear == "mx"),
+                                  ("grouped", features.grouped_mm != "none")) if on]
+    for key in wanted:
+        module, name, converter = TORCHAO_NEEDS[key]
+        try:
+            found = hasattr(importlib.import_module(module), name)
+        except ImportError:
+            found = False
+        if not found:
+            version = getattr(importlib.import_module("torchao"), "__version__", "?") \
+                if importlib.util.find_spec("torchao") else "not installed"
+            raise UserError(f"model.converters has {converter}, whose TorchTitan 0.2.2 converter "
+                            f"needs {module}.{name}, missing from torchao ({version}): install "
+                            "a torchao that has it or remove the converter")
 
 
 def device_capability() -> tuple[int, int] | None:
@@ -125,6 +158,13 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
             f"parallelism.expert_parallel_comm_backend = "
             f"{job_config.parallelism.expert_parallel_comm_backend!r} with auto = true: plans "
             "apply TorchTitan's standard all-to-all; set it to \"standard\" or "
+            "parallelism.auto = false"
+        )
+    if job_config.training.dtype != "float32":
+        raise UserError(
+            f"training.dtype = {job_config.training.dtype!r} with auto = true: the planner "
+            "costs float32 parameters, gradients and optimizer state; set training.dtype = "
+            "\"float32\" (mixed_precision_param = \"bfloat16\" computes in bf16) or "
             "parallelism.auto = false"
         )
     if job_config.activation_checkpoint.mode not in AC_MODES:
@@ -301,8 +341,6 @@ def block_features(model: Any, blocks: str = "layers") -> dict[str, dict[str, An
         weights = [p for m in block.modules() if isinstance(m, Float8Linear)
                    for p in m.parameters(recurse=False)]
         local = [getattr(p, "_local_tensor", p) for p in weights]
-        state = getattr(block, "_get_fsdp_state", None)
-        group = state()._fsdp_param_group if state is not None else None
         mesh = next((p.device_mesh for p in block.parameters() if hasattr(p, "device_mesh")),
                     None)
         out[name] = {
@@ -312,10 +350,21 @@ def block_features(model: Any, blocks: str = "layers") -> dict[str, dict[str, An
             "compiled": sum(isinstance(m, OptimizedModule) for m in block.modules()),
             "block_compiled": isinstance(block, OptimizedModule),
             "mesh": list(mesh.mesh_dim_names or ()) if mesh is not None else [],
-            "cpu_offload": type(getattr(group, "offload_policy", None)).__name__
-            == "CPUOffloadPolicy",
+            **fsdp_group(block),
         }
     return out
+
+
+def fsdp_group(module: Any) -> dict[str, Any]:
+    """How FSDP2 manages ``module``'s own parameter group (empty when it is no FSDP module):
+    resharding after forward, CPU offload, parameter dtype."""
+    state = getattr(module, "_get_fsdp_state", None)
+    group = state()._fsdp_param_group if state is not None else None
+    if group is None:
+        return {}
+    return {"reshard_after_forward": group.post_forward_mesh_info is not None,
+            "cpu_offload": type(group.offload_policy).__name__ == "CPUOffloadPolicy",
+            "param_dtype": str(group.mp_policy.param_dtype)}
 
 
 def dry_run_report(trainer: Any) -> str:
