@@ -32,13 +32,14 @@ def build(config: str, *overrides: str) -> tuple[nn.Module, Any, Any]:
     from torchtitan_autoparallel.registry import register
     from torchtitan_autoparallel.runtime import cpu
     from torchtitan_autoparallel.runtime.dry_run import _assume_quantization_capability
-    from torchtitan_autoparallel.train import parse_config, prepare_planned_job
+    from torchtitan_autoparallel.train import check_config, parse_config, prepare_planned_job
 
     cpu.install()
     register()
     _assume_quantization_capability()
     os.environ["WORLD_SIZE"] = str(WORLD)
     job = parse_config(["--job.config_file", f"train_configs/{config}", *overrides])
+    check_config(job, cpu=False, dry_run=True)  # as the dry-run entrypoint (no device check)
     plan = prepare_planned_job(job, write=False)
     par = job.parallelism
     dims = ParallelDims(dp_replicate=par.data_parallel_replicate_degree,

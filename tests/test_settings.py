@@ -143,12 +143,14 @@ def test_float8_all_gather_filter_and_emulate():
 
 def test_cpu_offload_and_mixed_precision():
     """training.enable_cpu_offload: FSDP's CPU offload policy on every sharded group;
-    mixed_precision_param: the groups' parameter dtype."""
+    mixed_precision_param / _reduce: the groups' parameter and reduction dtypes."""
     model, _, _ = build(LLAMA, *FSDP, "--training.enable_cpu_offload",
-                        "--training.mixed_precision_param=bfloat16")
+                        "--training.mixed_precision_param=bfloat16",
+                        "--training.mixed_precision_reduce=float32")  # its only choice
     groups = [*block_features(model).values(), fsdp_group(model.tok_embeddings),
               fsdp_group(model.norm)]
-    assert all(g["cpu_offload"] and g["param_dtype"] == "torch.bfloat16" for g in groups)
+    assert all(g["cpu_offload"] and g["param_dtype"] == "torch.bfloat16"
+               and g["reduce_dtype"] == "torch.float32" for g in groups)
 
 
 def test_batch_and_sequence():
@@ -164,10 +166,47 @@ def test_batch_and_sequence():
     (("--training.dtype=bfloat16",), "costs float32 parameters"),
     (("--activation_checkpoint.mode=memory_budget",), "chooses AC per block"),
     (("--parallelism.pipeline_parallel_degree=2",), "does not search this dimension"),
+    (("--model.converters=quantize.linear.float8", "--quantize.linear.float8.recipe_name=rowwise",
+      "--quantize.linear.float8.enable_fsdp_float8_all_gather"), "tensorwise recipe only"),
+    (("--model.converters=quantize.linear.float8", "--quantize.linear.float8.emulate",
+      "--compile.enable"), "emulate cannot be combined with compile"),
+    (("--model.converters=quantize.linear.mx",), "needs torchao.prototype.mx_formats.config"),
+    (("--model.converters=quantize.grouped_mm.float8",), "MoETrainingConfig, missing"),
+    (("--model.converters=quantize.grouped_mm.mx",), "MoETrainingConfig, missing"),
 ])
 def test_refused(overrides, message):
     with pytest.raises(UserError, match=message):
         build(LLAMA, *overrides)
+
+
+def test_applied_as_is():
+    """Keys TorchTitan's trainer reads itself (CP load balancing and rotation, gradient
+    clipping): auto leaves them as configured."""
+    keys = {"parallelism.context_parallel_load_balancer": None,
+            "parallelism.context_parallel_rotate_method": "alltoall",
+            "training.max_norm": 0.5}
+    _, job, _ = build(LLAMA, "--parallelism.context_parallel_degree=2",
+                      "--parallelism.context_parallel_load_balancer=None",
+                      "--parallelism.context_parallel_rotate_method=alltoall",
+                      "--training.max_norm=0.5")
+    for key, value in keys.items():
+        section, name = key.split(".")
+        assert getattr(getattr(job, section), name) == value, key
+
+
+def test_pinned_blocks_run_the_configured_ac():
+    """activation_checkpoint.mode / selective_ac_option: what pinned blocks run (TorchTitan's
+    recipe: selective with option k checkpoints every k-th block fully)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    model, job, plan = build(LLAMA, *FSDP, "--autoparallel.pin=layers.*",
+                             "--activation_checkpoint.mode=selective",
+                             "--activation_checkpoint.selective_ac_option=2")
+    assert job.activation_checkpoint.mode == "none"  # TorchTitan's recipe-wide AC is off
+    wanted = ["full" if i % 2 else "none" for i in range(len(model.layers))]
+    assert [layer.ac for layer in plan.layers if layer.kind == "block"] == wanted
+    assert [isinstance(block, CheckpointWrapper) for block in model.layers.values()] == [
+        ac == "full" for ac in wanted]
 
 
 def test_activation_checkpoint_options_reach_torchtitan(monkeypatch):

@@ -357,14 +357,15 @@ def block_features(model: Any, blocks: str = "layers") -> dict[str, dict[str, An
 
 def fsdp_group(module: Any) -> dict[str, Any]:
     """How FSDP2 manages ``module``'s own parameter group (empty when it is no FSDP module):
-    resharding after forward, CPU offload, parameter dtype."""
+    resharding after forward, CPU offload, parameter and gradient-reduction dtypes."""
     state = getattr(module, "_get_fsdp_state", None)
     group = state()._fsdp_param_group if state is not None else None
     if group is None:
         return {}
     return {"reshard_after_forward": group.post_forward_mesh_info is not None,
             "cpu_offload": type(group.offload_policy).__name__ == "CPUOffloadPolicy",
-            "param_dtype": str(group.mp_policy.param_dtype)}
+            "param_dtype": str(group.mp_policy.param_dtype),
+            "reduce_dtype": str(group.mp_policy.reduce_dtype)}
 
 
 def dry_run_report(trainer: Any) -> str:
