@@ -62,7 +62,10 @@ def test_pipeline_only_settings_change_nothing():
                         "--parallelism.pipeline_parallel_layers_per_stage=2",
                         "--parallelism.pipeline_parallel_first_stage_less_layers=0",
                         "--parallelism.pipeline_parallel_last_stage_less_layers=0",
-                        "--parallelism.pipeline_parallel_expert_parallel_overlap")
+                        "--parallelism.pipeline_parallel_expert_parallel_overlap",
+                        "--parallelism.pipeline_parallel_schedule_csv=schedule.csv",
+                        "--parallelism.module_fqns_per_model_part",
+                        "tok_embeddings,layers.0", "layers.1,norm,output")
     assert other.digest() == plan.digest()
 
 
