@@ -24,7 +24,8 @@ def fake_process_group() -> None:
 
 def build(config: str, *overrides: str) -> tuple[nn.Module, Any, Any]:
     """(parallelized meta model, job config, plan) of ``train_configs/<config>`` planned for
-    ``WORLD`` ranks with ``overrides``."""
+    ``WORLD`` ranks with ``overrides``; a config without ``auto`` runs TorchTitan's own recipe
+    (plan None)."""
     from torchtitan.distributed import ParallelDims
     from torchtitan.protocols.model_converter import build_model_converters
     from torchtitan.protocols.train_spec import get_train_spec
@@ -40,7 +41,7 @@ def build(config: str, *overrides: str) -> tuple[nn.Module, Any, Any]:
     os.environ["WORLD_SIZE"] = str(WORLD)
     job = parse_config(["--job.config_file", f"train_configs/{config}", *overrides])
     check_config(job, cpu=False, dry_run=True)  # as the dry-run entrypoint (no device check)
-    plan = prepare_planned_job(job, write=False)
+    plan = prepare_planned_job(job, write=False) if job.parallelism.auto else None
     par = job.parallelism
     dims = ParallelDims(dp_replicate=par.data_parallel_replicate_degree,
                         dp_shard=par.data_parallel_shard_degree, cp=par.context_parallel_degree,

@@ -120,6 +120,28 @@ def test_async_tp_and_compile_on_tp_blocks():
     assert not any(block["compiled"] for block in block_features(model).values())
 
 
+def test_moe_compile_matches_torchtitan_recipe():
+    """MoE families: TorchTitan's MoE-aware compile (deepseek_v3 / llama4 recipes): dense blocks
+    compiled whole, MoE blocks per submodule with the routed experts left out, as the recipe
+    builds the same model with expert parallel 2."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    compile_ = ("--compile.enable", "--compile.backend=aot_eager", "--compile.components=model")
+    auto, _, plan = build("deepseek_v3_debug_auto.toml", "--parallelism.expert_parallel_degree=2",
+                          "--autoparallel.techniques=fsdp,ep", *compile_)
+    recipe, _, _ = build("deepseek_v3_debug_ep.toml", *compile_)
+    assert plan.mesh.ep == 2
+    def compiled(model):
+        return {name: (block["compiled"], block["block_compiled"])
+                for name, block in block_features(model).items()}
+
+    assert compiled(auto) == compiled(recipe)
+    moe = auto.layers["1"]
+    assert not isinstance(moe, OptimizedModule) and isinstance(moe.attention, OptimizedModule)
+    assert not isinstance(moe.moe.experts, OptimizedModule)
+    assert isinstance(auto.layers["0"], OptimizedModule)
+
+
 @pytest.mark.parametrize("recipe,styles", [(None, "Float8ColwiseParallel"),
                                            ("rowwise", "ColwiseParallel")])
 def test_float8_recipe_and_tp_styles(recipe, styles):
