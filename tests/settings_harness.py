@@ -4,7 +4,9 @@ function, i.e. ``apply_plan``), without data, optimizer or kernels."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -13,13 +15,22 @@ import torch.nn as nn
 WORLD = 8
 
 
-def fake_process_group() -> None:
-    """A fake process group of ``WORLD`` ranks (rank 0) for this process."""
+@contextlib.contextmanager
+def fake_process_group() -> Iterator[None]:
+    """A fake process group of ``WORLD`` ranks (rank 0) and ``WORLD_SIZE``, for the block."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("fake", store=FakeStore(), rank=0,
-                                             world_size=WORLD)
+    previous = os.environ.get("WORLD_SIZE")
+    os.environ["WORLD_SIZE"] = str(WORLD)
+    torch.distributed.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+        if previous is None:
+            del os.environ["WORLD_SIZE"]
+        else:
+            os.environ["WORLD_SIZE"] = previous
 
 
 def build(config: str, *overrides: str) -> tuple[nn.Module, Any, Any]:
@@ -38,7 +49,7 @@ def build(config: str, *overrides: str) -> tuple[nn.Module, Any, Any]:
     cpu.install()
     register()
     _assume_quantization_capability()
-    os.environ["WORLD_SIZE"] = str(WORLD)
+    assert os.environ.get("WORLD_SIZE") == str(WORLD), "call inside fake_process_group()"
     job = parse_config(["--job.config_file", f"train_configs/{config}", *overrides])
     check_config(job, cpu=False, dry_run=True)  # as the dry-run entrypoint (no device check)
     plan = prepare_planned_job(job, write=False) if job.parallelism.auto else None

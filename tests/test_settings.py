@@ -20,9 +20,8 @@ FSDP = ("--parallelism.data_parallel_shard_degree=8",)
 
 @pytest.fixture(scope="module", autouse=True)
 def fake_pg():
-    fake_process_group()
-    yield
-    torch.distributed.destroy_process_group()
+    with fake_process_group():
+        yield
 
 
 def hook_partials(module: torch.nn.Module) -> list[functools.partial]:
