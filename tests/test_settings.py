@@ -190,6 +190,8 @@ def test_batch_and_sequence():
     (("--training.dtype=bfloat16",), "costs float32 parameters"),
     (("--activation_checkpoint.mode=memory_budget",), "chooses AC per block"),
     (("--parallelism.pipeline_parallel_degree=2",), "does not search this dimension"),
+    (("--training.enable_cpu_offload", "--parallelism.data_parallel_replicate_degree=8"),
+     "the plan shards nothing with FSDP"),
     (("--model.converters=quantize.linear.float8", "--quantize.linear.float8.recipe_name=rowwise",
       "--quantize.linear.float8.enable_fsdp_float8_all_gather"), "tensorwise recipe only"),
     (("--model.converters=quantize.linear.float8", "--quantize.linear.float8.emulate",

@@ -147,6 +147,7 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
     degrees, local batch size, and the ``autoparallel`` converter that applies it."""
     from torchtitan.tools.logging import logger
 
+    from .apply import plan_shards_with_fsdp
     from .converter import NAME, PLAN_ATTR
     from .plan import Plan
     from .planner import fingerprint_diff, job_inputs, plan_job
@@ -187,6 +188,12 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
                            f", this job runs {job_fp['versions']}")
     else:
         plan = plan_job(job_config, world)
+    if job_config.training.enable_cpu_offload and not plan_shards_with_fsdp(plan):
+        raise UserError(
+            f"training.enable_cpu_offload is FSDP's CPU offload, but the plan shards nothing "
+            f"with FSDP (mesh {plan.mesh}): set parallelism.data_parallel_shard_degree >= 2 "
+            "or turn CPU offload off"
+        )
     if write:
         logger.info("\n" + plan.table())
         if ap.save_plan:
