@@ -15,6 +15,13 @@ import sys
 import time
 from typing import Any
 
+from .built import block_features
+from .checks import (
+    check_auto_settings,
+    check_plan_features,
+    check_torchao,
+    device_capability,
+)
 from .config import CONFIG_MODULE
 from .errors import UserError, run_cli
 from .features import check_device, features_from_config
@@ -93,53 +100,10 @@ def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
         check_device(features, device_capability())
 
 
-# What TorchTitan 0.2.2's quantization converters import from torchao, per feature: torchao
-# 0.18.0 no longer has the MX linear config nor the MoE training config those converters use.
-TORCHAO_NEEDS = {
-    "float8": ("torchao.float8", "Float8LinearConfig", "quantize.linear.float8"),
-    "mx": ("torchao.prototype.mx_formats.config", "MXLinearConfig", "quantize.linear.mx"),
-    "grouped": ("torchao.prototype.moe_training.conversion_utils", "MoETrainingConfig",
-                "quantize.grouped_mm.*"),
-}
-
-
-def check_torchao(features: Any) -> None:
-    """Refuse a quantization converter whose torchao API the installed torchao lacks (TorchTitan
-    would fail with an ImportError after the ranks started)."""
-    import importlib
-    import importlib.util
-
-    wanted = [key for key, on in (("float8", features.float8), ("mx", features.linear == "mx"),
-                                  ("grouped", features.grouped_mm != "none")) if on]
-    for key in wanted:
-        module, name, converter = TORCHAO_NEEDS[key]
-        try:
-            found = hasattr(importlib.import_module(module), name)
-        except ImportError:
-            found = False
-        if not found:
-            version = getattr(importlib.import_module("torchao"), "__version__", "?") \
-                if importlib.util.find_spec("torchao") else "not installed"
-            raise UserError(f"model.converters has {converter}, whose TorchTitan 0.2.2 converter "
-                            f"needs {module}.{name}, missing from torchao ({version}): install "
-                            "a torchao that has it or remove the converter")
-
-
-def device_capability() -> tuple[int, int] | None:
-    """CUDA compute capability of this machine's GPU, None without one."""
-    import torch
-
-    return tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
-
-
 def world_size(job_config: Any) -> int:
     """World size of the job: NGPU for dry runs, else WORLD_SIZE set by torchrun."""
     key = "NGPU" if job_config.comm.mode == "fake_backend" else "WORLD_SIZE"
     return int(os.environ.get(key, os.environ.get("WORLD_SIZE", "1")))
-
-
-AC_MODES = ("none", "selective", "full")
-"""``activation_checkpoint.mode`` values auto accepts (the plan picks per block among them)."""
 
 
 def prepare_planned_job(job_config: Any, write: bool) -> Any:
@@ -147,33 +111,13 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
     degrees, local batch size, and the ``autoparallel`` converter that applies it."""
     from torchtitan.tools.logging import logger
 
-    from .apply import plan_shards_with_fsdp
     from .converter import NAME, PLAN_ATTR
     from .plan import Plan
     from .planner import fingerprint_diff, job_inputs, plan_job
 
     world = world_size(job_config)
     ap = job_config.autoparallel
-    if job_config.parallelism.expert_parallel_comm_backend != "standard":
-        raise UserError(
-            f"parallelism.expert_parallel_comm_backend = "
-            f"{job_config.parallelism.expert_parallel_comm_backend!r} with auto = true: plans "
-            "apply TorchTitan's standard all-to-all; set it to \"standard\" or "
-            "parallelism.auto = false"
-        )
-    if job_config.training.dtype != "float32":
-        raise UserError(
-            f"training.dtype = {job_config.training.dtype!r} with auto = true: the planner "
-            "costs float32 parameters, gradients and optimizer state; set training.dtype = "
-            "\"float32\" (mixed_precision_param = \"bfloat16\" computes in bf16) or "
-            "parallelism.auto = false"
-        )
-    if job_config.activation_checkpoint.mode not in AC_MODES:
-        raise UserError(
-            f"activation_checkpoint.mode = {job_config.activation_checkpoint.mode!r} with auto "
-            f"= true: the planner chooses AC per block among {list(AC_MODES)}; set one of "
-            "those or parallelism.auto = false"
-        )
+    check_auto_settings(job_config)
     if ap.plan_file:
         plan = Plan.load(ap.plan_file)
         job_fp = job_inputs(job_config, world).fingerprint
@@ -188,12 +132,7 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
                            f", this job runs {job_fp['versions']}")
     else:
         plan = plan_job(job_config, world)
-    if job_config.training.enable_cpu_offload and not plan_shards_with_fsdp(plan):
-        raise UserError(
-            f"training.enable_cpu_offload is FSDP's CPU offload, but the plan shards nothing "
-            f"with FSDP (mesh {plan.mesh}): set parallelism.data_parallel_shard_degree >= 2 "
-            "or turn CPU offload off"
-        )
+    check_plan_features(job_config, plan)
     if write:
         logger.info("\n" + plan.table())
         if ap.save_plan:
@@ -329,50 +268,6 @@ def _make_trainer_class() -> type:
             return dims.get_mesh("batch").size() if dims.dp_enabled else 1
 
     return AutoparallelTrainer
-
-
-def block_features(model: Any, blocks: str = "layers") -> dict[str, dict[str, Any]]:
-    """What was built in each block of ``model.<blocks>``: float8 linears, weights FSDP
-    all-gathers in float8, compile wrappers, the mesh dims of its sharded weights and whether
-    FSDP offloads it to CPU. Read back by the dry-run tests."""
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    try:
-        from torchao.float8.float8_linear import Float8Linear
-        from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
-    except ImportError:  # torchao absent: no float8 job can have run
-        Float8Linear = WeightWithDynamicFloat8CastTensor = ()  # noqa: N806
-
-    out: dict[str, dict[str, Any]] = {}
-    for name, block in model.get_submodule(blocks).named_children():
-        weights = [p for m in block.modules() if isinstance(m, Float8Linear)
-                   for p in m.parameters(recurse=False)]
-        local = [getattr(p, "_local_tensor", p) for p in weights]
-        mesh = next((p.device_mesh for p in block.parameters() if hasattr(p, "device_mesh")),
-                    None)
-        out[name] = {
-            "float8_linears": sum(isinstance(m, Float8Linear) for m in block.modules()),
-            "float8_all_gather": sum(isinstance(t, WeightWithDynamicFloat8CastTensor)
-                                     for t in local),
-            "compiled": sum(isinstance(m, OptimizedModule) for m in block.modules()),
-            "block_compiled": isinstance(block, OptimizedModule),
-            "mesh": list(mesh.mesh_dim_names or ()) if mesh is not None else [],
-            **fsdp_group(block),
-        }
-    return out
-
-
-def fsdp_group(module: Any) -> dict[str, Any]:
-    """How FSDP2 manages ``module``'s own parameter group (empty when it is no FSDP module):
-    resharding after forward, CPU offload, parameter and gradient-reduction dtypes."""
-    state = getattr(module, "_get_fsdp_state", None)
-    group = state()._fsdp_param_group if state is not None else None
-    if group is None:
-        return {}
-    return {"reshard_after_forward": group.post_forward_mesh_info is not None,
-            "cpu_offload": type(group.offload_policy).__name__ == "CPUOffloadPolicy",
-            "param_dtype": str(group.mp_policy.param_dtype),
-            "reduce_dtype": str(group.mp_policy.reduce_dtype)}
 
 
 def dry_run_report(trainer: Any) -> str:
