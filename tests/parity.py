@@ -50,6 +50,10 @@ class RunResult:
     def losses(self) -> list[float]:
         return [r["loss"] for r in self.rows]
 
+    @property
+    def grad_norms(self) -> list[float]:
+        return [r["grad_norm"] for r in self.rows]
+
 
 def run_job(
     config: str,
@@ -117,17 +121,22 @@ def make_seed_checkpoint(config: str, tmp_path: Path, overrides: tuple[str, ...]
     return folder / "step-0"
 
 
-def assert_parity(reference: RunResult, other: RunResult, rtol: float = 1e-4) -> float:
-    """Assert both runs succeeded with the same number of steps and per-step losses within
-    ``rtol``; returns the largest relative difference."""
+def assert_parity(reference: RunResult, other: RunResult, rtol: float = 1e-4,
+                  grad_rtol: float | None = None) -> float:
+    """Assert both runs succeeded with the same number of steps, per-step losses within
+    ``rtol`` and per-step gradient norms (before clipping) within ``grad_rtol`` (default
+    ``rtol``); returns the largest relative difference of either."""
     for result in (reference, other):
         if result.returncode != 0:
             sys.stderr.write(result.output[-6000:])
         assert result.returncode == 0, "training run failed (output above)"
-    assert len(reference.losses) == len(other.losses) > 0
+    assert len(reference.rows) == len(other.rows) > 0
     worst = 0.0
-    for step, (a, b) in enumerate(zip(reference.losses, other.losses, strict=True), start=1):
-        rel = abs(a - b) / abs(a)
-        worst = max(worst, rel)
-        assert rel <= rtol, f"step {step}: loss {b!r} vs 1-rank {a!r} (rel {rel:.2e} > {rtol})"
+    for what, tol, ref, got in (("loss", rtol, reference.losses, other.losses),
+                                ("grad_norm", rtol if grad_rtol is None else grad_rtol,
+                                 reference.grad_norms, other.grad_norms)):
+        for step, (a, b) in enumerate(zip(ref, got, strict=True), start=1):
+            rel = abs(a - b) / abs(a)
+            worst = max(worst, rel)
+            assert rel <= tol, f"step {step}: {what} {b!r} vs 1-rank {a!r} (rel {rel:.2e} > {tol})"
     return worst

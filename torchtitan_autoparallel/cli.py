@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-from .errors import UserError, run_cli
+from .errors import UserError, atomic_write, run_cli
 
 
 def _job(args: argparse.Namespace, auto: bool) -> Any:
@@ -99,7 +99,6 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    import os
     import platform
 
     from .cost.calibrate import calibrate, to_toml
@@ -107,13 +106,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     profile = calibrate(args.ngpu, args.name, args.gpus_per_node or 0, quick=args.quick)
     text = to_toml(profile, [f"measured by `python -m torchtitan_autoparallel calibrate` on "
                              f"{platform.node() or 'this machine'} with {args.ngpu} ranks"])
-    tmp = f"{args.out}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, args.out)
-    except OSError as exc:
-        raise UserError(f"cannot write profile to {args.out}: {exc.strerror}") from exc
+    atomic_write(args.out, text, "profile")
     print(text, end="")
     print(f"profile written to {args.out}; use it with --hardware {args.out}")
     return 0
