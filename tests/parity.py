@@ -55,23 +55,17 @@ class RunResult:
         return [r["grad_norm"] for r in self.rows]
 
 
-def run_job(
+def job_command(
     config: str,
     ngpu: int,
     tmp_path: Path,
     overrides: list[str] | tuple[str, ...] = (),
-    timeout: int = 600,
     comm_mode: str = "",
     seed_checkpoint: Path | None = None,
     parity: bool = True,
-) -> RunResult:
-    """Run ``run_train.sh`` and return its exit code, output and per-step metrics rows.
-
-    ``parity`` adds PARITY_OVERRIDES (short, small, fp32, seeded). With ``seed_checkpoint``
-    the run starts from those weights (made by ``make_seed_checkpoint``) instead of its own
-    initialisation: random init of sharded DTensors on CPU is not
-    sharding-invariant, a seed checkpoint is (TorchTitan's own numerics tests do the same).
-    """
+) -> tuple[list[str], dict[str, str], Path]:
+    """The ``run_train.sh`` command line, environment and metrics file of a job (see
+    ``run_job``)."""
     if seed_checkpoint is not None:
         overrides = [
             "--checkpoint.enable",
@@ -96,13 +90,39 @@ def run_job(
         f"--autoparallel.metrics_file={metrics}",
         *overrides,
     ]
+    return cmd, env, metrics
+
+
+def read_rows(metrics: Path) -> list[dict]:
+    """The per-step rows a run wrote to its metrics file."""
+    if not metrics.exists():
+        return []
+    return [json.loads(line) for line in metrics.read_text().splitlines() if line]
+
+
+def run_job(
+    config: str,
+    ngpu: int,
+    tmp_path: Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    timeout: int = 600,
+    comm_mode: str = "",
+    seed_checkpoint: Path | None = None,
+    parity: bool = True,
+) -> RunResult:
+    """Run ``run_train.sh`` and return its exit code, output and per-step metrics rows.
+
+    ``parity`` adds PARITY_OVERRIDES (short, small, fp32, seeded). With ``seed_checkpoint``
+    the run starts from those weights (made by ``make_seed_checkpoint``) instead of its own
+    initialisation: random init of sharded DTensors on CPU is not
+    sharding-invariant, a seed checkpoint is (TorchTitan's own numerics tests do the same).
+    """
+    cmd, env, metrics = job_command(config, ngpu, tmp_path, overrides, comm_mode,
+                                    seed_checkpoint, parity)
     proc = subprocess.run(
         cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
-    rows = []
-    if metrics.exists():
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line]
-    return RunResult(proc.returncode, proc.stdout + proc.stderr, rows)
+    return RunResult(proc.returncode, proc.stdout + proc.stderr, read_rows(metrics))
 
 
 def make_seed_checkpoint(config: str, tmp_path: Path, overrides: tuple[str, ...] = ()) -> Path:
