@@ -47,17 +47,14 @@ class Rule:
             return f"one of {list(self.choices)}"
         if self.kind is list:
             return f"a list of {self.item.__name__ if self.item else 'values'}"
-        parts = [{bool: "true or false", str: "a string", int: "an integer"}.get(
-            self.kind, "a finite number")]
+        kind = {bool: "true or false", str: "a string", int: "an integer"}.get(
+            self.kind, "a finite number")
+        bounds = [f"{op} {v:g}" for op, v in ((">", self.gt), (">=", self.ge), ("<=", self.le))
+                  if v is not None]
+        text = f"{kind} {' and '.join(bounds)}".strip()
         if self.zero_or_ge is not None:
-            parts.append(f"0 (default) or >= {self.zero_or_ge:g}")
-        if self.gt is not None:
-            parts.append(f"> {self.gt:g}")
-        if self.ge is not None:
-            parts.append(f">= {self.ge:g}")
-        if self.le is not None:
-            parts.append(f"<= {self.le:g}")
-        return " ".join(parts[:1]) + (" " + " and ".join(parts[1:]) if parts[1:] else "")
+            text = f"0 (the default) or {kind} >= {self.zero_or_ge:g}"
+        return text
 
     def accepts(self, value: Any) -> bool:
         """Whether ``value`` has the right type and range (bools are not numbers)."""
