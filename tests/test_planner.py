@@ -352,3 +352,40 @@ def test_model_hash_is_stable_within_and_across_processes():
                          timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == first
+
+
+def test_solver_rejects_non_finite_costs_and_time_outs_without_a_plan():
+    """A NaN in the costs (a profile built around the validation) is refused before HiGHS runs;
+    a solve stopped by its time limit before any feasible point is an error naming the limit,
+    not the all-zero vector HiGHS returns (which the search once took as the fastest plan)."""
+    from torchtitan_autoparallel.solver import SolveTimeout, solve_candidate
+
+    graph = random_graph(random.Random(5))
+    hw = load_profile("h100_sxm")
+    mesh = enumerate_meshes(graph, 2, 8, Constraints())[0]
+    args = (graph, mesh, 1, 2 * mesh.dp)
+    bad = dataclasses.replace(hw, peak_tflops=float("nan"))
+    cand = build_candidate(*args, bad, Precision(4, 4), 8, Constraints())
+    with pytest.raises(UserError, match="non-finite"):
+        search(graph, 2, 2 * mesh.dp, bad, Precision(4, 4), 8, 1e15, Constraints(), [mesh],
+               30.0)
+    cand = build_candidate(*args, hw, Precision(4, 4), 8, Constraints())
+    with pytest.raises(SolveTimeout):
+        solve_candidate(cand, 1e15, 0.0)
+    assert solve_candidate(cand, 1e15, 30.0) is not None
+
+
+def test_time_limit_without_a_plan_names_the_limit(planning):
+    with pytest.raises(UserError, match=r"time_limit_s = 1e-09 s ran out"):
+        planning("llama3_debug_auto.toml", 2, "--autoparallel.time_limit_s=1e-9")
+
+
+def test_global_batch_minus_one_is_local_times_dp(planning):
+    """TorchTitan: global_batch_size = -1 is local_batch_size x the data-parallel degree
+    (not x the world size); with tp = 2 on 4 ranks dp is 2, so 2 x 2 = 4 sequences."""
+    plan = planning("llama3_debug_auto.toml", 4, "--training.global_batch_size=-1",
+                    "--training.local_batch_size=2", "--parallelism.tensor_parallel_degree=2")
+    assert plan.mesh.dp == 2 and plan.global_batch_size == 4
+    plan = planning("llama3_debug_auto.toml", 4, "--training.global_batch_size=-1",
+                    "--training.local_batch_size=2")
+    assert plan.global_batch_size == 2 * plan.mesh.dp
