@@ -130,8 +130,12 @@ def test_malformed_and_binary_toml(tmp_path, capsys):
     assert "config file not found" in line
 
 
-def test_huge_model_name_gives_a_short_line(tmp_path, capsys):
-    config = config_with(tmp_path, model={"name": "m" * 5_000_000})
+@pytest.mark.parametrize("section,key", [("model", "name"), ("autoparallel", "pin"),
+                                         ("autoparallel", "hardware")])
+def test_huge_names_give_a_short_line(tmp_path, capsys, section, key):
+    """A 50 MB module name once gave a 50 MB error line (1 MB here, to keep the test fast)."""
+    name = "m" * 1_000_000
+    config = config_with(tmp_path, **{section: {key: [name] if key == "pin" else name}})
     line = one_line_error(*cli(capsys, "plan", "--config", str(config), "--ngpu", "2"))
     assert "mmmm" in line
 
