@@ -104,3 +104,37 @@ def test_killed_rank_resumes_with_the_same_plan(tmp_path):
     assert [r["step"] for r in one.rows] == list(range(start + 1, STEPS + 1))
     worst = assert_parity(RunResult(0, "", full.rows[start:]), one)
     print(f"resumed at step {start} on 1 rank (re-planned): max rel diff {worst:.2e}")
+
+
+SHARED_PLAN_SCRIPT = """
+import os, sys
+from torchtitan_autoparallel.registry import register
+from torchtitan_autoparallel.runtime import cpu
+from torchtitan_autoparallel import train
+cpu.install(); register()
+rank = int(os.environ["RANK"])
+# rank 1 alone may not replicate: planning on its own, it would pick another plan
+budget = ["--autoparallel.techniques=fsdp"] if rank == 1 else []
+job = train.parse_config(["--job.config_file", sys.argv[1], *budget])
+own = train.resolve_plan(job, 2).digest() if rank == 1 else ""
+print(f"rank {rank} shared {train.shared_plan(job, 2).digest()} own {own}", flush=True)
+"""
+
+
+def test_every_rank_runs_rank_zeros_plan(tmp_path):
+    """Rank 0 plans and hands the plan to the others through torchrun's store: a rank whose
+    own planning would differ still runs rank 0's plan."""
+    script = tmp_path / "shared.py"
+    script.write_text(SHARED_PLAN_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        ["torchrun", "--nproc_per_node=2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+         "localhost:0", str(script), str(REPO / "train_configs" / CONFIG)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    ranks = {rank for rank, _, _ in re.findall(r"rank (\d) shared (\w+) own (\w*)",
+                                               proc.stdout)}
+    assert ranks == {"0", "1"}, proc.stdout
+    shared = set(re.findall(r"rank \d shared (\w+)", proc.stdout))
+    own = re.search(r"rank 1 shared \w+ own (\w+)", proc.stdout).group(1)
+    assert len(shared) == 1 and own not in shared, proc.stdout
