@@ -389,3 +389,24 @@ def test_global_batch_minus_one_is_local_times_dp(planning):
     plan = planning("llama3_debug_auto.toml", 4, "--training.global_batch_size=-1",
                     "--training.local_batch_size=2")
     assert plan.global_batch_size == 2 * plan.mesh.dp
+
+
+def test_embedding_and_output_are_costed_as_applied():
+    """apply_plan reshards the embedding after forward and keeps the output's parameters
+    (the output's backward follows its forward at once). By hand, on 2 FSDP ranks with free
+    compute, no latency and no overlap, a ring all-gather or reduce-scatter of B bytes takes
+    B / 2 / bandwidth: the embedding all-gathers twice and reduce-scatters once, the output
+    all-gathers once and reduce-scatters once."""
+    from torchtitan_autoparallel.cost.model import fixed_cost
+    from torchtitan_autoparallel.plan import Mesh
+
+    graph = random_graph(random.Random(7))
+    hw = dataclasses.replace(
+        load_profile("h100_sxm"), peak_tflops=1e12, intra_node_latency_us=0.0,
+        inter_node_latency_us=0.0, comm_overlap=0.0, host_copy_gbps=0.0,
+        block_overhead_us=0.0, host_cores=0)
+    bw = hw.intra_node_gbps * 1e9
+    emb, out = graph.layers[0].params * 4, graph.layers[-1].params * 4
+    expected = (3 * emb / 2 + 2 * out / 2) / bw
+    got = fixed_cost(graph, Mesh(1, 2, 1), 1, hw, Precision(4, 4), 8).time_s
+    assert got == pytest.approx(expected, rel=1e-6)
