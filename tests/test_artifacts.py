@@ -76,7 +76,7 @@ def test_predict_expert_recipe_with_snippet(capsys):
     ('{"version": 1', "corrupted"),
     ("", "corrupted"),
     ('{"version": 99}', "schema version 99"),
-    ('{"version": 1, "mesh": {}}', "corrupted"),
+    ('{"version": 1, "mesh": {}}', "missing field 'fingerprint'"),
 ])
 def test_bad_plan_files(tmp_path, capsys, content, message):
     path = tmp_path / "plan.json"

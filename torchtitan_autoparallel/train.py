@@ -127,8 +127,6 @@ def resolve_plan(job_config: Any, world: int) -> Any:
         return plan_job(job_config, world)
     plan = Plan.load(ap.plan_file)
     inputs = job_inputs(job_config, world, dp=plan.mesh.dp)
-    check_plan_for_job(plan, world, [(layer.fqn, layer.kind) for layer in inputs.graph.layers],
-                       ap.plan_file)
     job_fp = inputs.fingerprint
     diff = fingerprint_diff(plan.fingerprint, job_fp)
     if diff:
@@ -136,6 +134,8 @@ def resolve_plan(job_config: Any, world: int) -> Any:
             f"plan {ap.plan_file} was made for another job ({'; '.join(diff)}); re-plan "
             "(drop autoparallel.plan_file) or run the job the plan was made for"
         )
+    check_plan_for_job(plan, world, [(layer.fqn, layer.kind) for layer in inputs.graph.layers],
+                       ap.plan_file)
     if plan.fingerprint.get("versions") != job_fp["versions"]:
         logger.warning(f"plan {ap.plan_file} was made with {plan.fingerprint.get('versions')}"
                        f", this job runs {job_fp['versions']}")
