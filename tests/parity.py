@@ -141,11 +141,19 @@ def make_seed_checkpoint(config: str, tmp_path: Path, overrides: tuple[str, ...]
     return folder / "step-0"
 
 
+GRAD_NORM_RTOL = 5e-4
+"""Gradient norms of a sharded run and of one rank differ by more than their losses: the fp32
+norm kernel on CPU accumulates a whole tensor's squares and loses low bits (a 2M-element
+gradient's norm comes out 2.6e-5 below its float64 value), a sharded run sums shorter pieces.
+Measured: up to 1.1e-4 (llama3 FSDP 2 x TP 2) and 1.9e-4 (deepseek_v3 EP 4 x TP 2), always the
+sharded norm above the 1-rank one; real faults are far larger (an edited accumulation: 10 %)."""
+
+
 def assert_parity(reference: RunResult, other: RunResult, rtol: float = 1e-4,
-                  grad_rtol: float | None = None) -> float:
+                  grad_rtol: float = GRAD_NORM_RTOL) -> float:
     """Assert both runs succeeded with the same number of steps, per-step losses within
-    ``rtol`` and per-step gradient norms (before clipping) within ``grad_rtol`` (default
-    ``rtol``); returns the largest relative difference of either."""
+    ``rtol`` and per-step gradient norms (before clipping) within ``grad_rtol``; returns the
+    largest relative difference of either."""
     for result in (reference, other):
         if result.returncode != 0:
             sys.stderr.write(result.output[-6000:])
@@ -153,8 +161,8 @@ def assert_parity(reference: RunResult, other: RunResult, rtol: float = 1e-4,
     assert len(reference.rows) == len(other.rows) > 0
     worst = 0.0
     for what, tol, ref, got in (("loss", rtol, reference.losses, other.losses),
-                                ("grad_norm", rtol if grad_rtol is None else grad_rtol,
-                                 reference.grad_norms, other.grad_norms)):
+                                ("grad_norm", grad_rtol, reference.grad_norms,
+                                 other.grad_norms)):
         for step, (a, b) in enumerate(zip(ref, got, strict=True), start=1):
             rel = abs(a - b) / abs(a)
             worst = max(worst, rel)
