@@ -102,8 +102,13 @@ def check_fields(where: str, values: Mapping[str, Any], cls: type,
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - fields)
     if unknown:
-        raise UserError(f"{where}unknown key {shown(unknown[0])}: known keys are "
-                        f"{sorted(fields)}{'; ' + fix if fix else ''}")
+        import difflib
+
+        close = difflib.get_close_matches(str(unknown[0]), sorted(fields), n=3)
+        known = (f"did you mean {close}?" if close
+                 else f"see the {len(fields)} fields of {cls.__name__}")
+        raise UserError(f"{where}unknown key {shown(unknown[0])}: {known}"
+                        f"{'; ' + fix if fix else ''}")
     for name in fields & set(values):
         check_value(where, name, values[name], rules.get(name) or rule_for_type(hints[name]), fix)
 
