@@ -64,7 +64,7 @@ def test_heterogeneous_plan_parity(references, tmp_path):
     )
     assert plan_path.exists(), result.output[-3000:]
     plan = Plan.load(str(plan_path))
-    strategies = [layer.strategy for layer in plan.layers if layer.kind == "block"]
+    strategies = [layer.describe() for layer in plan.layers if layer.kind == "block"]
     assert len({layer.ac for layer in plan.layers if layer.kind == "block"}) > 1, strategies
     print(f"heterogeneous plan at {gib:.4f} GiB: {strategies}")
     assert_parity(reference, result)

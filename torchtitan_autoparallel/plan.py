@@ -3,6 +3,7 @@
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -10,7 +11,10 @@ from typing import Any
 
 from .errors import UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: the plan stores its resolved planning inputs (``Plan.inputs``). 1 is still read (with a
+warning): its inputs are rebuilt from the fingerprint and the hardware profile it names."""
+READABLE_VERSIONS = (1, SCHEMA_VERSION)
 VOLATILE_SOLVER_KEYS = ("solve_time_s", "planning_time_s")
 """Wall-clock measurements: shown in the table and logs, not written to plan files, so that
 the same inputs give a byte-identical file. The file records the bucket the planning time fell
@@ -42,25 +46,30 @@ class LayerPlan:
     pinned: bool = False
     """Fixed by ``autoparallel.pin``: the block runs TorchTitan's own recipe for the job."""
 
-    @property
-    def strategy(self) -> str:
-        return self.describe()
-
     def describe(self, unsharded: str = "") -> str:
-        """Strategy label; ``unsharded``: the mesh's label when it shards nothing ("ddp",
-        "single", see ``Mesh.unsharded_label``), where resharding does not apply."""
-        parts = [unsharded or ("fsdp" if self.reshard_after_forward else "fsdp-keep")]
-        if self.tp_mode == "sp":
-            parts.append("tp+sp")
-        elif self.tp_mode == "dp":
-            parts.append("tp-as-dp")
-        if self.ep > 1:
-            parts.append(f"ep{self.ep}")
-        if self.ac != "none":
-            parts.append(f"ac:{self.ac}")
-        if self.pinned:
-            parts.append("pinned")
-        return "+".join(parts)
+        """This layer's strategy label (see ``strategy_label``)."""
+        return strategy_label(self.ac, self.reshard_after_forward, self.tp_mode, self.ep,
+                              self.pinned, unsharded)
+
+
+def strategy_label(ac: str, reshard_after_forward: bool, tp_mode: str, ep: int = 1,
+                   pinned: bool = False, unsharded: str = "") -> str:
+    """The one spelling of a strategy, used by tables, explain, diff and pictures:
+    "fsdp" / "fsdp-keep" (reshard after forward or not), "+tp+sp" / "+tp-as-dp", "+ep<k>",
+    "+ac:<mode>", "+pinned". ``unsharded``: the mesh's label when it shards nothing ("ddp",
+    "single", see ``Mesh.unsharded_label``), where resharding does not apply."""
+    parts = [unsharded or ("fsdp" if reshard_after_forward else "fsdp-keep")]
+    if tp_mode == "sp":
+        parts.append("tp+sp")
+    elif tp_mode == "dp":
+        parts.append("tp-as-dp")
+    if ep > 1:
+        parts.append(f"ep{ep}")
+    if ac != "none":
+        parts.append(f"ac:{ac}")
+    if pinned:
+        parts.append("pinned")
+    return "+".join(parts)
 
 
 @dataclass(frozen=True, order=True)
@@ -140,6 +149,10 @@ class Plan:
     solver: dict[str, Any]
     version: int = SCHEMA_VERSION
     notes: list[str] = field(default_factory=list)
+    inputs: dict[str, Any] | None = None
+    """The resolved planning inputs (hardware profile contents, budget, precision, constraints,
+    features, pins, ...: ``planner.inputs_record``), so the plan can be explained, compared
+    and costed again without its config or profile file. None in version-1 files."""
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -149,6 +162,8 @@ class Plan:
             solver["planning_time_within_s"] = next((b for b in TIME_BUCKETS_S if t <= b), None)
         for key in VOLATILE_SOLVER_KEYS:
             solver.pop(key, None)
+        if data["inputs"] is None:
+            del data["inputs"]  # a version-1 plan is written back as it was read
         return data
 
     def to_json(self) -> str:
@@ -156,17 +171,23 @@ class Plan:
 
     def digest(self) -> str:
         """Hash of the decisions (not the solver timings): equal digests apply identically."""
-        decisions = {k: v for k, v in self.to_dict().items() if k not in ("solver", "notes")}
+        decisions = {k: v for k, v in self.to_dict().items()
+                     if k not in ("solver", "notes", "inputs", "version")}
         text = json.dumps(decisions, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
-        if data.get("version") != SCHEMA_VERSION:
+        if data.get("version") not in READABLE_VERSIONS:
             raise UserError(
                 f"plan schema version {data.get('version')!r} is not supported (this version "
-                f"reads {SCHEMA_VERSION}); re-plan the job"
+                f"reads {list(READABLE_VERSIONS)}); re-plan the job"
             )
+        if data["version"] < SCHEMA_VERSION:
+            logging.getLogger(__name__).warning(
+                f"plan schema version {data['version']} stores no planning inputs: they are "
+                "rebuilt from its fingerprint and the hardware profile it names; re-plan to "
+                f"store them (version {SCHEMA_VERSION})")
         data = dict(data)
         data["mesh"] = Mesh(**data["mesh"])
         data["layers"] = [LayerPlan(**layer) for layer in data["layers"]]
@@ -233,8 +254,9 @@ def _runs(layers: list[LayerPlan]) -> list[list[LayerPlan]]:
     runs: list[list[LayerPlan]] = []
     for layer in layers:
         prev = runs[-1][0] if runs else None
-        same = prev is not None and (prev.kind, prev.strategy, prev.time_ms, prev.memory_mib) \
-            == (layer.kind, layer.strategy, layer.time_ms, layer.memory_mib)
+        same = prev is not None and (prev.kind, prev.describe(), prev.time_ms,
+                                     prev.memory_mib) \
+            == (layer.kind, layer.describe(), layer.time_ms, layer.memory_mib)
         if same:
             runs[-1].append(layer)
         else:
