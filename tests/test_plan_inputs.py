@@ -5,21 +5,15 @@ import json
 import logging
 
 import pytest
+from test_artifacts import cli
 
 from torchtitan_autoparallel.cli import main
-from torchtitan_autoparallel.errors import run_cli
 from torchtitan_autoparallel.plan import SCHEMA_VERSION, Plan
 
 from parity import REPO
 
 DEBUG_AUTO = str(REPO / "train_configs" / "llama3_debug_auto.toml")
 V1_PLAN = REPO / "experiments/results/quiet/plans/llama3_ws2_b16_s512_m0.18.auto.json"
-
-
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = run_cli(lambda: main(list(argv)))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,7 @@ the equivalent TorchTitan ``[parallelism]`` settings where a plan is uniform."""
 from typing import Any
 
 from .plan import Plan
-from .planner import candidate_for, inputs_from_plan
-from .solver import block_classes
+from .planner import block_counts, candidate_for, inputs_from_plan
 from .strategies import BlockStrategy
 
 
@@ -14,13 +13,7 @@ def explain_rows(plan: Plan) -> list[dict[str, Any]]:
     strategy for that block on the same mesh and micro-batch) with its time and memory deltas."""
     inputs = inputs_from_plan(plan)
     cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
-    class_of = dict(zip([b.fqn for b in inputs.graph.blocks],
-                        block_classes(inputs.graph, inputs.pins), strict=True))
-    counts: dict[tuple[str, BlockStrategy], int] = {}
-    for layer in plan.layers:
-        if layer.kind == "block":
-            key = (class_of[layer.fqn], BlockStrategy.of(layer))
-            counts[key] = counts.get(key, 0) + 1
+    class_of, counts = block_counts(plan, inputs)
     budget = plan.predicted["budget_gib"] * 2**30
     rows = []
     for layer in plan.layers:

@@ -46,30 +46,42 @@ class LayerPlan:
     pinned: bool = False
     """Fixed by ``autoparallel.pin``: the block runs TorchTitan's own recipe for the job."""
 
+    def parts(self, unsharded: str = "") -> dict[str, str]:
+        """This layer's strategy by aspect (see ``strategy_parts``)."""
+        return strategy_parts(self.ac, self.reshard_after_forward, self.tp_mode, self.ep,
+                              self.pinned, unsharded)
+
     def describe(self, unsharded: str = "") -> str:
         """This layer's strategy label (see ``strategy_label``)."""
         return strategy_label(self.ac, self.reshard_after_forward, self.tp_mode, self.ep,
                               self.pinned, unsharded)
 
 
+def strategy_parts(ac: str, reshard_after_forward: bool, tp_mode: str, ep: int = 1,
+                   pinned: bool = False, unsharded: str = "") -> dict[str, str]:
+    """The one vocabulary of a strategy, by aspect (tables, explain, diff and pictures):
+    params "fsdp" / "fsdp-keep" (reshard after forward or not; ``unsharded``: the mesh's label
+    when it shards nothing, "ddp" / "single", see ``Mesh.unsharded_label``), tp "tp+sp" /
+    "tp-as-dp", ep "ep<k>", ac "ac:<mode>", pinned "pinned"; absent aspects are left out."""
+    parts = {"params": unsharded or ("fsdp" if reshard_after_forward else "fsdp-keep")}
+    if tp_mode == "sp":
+        parts["tp"] = "tp+sp"
+    elif tp_mode == "dp":
+        parts["tp"] = "tp-as-dp"
+    if ep > 1:
+        parts["ep"] = f"ep{ep}"
+    if ac != "none":
+        parts["ac"] = f"ac:{ac}"
+    if pinned:
+        parts["pinned"] = "pinned"
+    return parts
+
+
 def strategy_label(ac: str, reshard_after_forward: bool, tp_mode: str, ep: int = 1,
                    pinned: bool = False, unsharded: str = "") -> str:
-    """The one spelling of a strategy, used by tables, explain, diff and pictures:
-    "fsdp" / "fsdp-keep" (reshard after forward or not), "+tp+sp" / "+tp-as-dp", "+ep<k>",
-    "+ac:<mode>", "+pinned". ``unsharded``: the mesh's label when it shards nothing ("ddp",
-    "single", see ``Mesh.unsharded_label``), where resharding does not apply."""
-    parts = [unsharded or ("fsdp" if reshard_after_forward else "fsdp-keep")]
-    if tp_mode == "sp":
-        parts.append("tp+sp")
-    elif tp_mode == "dp":
-        parts.append("tp-as-dp")
-    if ep > 1:
-        parts.append(f"ep{ep}")
-    if ac != "none":
-        parts.append(f"ac:{ac}")
-    if pinned:
-        parts.append("pinned")
-    return "+".join(parts)
+    """A strategy as one string: its ``strategy_parts`` joined by "+"."""
+    return "+".join(strategy_parts(ac, reshard_after_forward, tp_mode, ep, pinned,
+                                   unsharded).values())
 
 
 @dataclass(frozen=True, order=True)

@@ -276,6 +276,19 @@ def candidate_for(inputs: JobInputs, mesh: Mesh, microbatch: int) -> Candidate:
                            inputs.features)
 
 
+def block_counts(plan: Plan, inputs: JobInputs
+                 ) -> tuple[dict[str, str], dict[tuple[str, BlockStrategy], int]]:
+    """Each block's MILP class (by fqn) and the plan's number of blocks per (class, strategy)."""
+    class_of = dict(zip([b.fqn for b in inputs.graph.blocks],
+                        block_classes(inputs.graph, inputs.pins), strict=True))
+    counts: dict[tuple[str, BlockStrategy], int] = {}
+    for layer in plan.layers:
+        if layer.kind == "block":
+            key = (class_of[layer.fqn], BlockStrategy.of(layer))
+            counts[key] = counts.get(key, 0) + 1
+    return class_of, counts
+
+
 def _no_batch_split(meshes: list[Mesh], global_batch: int) -> list[Mesh]:
     dps = sorted({m.dp for m in meshes})
     raise UserError(
