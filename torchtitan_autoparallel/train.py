@@ -309,7 +309,6 @@ def main(argv: list[str] | None = None) -> int:
     from .runtime import grad_norm
 
     cpu = cpu_runtime.install()
-    grad_norm.install()
     from torchtitan.tools.logging import init_logger, logger
 
     from .registry import register
@@ -320,8 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     dry_run = job_config.comm.mode == "fake_backend"
     check_config(job_config, cpu, dry_run)
     preflight = os.environ.get(PREFLIGHT_ENV) == "1"
+    plan = None
     if job_config.parallelism.auto or job_config.autoparallel.plan_file:
-        prepare_planned_job(job_config, write=preflight or int(os.environ.get("RANK", "0")) == 0)
+        plan = prepare_planned_job(job_config,
+                                   write=preflight or int(os.environ.get("RANK", "0")) == 0)
+    if grad_norm.needed(plan):
+        grad_norm.install()
     if preflight:
         logger.info("preflight OK: config parsed and checked")
         return 0
