@@ -46,12 +46,21 @@ def test_plan_stores_resolved_inputs(own_profile_plan):
     assert inputs["features"]["compile"] is False
 
 
-def test_explain_and_diff_after_the_profile_file_is_deleted(own_profile_plan, capsys):
+def test_explain_and_diff_after_the_profile_file_is_deleted(own_profile_plan, tmp_path,
+                                                             capsys):
     code, out, err = cli(capsys, "explain", str(own_profile_plan))
     assert code == 0, err
     assert "runner-up" in out and "layers.0" in out
     code, out, err = cli(capsys, "diff", str(own_profile_plan), str(own_profile_plan))
     assert (code, out.strip()) == (0, "plans are identical")
+    other = tmp_path / "cpu.json"
+    assert main(["plan", "--config", DEBUG_AUTO, "--ngpu", "4", "--memory-gib", "0.2",
+                 "--out", str(other)]) == 0
+    capsys.readouterr()
+    code, out, err = cli(capsys, "diff", str(own_profile_plan), str(other), "--out",
+                         str(tmp_path / "diff.png"))
+    assert code == 1 and "job hardware: 'my_profile' -> 'cpu'" in out, err
+    assert (tmp_path / "diff.png").stat().st_size > 0
 
 
 def test_recost_from_the_plan_alone_reproduces_its_prediction(own_profile_plan):
