@@ -3,7 +3,6 @@
 import dataclasses
 import hashlib
 import json
-import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -12,8 +11,9 @@ from typing import Any
 from .errors import UserError
 
 SCHEMA_VERSION = 2
-"""2: the plan stores its resolved planning inputs (``Plan.inputs``). 1 is still read (with a
-warning): its inputs are rebuilt from the fingerprint and the hardware profile it names."""
+"""2: the plan stores its resolved planning inputs (``Plan.inputs``). 1 is still read; where its
+inputs are needed they are rebuilt, with a warning, from the fingerprint and the hardware profile
+it names (``planner.inputs_from_plan``)."""
 READABLE_VERSIONS = (1, SCHEMA_VERSION)
 VOLATILE_SOLVER_KEYS = ("solve_time_s", "planning_time_s")
 """Wall-clock measurements: shown in the table and logs, not written to plan files, so that
@@ -195,11 +195,6 @@ class Plan:
                 f"plan schema version {data.get('version')!r} is not supported (this version "
                 f"reads {list(READABLE_VERSIONS)}); re-plan the job"
             )
-        if data["version"] < SCHEMA_VERSION:
-            logging.getLogger(__name__).warning(
-                f"plan schema version {data['version']} stores no planning inputs: they are "
-                "rebuilt from its fingerprint and the hardware profile it names; re-plan to "
-                f"store them (version {SCHEMA_VERSION})")
         data = dict(data)
         data["mesh"] = Mesh(**data["mesh"])
         data["layers"] = [LayerPlan(**layer) for layer in data["layers"]]
