@@ -70,11 +70,16 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _load(path: str) -> Any:
-    from .plan import Plan
+    from .plan import SCHEMA_VERSION, Plan
     from .registry import register
 
     register()
-    return Plan.load(path)
+    plan = Plan.load(path)
+    if plan.version < SCHEMA_VERSION:
+        print(f"warning: {path} is plan schema version {plan.version}: it stores no planning "
+              "inputs, so they are rebuilt from its fingerprint and the hardware profile it "
+              "names; re-plan to store them", file=sys.stderr)
+    return plan
 
 
 def _explain(args: argparse.Namespace) -> int:

@@ -11,9 +11,9 @@ from typing import Any
 from .errors import UserError
 
 SCHEMA_VERSION = 2
-"""2: the plan stores its resolved planning inputs (``Plan.inputs``). 1 is still read; where its
-inputs are needed they are rebuilt, with a warning, from the fingerprint and the hardware profile
-it names (``planner.inputs_from_plan``)."""
+"""2: the plan stores its resolved planning inputs (``Plan.inputs``). 1 is still read (the
+command line warns): where its inputs are needed they are rebuilt from the fingerprint and the
+hardware profile it names (``planner.inputs_from_plan``)."""
 READABLE_VERSIONS = (1, SCHEMA_VERSION)
 VOLATILE_SOLVER_KEYS = ("solve_time_s", "planning_time_s")
 """Wall-clock measurements: shown in the table and logs, not written to plan files, so that

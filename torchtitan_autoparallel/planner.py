@@ -7,7 +7,6 @@ one-process preflight) and the CLI call.
 import dataclasses
 import hashlib
 import json
-import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -344,7 +343,7 @@ def inputs_from_plan(plan: Plan, cache: dict[str, Any] | None = None,
                      hw: HardwareProfile | None = None) -> JobInputs:
     """The planning inputs ``plan`` was made from, rebuilt from the plan alone (its stored
     inputs; for a version-1 plan, its fingerprint and the hardware profile it names, or ``hw``
-    in its place, with a warning). ``cache`` keeps layer graphs between calls (and warns once)."""
+    in its place). ``cache`` keeps layer graphs between calls."""
     from .registry import register
 
     fp = plan.fingerprint
@@ -354,11 +353,6 @@ def inputs_from_plan(plan: Plan, cache: dict[str, Any] | None = None,
         register()
         cache[key] = model_layer_graph(fp["model"], fp["flavor"], fp["seq_len"])
     graph = cache[key]
-    if plan.inputs is None and not cache.get("warned"):
-        cache["warned"] = True
-        logging.getLogger(__name__).warning(
-            f"plan schema version {plan.version} stores no planning inputs: they are rebuilt "
-            "from its fingerprint and the hardware profile it names; re-plan to store them")
     record = plan.inputs or record_from_fingerprint(fp, graph, hw)
     known = {f.name for f in dataclasses.fields(HardwareProfile)}
     unknown = sorted(set(record["hardware"]) - known)
