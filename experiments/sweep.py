@@ -213,8 +213,8 @@ def legal_recipes(cfg: Config, n_heads: int, n_kv_heads: int, num_experts: int =
 # ---------------------------------------------------------------- planner (in-process)
 
 def _job_config(cfg: Config, auto: bool, extra: list[str]) -> Any:
+    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.registry import register
-    from torchtitan_autoparallel.train import parse_config
 
     register()
     argv = ["--job.config_file", str(config_file(cfg, auto)), *common_overrides(cfg), *extra]

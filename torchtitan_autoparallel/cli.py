@@ -23,8 +23,8 @@ from .errors import UserError, run_cli
 
 
 def _job(args: argparse.Namespace, auto: bool) -> Any:
+    from .job_config import parse_config
     from .registry import register
-    from .train import parse_config
 
     register()
     overrides = ["--job.config_file", args.config]
