@@ -32,9 +32,9 @@ def main() -> None:
     args = parser.parse_args()
 
     t0 = time.perf_counter()
+    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
     from torchtitan_autoparallel.registry import register
-    from torchtitan_autoparallel.train import parse_config
 
     register()
     print(f"imports + registration: {time.perf_counter() - t0:.2f} s (excluded)")
@@ -77,8 +77,8 @@ GRID = ["llama3_8b", "llama3_70b", "llama3_405b", "qwen3_32b", "deepseek_v3_16b"
 def grid(out: str) -> None:
     """Plan every model at 8, 64 and 128 H100s: planning time, MILP size, command wall time."""
     from torchtitan_autoparallel.errors import UserError
+    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
-    from torchtitan_autoparallel.train import parse_config
 
     rows = ["| model | GPUs | mesh (dp_rep x dp_shard x cp x tp, ep/etp) | planning s | MILPs "
             "| variables "

@@ -110,8 +110,8 @@ def auto_overrides(f: dict[str, str], hardware: str) -> list[str]:
 def auto_rows(rows: list[Row]) -> list[str]:
     """Plan the Table 1 / 3 jobs with auto: its predicted tokens/s per GPU against the
     published best row of the same job and features."""
+    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
-    from torchtitan_autoparallel.train import parse_config
 
     lines = ["", "Auto on the same jobs (predicted; the recipe rows above are TorchTitan's):", "",
              "| job | published best | recipe predicted | auto predicted | auto plan |",
@@ -139,7 +139,7 @@ def auto_rows(rows: list[Row]) -> list[str]:
 
 def predict(rows: list[Row], hardware: str) -> None:
     from torchtitan_autoparallel.expert import expert_plan
-    from torchtitan_autoparallel.train import parse_config
+    from torchtitan_autoparallel.job_config import parse_config
 
     for row in rows:
         plan = expert_plan(parse_config(overrides(row.fields, hardware)),
@@ -159,7 +159,7 @@ def fit(rows: list[Row]) -> dict[str, float]:
     from torchtitan_autoparallel.cost.fit import Run, fit_profile
     from torchtitan_autoparallel.cost.hardware import load_profile
     from torchtitan_autoparallel.expert import expert_plan
-    from torchtitan_autoparallel.train import parse_config
+    from torchtitan_autoparallel.job_config import parse_config
 
     runs = []
     for row in (r for r in rows if r.fit):

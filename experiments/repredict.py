@@ -18,6 +18,7 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "experiments")]
@@ -30,6 +31,21 @@ def _float(value: str | None) -> float | None:
         return float(value) if value not in (None, "") else None
     except ValueError:
         return None
+
+
+def current_profile(plan: Any) -> Any:
+    """The profile the plan names as it is today (the plan stores the one it was made with),
+    with the plan's MoE load imbalance; None (the stored one) when the name is not shipped."""
+    import dataclasses
+
+    from torchtitan_autoparallel.cost.hardware import available_profiles, load_profile
+
+    fp = plan.fingerprint
+    if fp["hardware"] not in available_profiles():
+        return None
+    hw = load_profile(fp["hardware"])
+    return dataclasses.replace(hw, moe_load_imbalance=fp.get("moe_load_imbalance")
+                               or hw.moe_load_imbalance)
 
 
 def rows_for(csv_path: str, hardware: str = "") -> list[dict]:
@@ -53,7 +69,8 @@ def rows_for(csv_path: str, hardware: str = "") -> list[dict]:
         path = plan_path(Path(csv_path), row)
         if row["status"] not in ("ok", "failed") or not path.exists():
             continue
-        now = recost(Plan.load(str(path)), hw, cache).predicted
+        plan = Plan.load(str(path))
+        now = recost(plan, hw or current_profile(plan), cache).predicted
         out.append({
             "config": row["config"], "arm": row["arm"], "status": row["status"],
             "step": _float(row.get("step_time_s")), "peak": measured_peak(row, PEAK_COLUMNS[:2]),

@@ -41,6 +41,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from torchtitan_autoparallel.progress import Progress  # noqa: E402
+
 CSV_FIELDS = [
     "cell", "config", "family", "ngpu", "global_batch", "seq_len", "memory_gib", "arm", "round",
     "status", "dp_replicate", "dp_shard", "tp", "cp", "local_batch", "accum", "ac",
@@ -211,8 +213,8 @@ def legal_recipes(cfg: Config, n_heads: int, n_kv_heads: int, num_experts: int =
 # ---------------------------------------------------------------- planner (in-process)
 
 def _job_config(cfg: Config, auto: bool, extra: list[str]) -> Any:
+    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.registry import register
-    from torchtitan_autoparallel.train import parse_config
 
     register()
     argv = ["--job.config_file", str(config_file(cfg, auto)), *common_overrides(cfg), *extra]
@@ -434,11 +436,11 @@ def run_grid(grid: Grid, out: Path, plans_dir: Path, dry: bool = False,
         done = {cell: row for cell, row in done.items()
                 if float(row.get("foreign_load") or 0.0) <= rerun_disturbed}
     plans_dir.mkdir(parents=True, exist_ok=True)
-    total = sum(1 for _ in _cells(grid))
+    cells = [(f"{cfg.id}/{arm}/r{round_index + 1}", cfg, round_index, arm, recipe)
+             for cfg, round_index, arm, recipe in _cells(grid)]
+    progress = Progress(sum(1 for cell, *_ in cells if cell not in done), "sweep")
     ran = 0
-    start = time.time()
-    for index, (cfg, round_index, arm, recipe) in enumerate(_cells(grid), start=1):
-        cell = f"{cfg.id}/{arm}/r{round_index + 1}"
+    for cell, cfg, round_index, arm, recipe in cells:
         if cell in done:
             continue
         row = {"cell": cell, "config": cfg.id, "family": cfg.family, "ngpu": cfg.ngpu,
@@ -479,15 +481,13 @@ def run_grid(grid: Grid, out: Path, plans_dir: Path, dry: bool = False,
         if not dry:
             append_row(csv_path, row)
         ran += 1
-        elapsed = time.time() - start
         pred_tps = (cfg.global_batch * cfg.seq_len / row["pred_step_time_s"]
                     if row.get("pred_step_time_s") else float("nan"))
         measured = (f"{row['tokens_per_s']:.0f} tok/s (predicted {pred_tps:.0f})"
                     if row.get("status") == "ok" else
                     f"predicted {pred_tps:.0f} tok/s" if row.get("status") == "dry"
                     else row.get("note", ""))
-        print(f"[{index}/{total} {elapsed / 60:5.1f} min] {cell}: {row['status']} {measured}",
-              flush=True)
+        progress.advance(f"{cell}: {row['status']} {measured}", stream=sys.stdout)
     return ran
 
 

@@ -110,7 +110,7 @@ SHARED_PLAN_SCRIPT = """
 import os, sys
 from torchtitan_autoparallel.registry import register
 from torchtitan_autoparallel.runtime import cpu
-from torchtitan_autoparallel import train
+from torchtitan_autoparallel import job_config as train
 cpu.install(); register()
 rank = int(os.environ["RANK"])
 # rank 1 alone may not replicate: planning on its own, it would pick another plan

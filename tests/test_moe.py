@@ -10,9 +10,9 @@ from torchtitan_autoparallel.strategies import Constraints, legal_ep, pinned_str
 
 @pytest.fixture(scope="module")
 def planning():
+    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
     from torchtitan_autoparallel.registry import register
-    from torchtitan_autoparallel.train import parse_config
 
     register()
 

@@ -115,10 +115,10 @@ def test_milp_matches_brute_force(seed):
 
 @pytest.fixture(scope="module")
 def planning():
+    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
     from torchtitan_autoparallel.registry import register
     from torchtitan_autoparallel.runtime import cpu
-    from torchtitan_autoparallel.train import parse_config
 
     cpu.install()
     register()
@@ -293,7 +293,7 @@ def test_peak_memory_matches_one_h200(planning, local, ac, measured_gib):
     1B, global batch 8 x 4096 tokens, bf16): the predicted peak of TorchTitan's recipe is
     within 5 % of each."""
     from torchtitan_autoparallel.expert import expert_plan
-    from torchtitan_autoparallel.train import parse_config
+    from torchtitan_autoparallel.job_config import parse_config
 
     job = parse_config(["--job.config_file", "train_configs/llama3_1b_auto.toml",
                         "--autoparallel.hardware=h200_sxm", "--training.global_batch_size=8",
@@ -327,9 +327,9 @@ def test_model_hash_is_stable_within_and_across_processes():
     import subprocess
     import sys
 
+    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import job_inputs
     from torchtitan_autoparallel.registry import register
-    from torchtitan_autoparallel.train import parse_config
 
     from parity import REPO
 
@@ -343,7 +343,7 @@ def test_model_hash_is_stable_within_and_across_processes():
     model_hash("deepseek_v3_16b_auto.toml")
     assert model_hash("deepseek_v3_671b_auto.toml") == first
     code = ("from torchtitan_autoparallel.registry import register; register()\n"
-            "from torchtitan_autoparallel.train import parse_config\n"
+            "from torchtitan_autoparallel.job_config import parse_config\n"
             "from torchtitan_autoparallel.planner import job_inputs\n"
             "job = parse_config(['--job.config_file', "
             "'train_configs/deepseek_v3_671b_auto.toml'])\n"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from torchtitan_autoparallel.errors import UserError
+from torchtitan_autoparallel.job_config import parse_config
 from torchtitan_autoparallel.planner import job_inputs, plan_job
 from torchtitan_autoparallel.registry import register
-from torchtitan_autoparallel.train import parse_config
 
 REPO = Path(__file__).resolve().parent.parent
 

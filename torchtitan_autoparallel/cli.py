@@ -3,7 +3,9 @@
     plan     --config X.toml --ngpu N [--gpus-per-node G] [--hardware H] [--memory-gib M]
              [--out P]                  plan a job, print the table, write the JSON
     explain  P                          per block: strategy, cost breakdown, runner-up
-    diff     A B                        what differs and the predicted effect (exit 1 if any)
+    diff     A B [--out D.png]          what differs and the predicted effect (exit 1 if any);
+                                        --out / --html draw the two plans side by side
+    show     P --out P.png [--html P.html]   the plan as a picture (mesh, layers, memory, time)
     predict  --config X.toml --ngpu N   an expert (non-auto) config as a plan, same cost model
     calibrate --ngpu N --out P.toml     measure matmuls and collectives, write a profile
     fit      RUNS.csv --base H --out P.toml   fit a profile to measured runs (cost/runs.py)
@@ -21,8 +23,8 @@ from .errors import UserError, run_cli
 
 
 def _job(args: argparse.Namespace, auto: bool) -> Any:
+    from .job_config import parse_config
     from .registry import register
-    from .train import parse_config
 
     register()
     overrides = ["--job.config_file", args.config]
@@ -68,11 +70,16 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _load(path: str) -> Any:
-    from .plan import Plan
+    from .plan import SCHEMA_VERSION, Plan
     from .registry import register
 
     register()
-    return Plan.load(path)
+    plan = Plan.load(path)
+    if plan.version < SCHEMA_VERSION:
+        print(f"warning: {path} is plan schema version {plan.version}: it stores no planning "
+              "inputs, so they are rebuilt from its fingerprint and the hardware profile it "
+              "names; re-plan to store them", file=sys.stderr)
+    return plan
 
 
 def _explain(args: argparse.Namespace) -> int:
@@ -91,12 +98,25 @@ def _explain(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     from .explain import diff_lines
 
-    lines = diff_lines(_load(args.a), _load(args.b))
+    a, b = _load(args.a), _load(args.b)
+    lines = diff_lines(a, b)
+    if args.out or args.html:
+        from .show import render
+
+        render([a, b], args.out, args.html)
     if args.json:
         print(json.dumps({"identical": not lines, "differences": lines}, indent=1))
     else:
         print("\n".join(lines) if lines else "plans are identical")
     return 1 if lines else 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from .show import render
+
+    render([_load(args.plan)], args.out, args.html)
+    print(f"plan drawn to {' and '.join(p for p in (args.out, args.html) if p)}")
+    return 0
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -167,7 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("a")
     p.add_argument("b")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--out", default="", help="draw both plans side by side (.png/.svg/.pdf)")
+    p.add_argument("--html", default="", help="the same drawing as a self-contained page")
     p.set_defaults(func=_diff)
+    p = sub.add_parser("show", help="draw a plan: mesh, layers by strategy, memory, step time")
+    p.add_argument("plan")
+    p.add_argument("--out", default="", help="picture file (.png, .svg or .pdf)")
+    p.add_argument("--html", default="", help="self-contained HTML page")
+    p.set_defaults(func=_show)
     return parser
 
 

@@ -3,40 +3,29 @@ the equivalent TorchTitan ``[parallelism]`` settings where a plan is uniform."""
 
 from typing import Any
 
-from .plan import LayerPlan, Plan
-from .planner import candidate_for, inputs_from_fingerprint
-from .solver import block_classes
+from .plan import Plan
+from .planner import block_counts, candidate_for, inputs_from_plan
 from .strategies import BlockStrategy
 from .validate import check_plan_for_job
-
-
-def _strategy(layer: LayerPlan) -> BlockStrategy:
-    return BlockStrategy(layer.ac, layer.reshard_after_forward, layer.tp_mode)
 
 
 def explain_rows(plan: Plan) -> list[dict[str, Any]]:
     """Per block: the chosen strategy's cost breakdown, and the runner-up (the fastest other
     strategy for that block on the same mesh and micro-batch) with its time and memory deltas."""
-    inputs = inputs_from_fingerprint(plan.fingerprint)
+    inputs = inputs_from_plan(plan)
     check_plan_for_job(plan, plan.fingerprint["world_size"],
                        [(layer.fqn, layer.kind) for layer in inputs.graph.layers], "to explain")
     cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
-    class_of = dict(zip([b.fqn for b in inputs.graph.blocks],
-                        block_classes(inputs.graph, inputs.pins), strict=True))
-    counts: dict[tuple[str, BlockStrategy], int] = {}
-    for layer in plan.layers:
-        if layer.kind == "block":
-            key = (class_of[layer.fqn], _strategy(layer))
-            counts[key] = counts.get(key, 0) + 1
+    class_of, counts = block_counts(plan, inputs)
     budget = plan.predicted["budget_gib"] * 2**30
     rows = []
     for layer in plan.layers:
         if layer.kind != "block":
             continue
         sig = class_of[layer.fqn]
-        chosen = _strategy(layer)
+        chosen = BlockStrategy.of(layer)
         cost = cand.costs[(sig, chosen)]
-        others = sorted((cand.costs[(sig, s)].time_s, s.name, s) for s in cand.strategies[sig]
+        others = sorted((cand.costs[(sig, s)].time_s, s) for s in cand.strategies[sig]
                         if s != chosen)
         row = {
             "layer": layer.fqn, "strategy": layer.describe(plan.mesh.unsharded_label),
@@ -45,15 +34,13 @@ def explain_rows(plan: Plan) -> list[dict[str, Any]]:
             "runner_up": None,
         }
         if others:
-            alt = cand.costs[(sig, others[0][2])]
-            runner = LayerPlan(layer.fqn, "block", others[0][2].ac,
-                               others[0][2].reshard_after_forward, others[0][2].tp_mode,
-                               ep=layer.ep)
+            runner = others[0][1]
+            alt = cand.costs[(sig, runner)]
             swapped = dict(counts)
             swapped[(sig, chosen)] -= 1
-            swapped[(sig, others[0][2])] = swapped.get((sig, others[0][2]), 0) + 1
+            swapped[(sig, runner)] = swapped.get((sig, runner), 0) + 1
             row["runner_up"] = {
-                "strategy": runner.describe(plan.mesh.unsharded_label),
+                "strategy": runner.describe(layer.ep, plan.mesh.unsharded_label),
                 "delta_time_ms": (alt.time_s - cost.time_s) * 1e3,
                 "delta_kept_mib": (alt.kept_bytes - cost.kept_bytes) / 2**20,
                 "fits_budget": cand.memory(swapped) <= budget,
@@ -142,8 +129,9 @@ def diff_lines(a: Plan, b: Plan) -> list[str]:
         other = layers_b.get(layer.fqn)
         if other is None:
             out.append(f"{layer.fqn}: only in the first plan")
-        elif other.strategy != layer.strategy:
-            changed.append((layer.fqn, layer.strategy, other.strategy))
+        elif other.describe(b.mesh.unsharded_label) != layer.describe(a.mesh.unsharded_label):
+            changed.append((layer.fqn, layer.describe(a.mesh.unsharded_label),
+                            other.describe(b.mesh.unsharded_label)))
     for fqn in layers_b.keys() - {layer.fqn for layer in a.layers}:
         out.append(f"{fqn}: only in the second plan")
     i = 0

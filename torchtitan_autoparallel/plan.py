@@ -9,7 +9,11 @@ from typing import Any
 from .errors import UserError, atomic_write
 from .validate import shown
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: the plan stores its resolved planning inputs (``Plan.inputs``). 1 is still read (the
+command line warns): where its inputs are needed they are rebuilt from the fingerprint and the
+hardware profile it names (``planner.inputs_from_plan``)."""
+READABLE_VERSIONS = (1, SCHEMA_VERSION)
 VOLATILE_SOLVER_KEYS = ("solve_time_s", "planning_time_s", "planning_time_within_s")
 """Wall-clock measurements: shown in the table and logs, never written to plan files, so that
 the same inputs give a byte-identical file on any machine and under any load."""
@@ -39,25 +43,42 @@ class LayerPlan:
     pinned: bool = False
     """Fixed by ``autoparallel.pin``: the block runs TorchTitan's own recipe for the job."""
 
-    @property
-    def strategy(self) -> str:
-        return self.describe()
+    def parts(self, unsharded: str = "") -> dict[str, str]:
+        """This layer's strategy by aspect (see ``strategy_parts``)."""
+        return strategy_parts(self.ac, self.reshard_after_forward, self.tp_mode, self.ep,
+                              self.pinned, unsharded)
 
     def describe(self, unsharded: str = "") -> str:
-        """Strategy label; ``unsharded``: the mesh's label when it shards nothing ("ddp",
-        "single", see ``Mesh.unsharded_label``), where resharding does not apply."""
-        parts = [unsharded or ("fsdp" if self.reshard_after_forward else "fsdp-keep")]
-        if self.tp_mode == "sp":
-            parts.append("tp+sp")
-        elif self.tp_mode == "dp":
-            parts.append("tp-as-dp")
-        if self.ep > 1:
-            parts.append(f"ep{self.ep}")
-        if self.ac != "none":
-            parts.append(f"ac:{self.ac}")
-        if self.pinned:
-            parts.append("pinned")
-        return "+".join(parts)
+        """This layer's strategy label (see ``strategy_label``)."""
+        return strategy_label(self.ac, self.reshard_after_forward, self.tp_mode, self.ep,
+                              self.pinned, unsharded)
+
+
+def strategy_parts(ac: str, reshard_after_forward: bool, tp_mode: str, ep: int = 1,
+                   pinned: bool = False, unsharded: str = "") -> dict[str, str]:
+    """The one vocabulary of a strategy, by aspect (tables, explain, diff and pictures):
+    params "fsdp" / "fsdp-keep" (reshard after forward or not; ``unsharded``: the mesh's label
+    when it shards nothing, "ddp" / "single", see ``Mesh.unsharded_label``), tp "tp+sp" /
+    "tp-as-dp", ep "ep<k>", ac "ac:<mode>", pinned "pinned"; absent aspects are left out."""
+    parts = {"params": unsharded or ("fsdp" if reshard_after_forward else "fsdp-keep")}
+    if tp_mode == "sp":
+        parts["tp"] = "tp+sp"
+    elif tp_mode == "dp":
+        parts["tp"] = "tp-as-dp"
+    if ep > 1:
+        parts["ep"] = f"ep{ep}"
+    if ac != "none":
+        parts["ac"] = f"ac:{ac}"
+    if pinned:
+        parts["pinned"] = "pinned"
+    return parts
+
+
+def strategy_label(ac: str, reshard_after_forward: bool, tp_mode: str, ep: int = 1,
+                   pinned: bool = False, unsharded: str = "") -> str:
+    """A strategy as one string: its ``strategy_parts`` joined by "+"."""
+    return "+".join(strategy_parts(ac, reshard_after_forward, tp_mode, ep, pinned,
+                                   unsharded).values())
 
 
 @dataclass(frozen=True, order=True)
@@ -137,11 +158,17 @@ class Plan:
     solver: dict[str, Any]
     version: int = SCHEMA_VERSION
     notes: list[str] = field(default_factory=list)
+    inputs: dict[str, Any] | None = None
+    """The resolved planning inputs (hardware profile contents, budget, precision, constraints,
+    features, pins, ...: ``planner.inputs_record``), so the plan can be explained, compared
+    and costed again without its config or profile file. None in version-1 files."""
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         for key in VOLATILE_SOLVER_KEYS:
             data["solver"].pop(key, None)
+        if data["inputs"] is None:
+            del data["inputs"]  # a version-1 plan is written back as it was read
         return data
 
     def to_json(self) -> str:
@@ -149,7 +176,8 @@ class Plan:
 
     def digest(self) -> str:
         """Hash of the decisions (not the solver timings): equal digests apply identically."""
-        decisions = {k: v for k, v in self.to_dict().items() if k not in ("solver", "notes")}
+        decisions = {k: v for k, v in self.to_dict().items()
+                     if k not in ("solver", "notes", "inputs", "version")}
         text = json.dumps(decisions, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -158,10 +186,10 @@ class Plan:
         """Build a plan from JSON data, validated (schema, types, ranges, consistency)."""
         from .validate import check_plan, check_plan_data
 
-        if isinstance(data, dict) and data.get("version") != SCHEMA_VERSION:
+        if isinstance(data, dict) and data.get("version") not in READABLE_VERSIONS:
             raise UserError(
                 f"plan schema version {shown(data.get('version'))} is not supported (this "
-                f"version reads {SCHEMA_VERSION}); re-plan the job"
+                f"version reads {list(READABLE_VERSIONS)}); re-plan the job"
             )
         check_plan_data(data, source)
         data = dict(data)
@@ -236,8 +264,9 @@ def _runs(layers: list[LayerPlan]) -> list[list[LayerPlan]]:
     runs: list[list[LayerPlan]] = []
     for layer in layers:
         prev = runs[-1][0] if runs else None
-        same = prev is not None and (prev.kind, prev.strategy, prev.time_ms, prev.memory_mib) \
-            == (layer.kind, layer.strategy, layer.time_ms, layer.memory_mib)
+        same = prev is not None and (prev.kind, prev.describe(), prev.time_ms,
+                                     prev.memory_mib) \
+            == (layer.kind, layer.describe(), layer.time_ms, layer.memory_mib)
         if same:
             runs[-1].append(layer)
         else:

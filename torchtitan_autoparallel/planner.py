@@ -83,7 +83,15 @@ def layer_graph_for(job_config: Any) -> LayerGraph:
             f"context parallel in {name} needs {' or '.join(cp_attention)} attention; {flavor} "
             f"uses {attn!r}: set parallelism.context_parallel_degree = 1"
         )
-    return build_layer_graph(name, flavor, args, spec.model_cls, job_config.training.seq_len)
+    return model_layer_graph(name, flavor, job_config.training.seq_len)
+
+
+def model_layer_graph(name: str, flavor: str, seq_len: int) -> LayerGraph:
+    """The layer graph of a registered model flavor at ``seq_len`` (no job config)."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    spec = get_train_spec(name)
+    return build_layer_graph(name, flavor, spec.model_args[flavor], spec.model_cls, seq_len)
 
 
 @dataclass(frozen=True)
@@ -267,6 +275,7 @@ def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrateg
             "budget_gib": inputs.budget_bytes / 2**30,
         },
         solver={**solver, "objective": step},
+        inputs=inputs_record(inputs),
     )
 
 
@@ -275,6 +284,19 @@ def candidate_for(inputs: JobInputs, mesh: Mesh, microbatch: int) -> Candidate:
     return build_candidate(inputs.graph, mesh, microbatch, inputs.global_batch, inputs.hw,
                            inputs.precision, inputs.gpus_per_node, inputs.constraints, inputs.pins,
                            inputs.features)
+
+
+def block_counts(plan: Plan, inputs: JobInputs
+                 ) -> tuple[dict[str, str], dict[tuple[str, BlockStrategy], int]]:
+    """Each block's MILP class (by fqn) and the plan's number of blocks per (class, strategy)."""
+    class_of = dict(zip([b.fqn for b in inputs.graph.blocks],
+                        block_classes(inputs.graph, inputs.pins), strict=True))
+    counts: dict[tuple[str, BlockStrategy], int] = {}
+    for layer in plan.layers:
+        if layer.kind == "block":
+            key = (class_of[layer.fqn], BlockStrategy.of(layer))
+            counts[key] = counts.get(key, 0) + 1
+    return class_of, counts
 
 
 def _no_batch_split(meshes: list[Mesh], global_batch: int) -> list[Mesh]:
@@ -299,55 +321,82 @@ def _assign(inputs: JobInputs, sol: Solution) -> list[BlockStrategy]:
 
 
 def recost(plan: Plan, hw: HardwareProfile | None = None,
-           cache: dict[str, JobInputs] | None = None) -> Plan:
+           cache: dict[str, Any] | None = None) -> Plan:
     """``plan`` (same mesh, batch split, per-block strategies) costed again by the current cost
-    model on ``hw`` (default: the profile the plan names). ``cache`` keeps rebuilt planning
-    inputs between calls."""
-    from .strategies import BlockStrategy
-
-    fp = plan.fingerprint
-    cache = {} if cache is None else cache
-    key = fp["model_hash"] + str(fp["global_batch_size"])
-    if key not in cache:
-        cache[key] = inputs_from_fingerprint(fp, hw)
-    inputs = dataclasses.replace(cache[key], hw=hw or cache[key].hw,
-                                 global_batch=plan.global_batch_size)
+    model on ``hw`` (default: the profile stored in the plan). ``cache`` keeps layer graphs
+    between calls."""
+    inputs = inputs_from_plan(plan, cache, hw)
+    inputs = dataclasses.replace(inputs, hw=hw or inputs.hw)
     cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
-    strategies = [BlockStrategy(lp.ac, lp.reshard_after_forward, lp.tp_mode)
-                  for lp in plan.layers if lp.kind == "block"]
+    strategies = [BlockStrategy.of(lp) for lp in plan.layers if lp.kind == "block"]
     return build_plan(inputs, cand, strategies, {})
 
 
-def inputs_from_fingerprint(fp: dict[str, Any], hw: HardwareProfile | None = None
-                            ) -> JobInputs:
-    """Rebuild a plan's planning inputs from its fingerprint (for explain / diff); ``hw``
-    stands in for the profile it names (one not among the shipped profiles)."""
-    from types import SimpleNamespace
+def inputs_record(inputs: JobInputs) -> dict[str, Any]:
+    """The resolved planning inputs as plain data (stored in the plan as ``Plan.inputs``)."""
+    fp = inputs.fingerprint
+    return {
+        "model": fp["model"], "flavor": fp["flavor"], "seq_len": inputs.graph.seq_len,
+        "world_size": inputs.world, "global_batch_size": inputs.global_batch,
+        "gpus_per_node": inputs.gpus_per_node, "budget_bytes": inputs.budget_bytes,
+        "hardware": dataclasses.asdict(inputs.hw),
+        "precision": dataclasses.asdict(inputs.precision),
+        "constraints": {**dataclasses.asdict(inputs.constraints),
+                        "techniques": list(inputs.constraints.techniques)},
+        "features": inputs.features.to_dict(),
+        "pins": {fqn: {"recipe_ac": pin.recipe_ac, "recipe_reshard": pin.recipe_reshard,
+                       "regions": list(pin.regions)} for fqn, pin in sorted(inputs.pins.items())},
+    }
 
-    job = SimpleNamespace(
-        model=SimpleNamespace(name=fp["model"], flavor=fp["flavor"]),
-        training=SimpleNamespace(seq_len=fp["seq_len"], global_batch_size=fp["global_batch_size"],
-                                 local_batch_size=1,
-                                 mixed_precision_param=fp["mixed_precision_param"],
-                                 mixed_precision_reduce=fp["mixed_precision_reduce"]),
-        parallelism=SimpleNamespace(
-            context_parallel_degree=fp["constraints"].get("cp") or 1,
-            pipeline_parallel_degree=1,
-            expert_parallel_degree=fp["constraints"].get("ep") or 1,
-            expert_tensor_parallel_degree=fp["constraints"].get("etp") or 1,
-            fsdp_reshard_after_forward=fp.get("pin_recipe", {}).get(
-                "fsdp_reshard_after_forward",
-                fp["constraints"].get("reshard_after_forward", "default")),
-            data_parallel_replicate_degree=fp["constraints"]["dp_replicate"] or 1,
-            data_parallel_shard_degree=fp["constraints"]["dp_shard"] or -1,
-            tensor_parallel_degree=fp["constraints"]["tp"] or 1),
-        autoparallel=SimpleNamespace(
-            hardware=hw or fp["hardware"], gpus_per_node=fp["gpus_per_node"],
-            memory_gib=fp["memory_budget_gib"], techniques=fp["constraints"]["techniques"],
-            time_limit_s=30.0, pin=fp.get("pin", []),
-            moe_load_imbalance=fp.get("moe_load_imbalance", 0.0)),
-        activation_checkpoint=SimpleNamespace(
-            mode=fp.get("pin_recipe", {}).get("ac_mode", "none"),
-            selective_ac_option=fp.get("pin_recipe", {}).get("selective_ac_option", "op")),
-    )
-    return job_inputs(job, fp["world_size"], Features(**fp.get("features", {})))
+
+def inputs_from_plan(plan: Plan, cache: dict[str, Any] | None = None,
+                     hw: HardwareProfile | None = None) -> JobInputs:
+    """The planning inputs ``plan`` was made from, rebuilt from the plan alone (its stored
+    inputs; for a version-1 plan, its fingerprint and the hardware profile it names, or ``hw``
+    in its place). ``cache`` keeps layer graphs between calls."""
+    from .registry import register
+
+    fp = plan.fingerprint
+    cache = {} if cache is None else cache
+    key = f"{fp['model']}/{fp['flavor']}/{fp['seq_len']}"
+    if key not in cache:
+        register()
+        cache[key] = model_layer_graph(fp["model"], fp["flavor"], fp["seq_len"])
+    graph = cache[key]
+    record = plan.inputs or record_from_fingerprint(fp, graph, hw)
+    known = {f.name for f in dataclasses.fields(HardwareProfile)}
+    unknown = sorted(set(record["hardware"]) - known)
+    if unknown:
+        raise UserError(f"the plan's hardware profile has fields this version does not know "
+                        f"({unknown}): re-plan the job with this version")
+    constraints = dict(record["constraints"], techniques=tuple(record["constraints"]["techniques"]))
+    pins = {fqn: Pin(p["recipe_ac"], p["recipe_reshard"], tuple(p["regions"]))
+            for fqn, p in record["pins"].items()}
+    return JobInputs(graph, Constraints(**constraints), HardwareProfile(**record["hardware"]),
+                     record["gpus_per_node"], record["budget_bytes"], plan.global_batch_size,
+                     Precision(**record["precision"]), record["world_size"], plan.fingerprint,
+                     pins, Features(**record["features"]))
+
+
+def record_from_fingerprint(fp: dict[str, Any], graph: LayerGraph,
+                            hw: HardwareProfile | None = None) -> dict[str, Any]:
+    """``inputs_record`` of a version-1 plan: its fingerprint resolved again (the hardware
+    profile by name, or ``hw`` standing in for it; the pins against the model's ``graph``)."""
+    c = fp["constraints"]
+    reshard = c.get("reshard_after_forward", "default")
+    hw = hw or load_profile(fp["hardware"])
+    hw = dataclasses.replace(hw, moe_load_imbalance=fp.get("moe_load_imbalance")
+                             or hw.moe_load_imbalance)
+    recipe = {"ac_mode": "none", "selective_ac_option": "op",
+              "fsdp_reshard_after_forward": reshard, **fp.get("pin_recipe", {})}
+    pins = resolve_pins(graph, list(fp.get("pin", [])), get_adapter(graph.family).default_pins,
+                        recipe_of(recipe))
+    features = Features(**fp.get("features", {}))
+    constraints = Constraints(c["dp_replicate"], c["dp_shard"], c["tp"], c.get("cp", 0),
+                              c.get("ep", 0), c.get("etp", 0), tuple(c["techniques"]), reshard)
+    inputs = JobInputs(graph, constraints, hw, fp["gpus_per_node"],
+                       fp["memory_budget_gib"] * 2**30, fp["global_batch_size"],
+                       Precision(DTYPE_BYTES[fp["mixed_precision_param"]],
+                                 DTYPE_BYTES[fp["mixed_precision_reduce"]]),
+                       fp["world_size"], fp, pins, features)
+    return inputs_record(inputs)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from .errors import UserError
 from .graph.layer_graph import LayerGraph
 from .pins import Pin
-from .plan import Mesh
+from .plan import LayerPlan, Mesh, strategy_label
 
 TECHNIQUES = ("fsdp", "hsdp", "ddp", "tp", "tp_dp", "cp", "ep", "ac")
 """fsdp: shard over dp_shard; hsdp: replicate x shard; ddp: replicate only (gradients
@@ -28,10 +28,15 @@ class BlockStrategy:
     reshard_after_forward: bool
     tp_mode: str = "none"
 
-    @property
-    def name(self) -> str:
-        fsdp = "fsdp" if self.reshard_after_forward else "fsdp-keep"
-        return f"{fsdp}+tp:{self.tp_mode}+ac:{self.ac}"
+    @classmethod
+    def of(cls, layer: LayerPlan) -> "BlockStrategy":
+        """The strategy a planned block runs (its plan-file fields)."""
+        return cls(layer.ac, layer.reshard_after_forward, layer.tp_mode)
+
+    def describe(self, ep: int = 1, unsharded: str = "") -> str:
+        """Label of this strategy for a block with experts on ``ep`` ranks (``strategy_label``)."""
+        return strategy_label(self.ac, self.reshard_after_forward, self.tp_mode, ep,
+                              unsharded=unsharded)
 
 
 @dataclass(frozen=True)

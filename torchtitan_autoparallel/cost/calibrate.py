@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..errors import UserError
+from ..progress import Progress
 from .fit import Run, fit_profile
 from .hardware import HardwareProfile
 from .model import collective_s
@@ -40,7 +41,8 @@ def _time(fn: Any, repeats: int, sync: Any) -> float:
     return statistics.median(samples)
 
 
-def matmul_tflops(device: str, sizes: list[int], repeats: int) -> dict[int, float]:
+def matmul_tflops(device: str, sizes: list[int], repeats: int,
+                  progress: Progress | None = None) -> dict[int, float]:
     """Achieved TFLOP/s of square matmuls (fp32 on CPU, bf16 on GPU)."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -50,6 +52,8 @@ def matmul_tflops(device: str, sizes: list[int], repeats: int) -> dict[int, floa
         b = torch.randn(n, n, device=device, dtype=dtype)
         t = _time(lambda a=a, b=b: a @ b, repeats, sync)
         out[n] = 2 * n**3 / t / 1e12
+        if progress:
+            progress.advance(f"matmul {n} x {n}: {out[n]:.3g} TFLOP/s")
     return out
 
 
@@ -63,7 +67,7 @@ def _ops(full: torch.Tensor, shard: torch.Tensor) -> dict[str, Any]:
 
 
 def _collectives_worker(rank: int, world: int, port: int, sizes: list[int], repeats: int,
-                        out: str) -> None:
+                        out: str, progress: Progress | None = None) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
@@ -81,6 +85,8 @@ def _collectives_worker(rank: int, world: int, port: int, sizes: list[int], repe
                     op = ops["all_gather"]
                 dist.barrier()
                 results[f"{name}:{n * 4}"] = _time(op, repeats, sync)
+                if progress and rank == 0:
+                    progress.advance(f"{name} of {n * 4} bytes over {world} ranks")
         dist.barrier()
     finally:
         if rank == 0:
@@ -96,11 +102,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def collective_times(world: int, sizes: list[int], repeats: int) -> dict[str, float]:
+def collective_times(world: int, sizes: list[int], repeats: int,
+                     progress: Progress | None = None) -> dict[str, float]:
     """Median seconds per ``"<collective>:<bytes>"`` over ``world`` local ranks."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "times.txt")
-        mp.spawn(_collectives_worker, args=(world, _free_port(), sizes, repeats, out),
+        mp.spawn(_collectives_worker, args=(world, _free_port(), sizes, repeats, out, progress),
                  nprocs=world, join=True)
         return json.loads(Path(out).read_text())
 
@@ -132,8 +139,11 @@ def calibrate(world: int, name: str, gpus_per_node: int, quick: bool = False
     if device == "cuda" and torch.cuda.device_count() < world:
         raise UserError(f"--ngpu {world} exceeds the {torch.cuda.device_count()} visible GPUs")
     sizes = ([256, 512] if quick else [512, 1024, 2048]) if device == "cpu" else [4096, 8192]
-    flops = matmul_tflops(device, sizes, 3 if quick else 10)
-    times = collective_times(world, [1 << 12, 1 << 16, 1 << 20, 1 << 24], 3 if quick else 10)
+    comm_sizes = [1 << 12, 1 << 16, 1 << 20, 1 << 24]
+    # each size: all-gather, reduce-scatter, all-reduce, all-to-all
+    progress = Progress(len(sizes) + 4 * len(comm_sizes), "calibrate")
+    flops = matmul_tflops(device, sizes, 3 if quick else 10, progress)
+    times = collective_times(world, comm_sizes, 3 if quick else 10, progress)
     if device == "cuda":
         memory = torch.cuda.get_device_properties(0).total_memory / 2**30
     else:

@@ -58,6 +58,9 @@ class BlockCost:
     """Parameters, gradients and optimizer state, always resident."""
     transient_bytes: float
     """Working set while this block runs its backward."""
+    exposed_parts: tuple[tuple[str, float], ...] = ()
+    """Exposed communication and host copies by kind (before the host's core sharing):
+    "tp", "cp ring", "ep all-to-all", "fsdp / dp", "host copies"; for pictures."""
 
 
 def autocast(mesh: Mesh, prec: Precision) -> bool:
@@ -187,7 +190,11 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         hidden = max(0.0, step * exchanges - hw.comm_overlap * attn)
         # each ring step also synchronises the neighbours: its latency is never hidden
         alpha = (hw.inter_node_latency_us if cp_nodes else hw.intra_node_latency_us) * 1e-6
-        tp_comm += hidden + exchanges * alpha
+        cp_comm = hidden + exchanges * alpha
+        tp_comm += cp_comm
+    else:
+        cp_comm = 0.0
+    tp_only = tp_comm - cp_comm
 
     # FSDP: all-gather params in forward (and again in backward if resharded), reduce-scatter
     # grads; HSDP adds an all-reduce of the shard over dp_replicate. With ep > 1 the routed
@@ -235,9 +242,11 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         # one GEMM per local expert and projection: 3 forward, 6 backward (+3 recomputed)
         local = layer.num_experts // (mesh.ep if ep > 1 else 1)
         compute += local * 3 * (3 + (1 if recompute_frac else 0)) * hw.kernel_launch_us * 1e-6
+    ep_comm = 0.0
     if ep > 1:
-        tp_comm += moe_dispatch_s(layer, mesh, microbatch, act_scale, hw, gpus_per_node) * (
+        ep_comm = moe_dispatch_s(layer, mesh, microbatch, act_scale, hw, gpus_per_node) * (
             4 + (2 if full_ac else 0))
+        tp_comm += ep_comm
         # the slowest ep rank sets the pace: routed-expert compute scaled by the imbalance
         expert = layer.expert_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
         compute += expert * (3.0 + recompute_frac) * (hw.moe_load_imbalance - 1.0)
@@ -262,8 +271,10 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         # under TP + SP the all-gathered (unsplit) inputs of attention and FFN with theirs
         unsplit = 2 * layer.io_bytes * microbatch * act_scale / mesh.cp * (1 - 1 / mesh.tp)
         transient += hw.recompute_grad_factor * (saved + 2 * unsplit)
+    parts = (("tp", tp_only), ("cp ring", cp_comm), ("ep all-to-all", ep_comm),
+             ("fsdp / dp", exposed), ("host copies", copy_s))
     return BlockCost(time, compute, tp_comm + fwd_comm + bwd_comm, tp_comm + exposed,
-                     kept, state, transient)
+                     kept, state, transient, parts)
 
 
 def moe_dispatch_s(layer: Layer, mesh: Mesh, microbatch: int, act_scale: float,
@@ -309,12 +320,15 @@ class FixedCost:
     time_s: float
     kept_bytes: float
     state_bytes: float
+    logits_bytes: float = 0.0
+    """The part of ``kept_bytes`` that is logits (fp32 for the loss, and their low-precision
+    originals)."""
 
 
 def fixed_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
                prec: Precision, gpus_per_node: int, features: Features = EAGER
                ) -> FixedCost:
-    time = kept = state = 0.0
+    time = kept = state = logits = 0.0
     for layer in graph.layers:
         if layer.kind == "block":
             continue
@@ -324,14 +338,17 @@ def fixed_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfi
         # logits stay fp32 for the loss: not scaled by the activation dtype
         fp32_logits = layer.saved_bytes * microbatch / (mesh.tp * mesh.cp)
         kept += fp32_logits if layer.kind == "output" else cost.kept_bytes
+        logits += fp32_logits if layer.kind == "output" else 0.0
         state += cost.state_bytes
         if layer.kind == "output" and prec.param_bytes < 4:
             # the output projection's low-precision logits, upcast by the loss (kept as well)
-            kept += (graph.seq_len * graph.vocab_size * prec.param_bytes * microbatch
-                     / (mesh.tp * mesh.cp))
+            low = (graph.seq_len * graph.vocab_size * prec.param_bytes * microbatch
+                   / (mesh.tp * mesh.cp))
+            kept += low
+            logits += low
     if autocast(mesh, prec):
         # autocast caches the low-precision copy of every weight it casts (all but the
         # embedding) from the forward until the backward
         kept += prec.param_bytes * sum(layer.params for layer in graph.layers
                                        if layer.kind != "embedding")
-    return FixedCost(time, kept, state)
+    return FixedCost(time, kept, state, logits)

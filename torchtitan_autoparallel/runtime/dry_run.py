@@ -65,3 +65,40 @@ def _skip_meta_autocast() -> None:
 
     maybe_enable_amp._skips_meta = True  # type: ignore[attr-defined]
     dist_utils.maybe_enable_amp = maybe_enable_amp
+
+
+def dry_run_report(trainer: Any) -> str:
+    """One paragraph on what a fake-backend dry run built: mesh and per-rank parameter bytes."""
+    dims = trainer.parallel_dims
+    local_bytes = 0
+    for model in trainer.model_parts:
+        for p in model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            local_bytes += local.numel() * local.element_size()
+    mesh = ", ".join(
+        f"{n}={getattr(dims, n)}" for n in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
+    )
+    report = (
+        f"dry run OK: world {dims.world_size} ({mesh}); "
+        f"parameters per rank {local_bytes / 2**30:.2f} GiB"
+    )
+    plan = getattr(trainer.job_config, "_autoparallel_plan", None)
+    if plan is not None:
+        # fp32 parameters, gradients and two AdamW moments: 4x the sharded parameter bytes
+        p = plan.predicted
+        report += (
+            f"; plan {plan.digest()}: sharded state {4 * local_bytes / 2**30:.2f} GiB "
+            f"(predicted {p['state_memory_gib']:.2f} GiB), predicted peak "
+            f"{p['peak_memory_gib']:.2f} GiB of budget {p['budget_gib']:.2f} GiB"
+        )
+    import json
+
+    from ..built import block_features
+    from ..graph.adapters import get_adapter
+
+    blocks = get_adapter(trainer.job_config.model.name).blocks if plan is not None else "layers"
+    features = {}
+    for model in trainer.model_parts:
+        features.update(block_features(model, blocks))
+    report += "\ndry run blocks: " + json.dumps(features, sort_keys=True)
+    return report

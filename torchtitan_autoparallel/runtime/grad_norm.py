@@ -6,7 +6,8 @@ blocks shard over dp_shard and others over dp_shard x tp). TorchTitan solves the
 for expert parallelism by grouping parameters by mesh (``_clip_grad_norm_with_ep``); this
 does it for any grouping: per-mesh total norms are made full tensors, combined as a p-norm,
 and every gradient is clipped with the combined norm. With one mesh it defers to upstream.
-Installed by ``install()`` (train.py); tested by tests/test_auto_parity.py (mixed plans).
+Installed by ``install()`` (train.py) only for plans that ``need`` it; tested by
+tests/test_auto_parity.py (mixed plans).
 """
 
 import math
@@ -28,6 +29,14 @@ def _combine(norms: list[torch.Tensor], norm_type: float) -> torch.Tensor:
     if math.isinf(norm_type):
         return torch.stack(norms).max()
     return torch.stack([n**norm_type for n in norms]).sum() ** (1.0 / norm_type)
+
+
+def needed(plan: Any) -> bool:
+    """Whether ``plan`` puts gradients on several meshes outside expert parallelism (which
+    TorchTitan's clipping handles): a block using the tp dim as data parallel is FSDP-sharded
+    over dp_shard x tp, the other layers over dp_shard with TP on tp."""
+    return plan is not None and plan.mesh.tp > 1 and any(
+        layer.tp_mode == "dp" for layer in plan.layers)
 
 
 def install() -> None:

@@ -1,0 +1,18 @@
+"""The mixed-mesh gradient clipping is installed only for plans whose gradients live on several
+meshes (a block using the tp dim as data parallel next to TP layers)."""
+
+from torchtitan_autoparallel.plan import LayerPlan, Mesh, Plan
+from torchtitan_autoparallel.runtime.grad_norm import needed
+
+
+def _plan(mesh: Mesh, modes: list[str]) -> Plan:
+    layers = [LayerPlan(f"layers.{i}", "block", tp_mode=m) for i, m in enumerate(modes)]
+    return Plan({}, mesh, 8, 1, 1, 256, layers, {}, {})
+
+
+def test_only_plans_with_blocks_on_several_meshes_need_it() -> None:
+    assert needed(_plan(Mesh(1, 2, 2), ["sp", "dp", "sp"]))
+    assert needed(_plan(Mesh(1, 2, 2), ["dp", "dp"]))  # embedding / output stay on tp
+    assert not needed(_plan(Mesh(1, 2, 2), ["sp", "sp"]))
+    assert not needed(_plan(Mesh(1, 4, 1), ["none", "none"]))
+    assert not needed(None)  # expert recipes: TorchTitan's own clipping

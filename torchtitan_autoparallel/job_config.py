@@ -1,0 +1,220 @@
+"""The TorchTitan job config with the project's extension: parse it (CLI, tests and
+experiments use ``parse_config``), check what this machine cannot run, and make a planned job
+follow its plan (mesh degrees, local batch, the ``autoparallel`` converter)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .checks import (
+    check_auto_settings,
+    check_plan_features,
+    check_torchao,
+    device_capability,
+)
+from .config import CONFIG_MODULE
+from .errors import UserError
+from .features import check_device, features_from_config
+
+
+def _with_config_module(argv: list[str]) -> list[str]:
+    if any(a.startswith("--job.custom_config_module") for a in argv):
+        return argv
+    return [*argv, f"--job.custom_config_module={CONFIG_MODULE}"]
+
+
+def _config_path(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        for key in ("--job.config_file", "--job.config-file"):
+            if arg.startswith(key + "="):
+                return arg.split("=", 1)[1]
+            if arg == key and i + 1 < len(argv):
+                return argv[i + 1]
+    return None
+
+
+def _check_toml(path: str) -> None:
+    """The config file exists and is TOML (TorchTitan would print a traceback first)."""
+    import tomllib
+
+    from .validate import shown
+
+    if not os.path.isfile(path):
+        raise UserError(f"config file not found: {shown(path)} (set CONFIG_FILE to an existing "
+                        ".toml)")
+    try:
+        with open(path, "rb") as f:
+            tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"config {shown(path)} is not valid TOML: {shown(exc, 200)}; fix the "
+                        "file") from exc
+    except OSError as exc:
+        raise UserError(f"cannot read config {shown(path)}: {exc.strerror}") from exc
+
+
+def parse_config(argv: list[str]) -> Any:
+    """Parse TorchTitan's config (TOML + CLI) with the project's extension merged in."""
+    from torchtitan.config import ConfigManager
+
+    from .validate import shown
+
+    path = _config_path(argv)
+    if path is not None:
+        _check_toml(path)
+    try:
+        return ConfigManager().parse_args(_with_config_module(argv))
+    except SystemExit as exc:  # tyro prints its own message for unknown flags
+        raise UserError("invalid command-line override (see the message above)") from exc
+    except Exception as exc:  # TOML syntax errors and the like
+        raise UserError(f"cannot read config {path}: {shown(exc, 200)}") from exc
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def resolve_assets_path(job_config: Any) -> None:
+    """Let configs name the project's tokenizer (``./assets/...``) from any working directory."""
+    path = job_config.model.hf_assets_path
+    if path and not os.path.isabs(path) and not os.path.exists(path):
+        candidate = os.path.join(REPO_ROOT, path)
+        if os.path.exists(candidate):
+            job_config.model.hf_assets_path = candidate
+
+
+def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
+    """Reject settings this machine cannot run, naming the fix."""
+    from .runtime.cpu import cuda_only_features
+    from .validate import check_model_name
+
+    check_model_name(job_config.model.name)
+    resolve_assets_path(job_config)
+    tokenizer = os.path.join(job_config.model.hf_assets_path, "tokenizer.json")
+    if not os.path.isfile(tokenizer):
+        raise UserError(
+            f"no tokenizer at {tokenizer}: set model.hf_assets_path to a folder with "
+            "tokenizer.json (the project ships ./assets/tokenizer)"
+        )
+
+    # conflicting speed features, and features this GPU cannot run, end here: run_train.sh's
+    # preflight calls this before torchrun starts any rank
+    features = features_from_config(job_config)
+    check_torchao(features)
+    if cpu and not dry_run:
+        problems = cuda_only_features(job_config)
+        if problems:
+            raise UserError(problems[0])
+    if not dry_run:
+        check_device(features, device_capability())
+
+
+def world_size(job_config: Any) -> int:
+    """World size of the job: NGPU for dry runs, else WORLD_SIZE set by torchrun."""
+    key = "NGPU" if job_config.comm.mode == "fake_backend" else "WORLD_SIZE"
+    return int(os.environ.get(key, os.environ.get("WORLD_SIZE", "1")))
+
+
+def resolve_plan(job_config: Any, world: int) -> Any:
+    """The job's plan: the plan file (validated against the job) or a fresh solve."""
+    from torchtitan.tools.logging import logger
+
+    from .plan import Plan
+    from .planner import fingerprint_diff, job_inputs, plan_job
+    from .validate import check_plan_for_job
+
+    ap = job_config.autoparallel
+    if not ap.plan_file:
+        return plan_job(job_config, world)
+    plan = Plan.load(ap.plan_file)
+    inputs = job_inputs(job_config, world, dp=plan.mesh.dp)
+    job_fp = inputs.fingerprint
+    diff = fingerprint_diff(plan.fingerprint, job_fp)
+    if diff:
+        raise UserError(
+            f"plan {ap.plan_file} was made for another job ({'; '.join(diff)}); re-plan "
+            "(drop autoparallel.plan_file) or run the job the plan was made for"
+        )
+    check_plan_for_job(plan, world, [(layer.fqn, layer.kind) for layer in inputs.graph.layers],
+                       ap.plan_file)
+    if plan.fingerprint.get("versions") != job_fp["versions"]:
+        logger.warning(f"plan {ap.plan_file} was made with {plan.fingerprint.get('versions')}"
+                       f", this job runs {job_fp['versions']}")
+    return plan
+
+
+PLAN_KEY = "autoparallel/plan"
+
+
+def shared_plan(job_config: Any, world: int) -> Any:
+    """Rank 0 resolves the plan and hands it to the other ranks through torchrun's store, so
+    ranks can never run different plans (a time-limited solve, a load-dependent tie or an
+    edited file seen half-way could otherwise differ per rank). The store is the launcher's own
+    key-value store (``TORCHELASTIC_USE_AGENT_STORE``), not a process group: TorchTitan builds
+    those later, from the plan's degrees. A planning error on rank 0 is handed on too, so every
+    rank stops with the same line. Without torchrun's store (one process, a dry run) the
+    process plans alone; ``apply.check_plan_matches`` still compares the ranks' digests."""
+    import json
+    from datetime import timedelta
+
+    from .plan import Plan
+
+    if (int(os.environ.get("WORLD_SIZE", "1")) == 1
+            or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+            or job_config.comm.mode == "fake_backend"):
+        return resolve_plan(job_config, world)
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=max(1800.0, 20 * job_config.autoparallel.time_limit_s))
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timeout)
+    key = f"{PLAN_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if int(os.environ.get("RANK", "0")) == 0:
+        try:
+            plan = resolve_plan(job_config, world)
+        except UserError as exc:
+            store.set(key, json.dumps({"error": str(exc)}))
+            raise
+        store.set(key, plan.to_json())
+        return plan
+    data = json.loads(store.get(key))
+    if "error" in data:
+        raise UserError(data["error"])
+    return Plan.from_dict(data, "received from rank 0")
+
+
+def prepare_planned_job(job_config: Any, write: bool) -> Any:
+    """Plan (or load the plan file), then make the job TorchTitan runs follow the plan: mesh
+    degrees, local batch size, and the ``autoparallel`` converter that applies it. Everything
+    is validated before the plan is saved or applied."""
+    from torchtitan.tools.logging import logger
+
+    from .converter import NAME, PLAN_ATTR
+
+    ap = job_config.autoparallel
+    check_auto_settings(job_config)
+    plan = shared_plan(job_config, world_size(job_config))
+    check_plan_features(job_config, plan)
+    if write:
+        logger.info("\n" + plan.table())
+        if ap.save_plan:
+            plan.save(ap.save_plan)
+            logger.info(f"plan written to {ap.save_plan}")
+    par, training = job_config.parallelism, job_config.training
+    par.data_parallel_replicate_degree = plan.mesh.dp_replicate
+    par.data_parallel_shard_degree = plan.mesh.dp_shard
+    par.tensor_parallel_degree = plan.mesh.tp
+    par.context_parallel_degree = plan.mesh.cp
+    par.expert_parallel_degree = plan.mesh.ep
+    par.expert_tensor_parallel_degree = plan.mesh.etp
+    training.global_batch_size = plan.global_batch_size
+    training.local_batch_size = plan.local_batch_size
+    ac = job_config.activation_checkpoint
+    if write:
+        logger.info(f"activation checkpointing per block from the plan (searched); the "
+                    f"configured activation_checkpoint.mode = {ac.mode!r} is what pinned "
+                    "blocks run")
+    ac.mode = "none"  # TorchTitan's recipe-wide AC is off: apply_plan applies the plan's
+    if NAME not in job_config.model.converters:
+        job_config.model.converters = [NAME, *job_config.model.converters]
+    setattr(job_config, PLAN_ATTR, plan)
+    return plan
