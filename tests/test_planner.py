@@ -170,7 +170,7 @@ def test_405b_plan_is_heterogeneous_and_fits(planning):
     assert plan.solver["gap"] == 0.0
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
     assert len(blocks) == 126
-    assert len({layer.strategy for layer in blocks}) > 1, plan.table()
+    assert len({layer.describe() for layer in blocks}) > 1, plan.table()
     assert plan.predicted["state_memory_gib"] == pytest.approx(405.9e9 * 16 / 128 / 2**30,
                                                                rel=0.01)
     # with 8 GPUs per node TP stays inside a node

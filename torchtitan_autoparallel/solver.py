@@ -192,7 +192,7 @@ def check_finite(cand: Candidate, budget: float) -> None:
                "optimizer-step memory": cand.step_bytes, "fixed time": cand.fixed_time_s}
     for (_, strategy), cost in cand.costs.items():
         for name in ("time_s", "kept_bytes", "transient_bytes"):
-            numbers[f"{strategy.name} {name}"] = getattr(cost, name)
+            numbers[f"{strategy.describe()} {name}"] = getattr(cost, name)
     for name, value in numbers.items():
         if not math.isfinite(value):
             raise UserError(

@@ -41,23 +41,27 @@ class Rule:
     item: type | None = None
     zero_or_ge: float | None = None
     """Numbers: 0 (meaning "default"), or >= this."""
+    optional: bool = False
+    """null (None) is accepted too."""
 
     def describe(self) -> str:
         if self.choices:
             return f"one of {list(self.choices)}"
         if self.kind is list:
             return f"a list of {self.item.__name__ if self.item else 'values'}"
-        kind = {bool: "true or false", str: "a string", int: "an integer"}.get(
-            self.kind, "a finite number")
+        kind = {bool: "true or false", str: "a string", int: "an integer",
+                dict: "an object"}.get(self.kind, "a finite number")
         bounds = [f"{op} {v:g}" for op, v in ((">", self.gt), (">=", self.ge), ("<=", self.le))
                   if v is not None]
         text = f"{kind} {' and '.join(bounds)}".strip()
         if self.zero_or_ge is not None:
             text = f"0 (the default) or {kind} >= {self.zero_or_ge:g}"
-        return text
+        return text + (" or null" if self.optional else "")
 
     def accepts(self, value: Any) -> bool:
         """Whether ``value`` has the right type and range (bools are not numbers)."""
+        if value is None and self.optional:
+            return True
         if self.kind is list:
             return isinstance(value, list) and all(
                 self.item is None or isinstance(v, self.item) for v in value)
@@ -243,6 +247,7 @@ PLAN_RULES: dict[str, Rule] = {
     "predicted": Rule(dict),
     "solver": Rule(dict),
     "notes": Rule(list, item=str),
+    "inputs": Rule(dict, optional=True),
 }
 MESH_RULES: dict[str, Rule] = {k: Rule(int, ge=1)
                                for k in ("dp_replicate", "dp_shard", "tp", "cp", "ep", "etp")}
