@@ -112,7 +112,7 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
     from torchtitan.models.llama3.infra.parallelize import disable_fsdp_gradient_division
 
     check_plan_matches(plan, parallel_dims)
-    adapter = get_adapter(job_config.model.name)
+    adapter = get_adapter(job_config.model.name, model)
     by_fqn = {layer.fqn: layer for layer in plan.layers}
     blocks = model.get_submodule(adapter.blocks)
     names = [f"{adapter.blocks}.{n}" for n, _ in blocks.named_children()]
@@ -172,9 +172,9 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
             ),
         }
         embedding = model.get_submodule(adapter.embedding)
-        head = [model.get_submodule(adapter.final_norm), model.get_submodule(adapter.output)]
+        head = [model.get_submodule(n) for n in (adapter.final_norm, adapter.output) if n]
         tied = {id(p) for p in embedding.parameters()} & {
-            id(p) for p in head[1].parameters()}
+            id(p) for p in head[-1].parameters()}
         if not tied:
             fully_shard(embedding, **fsdp,
                         reshard_after_forward=by_fqn[adapter.embedding].reshard_after_forward)

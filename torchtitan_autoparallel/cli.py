@@ -20,7 +20,7 @@ from .errors import UserError, run_cli
 
 
 def _job(args: argparse.Namespace, auto: bool) -> Any:
-    from .registry import register
+    from .registry import import_custom_module, register
     from .train import parse_config
 
     register()
@@ -33,7 +33,9 @@ def _job(args: argparse.Namespace, auto: bool) -> Any:
         overrides.append(f"--autoparallel.gpus_per_node={args.gpus_per_node}")
     if args.memory_gib is not None:
         overrides.append(f"--autoparallel.memory_gib={args.memory_gib}")
-    return parse_config(overrides)
+    job = parse_config(overrides)
+    import_custom_module(job)
+    return job
 
 
 def _emit(args: argparse.Namespace, plan: Any) -> None:

@@ -209,6 +209,8 @@ class Plan:
             f"{self.solver['milps_solved']} MILPs over {self.solver['candidates']} candidates, "
             f"{self.solver['variables']} variables, {self.solver['constraints']} constraints, "
             f"planning {_planning_time(self.solver)}",
+            # techniques the model's adapter cannot apply (exclusions.exclusion_notes)
+            *(f"  {note}" for note in self.notes if note.startswith("excluded ")),
             f"  {'layers':<24}{'strategy':<26}{'time/mb ms':>12}{'exposed comm ms':>17}"
             f"{'memory MiB':>12}",
         ]

@@ -15,6 +15,7 @@ from . import __version__
 from .cost.hardware import HardwareProfile, load_profile
 from .cost.model import Precision
 from .errors import UserError
+from .exclusions import exclusion_notes, without_excluded
 from .graph.adapters import get_adapter
 from .graph.layer_graph import LayerGraph, build_layer_graph
 from .pins import Pin, recipe_from_config, recipe_of, resolve_pins
@@ -78,15 +79,15 @@ def layer_graph_for(job_config: Any) -> LayerGraph:
     if flavor not in spec.model_args:
         raise UserError(f"unknown flavor {flavor!r} for {name}: choose one of "
                         f"{sorted(spec.model_args)}")
-    args = spec.model_args[flavor]
-    attn = getattr(args, "attn_type", "sdpa")
-    cp_attention = get_adapter(name).cp_attention
-    if job_config.parallelism.context_parallel_degree > 1 and attn not in cp_attention:
+    graph = build_layer_graph(name, flavor, spec.model_args[flavor], spec.model_cls,
+                              job_config.training.seq_len)
+    cp_attention = graph.cp_attention
+    if job_config.parallelism.context_parallel_degree > 1 and graph.attn_type not in cp_attention:
         raise UserError(
             f"context parallel in {name} needs {' or '.join(cp_attention)} attention; {flavor} "
-            f"uses {attn!r}: set parallelism.context_parallel_degree = 1"
+            f"uses {graph.attn_type!r}: set parallelism.context_parallel_degree = 1"
         )
-    return build_layer_graph(name, flavor, args, spec.model_cls, job_config.training.seq_len)
+    return graph
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,7 @@ def job_inputs(job_config: Any, world: int) -> JobInputs:
     except KeyError as exc:
         raise UserError(f"unsupported mixed precision dtype {exc}") from exc
     graph = layer_graph_for(job_config)
+    constraints = without_excluded(constraints, graph, world)
     recipe = recipe_from_config(job_config)
     globs = list(getattr(ap, "pin", []))
     pins = resolve_pins(graph, globs, get_adapter(graph.family).default_pins, recipe_of(recipe))
@@ -241,6 +243,7 @@ def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrateg
             "budget_gib": inputs.budget_bytes / 2**30,
         },
         solver={**solver, "objective": step},
+        notes=exclusion_notes(graph),
     )
 
 

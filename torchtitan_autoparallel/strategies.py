@@ -45,6 +45,8 @@ class Constraints:
     ep: int = 0
     etp: int = 0
     techniques: tuple[str, ...] = TECHNIQUES
+    ac_modes: tuple[str, ...] = AC_MODES
+    """AC modes the model's adapter can apply (selective needs its op list)."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -169,7 +171,7 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
                      moe_model: bool = False) -> list[BlockStrategy]:
     """Per-block choices on ``mesh`` for a local batch of ``microbatch`` sequences. The tp dim
     as data parallel is offered on dense models only (MoE blocks follow TorchTitan's MoE TP)."""
-    acs = AC_MODES if "ac" in constraints.techniques else ("none",)
+    acs = constraints.ac_modes if "ac" in constraints.techniques else ("none",)
     tp_modes: tuple[str, ...] = ("none",)
     if mesh.tp > 1:
         dp_ok = ("tp_dp" in constraints.techniques and microbatch % mesh.tp == 0

@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     grad_norm.install()
     from torchtitan.tools.logging import init_logger, logger
 
-    from .registry import register
+    from .registry import import_custom_module, make_plannable, register
 
     init_logger()
     register()
@@ -278,7 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     dry_run = job_config.comm.mode == "fake_backend"
     check_config(job_config, cpu, dry_run)
     preflight = os.environ.get(PREFLIGHT_ENV) == "1"
+    import_custom_module(job_config)
     if job_config.parallelism.auto or job_config.autoparallel.plan_file:
+        make_plannable(job_config.model.name)
         prepare_planned_job(job_config, write=preflight or int(os.environ.get("RANK", "0")) == 0)
     if preflight:
         logger.info("preflight OK: config parsed and checked")

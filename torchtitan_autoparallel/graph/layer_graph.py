@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from .adapters import FamilyAdapter, get_adapter
+from ..errors import UserError
+from .adapters import ModelAdapter, get_adapter
+from .discover import check_adapter, heads_of
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ class LayerGraph:
     grouped_experts: bool = True
     """The flavor runs routed experts as grouped GEMMs (else one GEMM per expert); TorchTitan
     uses grouped GEMMs only where the hardware has them (profile ``grouped_mm``)."""
+    excluded: tuple[tuple[str, str], ...] = ()
+    """(technique, reason) the family's adapter cannot apply (left out of the search)."""
 
     @property
     def blocks(self) -> list[Layer]:
@@ -124,10 +128,11 @@ def _experts_as_dense(experts: torch.nn.Module, routed: torch.Tensor, _counts: A
         w2.transpose(-2, -1)
 
 
-def measure_block(block: torch.nn.Module, rope: torch.Tensor, seq_len: int, dim: int,
-                  experts: torch.nn.Module | None = None, block_args: int = 2) -> tuple:
+def measure_block(block: torch.nn.Module, inputs: tuple[tuple, dict], seq_len: int, dim: int,
+                  experts: torch.nn.Module | None = None) -> tuple:
     """(forward FLOPs, saved bytes, attention FLOPs) of one block for one sequence, on meta
-    tensors. ``experts``: the block's routed experts, run through a dense stand-in."""
+    tensors. ``inputs``: the block's (args, kwargs), hidden states first (replaced by a fresh
+    tensor). ``experts``: the block's routed experts, run through a dense stand-in."""
     if experts is not None:
         experts.forward = types.MethodType(_experts_as_dense, experts)
     params = {id(p) for p in block.parameters()}
@@ -145,17 +150,55 @@ def measure_block(block: torch.nn.Module, rope: torch.Tensor, seq_len: int, dim:
         return t
 
     x = torch.empty(1, seq_len, dim, device="meta", requires_grad=True)
+    args, kwargs = inputs
     sdpa = _FlashSDPA()
     with (
         FlopCounterMode(display=False) as counter,
         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
         sdpa,
     ):
-        block(x, rope, None, None) if block_args == 4 else block(x, rope, None)
+        block(x, *args[1:], **kwargs)
     if experts is not None:
         del experts.forward
     return (counter.get_total_flops() + sdpa.attention_flops, float(sum(saved.values())),
             sdpa.attention_flops)
+
+
+class _Captured(Exception):
+    pass
+
+
+def block_inputs(family: str, model: torch.nn.Module, adapter: ModelAdapter, seq_len: int
+                 ) -> tuple[tuple, dict]:
+    """(args, kwargs) the model passes to its first block for one sequence: the adapter's
+    ``rope_buffer`` convention, else captured from a forward of the model on meta tensors."""
+    if adapter.rope_buffer is not None:
+        rope = getattr(model, adapter.rope_buffer)
+        return ((None, rope, None, None) if adapter.block_args == 4 else (None, rope, None)), {}
+    first = next(iter(model.get_submodule(adapter.blocks).children()))
+    seen: dict[str, Any] = {}
+
+    def capture(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        seen["inputs"] = (args, kwargs)
+        raise _Captured
+
+    handle = first.register_forward_pre_hook(capture, with_kwargs=True)
+    try:
+        model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"))
+    except _Captured:
+        pass
+    except Exception as exc:
+        raise UserError(
+            f"model {family!r} does not run on meta tokens of shape (1, {seq_len}) to show its "
+            f"blocks' inputs ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}): register "
+            "an adapter with rope_buffer and block_args (ModelAdapter)"
+        ) from None
+    finally:
+        handle.remove()
+    if "inputs" not in seen:
+        raise UserError(f"model {family!r} never calls its first block in forward: fix "
+                        "ModelAdapter.blocks")
+    return seen["inputs"]
 
 
 def _signature(module: torch.nn.Module) -> str:
@@ -193,13 +236,16 @@ def build_layer_graph(
     family: str, flavor: str, model_args: Any, model_cls: type, seq_len: int
 ) -> LayerGraph:
     """Read the model (built on meta) into a LayerGraph for sequences of ``seq_len`` tokens."""
-    adapter: FamilyAdapter = get_adapter(family)
     grouped = bool(getattr(getattr(model_args, "moe_args", None), "use_grouped_mm", True))
     args, attn_type = _measurable_args(model_args, seq_len)
     with torch.device("meta"):
         model = model_cls(args)
-    n_heads, n_kv_heads, head_dim = adapter.head_dims(args)
-    dim, vocab = args.dim, args.vocab_size
+    adapter = get_adapter(family, model)
+    check_adapter(family, adapter, model)
+    embedding = model.get_submodule(adapter.embedding)
+    dim, vocab = embedding.embedding_dim, embedding.num_embeddings
+    heads = heads_of(adapter, args, dim)
+    n_heads, n_kv_heads, head_dim = heads or (1, 1, dim)
     fp32 = 4
     seen: set[int] = set()
 
@@ -212,20 +258,21 @@ def build_layer_graph(
         return total
 
     layers = []
-    embedding = model.get_submodule(adapter.embedding)
     layers.append(Layer(adapter.embedding, "embedding", count(embedding), 0.0,
                         seq_len * dim * fp32, seq_len * 8, "embedding"))
-    rope = getattr(model, adapter.rope_buffer)
+    inputs = block_inputs(family, model, adapter, seq_len)
     measured: dict[str, tuple[float, float, float]] = {}
     kv_bytes = 2.0 * seq_len * n_kv_heads * head_dim * fp32
+    moe_model = False
     for name, block in model.get_submodule(adapter.blocks).named_children():
         sig = _signature(block)
         experts = adapter.routed_experts(block)
         if sig not in measured:
-            measured[sig] = measure_block(block, rope, seq_len, dim, experts, adapter.block_args)
+            measured[sig] = measure_block(block, inputs, seq_len, dim, experts)
         flops, saved, attn = measured[sig]
         moe: dict[str, Any] = {}
         if experts is not None:
+            moe_model = True
             n_expert_params = sum(p.numel() for p in experts.parameters())
             top_k = adapter.top_k(block)
             moe = {"expert_params": n_expert_params, "num_experts": experts.num_experts,
@@ -233,14 +280,15 @@ def build_layer_graph(
                    "expert_flops": 2.0 * seq_len * top_k * n_expert_params / experts.num_experts}
         layers.append(Layer(f"{adapter.blocks}.{name}", "block", count(block), flops, saved,
                             seq_len * dim * fp32, sig, attn, kv_bytes, **moe))
-    norm, output = model.get_submodule(adapter.final_norm), model.get_submodule(adapter.output)
-    out_params = count(norm) + count(output)
+    head = [model.get_submodule(n) for n in (adapter.final_norm, adapter.output) if n]
+    out_params = sum(count(m) for m in head)
     # logits are kept in fp32 for the loss, plus their gradient buffer during backward
     layers.append(Layer(adapter.output, "output", out_params, 2.0 * seq_len * dim * vocab,
                         2 * seq_len * vocab * fp32 + 2 * seq_len * dim * fp32,
                         seq_len * dim * fp32, "output"))
+    excluded = adapter.exclusions(moe_model, heads is not None)
     return LayerGraph(family, flavor, seq_len, dim, vocab, n_heads, n_kv_heads, head_dim,
                       tuple(layers), attn_type,
                       tuple(name for name, _ in model.named_modules() if name),
                       tuple(name for name, _ in model.named_parameters()),
-                      adapter.cp_attention, grouped)
+                      adapter.cp_attention, grouped, tuple(sorted(excluded.items())))

@@ -1,0 +1,166 @@
+"""Discovery: an adapter read from a model and its train spec when none is registered, and the
+checks every adapter (registered or discovered) must pass against its model.
+
+What discovery reads: the repeated blocks (the largest ModuleDict / ModuleList whose children
+share one forward signature), the token embedding (an ``nn.Embedding`` outside the blocks), the
+output (an ``nn.Linear`` outside the blocks onto the vocabulary) and the norm before it, the
+attention wrapper inside a block (TorchTitan's ``models.attention`` wrappers, for CP), MoE
+blocks (TorchTitan's ``models.moe.MoE``), and from the module of the train spec's parallelize
+function the family's own ``apply_tp`` / ``apply_non_moe_tp``, ``apply_moe_ep_tp`` and
+``_op_sac_save_list``. What it does not find stays ``None``: the technique it would enable is
+excluded from the search (``ModelAdapter.exclusions``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any
+
+import torch.nn as nn
+
+from ..errors import UserError
+from .adapters import ModelAdapter, submodule_or_none
+
+_TP_FUNCTIONS = ("apply_non_moe_tp", "apply_tp")
+
+
+def _forward_signature(module: nn.Module) -> str:
+    return str(inspect.signature(type(module).forward))
+
+
+def _containers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(name, m) for name, m in model.named_modules()
+            if name and isinstance(m, (nn.ModuleDict, nn.ModuleList)) and len(m) > 0]
+
+
+def _n_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _outside(name: str, blocks: str) -> bool:
+    return name != blocks and not name.startswith(blocks + ".")
+
+
+def _find_blocks(family: str, model: nn.Module) -> str:
+    repeated = [(name, m) for name, m in _containers(model)
+                if len({_forward_signature(child) for child in m.children()}) == 1]
+    if not repeated:
+        raise UserError(
+            f"model {family!r}: no repeated blocks found (a ModuleDict / ModuleList of modules "
+            "with one forward signature): register an adapter naming them (ModelAdapter.blocks)"
+        )
+    return max(repeated, key=lambda item: _n_params(item[1]))[0]
+
+
+def _parallelize_module(family: str) -> Any:
+    """The module defining the train spec's own parallelize function (unwrapped)."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    fn = inspect.unwrap(get_train_spec(family).parallelize_fn)
+    return sys.modules.get(getattr(fn, "__module__", ""), None)
+
+
+def _inner_attention(block: nn.Module) -> str | None:
+    from torchtitan.models import attention
+
+    kinds = (attention.ScaledDotProductAttentionWrapper, attention.FlexAttentionWrapper)
+    return next((name for name, m in block.named_modules() if isinstance(m, kinds)), None)
+
+
+def _moe_module(blocks: nn.Module) -> str | None:
+    from torchtitan.models.moe import MoE
+
+    for block in blocks.children():
+        for name, m in block.named_modules():
+            if isinstance(m, MoE):
+                return name
+    return None
+
+
+def discover_adapter(family: str, model: nn.Module) -> ModelAdapter:
+    """The adapter of ``family`` read from ``model`` (on meta) and its train spec."""
+    blocks = _find_blocks(family, model)
+    outside = [(n, m) for n, m in model.named_modules() if n and _outside(n, blocks)]
+    embedding = next((n for n, m in outside if isinstance(m, nn.Embedding)), None)
+    if embedding is None:
+        raise UserError(f"model {family!r}: no nn.Embedding outside {blocks!r}: register an "
+                        "adapter naming the token embedding (ModelAdapter.embedding)")
+    vocab = model.get_submodule(embedding).num_embeddings
+    output = next((n for n, m in reversed(outside)
+                   if isinstance(m, nn.Linear) and m.out_features == vocab), None)
+    if output is None:
+        raise UserError(f"model {family!r}: no nn.Linear onto the {vocab}-token vocabulary "
+                        f"outside {blocks!r}: register an adapter naming the output projection "
+                        "(ModelAdapter.output)")
+    names = [n for n, _ in outside]
+    before_output = [n for n, m in outside[:names.index(output)]
+                     if "norm" in type(m).__name__.lower() and "." not in n]
+    first_block = next(iter(model.get_submodule(blocks).children()))
+    moe = _moe_module(model.get_submodule(blocks))
+    source = _parallelize_module(family)
+
+    def piece(*names: str) -> str | None:
+        found = next((n for n in names if source is not None and hasattr(source, n)), None)
+        return f"{source.__name__}.{found}" if found else None
+
+    return ModelAdapter(
+        blocks=blocks,
+        embedding=embedding,
+        final_norm=before_output[-1] if before_output else None,
+        output=output,
+        tp_fn=piece(*_TP_FUNCTIONS),
+        op_sac_save_list=piece("_op_sac_save_list"),
+        inner_attention=_inner_attention(first_block),
+        moe=moe or "moe",
+        moe_fn=piece("apply_moe_ep_tp") if moe else None,
+        default_pins=(f"*.{moe}.router",) if moe else (),
+    )
+
+
+def _fail(family: str, field: str, value: Any, problem: str, fix: str) -> UserError:
+    return UserError(f"ModelAdapter.{field} = {value!r} for model {family!r} {problem}: {fix}")
+
+
+def check_adapter(family: str, adapter: ModelAdapter, model: nn.Module) -> None:
+    """One-line errors for an adapter that does not describe ``model``: module names that do
+    not exist, blocks that are not a container of one forward signature."""
+    top = [n for n, _ in model.named_children()]
+    fix = f"name one of the model's modules (top level: {top[:8]})"
+    for name in ("blocks", "embedding", "output", "final_norm"):
+        value = getattr(adapter, name)
+        if value is not None and submodule_or_none(model, value) is None:
+            raise _fail(family, name, value, "names no module", fix)
+    if adapter.rope_buffer is not None and not hasattr(model, adapter.rope_buffer):
+        raise _fail(family, "rope_buffer", adapter.rope_buffer, "names no model buffer",
+                    f"set it to None or to one of {[n for n, _ in model.named_buffers()][:6]}")
+    blocks = model.get_submodule(adapter.blocks)
+    if not isinstance(blocks, (nn.ModuleDict, nn.ModuleList)) or len(blocks) == 0:
+        raise _fail(family, "blocks", adapter.blocks, "is not a non-empty ModuleDict / "
+                    "ModuleList", "name the container of the repeated blocks")
+    signatures: dict[str, str] = {}
+    for name, block in blocks.named_children():
+        signatures.setdefault(_forward_signature(block), f"{name} ({type(block).__name__})")
+    if len(signatures) > 1:
+        shown = "; ".join(f"{where}{sig}" for sig, where in list(signatures.items())[:2])
+        raise _fail(family, "blocks", adapter.blocks, f"holds blocks with differing forward "
+                    f"signatures ({shown})", "every block must take the same inputs; name a "
+                    "container of identical-signature blocks")
+    first = next(iter(blocks.children()))
+    if (adapter.inner_attention is not None
+            and submodule_or_none(first, adapter.inner_attention) is None):
+        raise _fail(family, "inner_attention", adapter.inner_attention, "names no module of "
+                    "its first block", "give the attention module's name relative to a block")
+
+
+def heads_of(adapter: ModelAdapter, args: Any, dim: int) -> tuple[int, int, int] | None:
+    """(n_heads, n_kv_heads, head_dim): the adapter's ``heads``, else the model args'
+    ``n_heads`` / ``n_kv_heads`` / ``head_dim``; None when neither says."""
+    if adapter.heads is not None:
+        return tuple(int(v) for v in adapter.heads(args))  # type: ignore[return-value]
+    n_heads = getattr(args, "n_heads", None)
+    if not isinstance(n_heads, int) or n_heads <= 0:
+        return None
+    n_kv = getattr(args, "n_kv_heads", None) or n_heads
+    head_dim = getattr(args, "head_dim", None) or dim // n_heads
+    return n_heads, int(n_kv), int(head_dim)
