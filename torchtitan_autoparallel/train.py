@@ -279,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     check_config(job_config, cpu, dry_run)
     preflight = os.environ.get(PREFLIGHT_ENV) == "1"
     import_custom_module(job_config)
+    make_plannable(job_config.model.name)
     if job_config.parallelism.auto or job_config.autoparallel.plan_file:
-        make_plannable(job_config.model.name)
         prepare_planned_job(job_config, write=preflight or int(os.environ.get("RANK", "0")) == 0)
     if preflight:
         logger.info("preflight OK: config parsed and checked")

@@ -5,13 +5,12 @@ adapter for it from the module ``experimental.custom_import`` already imports fo
 
     from torchtitan_autoparallel import ModelAdapter, register_adapter
 
-    register_adapter("my_model", ModelAdapter(blocks="h", embedding="wte", final_norm="ln_f",
-                                              output="lm_head", tp_fn="my_pkg.parallel.apply_tp"))
+    register_adapter("my_model", ModelAdapter(tp_fn="my_pkg.parallel.apply_tp"))
 
-A family without a registered adapter is discovered from its model and its train spec
-(``graph/discover.py``). Every field below has a default; a field left at ``None`` is either
-discovered or, where that cannot be done safely, turns the technique it enables off (the plan
-table names what was excluded and why).
+Every field defaults to ``None``: discovered from the model and its train spec
+(``graph/discover.py``), or, where that cannot be done safely, the technique it enables is left
+out of the search (the plan table names what was excluded and why). A family without a
+registered adapter is discovered entirely.
 """
 
 from __future__ import annotations
@@ -42,14 +41,18 @@ class ModelAdapter:
     model (``blocks``, ``embedding``, ``final_norm``, ``output``) or relative to one block
     (``inner_attention``, ``moe``)."""
 
-    blocks: str = "layers"
-    """The ModuleDict / ModuleList of repeated blocks (each planned on its own)."""
-    embedding: str = "tok_embeddings"
-    """Token embedding (its own FSDP group; TP shards it along the vocabulary)."""
-    final_norm: str | None = "norm"
-    """Norm before the output projection (grouped with the output), or None."""
-    output: str = "output"
-    """Output projection to the vocabulary (its own FSDP group; TP with loss parallel)."""
+    blocks: str | None = None
+    """The ModuleDict / ModuleList of repeated blocks (each planned on its own). Discovered:
+    the largest container whose children share one forward signature."""
+    embedding: str | None = None
+    """Token embedding (its own FSDP group). Discovered: the first ``nn.Embedding`` outside
+    the blocks."""
+    final_norm: str | None = None
+    """Norm before the output projection (sharded with the output); "" for none. Discovered:
+    the last top-level module with "norm" in its class name before the output."""
+    output: str | None = None
+    """Output projection to the vocabulary (sharded with the final norm). Discovered: the last
+    ``nn.Linear`` outside the blocks whose width is the embedding's vocabulary."""
     heads: Callable[[Any], tuple[int, int, int]] | None = None
     """model args -> (n_heads, n_kv_heads, head_dim). None: read ``n_heads``, ``n_kv_heads``
     (default n_heads) and ``head_dim`` (default dim // n_heads) from the model args; where
@@ -59,7 +62,7 @@ class ModelAdapter:
     inputs are captured from one forward of the model on the meta device (any signature)."""
     block_args: int | None = None
     """Positional arguments the model passes to each block (hidden states first); None:
-    counted from the captured inputs. Used where tp ranks split a block's batch."""
+    counted from the block's forward signature. Used where tp ranks split a block's batch."""
     tp_fn: FnRef | None = None
     """Function applying the family's TP + sequence-parallel plan, called as
     ``tp_fn(model, tp_mesh, loss_parallel=..., enable_float8_tensorwise_tp=False,
@@ -70,25 +73,29 @@ class ModelAdapter:
     tp_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for ``tp_fn``."""
     op_sac_save_list: FnRef | set[Any] | None = None
-    """Ops whose outputs selective (op-level) AC keeps. None: selective AC is excluded (no AC
-    and full AC remain)."""
+    """Ops whose outputs selective (op-level) AC keeps. Discovered: ``_op_sac_save_list`` next
+    to the train spec's parallelize function; else selective AC is excluded (no AC and full AC
+    remain)."""
     inner_attention: str | None = None
     """Module in a block that calls SDPA / flex attention (what context parallel wraps).
-    None: context parallel is excluded."""
+    Discovered: TorchTitan's attention wrapper inside the first block; else context parallel
+    is excluded."""
     cp_attention: tuple[str, ...] = ("sdpa", "flex")
     """Attention kernels the family's context parallel supports."""
-    moe: str = "moe"
+    moe: str | None = None
     """Submodule of an MoE block holding router, routed experts and shared experts
-    (TorchTitan's ``models.moe.MoE``); blocks without it are dense."""
+    (TorchTitan's ``models.moe.MoE``); blocks without it are dense. Discovered: the first
+    ``MoE`` instance in a block."""
     moe_fn: FnRef | None = None
     """Function applying EP / ETP / TP to the MoE blocks (TorchTitan's ``apply_moe_ep_tp``
-    signature). None on an MoE model: expert parallel and TP are excluded."""
-    default_pins: tuple[str, ...] = ()
-    """Module globs always left to TorchTitan's code (e.g. MoE routing)."""
+    signature). Discovered: ``apply_moe_ep_tp`` next to the train spec's parallelize
+    function; else, on an MoE model, expert parallel and TP are excluded."""
+    default_pins: tuple[str, ...] | None = None
+    """Module globs always left to TorchTitan's code. Discovered: the MoE router."""
 
     def routed_experts(self, block: Any) -> Any:
         """The block's routed experts module, or None for a dense block."""
-        moe = submodule_or_none(block, self.moe)
+        moe = submodule_or_none(block, self.moe) if self.moe else None
         return getattr(moe, "experts", None) if moe is not None else None
 
     def top_k(self, block: Any) -> int:
@@ -136,7 +143,9 @@ class ModelAdapter:
             if name:
                 _set_submodule(view, name, model.get_submodule(name))
         blocks = model.get_submodule(self.blocks)
-        _set_submodule(view, self.blocks, nn.ModuleDict({n: blocks[n] for n in block_names}))
+        chosen = [blocks.get_submodule(n) for n in block_names]
+        _set_submodule(view, self.blocks, nn.ModuleList(chosen) if isinstance(
+            blocks, nn.ModuleList) else nn.ModuleDict(dict(zip(block_names, chosen, strict=True))))
         view.model_args = getattr(model, "model_args", None)
         fn = resolve(self.tp_fn)
         accepted = inspect.signature(fn).parameters
@@ -202,23 +211,16 @@ def register_adapter(name: str, adapter: ModelAdapter, replace: bool = False) ->
     _DISCOVERED.pop(name, None)
 
 
-def registered_adapter(name: str) -> ModelAdapter | None:
-    """The adapter registered for ``name``, or None."""
+def get_adapter(name: str, model: Any = None) -> ModelAdapter:
+    """The complete adapter of train spec ``name``: the registered one with its ``None``
+    fields discovered from ``model`` (its train spec's model, on meta); without ``model``, the
+    one completed last for ``name``."""
     from . import families  # noqa: F401  (registers the built-in families)
 
-    return _ADAPTERS.get(name)
-
-
-def get_adapter(name: str, model: Any = None) -> ModelAdapter:
-    """The adapter of train spec ``name``: the registered one, else the one discovered from
-    ``model`` (its train spec's model, on meta) and kept for later calls."""
-    adapter = registered_adapter(name)
-    if adapter is not None:
-        return adapter
-    if name not in _DISCOVERED:
-        if model is None:
-            raise UserError(f"no adapter for model {name!r}: build the layer graph first")
+    if model is not None:
         from .discover import discover_adapter
 
-        _DISCOVERED[name] = discover_adapter(name, model)
+        _DISCOVERED[name] = discover_adapter(name, model, _ADAPTERS.get(name, ModelAdapter()))
+    if name not in _DISCOVERED:
+        raise UserError(f"no adapter for model {name!r}: build the layer graph first")
     return _DISCOVERED[name]

@@ -13,6 +13,7 @@ excluded from the search (``ModelAdapter.exclusions``).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 from typing import Any
@@ -27,6 +28,13 @@ _TP_FUNCTIONS = ("apply_non_moe_tp", "apply_tp")
 
 def _forward_signature(module: nn.Module) -> str:
     return str(inspect.signature(type(module).forward))
+
+
+def _positional_args(block: nn.Module) -> int:
+    """Positional arguments without a default in the block's forward (hidden states first)."""
+    params = list(inspect.signature(block.forward).parameters.values())
+    return sum(1 for p in params if p.default is inspect.Parameter.empty
+               and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def _containers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -78,44 +86,57 @@ def _moe_module(blocks: nn.Module) -> str | None:
     return None
 
 
-def discover_adapter(family: str, model: nn.Module) -> ModelAdapter:
-    """The adapter of ``family`` read from ``model`` (on meta) and its train spec."""
-    blocks = _find_blocks(family, model)
+def discover_adapter(family: str, model: nn.Module, given: ModelAdapter) -> ModelAdapter:
+    """``given`` (the registered adapter, or an empty one) with its ``None`` fields read from
+    ``model`` (on meta) and the train spec of ``family``."""
+    found: dict[str, Any] = {}
+    blocks = given.blocks or _find_blocks(family, model)
+    found["blocks"] = blocks
+    if submodule_or_none(model, blocks) is None:
+        return dataclasses.replace(given, **found)  # check_adapter names the field
     outside = [(n, m) for n, m in model.named_modules() if n and _outside(n, blocks)]
-    embedding = next((n for n, m in outside if isinstance(m, nn.Embedding)), None)
-    if embedding is None:
-        raise UserError(f"model {family!r}: no nn.Embedding outside {blocks!r}: register an "
-                        "adapter naming the token embedding (ModelAdapter.embedding)")
-    vocab = model.get_submodule(embedding).num_embeddings
-    output = next((n for n, m in reversed(outside)
-                   if isinstance(m, nn.Linear) and m.out_features == vocab), None)
-    if output is None:
-        raise UserError(f"model {family!r}: no nn.Linear onto the {vocab}-token vocabulary "
-                        f"outside {blocks!r}: register an adapter naming the output projection "
-                        "(ModelAdapter.output)")
-    names = [n for n, _ in outside]
-    before_output = [n for n, m in outside[:names.index(output)]
-                     if "norm" in type(m).__name__.lower() and "." not in n]
-    first_block = next(iter(model.get_submodule(blocks).children()))
-    moe = _moe_module(model.get_submodule(blocks))
+    if given.embedding is None:
+        found["embedding"] = next((n for n, m in outside if isinstance(m, nn.Embedding)), None)
+        if found["embedding"] is None:
+            raise UserError(f"model {family!r}: no nn.Embedding outside {blocks!r}: register "
+                            "an adapter naming the token embedding (ModelAdapter.embedding)")
+    embedding = submodule_or_none(model, given.embedding or found["embedding"])
+    if given.output is None and embedding is not None:
+        vocab = embedding.num_embeddings
+        found["output"] = next((n for n, m in reversed(outside)
+                                if isinstance(m, nn.Linear) and m.out_features == vocab), None)
+        if found["output"] is None:
+            raise UserError(f"model {family!r}: no nn.Linear onto the {vocab}-token vocabulary "
+                            f"outside {blocks!r}: register an adapter naming the output "
+                            "projection (ModelAdapter.output)")
+    output = given.output or found.get("output")
+    if given.final_norm is None:
+        names = [n for n, _ in outside]
+        end = names.index(output) if output in names else len(outside)
+        norms = [n for n, m in outside[:end]
+                 if "norm" in type(m).__name__.lower() and "." not in n]
+        found["final_norm"] = norms[-1] if norms else ""
+    container = model.get_submodule(blocks)
+    if given.inner_attention is None and len(container) > 0:
+        found["inner_attention"] = _inner_attention(next(iter(container.children())))
+    if given.block_args is None and len(container) > 0:
+        found["block_args"] = _positional_args(next(iter(container.children())))
+    moe = given.moe or _moe_module(container)
+    found["moe"] = moe
     source = _parallelize_module(family)
 
-    def piece(*names: str) -> str | None:
-        found = next((n for n in names if source is not None and hasattr(source, n)), None)
-        return f"{source.__name__}.{found}" if found else None
+    def piece(field: str, *names: str) -> None:
+        hit = next((n for n in names if source is not None and hasattr(source, n)), None)
+        if getattr(given, field) is None and hit:
+            found[field] = f"{source.__name__}.{hit}"
 
-    return ModelAdapter(
-        blocks=blocks,
-        embedding=embedding,
-        final_norm=before_output[-1] if before_output else None,
-        output=output,
-        tp_fn=piece(*_TP_FUNCTIONS),
-        op_sac_save_list=piece("_op_sac_save_list"),
-        inner_attention=_inner_attention(first_block),
-        moe=moe or "moe",
-        moe_fn=piece("apply_moe_ep_tp") if moe else None,
-        default_pins=(f"*.{moe}.router",) if moe else (),
-    )
+    piece("tp_fn", *_TP_FUNCTIONS)
+    piece("op_sac_save_list", "_op_sac_save_list")
+    if moe:
+        piece("moe_fn", "apply_moe_ep_tp")
+    if given.default_pins is None:
+        found["default_pins"] = (f"*.{moe}.router",) if moe else ()
+    return dataclasses.replace(given, **found)
 
 
 def _fail(family: str, field: str, value: Any, problem: str, fix: str) -> UserError:

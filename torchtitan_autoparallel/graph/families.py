@@ -32,6 +32,11 @@ def _family(family: str, tp_fn: str, **fields: Any) -> ModelAdapter:
     """A TorchTitan family: its own TP function and SAC list, TorchTitan's MoE EP / TP, its
     attention wrapper for CP, MoE routing left to TorchTitan (default pin)."""
     defaults: dict[str, Any] = {
+        "blocks": "layers",
+        "embedding": "tok_embeddings",
+        "final_norm": "norm",
+        "output": "output",
+        "moe": "moe",
         "op_sac_save_list": _titan(family, "_op_sac_save_list"),
         "inner_attention": "attention.inner_attention",
         "moe_fn": _titan("llama4", "apply_moe_ep_tp"),
