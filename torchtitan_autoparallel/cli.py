@@ -49,7 +49,8 @@ def _emit(args: argparse.Namespace, plan: Any) -> None:
     print(plan.table())
     print(snippet(plan))
     for note in plan.notes:
-        print(f"note: {note}")
+        if not note.startswith("excluded "):  # already in the table
+            print(f"note: {note}")
     if args.out:
         print(f"plan written to {args.out}")
 

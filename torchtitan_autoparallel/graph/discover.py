@@ -65,7 +65,10 @@ def _parallelize_module(family: str) -> Any:
     """The module defining the train spec's own parallelize function (unwrapped)."""
     from torchtitan.protocols.train_spec import get_train_spec
 
-    fn = inspect.unwrap(get_train_spec(family).parallelize_fn)
+    try:
+        fn = inspect.unwrap(get_train_spec(family).parallelize_fn)
+    except ValueError:  # a model class without a train spec (planned directly)
+        return None
     return sys.modules.get(getattr(fn, "__module__", ""), None)
 
 
