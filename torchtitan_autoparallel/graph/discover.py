@@ -30,11 +30,11 @@ def _forward_signature(module: nn.Module) -> str:
     return str(inspect.signature(type(module).forward))
 
 
-def _positional_args(block: nn.Module) -> int:
-    """Positional arguments without a default in the block's forward (hidden states first)."""
-    params = list(inspect.signature(block.forward).parameters.values())
-    return sum(1 for p in params if p.default is inspect.Parameter.empty
-               and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+def required_args(module: nn.Module) -> list[str]:
+    """Names of the positional arguments without a default of ``module``'s forward."""
+    params = inspect.signature(module.forward).parameters.values()
+    return [p.name for p in params if p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 def _containers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -123,7 +123,7 @@ def discover_adapter(family: str, model: nn.Module, given: ModelAdapter) -> Mode
     if given.inner_attention is None and len(container) > 0:
         found["inner_attention"] = _inner_attention(next(iter(container.children())))
     if given.block_args is None and len(container) > 0:
-        found["block_args"] = _positional_args(next(iter(container.children())))
+        found["block_args"] = len(required_args(next(iter(container.children()))))
     moe = given.moe or _moe_module(container)
     found["moe"] = moe
     source = _parallelize_module(family)

@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import UserError
 from .adapters import ModelAdapter, get_adapter
-from .discover import check_adapter, heads_of
+from .discover import check_adapter, heads_of, required_args
 
 
 @dataclass(frozen=True)
@@ -168,6 +168,18 @@ class _Captured(Exception):
     pass
 
 
+def _unmeasurable(family: str, extra: list[str], exc: Exception) -> UserError:
+    """The one-line error for a model whose blocks cannot run on meta tensors."""
+    missing = (f"without {', '.join(extra)} (inputs of its forward besides the tokens, "
+               "passed as None)" if extra else "from its tokens alone")
+    return UserError(
+        f"model {family!r} cannot be measured on the meta device {missing}: "
+        f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}; plan it "
+        "with parallelism.auto = false, or register an adapter with rope_buffer and "
+        "block_args (ModelAdapter)"
+    )
+
+
 def block_inputs(family: str, model: torch.nn.Module, adapter: ModelAdapter, seq_len: int
                  ) -> tuple[tuple, dict]:
     """(args, kwargs) the model passes to its first block for one sequence: the adapter's
@@ -183,16 +195,13 @@ def block_inputs(family: str, model: torch.nn.Module, adapter: ModelAdapter, seq
         raise _Captured
 
     handle = first.register_forward_pre_hook(capture, with_kwargs=True)
+    extra = required_args(model)[1:]
     try:
-        model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"))
+        model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"), *[None] * len(extra))
     except _Captured:
         pass
     except Exception as exc:
-        raise UserError(
-            f"model {family!r} does not run on meta tokens of shape (1, {seq_len}) to show its "
-            f"blocks' inputs ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}): register "
-            "an adapter with rope_buffer and block_args (ModelAdapter)"
-        ) from None
+        raise _unmeasurable(family, extra, exc) from None
     finally:
         handle.remove()
     if "inputs" not in seen:
@@ -268,7 +277,10 @@ def build_layer_graph(
         sig = _signature(block)
         experts = adapter.routed_experts(block)
         if sig not in measured:
-            measured[sig] = measure_block(block, inputs, seq_len, dim, experts)
+            try:
+                measured[sig] = measure_block(block, inputs, seq_len, dim, experts)
+            except Exception as exc:
+                raise _unmeasurable(family, required_args(model)[1:], exc) from None
         flops, saved, attn = measured[sig]
         moe: dict[str, Any] = {}
         if experts is not None:
