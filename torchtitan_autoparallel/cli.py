@@ -48,9 +48,8 @@ def _emit(args: argparse.Namespace, plan: Any) -> None:
         return
     print(plan.table())
     print(snippet(plan))
-    for note in plan.notes:
-        if not note.startswith("excluded "):  # already in the table
-            print(f"note: {note}")
+    for note in plan.untabled_notes:
+        print(f"note: {note}")
     if args.out:
         print(f"plan written to {args.out}")
 

@@ -194,6 +194,12 @@ class Plan:
         except OSError as exc:
             raise UserError(f"cannot write plan to {path}: {exc.strerror}") from exc
 
+    @property
+    def untabled_notes(self) -> list[str]:
+        """Notes ``table`` does not show (it shows the techniques the model's adapter cannot
+        apply, ``exclusions.exclusion_notes``)."""
+        return [note for note in self.notes if not note.startswith("excluded ")]
+
     def table(self) -> str:
         """Readable summary: mesh, batch split, predictions, then one row per layer run."""
         m = self.mesh
@@ -209,8 +215,7 @@ class Plan:
             f"{self.solver['milps_solved']} MILPs over {self.solver['candidates']} candidates, "
             f"{self.solver['variables']} variables, {self.solver['constraints']} constraints, "
             f"planning {_planning_time(self.solver)}",
-            # techniques the model's adapter cannot apply (exclusions.exclusion_notes)
-            *(f"  {note}" for note in self.notes if note.startswith("excluded ")),
+            *(f"  {note}" for note in self.notes if note not in self.untabled_notes),
             f"  {'layers':<24}{'strategy':<26}{'time/mb ms':>12}{'exposed comm ms':>17}"
             f"{'memory MiB':>12}",
         ]

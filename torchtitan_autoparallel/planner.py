@@ -72,10 +72,10 @@ def _check_options(ap: Any) -> None:
 
 
 def layer_graph_for(job_config: Any) -> LayerGraph:
-    from torchtitan.protocols.train_spec import get_train_spec
+    from .registry import train_spec_of
 
     name, flavor = job_config.model.name, job_config.model.flavor
-    spec = get_train_spec(name)
+    spec = train_spec_of(name)
     if flavor not in spec.model_args:
         raise UserError(f"unknown flavor {flavor!r} for {name}: choose one of "
                         f"{sorted(spec.model_args)}")
@@ -162,6 +162,9 @@ def job_inputs(job_config: Any, world: int) -> JobInputs:
         "versions": {"torchtitan_autoparallel": __version__, "torch": torch.__version__,
                      "torchtitan": getattr(torchtitan, "__version__", "0.2.2")},
     }
+    custom = getattr(getattr(job_config, "experimental", None), "custom_import", "")
+    if custom:  # the user's module with the train spec and adapter (explain / diff import it)
+        fingerprint["custom_import"] = custom
     return JobInputs(graph, constraints, hw, gpus_per_node, budget, global_batch, prec, world,
                      fingerprint, pins)
 
@@ -298,7 +301,10 @@ def inputs_from_fingerprint(fp: dict[str, Any]) -> JobInputs:
     """Rebuild a plan's planning inputs from its fingerprint (for explain / diff)."""
     from types import SimpleNamespace
 
+    from .registry import import_custom_module
+
     job = SimpleNamespace(
+        experimental=SimpleNamespace(custom_import=fp.get("custom_import", "")),
         model=SimpleNamespace(name=fp["model"], flavor=fp["flavor"]),
         training=SimpleNamespace(seq_len=fp["seq_len"], global_batch_size=fp["global_batch_size"],
                                  local_batch_size=1,
@@ -323,4 +329,5 @@ def inputs_from_fingerprint(fp: dict[str, Any]) -> JobInputs:
             mode=fp.get("pin_recipe", {}).get("ac_mode", "none"),
             selective_ac_option=fp.get("pin_recipe", {}).get("selective_ac_option", "op")),
     )
+    import_custom_module(job)
     return job_inputs(job, fp["world_size"])

@@ -123,20 +123,27 @@ def _plannable(spec: Any, **changes: Any) -> Any:
     )
 
 
+def train_spec_of(name: str) -> Any:
+    """TorchTitan's train spec ``name``; a one-line error when none is registered."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    from .errors import UserError
+
+    try:
+        return get_train_spec(name)
+    except ValueError as exc:
+        raise UserError(f"model.name {name!r} has no train spec: register one with "
+                        "register_train_spec in the module experimental.custom_import names"
+                        ) from exc
+
+
 def make_plannable(name: str) -> None:
     """Let train spec ``name`` run plans: any spec the project does not register itself (a
     user's, registered through ``experimental.custom_import``, or another TorchTitan family)
     gets the same plan application and data loader as the project's own (idempotent)."""
     from torchtitan.protocols import train_spec as ts
 
-    from .errors import UserError
-
-    try:
-        spec = ts.get_train_spec(name)
-    except ValueError as exc:
-        raise UserError(f"model.name {name!r} has no train spec: register one with "
-                        "register_train_spec in the module experimental.custom_import names"
-                        ) from exc
+    spec = train_spec_of(name)
     if getattr(spec.parallelize_fn, "applies_plans", False):
         return
     # TorchTitan's register_train_spec refuses a second registration of a name

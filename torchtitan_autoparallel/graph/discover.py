@@ -177,14 +177,17 @@ def check_adapter(family: str, adapter: ModelAdapter, model: nn.Module) -> None:
                     "its first block", "give the attention module's name relative to a block")
 
 
-def heads_of(adapter: ModelAdapter, args: Any, dim: int) -> tuple[int, int, int] | None:
-    """(n_heads, n_kv_heads, head_dim): the adapter's ``heads``, else the model args'
-    ``n_heads`` / ``n_kv_heads`` / ``head_dim``; None when neither says."""
+def heads_of(adapter: ModelAdapter, args: Any, dim: int, block: nn.Module
+             ) -> tuple[int, int, int] | None:
+    """(n_heads, n_kv_heads, head_dim): the adapter's ``heads``, else ``n_heads`` /
+    ``n_kv_heads`` (default n_heads) / ``head_dim`` (default dim // n_heads) of the model args,
+    else of the first module in ``block`` that has them; None when nothing says."""
     if adapter.heads is not None:
         return tuple(int(v) for v in adapter.heads(args))  # type: ignore[return-value]
-    n_heads = getattr(args, "n_heads", None)
-    if not isinstance(n_heads, int) or n_heads <= 0:
-        return None
-    n_kv = getattr(args, "n_kv_heads", None) or n_heads
-    head_dim = getattr(args, "head_dim", None) or dim // n_heads
-    return n_heads, int(n_kv), int(head_dim)
+    for source in (args, *block.modules()):
+        n_heads = getattr(source, "n_heads", None)
+        if isinstance(n_heads, int) and n_heads > 0:
+            n_kv = getattr(source, "n_kv_heads", None) or n_heads
+            head_dim = getattr(source, "head_dim", None) or dim // n_heads
+            return n_heads, int(n_kv), int(head_dim)
+    return None

@@ -253,7 +253,8 @@ def build_layer_graph(
     check_adapter(family, adapter, model)
     embedding = model.get_submodule(adapter.embedding)
     dim, vocab = embedding.embedding_dim, embedding.num_embeddings
-    heads = heads_of(adapter, args, dim)
+    heads = heads_of(adapter, args, dim,
+                     next(iter(model.get_submodule(adapter.blocks).children())))
     n_heads, n_kv_heads, head_dim = heads or (1, 1, dim)
     fp32 = 4
     seen: set[int] = set()
