@@ -97,7 +97,9 @@ def discover_adapter(family: str, model: nn.Module, given: ModelAdapter) -> Mode
     found["blocks"] = blocks
     if submodule_or_none(model, blocks) is None:
         return dataclasses.replace(given, **found)  # check_adapter names the field
-    outside = [(n, m) for n, m in model.named_modules() if n and _outside(n, blocks)]
+    named = (given.embedding, given.output, given.final_norm)
+    outside = [] if None not in named else [
+        (n, m) for n, m in model.named_modules() if n and _outside(n, blocks)]
     if given.embedding is None:
         found["embedding"] = next((n for n, m in outside if isinstance(m, nn.Embedding)), None)
         if found["embedding"] is None:
@@ -163,8 +165,12 @@ def check_adapter(family: str, adapter: ModelAdapter, model: nn.Module) -> None:
         raise _fail(family, "blocks", adapter.blocks, "is not a non-empty ModuleDict / "
                     "ModuleList", "name the container of the repeated blocks")
     signatures: dict[str, str] = {}
+    first_of_type: dict[type, str] = {}
     for name, block in blocks.named_children():
-        signatures.setdefault(_forward_signature(block), f"{name} ({type(block).__name__})")
+        first_of_type.setdefault(type(block), name)
+    for kind, name in first_of_type.items():
+        signatures.setdefault(_forward_signature(blocks.get_submodule(name)),
+                              f"{name} ({kind.__name__})")
     if len(signatures) > 1:
         shown = "; ".join(f"{where}{sig}" for sig, where in list(signatures.items())[:2])
         raise _fail(family, "blocks", adapter.blocks, f"holds blocks with differing forward "
