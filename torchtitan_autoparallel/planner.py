@@ -16,6 +16,7 @@ from .cost.hardware import HardwareProfile, load_profile
 from .cost.model import Precision
 from .errors import UserError
 from .exclusions import exclusion_notes, without_excluded
+from .features import Features, features_from_config
 from .graph.adapters import get_adapter
 from .graph.layer_graph import LayerGraph, build_layer_graph
 from .pins import Pin, recipe_from_config, recipe_of, resolve_pins
@@ -31,8 +32,9 @@ from .strategies import (
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def constraints_from_config(job_config: Any) -> Constraints:
-    """Degrees the user set in [parallelism] become constraints; unsupported ones are errors."""
+def constraints_from_config(job_config: Any, features: Features) -> Constraints:
+    """Degrees the user set in [parallelism] become constraints (and what the job's
+    ``features`` require of the mesh); unsupported ones are errors."""
     par = job_config.parallelism
     if par.pipeline_parallel_degree != 1:
         raise UserError(
@@ -48,15 +50,19 @@ def constraints_from_config(job_config: Any) -> Constraints:
         )
     if par.data_parallel_shard_degree not in (-1,) and par.data_parallel_shard_degree < 1:
         raise UserError("parallelism.data_parallel_shard_degree must be -1 (free) or >= 1")
+    cp = par.context_parallel_degree if par.context_parallel_degree != 1 else 0
+    if features.grouped_mm != "none":
+        cp = 1  # TorchTitan's low-precision grouped GEMMs run with cp = 1 only
     return Constraints(
         dp_replicate=par.data_parallel_replicate_degree
         if par.data_parallel_replicate_degree != 1 else 0,
         dp_shard=par.data_parallel_shard_degree if par.data_parallel_shard_degree != -1 else 0,
         tp=par.tensor_parallel_degree if par.tensor_parallel_degree != 1 else 0,
-        cp=par.context_parallel_degree if par.context_parallel_degree != 1 else 0,
+        cp=cp,
         ep=par.expert_parallel_degree if par.expert_parallel_degree != 1 else 0,
         etp=par.expert_tensor_parallel_degree if par.expert_tensor_parallel_degree != 1 else 0,
         techniques=techniques,
+        reshard_after_forward=features.reshard_after_forward,
     )
 
 
@@ -105,16 +111,21 @@ class JobInputs:
     fingerprint: dict[str, Any]
     pins: dict[str, Pin] = dataclasses.field(default_factory=dict)
     """What ``autoparallel.pin`` (and the family's default pins) fix, per block fqn."""
+    features: Features = Features()
+    """Compile, float8 / MX, async TP, CPU offload and the resharding policy of the job."""
 
 
-def job_inputs(job_config: Any, world: int) -> JobInputs:
-    """Resolve the planning inputs of ``job_config`` on ``world`` devices (validating them)."""
+def job_inputs(job_config: Any, world: int, features: Features | None = None) -> JobInputs:
+    """Resolve the planning inputs of ``job_config`` on ``world`` devices (validating them).
+    ``features``: the job's speed features when rebuilt from a plan (default: from the
+    config)."""
     import torch
     import torchtitan
 
     ap = job_config.autoparallel
     _check_options(ap)
-    constraints = constraints_from_config(job_config)
+    features = features or features_from_config(job_config)
+    constraints = constraints_from_config(job_config, features)
     hw = load_profile(ap.hardware)
     imbalance = getattr(ap, "moe_load_imbalance", 0.0)
     if imbalance < 0 or 0 < imbalance < 1:
@@ -155,7 +166,9 @@ def job_inputs(job_config: Any, world: int) -> JobInputs:
         "constraints": {"dp_replicate": constraints.dp_replicate,
                         "dp_shard": constraints.dp_shard, "tp": constraints.tp,
                         "cp": constraints.cp, "ep": constraints.ep, "etp": constraints.etp,
-                        "techniques": sorted(constraints.techniques)},
+                        "techniques": sorted(constraints.techniques),
+                        **({"reshard_after_forward": constraints.reshard_after_forward}
+                           if constraints.reshard_after_forward != "default" else {})},
         "moe_load_imbalance": hw.moe_load_imbalance,
         "pin": globs,
         "pin_recipe": recipe if any(p.whole for p in pins.values()) else {},
@@ -165,8 +178,11 @@ def job_inputs(job_config: Any, world: int) -> JobInputs:
     custom = getattr(getattr(job_config, "experimental", None), "custom_import", "")
     if custom:  # the user's module with the train spec and adapter (explain / diff import it)
         fingerprint["custom_import"] = custom
+    if features != Features():
+        # only when set: plans of eager jobs keep their files (and digests) unchanged
+        fingerprint["features"] = features.to_dict()
     return JobInputs(graph, constraints, hw, gpus_per_node, budget, global_batch, prec, world,
-                     fingerprint, pins)
+                     fingerprint, pins, features)
 
 
 def fingerprint_diff(plan_fp: dict[str, Any], job_fp: dict[str, Any]) -> list[str]:
@@ -187,7 +203,7 @@ def plan_job(job_config: Any, world: int) -> Plan:
         meshes, global_batch)
     result = search(graph, world, global_batch, hw, inputs.precision, inputs.gpus_per_node,
                     budget, inputs.constraints, meshes, job_config.autoparallel.time_limit_s,
-                    inputs.pins)
+                    inputs.pins, inputs.features)
     if result.best is None:
         raise UserError(
             f"no plan fits the memory budget of {budget / 2**30:.3g} GiB per device; the "
@@ -253,7 +269,8 @@ def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrateg
 def candidate_for(inputs: JobInputs, mesh: Mesh, microbatch: int) -> Candidate:
     """Per-strategy costs of every block class for one (mesh, micro-batch) of the job."""
     return build_candidate(inputs.graph, mesh, microbatch, inputs.global_batch, inputs.hw,
-                           inputs.precision, inputs.gpus_per_node, inputs.constraints, inputs.pins)
+                           inputs.precision, inputs.gpus_per_node, inputs.constraints, inputs.pins,
+                           inputs.features)
 
 
 def _no_batch_split(meshes: list[Mesh], global_batch: int) -> list[Mesh]:
@@ -316,7 +333,8 @@ def inputs_from_fingerprint(fp: dict[str, Any]) -> JobInputs:
             expert_parallel_degree=fp["constraints"].get("ep") or 1,
             expert_tensor_parallel_degree=fp["constraints"].get("etp") or 1,
             fsdp_reshard_after_forward=fp.get("pin_recipe", {}).get(
-                "fsdp_reshard_after_forward", "default"),
+                "fsdp_reshard_after_forward",
+                fp["constraints"].get("reshard_after_forward", "default")),
             data_parallel_replicate_degree=fp["constraints"]["dp_replicate"] or 1,
             data_parallel_shard_degree=fp["constraints"]["dp_shard"] or -1,
             tensor_parallel_degree=fp["constraints"]["tp"] or 1),
@@ -330,4 +348,4 @@ def inputs_from_fingerprint(fp: dict[str, Any]) -> JobInputs:
             selective_ac_option=fp.get("pin_recipe", {}).get("selective_ac_option", "op")),
     )
     import_custom_module(job)
-    return job_inputs(job, fp["world_size"])
+    return job_inputs(job, fp["world_size"], Features(**fp.get("features", {})))

@@ -33,6 +33,7 @@ from .cost.model import (
     block_cost,
     fixed_cost,
 )
+from .features import EAGER, Features
 from .graph.layer_graph import LayerGraph
 from .pins import Pin
 from .plan import Mesh
@@ -59,6 +60,8 @@ class Candidate:
     """Parameters, gradients and optimizer state per device."""
     step_bytes: float
     """Peak of the optimizer step (independent of the per-block choice)."""
+    per_step_s: float = 0.0
+    """Time paid once per step whatever the blocks do (the host optimizer with CPU offload)."""
 
     def memory(self, counts: dict[tuple[str, BlockStrategy], int]) -> float:
         used = [key for key, n in counts.items() if n > 0]
@@ -69,7 +72,7 @@ class Candidate:
         return max(fwd_bwd, self.step_bytes)
 
     def step_time(self, counts: dict[tuple[str, BlockStrategy], int]) -> float:
-        return self.accum * (
+        return self.per_step_s + self.accum * (
             self.fixed_time_s + sum(n * self.costs[key].time_s for key, n in counts.items())
         )
 
@@ -89,7 +92,7 @@ class Candidate:
         return best
 
     def time_lower_bound(self) -> float:
-        return self.accum * (self.fixed_time_s + sum(
+        return self.per_step_s + self.accum * (self.fixed_time_s + sum(
             n * min(self.costs[(c, s)].time_s for s in self.strategies[c])
             for c, n in self.classes.items()
         ))
@@ -122,7 +125,8 @@ def block_classes(graph: LayerGraph, pins: dict[str, Pin]) -> list[str]:
 
 def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch: int,
                     hw: HardwareProfile, prec: Precision, gpus_per_node: int,
-                    constraints: Constraints, pins: dict[str, Pin] | None = None) -> Candidate:
+                    constraints: Constraints, pins: dict[str, Pin] | None = None,
+                    features: Features = EAGER) -> Candidate:
     """Costs of every block strategy for one (mesh, micro-batch)."""
     pins = pins or {}
     classes: dict[str, int] = defaultdict(int)
@@ -137,20 +141,26 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
                                                 pins.get(layer.fqn))
     costs = {
         (c, s): block_cost(representative[c], mesh, s, microbatch, hw, prec, gpus_per_node,
-                           graph.grouped_experts)
+                           graph.grouped_experts, features)
         for c in classes for s in strategies[c]
     }
-    fixed = fixed_cost(graph, mesh, microbatch, hw, prec, gpus_per_node)
+    fixed = fixed_cost(graph, mesh, microbatch, hw, prec, gpus_per_node, features)
     # parameters, gradients and optimizer state do not depend on the block's strategy
     state = fixed.state_bytes + sum(
         costs[(c, strategies[c][0])].state_bytes * n for c, n in classes.items())
     per_param = state / STATE_BYTES_PER_PARAM
     accum = global_batch // (microbatch * mesh.dp)
     # gradients accumulate across micro-batches: resident from the second one on
-    fwd_bwd = FWD_BWD_BYTES_PER_PARAM + (GRAD_BYTES_PER_PARAM if accum > 1 else 0)
+    fwd_bwd = FWD_BWD_BYTES_PER_PARAM + (
+        GRAD_BYTES_PER_PARAM if accum > 1 or hw.reserved_gradients else 0)
+    step_bytes, per_step = per_param * STEP_BYTES_PER_PARAM, 0.0
+    if features.cpu_offload:
+        # parameters, gradients and AdamW state live in host memory; AdamW runs there
+        fwd_bwd, step_bytes = 0, 0.0
+        if hw.host_optimizer_gbps > 0:
+            per_step = state / (hw.host_optimizer_gbps * 1e9)
     return Candidate(mesh, microbatch, accum, dict(classes), strategies, costs, fixed.time_s,
-                     per_param * fwd_bwd + fixed.kept_bytes, state,
-                     per_param * STEP_BYTES_PER_PARAM)
+                     per_param * fwd_bwd + fixed.kept_bytes, state, step_bytes, per_step)
 
 
 def _new_highs() -> highspy.Highs:
@@ -216,7 +226,8 @@ def solve_candidate(cand: Candidate, budget: float, time_limit_s: float) -> Solu
 def search(graph: LayerGraph, world: int, global_batch: int, hw: HardwareProfile,
            prec: Precision, gpus_per_node: int, budget: float, constraints: Constraints,
            meshes: list[Mesh], time_limit_s: float,
-           pins: dict[str, Pin] | None = None) -> SearchResult:
+           pins: dict[str, Pin] | None = None, features: Features = EAGER
+           ) -> SearchResult:
     """Best (mesh, micro-batch, per-block strategies) by predicted step time under ``budget``.
 
     Candidates are visited in order of their time lower bound; those that cannot fit memory are
@@ -225,7 +236,7 @@ def search(graph: LayerGraph, world: int, global_batch: int, hw: HardwareProfile
     start = time.perf_counter()
     cands = [
         build_candidate(graph, mesh, mb, global_batch, hw, prec, gpus_per_node, constraints,
-                        pins)
+                        pins, features)
         for mesh in meshes for mb in microbatch_sizes(global_batch, mesh)
     ]
     min_feasible = min((c.min_memory() for c in cands), default=float("inf"))

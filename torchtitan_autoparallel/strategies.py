@@ -47,6 +47,9 @@ class Constraints:
     techniques: tuple[str, ...] = TECHNIQUES
     ac_modes: tuple[str, ...] = AC_MODES
     """AC modes the model's adapter can apply (selective needs its op list)."""
+    reshard_after_forward: str = "default"
+    """parallelism.fsdp_reshard_after_forward: "default" = chosen per block, "always" /
+    "never" = every FSDP-sharded block reshards / keeps its parameters after forward."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -180,8 +183,10 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
     out = []
     for mode in tp_modes:
         sharded = mesh.dp_shard * mesh.cp > 1 or mode == "dp"
+        reshards = {"default": (True, False), "always": (True,), "never": (False,)}[
+            constraints.reshard_after_forward] if sharded else (False,)
         for ac in acs:
-            for reshard in ((True, False) if sharded else (False,)):
+            for reshard in reshards:
                 out.append(BlockStrategy(ac, reshard, mode))
     return out
 

@@ -151,9 +151,12 @@ def _make_trainer_class() -> type:
 
             def record(step: int, loss: float, max_loss: float, grad_norm: float, **kw: Any):
                 # read the step's memory peaks before TorchTitan's log resets them
+                from .runtime.pipeline import last_stage_loss
+
                 peak = self.metrics_processor.device_memory_monitor.get_peak_stats()
                 self._last_metrics = {
-                    "loss": float(loss), "grad_norm": float(grad_norm),
+                    "loss": last_stage_loss(float(loss), self.parallel_dims),
+                    "grad_norm": float(grad_norm),
                     "peak_memory_gib": peak.max_reserved_gib,
                     # bytes held by tensors (torch.cuda.max_memory_allocated on GPUs)
                     "peak_active_gib": peak.max_active_gib,
@@ -170,6 +173,10 @@ def _make_trainer_class() -> type:
             if plan is not None:
                 sync_replicas_on_last_microbatch(self.model_parts, plan, self._microbatch)
             self._microbatch += 1
+            if self.parallel_dims.pp_enabled:
+                from .runtime.pipeline import pipeline_step
+
+                return pipeline_step(self, super().forward_backward_step, **kwargs)
             return super().forward_backward_step(*args, **kwargs)
 
         def train_step(self, data_iterator: Any) -> None:

@@ -58,10 +58,49 @@ class HardwareProfile:
     """FSDP2's host copies on the training thread (all-gather copy-in / copy-out, gradient
     reduce-scatter buffers), GB/s of sharded-collective traffic; they do not overlap compute.
     0 = not modelled (GPUs: the copies are device kernels on their own streams)."""
+    attention_efficiency: float = 0.0
+    """Achieved fraction of peak in the attention kernels (flash / memory-efficient SDPA);
+    0 = ``matmul_efficiency``."""
+    attention_backward_factor: float = 2.0
+    """Attention backward FLOPs / forward FLOPs (flash attention recomputes the scores in
+    backward: five matmuls against the forward's two, 2.5)."""
+    hbm_gbps: float = 0.0
+    """Achieved device-memory bandwidth of streaming kernels (norms, activations, RoPE, casts),
+    GB/s; 0 = their time is not modelled (inside ``matmul_efficiency``)."""
+    compile_saved_fraction: float = 1.0
+    """Activation bytes a compiled block keeps for backward / an eager block's (the compiler's
+    partitioner recomputes cheap pointwise results instead of saving them)."""
+    float8_speedup: float = 1.0
+    """float8 GEMM throughput / bf16 on large GEMMs, tensorwise scaling (cuBLAS)."""
+    float8_rowwise_speedup: float = 1.0
+    """The same for rowwise scaling (CUTLASS rowwise kernels)."""
+    float8_full_speed_dim: int = 0
+    """GEMMs whose smallest per-rank dimension is below this get proportionally less of the
+    float8 speedup (their casts stay): the shape dependence of float8 GEMMs."""
+    mx_speedup: float = 1.0
+    """MXFP8 GEMM throughput / bf16 on large GEMMs (SM100+)."""
+    async_tp_overlap: float = 0.0
+    """Fraction of TP all-gathers / reduce-scatters hidden under the neighbouring GEMMs with
+    async (micro-pipelined) TP."""
+    reserved_gradients: bool = False
+    """Memory is the caching allocator's reserve (GPUs): the sharded gradients freed before
+    each step's forward stay reserved (their blocks are too small for the activations), so
+    the forward/backward peak counts them. False: tensor memory (CPU, MemTracker)."""
+    recompute_grad_factor: float = 0.0
+    """Backward of a fully checkpointed block: activation gradients held beside the
+    recomputed activations, per byte of them (0: not modelled)."""
+    pcie_gbps: float = 0.0
+    """Host <-> device copy bandwidth per device (FSDP CPU offload), GB/s."""
+    host_optimizer_gbps: float = 0.0
+    """AdamW on the host (CPU offload): GB/s of optimizer state (16 B per parameter) updated."""
 
     @property
     def flops_per_s(self) -> float:
         return self.peak_tflops * 1e12 * self.matmul_efficiency
+
+    @property
+    def attention_flops_per_s(self) -> float:
+        return self.peak_tflops * 1e12 * (self.attention_efficiency or self.matmul_efficiency)
 
     @property
     def budget_bytes(self) -> float:

@@ -14,6 +14,7 @@ autocast (one device, DDP) also the cached low-precision weight copies.
 import dataclasses
 from dataclasses import dataclass
 
+from ..features import EAGER, Features
 from ..graph.layer_graph import Layer, LayerGraph
 from ..plan import Mesh
 from ..strategies import BlockStrategy
@@ -76,19 +77,78 @@ def collective_s(kind: str, nbytes: float, group: int, spans_nodes: bool,
     return factor * ((group - 1) * alpha + (group - 1) / group * nbytes / bw)
 
 
+# float8 dynamic scaling, bytes moved per element of a float8 GEMM's activation operand:
+# eager, amax (read 2 B) then cast (read 2 B, write 1 B); compiled, the amax fuses into the
+# producing kernel (read 2 B, write 1 B). Backward casts the output gradient the same way and
+# transposes both float8 operands for the weight gradient (read 1 B, write 1 B each).
+FLOAT8_CAST_BYTES = {False: (5.0, 9.0), True: (3.0, 7.0)}
+
+
+def gemm_speedup(layer: Layer, mesh: Mesh, strategy: BlockStrategy, hw: HardwareProfile,
+                 features: Features) -> float:
+    """Throughput of the block's linears with the job's low-precision recipe / bf16, weighted
+    by their FLOPs: large GEMMs get the profile's speedup, small ones proportionally less."""
+    if features.linear == "none" or not layer.linear_shapes:
+        return 1.0
+    full = {"float8_tensorwise": hw.float8_speedup, "mx": hw.mx_speedup}.get(
+        features.linear, hw.float8_rowwise_speedup)
+    split = mesh.tp if strategy.tp_mode == "sp" else 1
+    flops = time = 0.0
+    for k, n in layer.linear_shapes:
+        dim = min(k, n) / split
+        knee = min(1.0, dim / hw.float8_full_speed_dim) if hw.float8_full_speed_dim else 1.0
+        flops += k * n
+        time += k * n / (1.0 + (full - 1.0) * knee)
+    return flops / time
+
+
+def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+              hw: HardwareProfile, prec: Precision, features: Features) -> tuple[float, float]:
+    """(forward, forward + backward + recomputation) compute time of one micro-batch: GEMMs
+    at the profile's efficiency (sped up by float8 / MX linears), attention at its own, and
+    the streaming kernels between them at device-memory bandwidth (each eager op reads and
+    writes its operands; compiled, only the GEMM operands move once), plus float8 casts."""
+    _, recompute_frac = AC_EFFECT[strategy.ac]
+    # cp splits every sequence (head-tail load balancing evens out causal attention)
+    scale = microbatch / (mesh.tp * mesh.cp)
+    attn = layer.attn_flops * scale / hw.attention_flops_per_s
+    # routed experts run grouped GEMMs (low precision with quantize.grouped_mm.*, rowwise
+    # scaled), everything else nn.Linear GEMMs (low precision with quantize.linear.*)
+    grouped = {"float8": hw.float8_rowwise_speedup, "mx": hw.mx_speedup}.get(
+        features.grouped_mm, 1.0)
+    dense = layer.fwd_flops - layer.attn_flops - layer.expert_flops
+    gemm = (dense / gemm_speedup(layer, mesh, strategy, hw, features)
+            + layer.expert_flops / grouped) * scale / hw.flops_per_s
+    stream = cast_fwd = cast_bwd = 0.0
+    if hw.hbm_gbps > 0:
+        # traffic was measured in a bf16 forward (io_bytes: fp32); compiled, the residual
+        # stream is read and written once more around the fused regions
+        traffic = (layer.gemm_io_bytes + layer.io_bytes / 2 if features.compile
+                   else layer.eager_bytes) * prec.param_bytes / 2
+        stream = traffic * scale / (hw.hbm_gbps * 1e9)
+        if features.linear != "none":
+            elements = layer.linear_input_elements * scale
+            fwd_b, bwd_b = FLOAT8_CAST_BYTES[features.compile]
+            cast_fwd = elements * fwd_b / (hw.hbm_gbps * 1e9)
+            cast_bwd = elements * bwd_b / (hw.hbm_gbps * 1e9)
+    fwd = gemm + attn + stream + cast_fwd
+    bwd = 2.0 * gemm + hw.attention_backward_factor * attn + 2.0 * stream + cast_bwd
+    return fwd, fwd + bwd + recompute_frac * fwd
+
+
 def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
                hw: HardwareProfile, prec: Precision, gpus_per_node: int,
-               grouped_experts: bool = True) -> BlockCost:
+               grouped_experts: bool = True, features: Features = EAGER) -> BlockCost:
     """Time for one micro-batch through one block (forward + backward) and its memory."""
     hw = host_profile(hw, mesh, gpus_per_node)
     keep_frac, recompute_frac = AC_EFFECT[strategy.ac]
     act_scale = prec.param_bytes / 4
     cast = autocast(mesh, prec)
     saved_scale = act_scale * (AUTOCAST_ACTIVATION_FACTOR if cast else 1.0)
+    if features.compile:
+        saved_scale *= hw.compile_saved_fraction
     io_scale = 1.0 if cast else act_scale  # the residual stream stays fp32 under autocast
-    # cp splits every sequence (head-tail load balancing evens out causal attention)
-    fwd = layer.fwd_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
-    compute = fwd * (3.0 + recompute_frac)
+    fwd, compute = compute_s(layer, mesh, strategy, microbatch, hw, prec, features)
 
     act = layer.io_bytes * microbatch * act_scale / mesh.cp
     tp_nodes = mesh.spans_nodes("tp", gpus_per_node)
@@ -101,6 +161,13 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         # in backward, and again for a full recompute.
         tp_one = collective_s("all_gather", act, mesh.tp, tp_nodes, hw)
         tp_comm = tp_one * (8 + (4 if full_ac else 0))
+        if features.linear == "float8_tensorwise":
+            # TorchTitan's float8 TP styles all-gather in float8: half of the collectives
+            # (the all-gathers, forward and backward) move 1 byte per element, not 2
+            tp_comm *= 0.5 + 0.5 * (1.0 / prec.param_bytes)
+        if features.async_tp:
+            # micro-pipelined: the collectives run in chunks under the neighbouring GEMMs
+            tp_comm *= 1.0 - hw.async_tp_overlap
     elif strategy.tp_mode == "dp":
         # residual stream sequence-shard <-> batch-shard: one all-to-all at entry and exit,
         # both again in backward (and the entry again for a full recompute)
@@ -115,8 +182,9 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         cp_nodes = mesh.spans_nodes("cp", gpus_per_node)
         step = collective_s("all_to_all", kv * 2, 2, cp_nodes, hw)  # one neighbour exchange
         exchanges = (mesh.cp - 1) * (3 + (1 if full_ac else 0))
-        attn = layer.attn_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
-        hidden = max(0.0, step * exchanges - hw.comm_overlap * attn * (3.0 + recompute_frac))
+        attn = layer.attn_flops * microbatch / (mesh.tp * mesh.cp) / hw.attention_flops_per_s
+        attn *= 1.0 + hw.attention_backward_factor + recompute_frac
+        hidden = max(0.0, step * exchanges - hw.comm_overlap * attn)
         # each ring step also synchronises the neighbours: its latency is never hidden
         alpha = (hw.inter_node_latency_us if cp_nodes else hw.intra_node_latency_us) * 1e-6
         tp_comm += hidden + exchanges * alpha
@@ -132,8 +200,12 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         groups.append((layer.expert_params, mesh.ep * mesh.etp, mesh.efsdp))
     gathers = 2 if strategy.reshard_after_forward else 1
     ag = rs = ar = unsharded = gbytes = copied = 0.0
+    # float8 all-gather: the float8 linears' weights travel as 1 byte each
+    low = sum(k * n for k, n in layer.linear_shapes) / max(layer.params, 1) \
+        if features.float8_all_gather else 0.0
     for n_params, split, group in groups:
-        pb, gb = n_params * prec.param_bytes / split, n_params * prec.reduce_bytes / split
+        gathered_bytes = (1.0 - low) * prec.param_bytes + low * 1.0
+        pb, gb = n_params * gathered_bytes / split, n_params * prec.reduce_bytes / split
         ag += collective_s("all_gather", pb, group, ds_nodes, hw)
         rs += collective_s("reduce_scatter", gb, group, ds_nodes, hw)
         ar += collective_s("all_reduce", gb / group, mesh.dp_replicate, rep_nodes, hw)
@@ -146,6 +218,15 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     fwd_comm = ag
     bwd_comm = (ag if strategy.reshard_after_forward else 0.0) + rs + ar
     copy_s = copied / (hw.host_copy_gbps * 1e9) if hw.host_copy_gbps > 0 else 0.0
+    if features.cpu_offload and hw.pcie_gbps > 0:
+        # sharded parameters come from host memory for every all-gather, reduced gradient
+        # shards go back (FSDP's CPUOffloadPolicy), on the training stream
+        copy_s += sum(n * (prec.param_bytes * gathers + prec.reduce_bytes) / (split * group)
+                      for n, split, group in groups) / (hw.pcie_gbps * 1e9)
+    if features.float8_all_gather and not features.precompute_scale and fsdp_group > 1:
+        # without the precomputed scale, every float8 weight all-reduces its amax when gathered
+        copy_s += len(layer.linear_shapes) * gathers * collective_s(
+            "all_reduce", 4.0, fsdp_group, ds_nodes, hw)
     exposed = max(0.0, fwd_comm - hw.comm_overlap * fwd) + max(
         0.0, bwd_comm - hw.comm_overlap * (compute - fwd)
     )
@@ -175,6 +256,11 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     else:
         gathered = gbytes if mesh.dp_replicate > 1 else 0.0
     transient = (saved if strategy.ac != "none" else 0.0) + gathered
+    if full_ac and hw.recompute_grad_factor:
+        # backward of a recomputed block: the gradients of its activations beside them, and
+        # under TP + SP the all-gathered (unsplit) inputs of attention and FFN with theirs
+        unsplit = 2 * layer.io_bytes * microbatch * act_scale / mesh.cp * (1 - 1 / mesh.tp)
+        transient += hw.recompute_grad_factor * (saved + 2 * unsplit)
     return BlockCost(time, compute, tp_comm + fwd_comm + bwd_comm, tp_comm + exposed,
                      kept, state, transient)
 
@@ -225,14 +311,15 @@ class FixedCost:
 
 
 def fixed_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
-               prec: Precision, gpus_per_node: int) -> FixedCost:
+               prec: Precision, gpus_per_node: int, features: Features = EAGER
+               ) -> FixedCost:
     time = kept = state = 0.0
     for layer in graph.layers:
         if layer.kind == "block":
             continue
         mode = "sp" if mesh.tp > 1 else "none"
         cost = block_cost(layer, mesh, BlockStrategy("none", True, mode), microbatch, hw, prec,
-                          gpus_per_node)
+                          gpus_per_node, features=features)
         time += cost.time_s
         # logits stay fp32 for the loss: not scaled by the activation dtype
         fp32_logits = layer.saved_bytes * microbatch / (mesh.tp * mesh.cp)

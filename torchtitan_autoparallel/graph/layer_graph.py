@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import UserError
@@ -52,6 +53,17 @@ class Layer:
     """Routed experts per token."""
     expert_flops: float = 0.0
     """Part of ``fwd_flops`` in routed experts, for one sequence (uniform routing)."""
+    eager_bytes: float = 0.0
+    """Forward memory traffic of the ops other than GEMMs and attention (norms, RoPE,
+    activations, residual adds, casts, copies), one sequence, in a bf16 forward: bytes read +
+    written when each op is its own kernel (eager)."""
+    gemm_io_bytes: float = 0.0
+    """Activation operands and outputs of the block's GEMMs and attention, one sequence, bf16:
+    what fused (compiled) elementwise code still reads and writes once."""
+    linear_shapes: tuple[tuple[int, int], ...] = ()
+    """(in_features, out_features) of every linear in the block (float8 GEMM shapes)."""
+    linear_input_elements: float = 0.0
+    """Elements of the linears' inputs for one sequence (what float8 casts read)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +131,46 @@ class _FlashSDPA(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_GEMMS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+          torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+_FREE = {torch.ops.aten.empty.memory_format, torch.ops.aten.detach.default,
+         torch.ops.aten._unsafe_view.default,
+         torch.ops.aten.lift_fresh.default}
+
+
+def _nbytes(tree: Any) -> int:
+    leaves = torch.utils._pytree.tree_leaves(tree)
+    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+
+
+class _Traffic(TorchDispatchMode):
+    """Count forward memory traffic by kind of op: GEMM / attention activation operands and
+    outputs (``gemm_io``) and everything else that moves data (``eager``); views are free."""
+
+    def __init__(self, params: set[int]) -> None:
+        super().__init__()
+        self.params = params
+        self.eager = 0
+        self.gemm_io = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _GEMMS:
+            # weights enter a GEMM as a transposed view of the parameter: skip 2-D operands
+            # of matrix products whose base is a parameter
+            acts = [a for a in args if isinstance(a, torch.Tensor) and not self._is_param(a)]
+            self.gemm_io += _nbytes(acts) + _nbytes(out)
+        elif not func.is_view and func not in _FREE:
+            ins = [a for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                   if isinstance(a, torch.Tensor) and not self._is_param(a)]
+            self.eager += _nbytes(ins) + _nbytes(out)
+        return out
+
+    def _is_param(self, t: torch.Tensor) -> bool:
+        base = t._base if t._base is not None else t
+        return id(t) in self.params or id(base) in self.params
+
+
 def _experts_as_dense(experts: torch.nn.Module, routed: torch.Tensor, _counts: Any) -> Any:
     """Stand-in forward for routed experts on meta tensors: every routed token through one
     expert's SwiGLU. Same FLOPs and saved activations as the real grouped / looped kernels
@@ -130,9 +182,10 @@ def _experts_as_dense(experts: torch.nn.Module, routed: torch.Tensor, _counts: A
 
 def measure_block(block: torch.nn.Module, inputs: tuple[tuple, dict], seq_len: int, dim: int,
                   experts: torch.nn.Module | None = None) -> tuple:
-    """(forward FLOPs, saved bytes, attention FLOPs) of one block for one sequence, on meta
-    tensors. ``inputs``: the block's (args, kwargs), hidden states first (replaced by a fresh
-    tensor). ``experts``: the block's routed experts, run through a dense stand-in."""
+    """(forward FLOPs, saved bytes, attention FLOPs, eager traffic, GEMM operand traffic) of
+    one block for one sequence, on meta tensors. ``inputs``: the block's (args, kwargs),
+    hidden states first (replaced by a fresh tensor). ``experts``: the block's routed experts,
+    run through a dense stand-in."""
     if experts is not None:
         experts.forward = types.MethodType(_experts_as_dense, experts)
     params = {id(p) for p in block.parameters()}
@@ -149,19 +202,29 @@ def measure_block(block: torch.nn.Module, inputs: tuple[tuple, dict], seq_len: i
             alive.append(base)
         return t
 
-    x = torch.empty(1, seq_len, dim, device="meta", requires_grad=True)
     args, kwargs = inputs
+
+    def run(x: torch.Tensor) -> None:
+        block(x, *args[1:], **kwargs)
+
+    x = torch.empty(1, seq_len, dim, device="meta", requires_grad=True)
     sdpa = _FlashSDPA()
     with (
         FlopCounterMode(display=False) as counter,
         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
         sdpa,
     ):
-        block(x, *args[1:], **kwargs)
+        run(x)
+    # memory traffic in the dtype GPUs train in: the block's own upcasts (norms, RoPE) show
+    block.to(torch.bfloat16)
+    traffic = _Traffic({id(p) for p in block.parameters()})
+    with _FlashSDPA(), traffic:
+        run(x.detach().to(torch.bfloat16).requires_grad_())
+    block.to(torch.float32)
     if experts is not None:
         del experts.forward
     return (counter.get_total_flops() + sdpa.attention_flops, float(sum(saved.values())),
-            sdpa.attention_flops)
+            sdpa.attention_flops, float(traffic.eager), float(traffic.gemm_io))
 
 
 class _Captured(Exception):
@@ -271,7 +334,7 @@ def build_layer_graph(
     layers.append(Layer(adapter.embedding, "embedding", count(embedding), 0.0,
                         seq_len * dim * fp32, seq_len * 8, "embedding"))
     inputs = block_inputs(family, model, adapter, seq_len)
-    measured: dict[str, tuple[float, float, float]] = {}
+    measured: dict[str, tuple[float, ...]] = {}
     kv_bytes = 2.0 * seq_len * n_kv_heads * head_dim * fp32
     moe_model = False
     for name, block in model.get_submodule(adapter.blocks).named_children():
@@ -282,7 +345,9 @@ def build_layer_graph(
                 measured[sig] = measure_block(block, inputs, seq_len, dim, experts)
             except Exception as exc:
                 raise _unmeasurable(family, required_args(model)[1:], exc) from None
-        flops, saved, attn = measured[sig]
+        flops, saved, attn, eager, gemm_io = measured[sig]
+        shapes = tuple((m.in_features, m.out_features) for m in block.modules()
+                       if isinstance(m, torch.nn.Linear))
         moe: dict[str, Any] = {}
         if experts is not None:
             moe_model = True
@@ -292,7 +357,9 @@ def build_layer_graph(
                    "top_k": top_k,
                    "expert_flops": 2.0 * seq_len * top_k * n_expert_params / experts.num_experts}
         layers.append(Layer(f"{adapter.blocks}.{name}", "block", count(block), flops, saved,
-                            seq_len * dim * fp32, sig, attn, kv_bytes, **moe))
+                            seq_len * dim * fp32, sig, attn, kv_bytes, **moe,
+                            eager_bytes=eager, gemm_io_bytes=gemm_io, linear_shapes=shapes,
+                            linear_input_elements=float(seq_len * sum(k for k, _ in shapes))))
     head = [model.get_submodule(n) for n in (adapter.final_norm, adapter.output) if n]
     out_params = sum(count(m) for m in head)
     # logits are kept in fp32 for the loss, plus their gradient buffer during backward
