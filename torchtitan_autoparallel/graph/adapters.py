@@ -54,9 +54,10 @@ class ModelAdapter:
     """Output projection to the vocabulary (sharded with the final norm). Discovered: the last
     ``nn.Linear`` outside the blocks whose width is the embedding's vocabulary."""
     heads: Callable[[Any], tuple[int, int, int]] | None = None
-    """model args -> (n_heads, n_kv_heads, head_dim). None: read ``n_heads``, ``n_kv_heads``
-    (default n_heads) and ``head_dim`` (default dim // n_heads) from the model args; where
-    they are missing TP and CP are excluded. Unlocks the TP / CP degree checks and CP costs."""
+    """model args -> (n_heads, n_kv_heads, head_dim). Discovered: ``n_heads``, ``n_kv_heads``
+    (default n_heads) and ``head_dim`` (default dim // n_heads) of the model args, else of the
+    first module in a block that has them; where nothing says, TP and CP are excluded. Used
+    for the TP degree checks and the CP costs."""
     rope_buffer: str | None = None
     """Model buffer passed to every block as its second positional argument. None: the block's
     inputs are captured from one forward of the model on the meta device (any signature)."""
