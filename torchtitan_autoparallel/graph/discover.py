@@ -172,7 +172,8 @@ def check_adapter(family: str, adapter: ModelAdapter, model: nn.Module) -> None:
         signatures.setdefault(_forward_signature(blocks.get_submodule(name)),
                               f"{name} ({kind.__name__})")
     if len(signatures) > 1:
-        shown = "; ".join(f"{where}{sig}" for sig, where in list(signatures.items())[:2])
+        shown = "; ".join(f"block {where} takes {sig}"
+                          for sig, where in list(signatures.items())[:2])
         raise _fail(family, "blocks", adapter.blocks, f"holds blocks with differing forward "
                     f"signatures ({shown})", "every block must take the same inputs; name a "
                     "container of identical-signature blocks")
