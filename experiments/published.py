@@ -2,6 +2,7 @@
 
     python experiments/published.py            # predict with profiles/h100_grand_teton.toml
     python experiments/published.py --fit      # refit its free constants on the two FIT rows
+                                               # (cost/fit.py, as the fit command does)
 
 Every row of ../shared/anchors/torchtitan_h100_202412.csv
 (benchmarks/llama3_h100_202412_torchtitan.md in pytorch/torchtitan) from Tables 1-4 is turned
@@ -153,29 +154,24 @@ def set_constant(text: str, name: str, value: float) -> str:
 
 
 def fit(rows: list[Row]) -> dict[str, float]:
-    """Solve each FIT row's constant so the row's predicted tokens/s equals the published one
-    (a few rounds of secant steps on log throughput: the constants interact weakly)."""
-    import tempfile
+    """Fit the FIT rows' constants with the project's profile fitter (``cost.fit``): each FIT
+    row's recipe plan against its published step time (global batch x sequence / tokens/s)."""
+    from torchtitan_autoparallel.cost.fit import Run, fit_profile
+    from torchtitan_autoparallel.cost.hardware import load_profile
+    from torchtitan_autoparallel.expert import expert_plan
+    from torchtitan_autoparallel.train import parse_config
 
-    text = PROFILE.read_text()
-    values = {name: float(re.search(rf"(?m)^{name} = ([0-9.]+)", text).group(1))
-              for name in FIT_ROWS.values()}
-    fit_rows = [r for r in rows if r.fit]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "h100_grand_teton.toml"
-        for _ in range(4):
-            for row in fit_rows:
-                target = float(row.fields["tps_per_gpu"])
-                for _ in range(6):
-                    for name, value in values.items():
-                        text = set_constant(text, name, value)
-                    path.write_text(text)
-                    predict([row], str(path))
-                    # throughput ~ proportional to the efficiency where this row's time is spent
-                    values[row.fit] *= (target / row.tps) ** 1.0
-                    if abs(row.tps / target - 1) < 1e-4:
-                        break
-    return values
+    runs = []
+    for row in (r for r in rows if r.fit):
+        gpus = int(row.fields["gpus"])
+        plan = expert_plan(parse_config(overrides(row.fields, PROFILE.stem)), gpus)
+        tokens_per_s = float(row.fields["tps_per_gpu"]) * gpus
+        runs.append(Run(row.label(), plan.global_batch_size * plan.seq_len / tokens_per_s,
+                        plan=plan))
+    result = fit_profile(runs, load_profile(str(PROFILE)), sorted(set(FIT_ROWS.values())))
+    if result.unidentified:
+        raise SystemExit(f"error: the FIT rows do not pin down {result.unidentified}")
+    return {name: getattr(result.profile, name) for name in FIT_ROWS.values()}
 
 
 def report(rows: list[Row]) -> tuple[str, bool]:

@@ -4,17 +4,17 @@ For every measured cell of a sweep CSV, the plan that ran (``plans/<config>.<arm
 the CSV) is costed again (``planner.recost``: same mesh, batch split and per-block strategies) and
 set beside the measurement and the prediction stored when the sweep ran: step time, and peak
 memory against the best measurement of it the CSV has (MemTracker's tensor peak, else the
-device's active peak). Use it after a cost-model or profile change; the stored predictions are
-the out-of-sample ones.
+device's active peak). Use it after a cost-model or profile change, or with ``--hardware`` on a
+profile that ``python -m torchtitan_autoparallel fit`` wrote; the stored predictions are the
+out-of-sample ones.
 
     python experiments/repredict.py experiments/results/h200_memory/sweep.csv \\
-        [--out experiments/results/h200_model.md]
+        [--hardware FITTED.toml] [--out experiments/results/h200_model.md]
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 from pathlib import Path
@@ -32,29 +32,31 @@ def _float(value: str | None) -> float | None:
         return None
 
 
-def measured_peak(row: dict[str, str]) -> float | None:
-    """MemTracker's tensor peak, else the device's active-bytes peak (GiB)."""
-    return _float(row.get("tensor_peak_gib")) or _float(row.get("peak_active_gib"))
-
-
-def rows_for(csv_path: str) -> list[dict]:
+def rows_for(csv_path: str, hardware: str = "") -> list[dict]:
+    """Per measured (or failed) row: measurement, stored and current predictions."""
+    from torchtitan_autoparallel.cost.hardware import load_profile
+    from torchtitan_autoparallel.cost.runs import (
+        PEAK_COLUMNS,
+        measured_peak,
+        plan_path,
+        read_rows,
+    )
     from torchtitan_autoparallel.plan import Plan
     from torchtitan_autoparallel.planner import recost
     from torchtitan_autoparallel.registry import register
 
     register()
+    hw = load_profile(hardware) if hardware else None
     cache: dict = {}
     out = []
-    with open(csv_path, newline="") as f:
-        measured = list(csv.DictReader(f))
-    for row in measured:
-        plan_path = Path(csv_path).parent / "plans" / f"{row['config']}.{row['arm']}.json"
-        if row["status"] not in ("ok", "failed") or not plan_path.exists():
+    for row in read_rows(Path(csv_path)):
+        path = plan_path(Path(csv_path), row)
+        if row["status"] not in ("ok", "failed") or not path.exists():
             continue
-        now = recost(Plan.load(str(plan_path)), cache=cache).predicted
+        now = recost(Plan.load(str(path)), hw, cache).predicted
         out.append({
             "config": row["config"], "arm": row["arm"], "status": row["status"],
-            "step": _float(row.get("step_time_s")), "peak": measured_peak(row),
+            "step": _float(row.get("step_time_s")), "peak": measured_peak(row, PEAK_COLUMNS[:2]),
             "old_step": _float(row.get("pred_step_time_s")),
             "old_peak": _float(row.get("pred_peak_gib")),
             "new_step": now["step_time_s"], "new_peak": now["peak_memory_gib"],
@@ -105,11 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv")
     parser.add_argument("--out", default="", help="write the markdown table here")
+    parser.add_argument("--hardware", default="", help="profile to cost with (default: the "
+                        "one each plan names)")
     args = parser.parse_args(argv)
-    if not Path(args.csv).is_file():
-        print(f"error: {args.csv} not found", file=sys.stderr)
-        return 2
-    text = report(rows_for(args.csv))
+    text = report(rows_for(args.csv, args.hardware))
     print(text, end="")
     if args.out:
         Path(args.out).write_text(text)
@@ -117,4 +118,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from torchtitan_autoparallel.errors import run_cli
+
+    sys.exit(run_cli(main))

@@ -131,3 +131,17 @@ def assert_parity(reference: RunResult, other: RunResult, rtol: float = 1e-4) ->
         worst = max(worst, rel)
         assert rel <= rtol, f"step {step}: loss {b!r} vs 1-rank {a!r} (rel {rel:.2e} > {rtol})"
     return worst
+
+
+def assert_grad_norm_parity(reference: RunResult, other: RunResult, rtol: float = 1e-4
+                            ) -> float:
+    """Assert per-step gradient norms (before clipping) within ``rtol``; returns the largest
+    relative difference."""
+    assert len(reference.rows) == len(other.rows) > 0
+    worst = 0.0
+    for step, (a, b) in enumerate(zip(reference.rows, other.rows, strict=True), start=1):
+        rel = abs(a["grad_norm"] - b["grad_norm"]) / abs(a["grad_norm"])
+        worst = max(worst, rel)
+        assert rel <= rtol, (f"step {step}: grad norm {b['grad_norm']!r} vs "
+                             f"{a['grad_norm']!r} (rel {rel:.2e} > {rtol})")
+    return worst

@@ -68,10 +68,15 @@ def test_permute_indices_cpu():
 def test_cuda_only_features_named():
     config = types.SimpleNamespace(
         model=types.SimpleNamespace(converters=["quantize.linear.float8"]),
-        compile=types.SimpleNamespace(enable=True),
+        compile=types.SimpleNamespace(enable=True, backend="inductor"),
     )
     problems = cpu.cuda_only_features(config)
     assert len(problems) == 2
-    assert "float8" in problems[0] and "compile" in problems[1]
+    assert "float8" in problems[0] and "aot_eager" in problems[1]
     config.model.converters, config.compile.enable = [], False
     assert cpu.cuda_only_features(config) == []
+    # compile with a backend that runs on CPU is allowed
+    config.compile.enable = True
+    for backend in ("aot_eager", "eager"):
+        config.compile.backend = backend
+        assert cpu.cuda_only_features(config) == []

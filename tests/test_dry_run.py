@@ -1,6 +1,7 @@
 """Auto plans at scale on a fake process group: they build, shard, and the sharded state per
 rank matches the plan's prediction, whose peak fits the budget."""
 
+import json
 import os
 import re
 import subprocess
@@ -105,3 +106,69 @@ def test_bf16_plan_without_fsdp_dry_run(ngpu, tmp_path):
                      "--training.seq_len=2048")
     out = check_report(result, ngpu)
     assert f"dp_replicate={ngpu}, dp_shard=1" in out
+
+
+FLOAT8_COMPILE = (
+    "--autoparallel.hardware=h100_sxm", "--model.converters=quantize.linear.float8",
+    "--quantize.linear.float8.enable_fsdp_float8_all_gather",
+    "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+    "--compile.enable", "--compile.components=model,loss",
+)
+BLOCKS = re.compile(r"dry run blocks: (\{.*\})")
+
+
+def built_blocks(result: subprocess.CompletedProcess) -> dict:
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    match = BLOCKS.search(out)
+    assert match, out[-3000:]
+    return json.loads(match.group(1))
+
+
+def test_float8_compile_dry_run(tmp_path):
+    """64 fake ranks, llama3 8B, tensorwise float8 with FSDP float8 all-gather, compile and async
+    TP, on a plan (fsdp 8 x tp 8) whose blocks alternate TP + SP and tp used as data parallel:
+    every block holds the Float8Linears and compile wrapper of TorchTitan's own recipe (its
+    FSDP dry run with the same features is the reference), every float8 weight is torchao's
+    float8 all-gather tensor, also in blocks sharded over dp_shard x tp."""
+    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.runtime import cpu
+    from torchtitan_autoparallel.train import parse_config
+
+    features = (*FLOAT8_COMPILE, "--parallelism.enable_async_tensor_parallel",
+                "--parallelism.tensor_parallel_degree=8",
+                "--autoparallel.techniques=fsdp,tp,tp_dp,ac")
+    cpu.install()
+    register()
+    job = parse_config(["--job.config_file", "train_configs/llama3_8b_auto.toml", *features])
+    plan = plan_job(job, 64)
+    assert (plan.mesh.dp_shard, plan.mesh.tp) == (8, 8)
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    for i, layer in enumerate(blocks):
+        layer.tp_mode = "dp" if i % 2 else "sp"
+    path = tmp_path / "plan.json"
+    plan.save(str(path))
+
+    auto = dry_run("8b", 64, tmp_path / "auto", *features, f"--autoparallel.plan_file={path}")
+    out = auto.stdout + auto.stderr
+    built = built_blocks(auto)
+    recipe = built_blocks(subprocess.run(
+        [str(REPO / "run_train.sh"), f"--job.dump_folder={tmp_path / 'recipe'}",
+         *FLOAT8_COMPILE],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "NGPU": "64", "COMM_MODE": "fake_backend",
+             "CONFIG_FILE": "train_configs/llama3_8b_fsdp.toml"}))
+    assert sorted(built) == sorted(recipe) and len(built) == 32
+    for name, block in built.items():
+        reference = recipe[name]
+        assert reference["float8_linears"] == 7 and reference["block_compiled"]
+        for key in ("float8_linears", "compiled", "block_compiled"):
+            assert block[key] == reference[key], (name, block, reference)
+        assert block["float8_all_gather"] == block["float8_linears"], (name, block)
+        tp_mode = blocks[int(name)].tp_mode
+        assert block["mesh"] == (["fsdp_tp"] if tp_mode == "dp" else ["fsdp", "tp"]), block
+    assert "Applied Float8 tensorwise Tensor Parallelism" in out
+    assert "Async TP is enabled" in out
+    assert "ignoring" not in out
+    check_report(auto, 64)

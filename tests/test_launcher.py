@@ -55,7 +55,10 @@ BAD_INPUT = [
     ({"NGPU": "2", "CONFIG_FILE": "train_configs/llama3_debug_fsdp.toml"},
      ("--model.converters=quantize.linear.float8",), "needs a CUDA GPU"),
     ({"NGPU": "2", "CONFIG_FILE": "train_configs/llama3_debug_fsdp.toml"},
-     ("--compile.enable",), "compile.enable = false"),
+     ("--compile.enable",), 'compile.backend = "aot_eager"'),
+    ({"NGPU": "2", "CONFIG_FILE": "train_configs/llama3_debug_auto.toml"},
+     ("--parallelism.enable_async_tensor_parallel",), "enable_async_tensor_parallel needs compile"),
+
     ({"NGPU": "2", "CONFIG_FILE": "train_configs/llama3_debug_fsdp.toml"},
      ("--model.hf_assets_path=/nonexistent",), "no tokenizer at"),
     ({"NGPU": "2", "CONFIG_FILE": "train_configs/llama3_debug_auto.toml"},
@@ -80,3 +83,4 @@ def test_bad_input_is_one_line(env, args, message):
         result.stderr[-2000:]
     )
     assert "Traceback" not in result.stderr
+    assert "[rank" not in result.stdout + result.stderr  # refused before torchrun started ranks

@@ -1,8 +1,12 @@
 """Apply a Plan with ordinary PyTorch / TorchTitan calls. Never solves.
 
-Order as in TorchTitan's own parallelize functions: TP (the family's TorchTitan helper), then
-activation checkpointing per block (TorchTitan's AC helper with the block's own mode), then
-FSDP2 ``fully_shard`` per block with the block's ``reshard_after_forward``, then the root.
+``apply_plan`` reads like TorchTitan's ``parallelize_llama``: TP (the family's TorchTitan
+helper, float8 styles for tensorwise float8) and async TP, MoE EP / ETP, CP, activation
+checkpointing per block (TorchTitan's ``apply_ac`` with each block's planned mode), per-block
+``torch.compile`` (TorchTitan's ``apply_compile``), then FSDP2 ``fully_shard`` per block with
+the block's planned ``reshard_after_forward`` (and FSDP's CPU offload policy when asked) or
+TorchTitan's DDP. The job's features come from ``features.features_from_config``; the plan's
+fingerprint guarantees they are the ones it was planned for.
 """
 
 import dataclasses
@@ -12,7 +16,8 @@ import torch
 import torch.nn as nn
 
 from .errors import UserError
-from .graph.adapters import get_adapter
+from .features import features_from_config
+from .graph.adapters import ModelAdapter, get_adapter
 from .plan import Plan
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -74,23 +79,21 @@ def _sum_allreduce_hook(group: Any, bucket: torch.distributed.GradBucket
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def _apply_replication(model: nn.Module, parallel_dims: Any) -> None:
-    """Pure data parallel: TorchTitan's ``apply_ddp`` with gradients summed like every other
-    plan (TorchTitan 0.2.2's DDP recipe averages them on top of its global-token loss
-    normalisation, which changes the numerics). DDP all-reduces the gradient accumulated so far,
-    so with gradient accumulation only the last micro-batch may synchronise (a sum would count
-    the earlier ones again): the trainer calls ``sync_replicas_on_last_microbatch``."""
+def apply_replication(model: nn.Module, dp_mesh: Any, enable_compile: bool) -> None:
+    """Pure data parallel: TorchTitan's ``apply_ddp`` (with its compiled-DDP setting) and
+    gradients summed like every other plan (TorchTitan 0.2.2's DDP recipe averages them on top
+    of its global-token loss normalisation, which changes the numerics). DDP all-reduces the
+    gradient accumulated so far, so with gradient accumulation only the last micro-batch may
+    synchronise (a sum would count the earlier ones again): the trainer calls
+    ``sync_replicas_on_last_microbatch``."""
     from torchtitan.models.llama3.infra.parallelize import apply_ddp
 
-    if parallel_dims.tp > 1 or parallel_dims.cp > 1 or parallel_dims.ep > 1:
-        raise UserError("pure data-parallel replication is planned with tp = cp = ep = 1 only")
-    mesh = parallel_dims.get_mesh("dp_replicate")
-    apply_ddp(model, mesh, enable_compile=False)
-    model.register_comm_hook(mesh.get_group(), _sum_allreduce_hook)
+    apply_ddp(model, dp_mesh, enable_compile=enable_compile)
+    model.register_comm_hook(dp_mesh.get_group(), _sum_allreduce_hook)
 
 
-def _shard_routed_experts(experts: nn.Module, parallel_dims: Any, plan: Plan, mp_policy: Any,
-                          reshard_after_forward: bool) -> None:
+def _shard_routed_experts(experts: nn.Module, parallel_dims: Any, plan: Plan,
+                          fsdp: dict[str, Any], reshard_after_forward: bool) -> None:
     """FSDP of routed experts over the ranks EP leaves (``efsdp``, with dp_replicate for HSDP),
     as TorchTitan's recipe does: on dim 1 when efsdp x ep exceeds the expert count (dim 0 is
     already split by EP)."""
@@ -101,37 +104,150 @@ def _shard_routed_experts(experts: nn.Module, parallel_dims: Any, plan: Plan, mp
     placement = None
     if plan.mesh.efsdp * plan.mesh.ep > experts.num_experts:
         placement = lambda param: Shard(1)  # noqa: E731
-    fully_shard(experts, mesh=parallel_dims.get_mesh(names), mp_policy=mp_policy,
+    fully_shard(experts, **{**fsdp, "mesh": parallel_dims.get_mesh(names)},
                 reshard_after_forward=reshard_after_forward, shard_placement_fn=placement)
 
 
-def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan) -> nn.Module:
-    """Parallelize ``model`` (on meta) as ``plan`` says."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torchtitan.distributed.activation_checkpoint import _apply_ac_to_transformer_block
+def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
+                          tp_modes: dict[str, str], *, loss_parallel: bool,
+                          enable_float8_tensorwise_tp: bool, cp_enabled: bool) -> None:
+    """The family's TorchTitan TP + SP plan on the blocks planned "sp" (and the embedding,
+    norm and output); blocks planned "dp" run on a batch shard of the tp ranks."""
+    blocks = model.get_submodule(adapter.blocks)
+    adapter.apply_tp(model, tp_mesh, loss_parallel=loss_parallel,
+                     block_names=[n for n, mode in tp_modes.items() if mode == "sp"],
+                     cp_enabled=cp_enabled,
+                     enable_float8_tensorwise_tp=enable_float8_tensorwise_tp)
+    for name, mode in tp_modes.items():
+        if mode == "dp":
+            _batch_split_over_tp(blocks.get_submodule(name), tp_mesh, adapter.block_args)
+
+
+def apply_block_ac(blocks: nn.Module, block_ac: dict[str, str], ac_config: Any, *,
+                   model_compile_enabled: bool, op_sac_save_list: set, base_folder: str
+                   ) -> None:
+    """TorchTitan's ``apply_ac`` once per planned AC mode, on the blocks planned with it
+    (selective AC is op-level). ``block_ac``: block name -> "none" / "selective" / "full"."""
+    from torchtitan.distributed.activation_checkpoint import apply_ac
+
+    for mode in ("selective", "full"):
+        chosen = [name for name, ac in block_ac.items() if ac == mode]
+        if not chosen:
+            continue
+        view = nn.Module()
+        view.layers = nn.ModuleDict({name: blocks.get_submodule(name) for name in chosen})
+        config = dataclasses.replace(ac_config, mode=mode, selective_ac_option="op")
+        apply_ac(view, config, model_compile_enabled=model_compile_enabled,
+                 op_sac_save_list=op_sac_save_list, base_folder=base_folder)
+        for name, block in view.layers.named_children():
+            blocks.register_module(name, block)
+
+
+def apply_block_compile(blocks: nn.Module, compile_config: Any, *, moe: bool,
+                        ep_enabled: bool) -> None:
+    """TorchTitan's per-block ``apply_compile`` (after AC, before FSDP): llama3's for dense
+    models, llama4's MoE-aware one (as deepseek_v3 / llama4 / qwen3 use) when any block is
+    MoE."""
+    view = nn.Module()
+    view.layers = blocks  # TorchTitan's helpers re-register the compiled blocks in place
+    if moe:
+        from torchtitan.models.llama4.infra.parallelize import apply_compile
+
+        apply_compile(view, compile_config, ep_enabled)
+    else:
+        from torchtitan.models.llama3.infra.parallelize import apply_compile
+
+        apply_compile(view, compile_config)
+
+
+def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, plan: Plan,
+                   fsdp: dict[str, Any], moe_blocks: dict[str, nn.Module]) -> None:
+    """FSDP2 per planned group, each with its planned ``reshard_after_forward``: embedding,
+    every block (blocks using tp as data parallel on dp_shard x tp; routed experts of EP
+    blocks on ``efsdp``), norm + output (with the embedding when tied), then the root.
+    ``fsdp``: ``fully_shard`` arguments shared by every group (mesh, mp / offload policy)."""
+    from torch.distributed.fsdp import fully_shard
     from torchtitan.models.llama3.infra.parallelize import disable_fsdp_gradient_division
 
+    by_fqn = {layer.fqn: layer for layer in plan.layers}
+    blocks = model.get_submodule(adapter.blocks)
+    embedding = model.get_submodule(adapter.embedding)
+    head = [model.get_submodule(n) for n in (adapter.final_norm, adapter.output) if n]
+    tied = {id(p) for p in embedding.parameters()} & {id(p) for p in head[-1].parameters()}
+    if not tied:
+        fully_shard(embedding, **fsdp,
+                    reshard_after_forward=by_fqn[adapter.embedding].reshard_after_forward)
+    dp_over_tp = None
+    for name, block in blocks.named_children():
+        layer = by_fqn[f"{adapter.blocks}.{name}"]
+        group = fsdp
+        if layer.tp_mode == "dp":
+            dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims)
+            group = {**fsdp, "mesh": dp_over_tp}
+        if name in moe_blocks and plan.mesh.ep > 1:
+            _shard_routed_experts(adapter.routed_experts(moe_blocks[name]), parallel_dims, plan,
+                                  fsdp, layer.reshard_after_forward)
+        fully_shard(block, **group, reshard_after_forward=layer.reshard_after_forward)
+    # tied embedding/output weights (qwen3 small flavors) must share one FSDP group
+    fully_shard([embedding, *head] if tied else head, **fsdp,
+                reshard_after_forward=by_fqn[adapter.output].reshard_after_forward)
+    fully_shard(model, **fsdp)
+    # the loss is already normalised by the global token count (as in TorchTitan's recipes)
+    disable_fsdp_gradient_division(model)
+
+
+def fsdp_arguments(parallel_dims: Any, training: Any, cpu_offload: bool) -> dict[str, Any]:
+    """``fully_shard`` arguments of the job: the FSDP mesh (tp alone when only blocks using
+    tp as data parallel shard), mixed precision, and FSDP's CPU offload policy when
+    ``training.enable_cpu_offload``."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
+    fsdp: dict[str, Any] = {
+        "mesh": (parallel_dims.get_mesh(names) if parallel_dims.fsdp_enabled
+                 else parallel_dims.get_mesh("tp")),
+        "mp_policy": MixedPrecisionPolicy(
+            param_dtype=TORCH_DTYPES[training.mixed_precision_param],
+            reduce_dtype=TORCH_DTYPES[training.mixed_precision_reduce],
+        ),
+    }
+    if cpu_offload:
+        fsdp["offload_policy"] = CPUOffloadPolicy()
+    return fsdp
+
+
+def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan) -> nn.Module:
+    """Parallelize ``model`` (on meta) as ``plan`` says, in TorchTitan's order: TP (+ async
+    TP), MoE EP / ETP, CP, AC, compile, then FSDP or DDP; the job's features (compile, float8,
+    async TP, CPU offload) apply to every planned block."""
+    from torchtitan.distributed.tensor_parallel import maybe_enable_async_tp
+
     check_plan_matches(plan, parallel_dims)
+    features = features_from_config(job_config)
     adapter = get_adapter(job_config.model.name, model)
     by_fqn = {layer.fqn: layer for layer in plan.layers}
     blocks = model.get_submodule(adapter.blocks)
-    names = [f"{adapter.blocks}.{n}" for n, _ in blocks.named_children()]
-    if [fqn for fqn in by_fqn if by_fqn[fqn].kind == "block"] != names:
+    planned = {name: by_fqn.get(f"{adapter.blocks}.{name}") for name in blocks_names(blocks)}
+    if [fqn for fqn in by_fqn if by_fqn[fqn].kind == "block"] != [
+            f"{adapter.blocks}.{name}" for name in planned]:
         raise UserError("the plan's blocks do not match the model; re-plan the job")
+    moe_blocks = {name: block for name, block in blocks.named_children()
+                  if adapter.routed_experts(block) is not None}
 
     if plan.mesh.tp > 1:
         tp_mesh = parallel_dims.get_mesh("tp")
-        modes = {name: by_fqn[f"{adapter.blocks}.{name}"].tp_mode for name in blocks_names(blocks)}
-        adapter.apply_tp(model, tp_mesh,
-                         loss_parallel=not job_config.parallelism.disable_loss_parallel,
-                         block_names=[n for n, mode in modes.items() if mode == "sp"],
-                         cp_enabled=plan.mesh.cp > 1)
-        for name, mode in modes.items():
-            if mode == "dp":
-                _batch_split_over_tp(blocks.get_submodule(name), tp_mesh, adapter.block_args)
+        tp_modes = {name: layer.tp_mode for name, layer in planned.items()}
+        apply_tensor_parallel(
+            model, adapter, tp_mesh, tp_modes,
+            loss_parallel=not job_config.parallelism.disable_loss_parallel,
+            # TorchTitan 0.2.2's recipes test ``"float8" in model.converters``, which never
+            # matches the converter's name: auto uses the float8 styles they intend
+            enable_float8_tensorwise_tp=features.linear == "float8_tensorwise",
+            cp_enabled=plan.mesh.cp > 1,
+        )
+        if "sp" in tp_modes.values():
+            maybe_enable_async_tp(job_config, tp_mesh)
 
-    moe_blocks = {name: block for name, block in blocks.named_children()
-                  if adapter.routed_experts(block) is not None}
     if moe_blocks and (plan.mesh.tp > 1 or plan.mesh.ep > 1):
         # routing, token dispatch and the experts' EP / ETP / TP: TorchTitan's own code
         adapter.apply_moe(model, parallel_dims)
@@ -145,58 +261,35 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
             getattr(getattr(model, "model_args", None), "attn_type", "sdpa"),
         )
 
-    for name, block in list(blocks.named_children()):
-        layer = by_fqn[f"{adapter.blocks}.{name}"]
-        if layer.ac == "none":
-            continue
-        ac_config = dataclasses.replace(job_config.activation_checkpoint, mode=layer.ac,
-                                        selective_ac_option="op")
-        wrapped = _apply_ac_to_transformer_block(
-            block, ac_config, base_fqn=layer.fqn, op_sac_save_list=adapter.sac_save_list()
-        )
-        blocks.register_module(name, wrapped)
+    apply_block_ac(blocks, {name: layer.ac for name, layer in planned.items()},
+                   job_config.activation_checkpoint, model_compile_enabled=features.compile,
+                   op_sac_save_list=adapter.sac_save_list(),
+                   base_folder=job_config.job.dump_folder)
 
-    if (parallel_dims.dp_replicate_enabled and not parallel_dims.fsdp_enabled
-            and not any(layer.tp_mode == "dp" for layer in plan.layers)):
-        _apply_replication(model, parallel_dims)
-    elif (parallel_dims.fsdp_enabled or parallel_dims.ep_enabled
-            or any(layer.tp_mode == "dp" for layer in plan.layers)):
-        mesh_dims = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
-        training = job_config.training
-        fsdp = {
-            "mesh": (parallel_dims.get_mesh(mesh_dims) if parallel_dims.fsdp_enabled
-                     else parallel_dims.get_mesh("tp")),
-            "mp_policy": MixedPrecisionPolicy(
-                param_dtype=TORCH_DTYPES[training.mixed_precision_param],
-                reduce_dtype=TORCH_DTYPES[training.mixed_precision_reduce],
-            ),
-        }
-        embedding = model.get_submodule(adapter.embedding)
-        head = [model.get_submodule(n) for n in (adapter.final_norm, adapter.output) if n]
-        tied = {id(p) for p in embedding.parameters()} & {
-            id(p) for p in head[-1].parameters()}
-        if not tied:
-            fully_shard(embedding, **fsdp,
-                        reshard_after_forward=by_fqn[adapter.embedding].reshard_after_forward)
-        dp_over_tp = None
-        for name, block in blocks.named_children():
-            layer = by_fqn[f"{adapter.blocks}.{name}"]
-            mesh = fsdp["mesh"]
-            if layer.tp_mode == "dp":
-                dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims)
-                mesh = dp_over_tp
-            if name in moe_blocks and plan.mesh.ep > 1:
-                _shard_routed_experts(adapter.routed_experts(block), parallel_dims, plan,
-                                      fsdp["mp_policy"], layer.reshard_after_forward)
-            fully_shard(block, mesh=mesh, mp_policy=fsdp["mp_policy"],
-                        reshard_after_forward=layer.reshard_after_forward)
-        # tied embedding/output weights (qwen3 small flavors) must share one FSDP group
-        fully_shard([embedding, *head] if tied else head, **fsdp,
-                    reshard_after_forward=by_fqn[adapter.output].reshard_after_forward)
-        fully_shard(model, **fsdp)
-        # the loss is already normalised by the global token count (as in TorchTitan's recipes)
-        disable_fsdp_gradient_division(model)
+    # per-block compile after AC and before FSDP, as in TorchTitan's recipes
+    if features.compile:
+        apply_block_compile(blocks, job_config.compile, moe=bool(moe_blocks),
+                            ep_enabled=parallel_dims.ep_enabled)
+
+    tp_as_dp = any(layer.tp_mode == "dp" for layer in plan.layers)
+    if parallel_dims.dp_replicate_enabled and not parallel_dims.fsdp_enabled and not tp_as_dp:
+        if parallel_dims.tp > 1 or parallel_dims.cp > 1 or parallel_dims.ep > 1:
+            raise UserError("pure data-parallel replication is planned with tp = cp = ep = 1 "
+                            "only")
+        apply_replication(model, parallel_dims.get_mesh("dp_replicate"),
+                          enable_compile=features.compile)
+    elif parallel_dims.fsdp_enabled or parallel_dims.ep_enabled or tp_as_dp:
+        fsdp = fsdp_arguments(parallel_dims, job_config.training, features.cpu_offload)
+        apply_sharding(model, adapter, parallel_dims, plan, fsdp, moe_blocks)
     return model
+
+
+def plan_shards_with_fsdp(plan: Plan) -> bool:
+    """Whether ``apply_plan`` calls ``fully_shard`` for ``plan`` (FSDP over dp_shard / cp, EP's
+    expert sharding, or blocks using tp as data parallel)."""
+    m = plan.mesh
+    return (m.dp_shard > 1 or m.cp > 1 or m.ep > 1
+            or any(layer.tp_mode == "dp" for layer in plan.layers))
 
 
 def sync_replicas_on_last_microbatch(model_parts: list[nn.Module], plan: Plan, microbatch: int

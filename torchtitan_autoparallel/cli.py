@@ -6,6 +6,7 @@
     diff     A B                        what differs and the predicted effect (exit 1 if any)
     predict  --config X.toml --ngpu N   an expert (non-auto) config as a plan, same cost model
     calibrate --ngpu N --out P.toml     measure matmuls and collectives, write a profile
+    fit      RUNS.csv --base H --out P.toml   fit a profile to measured runs (cost/runs.py)
 
 Tables by default, ``--json`` for machines. Exit codes: 0 ok, 1 plans differ (diff), 2 a user
 error (one line on stderr).
@@ -101,24 +102,24 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    import os
     import platform
 
-    from .cost.calibrate import calibrate, to_toml
+    from .cost.calibrate import calibrate
+    from .cost.profile_file import write_profile
 
-    profile = calibrate(args.ngpu, args.name, args.gpus_per_node or 0, quick=args.quick)
-    text = to_toml(profile, [f"measured by `python -m torchtitan_autoparallel calibrate` on "
-                             f"{platform.node() or 'this machine'} with {args.ngpu} ranks"])
-    tmp = f"{args.out}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, args.out)
-    except OSError as exc:
-        raise UserError(f"cannot write profile to {args.out}: {exc.strerror}") from exc
+    profile, notes = calibrate(args.ngpu, args.name, args.gpus_per_node or 0, quick=args.quick)
+    text = write_profile(args.out, profile, [
+        f"measured by `python -m torchtitan_autoparallel calibrate` on "
+        f"{platform.node() or 'this machine'} with {args.ngpu} ranks"] + notes)
     print(text, end="")
     print(f"profile written to {args.out}; use it with --hardware {args.out}")
     return 0
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from .cost.fit_report import fit_command
+
+    return fit_command(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,6 +144,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=int, default=None)
     p.add_argument("--quick", action="store_true", help="small sizes, few repeats")
     p.set_defaults(func=_calibrate)
+    p = sub.add_parser("fit", help="fit a hardware profile to measured runs (a sweep CSV)")
+    p.add_argument("runs", nargs="+", help="CSV of measured runs: plan (or config and arm), "
+                   "step_time_s; optional status, peak_memory_gib, group")
+    p.add_argument("--base", required=True, help="profile the plans were made for (name or "
+                   ".toml); its other constants are kept")
+    p.add_argument("--out", required=True, help="fitted profile .toml to write")
+    p.add_argument("--free", default="", help="comma-separated fields to fit (default: "
+                   "efficiency, bandwidths, latencies, overheads, overlap)")
+    p.add_argument("--datasheet", default="", help="profile whose peak and bandwidths bound "
+                   "the fit (default: the base; 'none': no bound)")
+    p.add_argument("--loss", choices=("squares", "huber"), default="squares",
+                   help="relative-error least squares, or Huber (outliers weigh less)")
+    p.add_argument("--name", default="", help="name in the written profile (default: the "
+                   "base's, so its plans stay comparable)")
+    p.add_argument("--no-cv", action="store_true", help="skip the leave-one-config-out check")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.set_defaults(func=_fit)
     p = sub.add_parser("explain", help="per-block costs and runner-up of a plan file")
     p.add_argument("plan")
     p.add_argument("--json", action="store_true")

@@ -126,7 +126,7 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None) ->
     _check_options(ap)
     features = features or features_from_config(job_config)
     constraints = constraints_from_config(job_config, features)
-    hw = load_profile(ap.hardware)
+    hw = ap.hardware if isinstance(ap.hardware, HardwareProfile) else load_profile(ap.hardware)
     imbalance = getattr(ap, "moe_load_imbalance", 0.0)
     if imbalance < 0 or 0 < imbalance < 1:
         raise UserError(f"autoparallel.moe_load_imbalance must be >= 1 (busiest rank / mean) or "
@@ -305,7 +305,7 @@ def recost(plan: Plan, hw: HardwareProfile | None = None,
     cache = {} if cache is None else cache
     key = fp["model_hash"] + str(fp["global_batch_size"])
     if key not in cache:
-        cache[key] = inputs_from_fingerprint(fp)
+        cache[key] = inputs_from_fingerprint(fp, hw)
     inputs = dataclasses.replace(cache[key], hw=hw or cache[key].hw,
                                  global_batch=plan.global_batch_size)
     cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
@@ -314,8 +314,10 @@ def recost(plan: Plan, hw: HardwareProfile | None = None,
     return build_plan(inputs, cand, strategies, {})
 
 
-def inputs_from_fingerprint(fp: dict[str, Any]) -> JobInputs:
-    """Rebuild a plan's planning inputs from its fingerprint (for explain / diff)."""
+def inputs_from_fingerprint(fp: dict[str, Any], hw: HardwareProfile | None = None
+                            ) -> JobInputs:
+    """Rebuild a plan's planning inputs from its fingerprint (for explain / diff); ``hw``
+    stands in for the profile it names (one not among the shipped profiles)."""
     from types import SimpleNamespace
 
     from .registry import import_custom_module
@@ -339,7 +341,7 @@ def inputs_from_fingerprint(fp: dict[str, Any]) -> JobInputs:
             data_parallel_shard_degree=fp["constraints"]["dp_shard"] or -1,
             tensor_parallel_degree=fp["constraints"]["tp"] or 1),
         autoparallel=SimpleNamespace(
-            hardware=fp["hardware"], gpus_per_node=fp["gpus_per_node"],
+            hardware=hw or fp["hardware"], gpus_per_node=fp["gpus_per_node"],
             memory_gib=fp["memory_budget_gib"], techniques=fp["constraints"]["techniques"],
             time_limit_s=30.0, pin=fp.get("pin", []),
             moe_load_imbalance=fp.get("moe_load_imbalance", 0.0)),

@@ -145,7 +145,7 @@ def expert_degrees(graph: LayerGraph, dp_shard: int, cp: int, tp: int,
         options += legal_ep(graph.num_experts, dp_shard, cp, tp)
     return [(ep, etp) for ep, etp in options
             if (not constraints.ep or constraints.ep == ep)
-            and (not constraints.etp or ep == 1 or constraints.etp == etp)]
+            and (not constraints.etp or ep > 1 and constraints.etp == etp)]
 
 
 def check_expert_constraints(graph: LayerGraph, world: int, constraints: Constraints) -> None:
@@ -162,6 +162,11 @@ def check_expert_constraints(graph: LayerGraph, world: int, constraints: Constra
             f"parallelism.expert_parallel_degree = {constraints.ep} does not divide the "
             f"{graph.num_experts} experts of {graph.family} {graph.flavor}: choose one of "
             f"{legal or [1]}"
+        )
+    if constraints.etp > 1 and not graph.num_experts:
+        raise UserError(
+            f"parallelism.expert_tensor_parallel_degree = {constraints.etp} but {graph.family} "
+            f"{graph.flavor} has no MoE layers: set it to 1"
         )
     if constraints.etp > 1 and constraints.tp and constraints.etp != constraints.tp:
         raise UserError(

@@ -15,8 +15,17 @@ import sys
 import time
 from typing import Any
 
+from .built import block_features
+from .checks import (
+    check_auto_settings,
+    check_plan_features,
+    check_torchao,
+    device_capability,
+)
 from .config import CONFIG_MODULE
 from .errors import UserError, run_cli
+from .features import check_device, features_from_config
+from .graph.adapters import get_adapter
 from .runtime.dry_run import prepare_dry_run
 
 
@@ -79,10 +88,16 @@ def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
             "tokenizer.json (the project ships ./assets/tokenizer)"
         )
 
+    # conflicting speed features, and features this GPU cannot run, end here: run_train.sh's
+    # preflight calls this before torchrun starts any rank
+    features = features_from_config(job_config)
+    check_torchao(features)
     if cpu and not dry_run:
         problems = cuda_only_features(job_config)
         if problems:
             raise UserError(problems[0])
+    if not dry_run:
+        check_device(features, device_capability())
 
 
 def world_size(job_config: Any) -> int:
@@ -102,6 +117,7 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
 
     world = world_size(job_config)
     ap = job_config.autoparallel
+    check_auto_settings(job_config)
     if ap.plan_file:
         plan = Plan.load(ap.plan_file)
         job_fp = job_inputs(job_config, world).fingerprint
@@ -116,6 +132,7 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
                            f", this job runs {job_fp['versions']}")
     else:
         plan = plan_job(job_config, world)
+    check_plan_features(job_config, plan)
     if write:
         logger.info("\n" + plan.table())
         if ap.save_plan:
@@ -130,11 +147,22 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
     par.expert_tensor_parallel_degree = plan.mesh.etp
     training.global_batch_size = plan.global_batch_size
     training.local_batch_size = plan.local_batch_size
-    job_config.activation_checkpoint.mode = "none"  # per layer, from the plan
+    ac = job_config.activation_checkpoint
+    if write:
+        logger.info(f"activation checkpointing per block from the plan (searched); the "
+                    f"configured activation_checkpoint.mode = {ac.mode!r} is what pinned "
+                    "blocks run")
+    ac.mode = "none"  # TorchTitan's recipe-wide AC is off: apply_plan applies the plan's
     if NAME not in job_config.model.converters:
         job_config.model.converters = [NAME, *job_config.model.converters]
     setattr(job_config, PLAN_ATTR, plan)
     return plan
+
+
+def _compiled_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def _make_trainer_class() -> type:
@@ -200,6 +228,8 @@ def _make_trainer_class() -> type:
                 **self._last_metrics,
                 "step_time_s": elapsed,
                 "tokens_per_s": tokens / elapsed,
+                # graphs torch.compile has produced in this process so far (0: nothing compiled)
+                "compiled_graphs": _compiled_graphs(),
             }
             if measured is not None:
                 row["measured_tensor_peak_gib"] = measured["Total"]
@@ -264,6 +294,11 @@ def dry_run_report(trainer: Any) -> str:
             f"(predicted {p['state_memory_gib']:.2f} GiB), predicted peak "
             f"{p['peak_memory_gib']:.2f} GiB of budget {p['budget_gib']:.2f} GiB"
         )
+    blocks = get_adapter(trainer.job_config.model.name).blocks if plan is not None else "layers"
+    features = {}
+    for model in trainer.model_parts:
+        features.update(block_features(model, blocks))
+    report += "\ndry run blocks: " + json.dumps(features, sort_keys=True)
     return report
 
 

@@ -1,17 +1,20 @@
 """Measure this machine and write a hardware profile: matmul throughput and collective
 latency/bandwidth (all-gather, reduce-scatter, all-reduce, all-to-all) over a process group.
 
-CPU uses gloo, a GPU machine NCCL. The ring model of ``cost.model.collective_s`` is fitted to
-two message sizes per collective: t = (p - 1) * alpha + factor * (p - 1) / p * bytes / bw.
+CPU uses gloo, a GPU machine NCCL. Every measurement becomes a ``fit.Run`` priced by the cost
+model's own formulas (``collective_s``: t = factor * ((p - 1) * alpha + (p - 1) / p * bytes / bw);
+2 n^3 FLOPs per matmul) and ``fit.fit_profile`` fits peak throughput, bandwidth and latency to all
+of them at once, as it fits a sweep's step times.
 """
 
+import dataclasses
 import json
 import os
 import socket
 import statistics
 import tempfile
 import time
-from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +23,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..errors import UserError
+from .fit import Run, fit_profile
 from .hardware import HardwareProfile
-
-FACTOR = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0, "all_to_all": 1.0}
+from .model import collective_s
 
 
 def _time(fn: Any, repeats: int, sync: Any) -> float:
@@ -93,28 +96,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def collectives(world: int, sizes: list[int], repeats: int) -> dict[str, tuple[float, float]]:
-    """Fitted (alpha seconds, bandwidth GB/s) per collective over ``world`` local ranks."""
+def collective_times(world: int, sizes: list[int], repeats: int) -> dict[str, float]:
+    """Median seconds per ``"<collective>:<bytes>"`` over ``world`` local ranks."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "times.txt")
         mp.spawn(_collectives_worker, args=(world, _free_port(), sizes, repeats, out),
                  nprocs=world, join=True)
-        times = json.loads(Path(out).read_text())
-    fitted = {}
-    p = world
-    for name, factor in FACTOR.items():
-        points = sorted((int(k.split(":")[1]), v) for k, v in times.items()
-                        if k.startswith(name + ":"))
-        (b0, t0), (b1, t1) = points[0], points[-1]
-        slope = max((t1 - t0) / max(b1 - b0, 1), 1e-15)  # seconds per byte
-        bw = factor * (p - 1) / p / slope / 1e9
-        alpha = max(t0 - slope * b0, 1e-7) / (p - 1)
-        fitted[name] = (alpha, bw)
-    return fitted
+        return json.loads(Path(out).read_text())
 
 
-def calibrate(world: int, name: str, gpus_per_node: int, quick: bool = False) -> HardwareProfile:
-    """Measure this machine; ``world`` ranks take part in the collective measurements."""
+def _matmul_s(n: int, hw: HardwareProfile) -> float:
+    return 2 * n**3 / hw.flops_per_s
+
+
+def benchmark_runs(matmul_s: dict[int, float], collectives_s: dict[str, float],
+                   world: int) -> list[Run]:
+    """Micro-benchmark timings as runs for ``fit_profile``: seconds per square matmul of each
+    size, and per ``"<collective>:<bytes>"`` over ``world`` ranks of one node."""
+    runs = [Run(f"matmul {n}", t, time_of=partial(_matmul_s, n), group="matmul")
+            for n, t in matmul_s.items()]
+    for key, t in collectives_s.items():
+        kind, nbytes = key.split(":")
+        runs.append(Run(key, t, time_of=partial(collective_s, kind, int(nbytes), world, False),
+                        group=kind))
+    return runs
+
+
+def calibrate(world: int, name: str, gpus_per_node: int, quick: bool = False
+              ) -> tuple[HardwareProfile, list[str]]:
+    """Measure this machine (``world`` ranks take part in the collective measurements): the
+    profile and notes on what the measurements could not determine."""
     if world < 2:
         raise UserError("calibrate needs --ngpu >= 2 to measure collectives")
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -122,39 +133,48 @@ def calibrate(world: int, name: str, gpus_per_node: int, quick: bool = False) ->
         raise UserError(f"--ngpu {world} exceeds the {torch.cuda.device_count()} visible GPUs")
     sizes = ([256, 512] if quick else [512, 1024, 2048]) if device == "cpu" else [4096, 8192]
     flops = matmul_tflops(device, sizes, 3 if quick else 10)
-    comm = collectives(world, [1 << 16, 1 << 24],
-                       3 if quick else 10)
-    alpha, bw = comm["all_gather"]
+    times = collective_times(world, [1 << 12, 1 << 16, 1 << 20, 1 << 24], 3 if quick else 10)
     if device == "cuda":
         memory = torch.cuda.get_device_properties(0).total_memory / 2**30
     else:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / world
-    return HardwareProfile(
+    start = HardwareProfile(
         name=name,
-        peak_tflops=round(max(flops.values()), 6),
+        peak_tflops=max(flops.values()),
         matmul_efficiency=1.0,  # the measured throughput is already the achieved one
         memory_gib=round(memory, 3),
         usable_memory_fraction=0.9 if device == "cuda" else 1.0,
         gpus_per_node=gpus_per_node or world,
-        intra_node_gbps=round(bw, 6),
-        inter_node_gbps=round(bw, 6),  # one machine: use a cluster profile for multi-node
-        intra_node_latency_us=round(alpha * 1e6, 3),
-        inter_node_latency_us=round(alpha * 1e6, 3),
+        intra_node_gbps=_rough_gbps(times, world),
+        inter_node_gbps=_rough_gbps(times, world),
+        intra_node_latency_us=10.0,
+        inter_node_latency_us=10.0,
         comm_overlap=0.9 if device == "cuda" else 0.0,
         # TorchTitan runs routed experts as grouped GEMMs from SM90 on
         grouped_mm=device == "cuda" and torch.cuda.get_device_capability()[0] >= 9,
         host_cores=0 if device == "cuda" else (os.cpu_count() or 1),
     )
+    # the best size: smaller matmuls pay overheads the profile does not price per GEMM
+    n, tflops = max(flops.items(), key=lambda kv: kv[1])
+    notes, fitted = [], start
+    for runs, free in ((benchmark_runs({n: 2 * n**3 / (tflops * 1e12)}, {}, world),
+                        ["peak_tflops"]),
+                       (benchmark_runs({}, times, world),
+                        ["intra_node_gbps", "intra_node_latency_us"])):
+        result = fit_profile(runs, fitted, free)
+        fitted = result.profile
+        notes += [f"not determined by the measurements, kept at the starting value: {name} "
+                  f"({why})" for name, why in result.unidentified.items()]
+        notes += result.notes if len(runs) > 1 else []  # one matmul: exact by design
+    bw, alpha = round(fitted.intra_node_gbps, 6), round(fitted.intra_node_latency_us, 3)
+    # one machine: use a cluster profile for multi-node
+    return dataclasses.replace(fitted, peak_tflops=round(fitted.peak_tflops, 6),
+                               intra_node_gbps=bw, inter_node_gbps=bw,
+                               intra_node_latency_us=alpha, inter_node_latency_us=alpha), notes
 
 
-def to_toml(profile: HardwareProfile, notes: list[str]) -> str:
-    lines = [f"# {n}" for n in notes]
-    for key, value in asdict(profile).items():
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, str):
-            text = f'"{value}"'
-        else:
-            text = str(value)
-        lines.append(f"{key} = {text}")
-    return "\n".join(lines) + "\n"
+def _rough_gbps(times: dict[str, float], world: int) -> float:
+    """Bus bandwidth of the largest all-gather (the fit's starting point)."""
+    nbytes, t = max((int(k.split(":")[1]), v) for k, v in times.items()
+                    if k.startswith("all_gather:"))
+    return nbytes * (world - 1) / world / t / 1e9

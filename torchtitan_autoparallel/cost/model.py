@@ -201,8 +201,9 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     gathers = 2 if strategy.reshard_after_forward else 1
     ag = rs = ar = unsharded = gbytes = copied = 0.0
     # float8 all-gather: the float8 linears' weights travel as 1 byte each
+    # (TorchTitan's converter turns it off when dp_shard = 1)
     low = sum(k * n for k, n in layer.linear_shapes) / max(layer.params, 1) \
-        if features.float8_all_gather else 0.0
+        if features.float8_all_gather and mesh.dp_shard > 1 else 0.0
     for n_params, split, group in groups:
         gathered_bytes = (1.0 - low) * prec.param_bytes + low * 1.0
         pb, gb = n_params * gathered_bytes / split, n_params * prec.reduce_bytes / split

@@ -66,7 +66,7 @@ class ModelAdapter:
     counted from the block's forward signature. Used where tp ranks split a block's batch."""
     tp_fn: FnRef | None = None
     """Function applying the family's TP + sequence-parallel plan, called as
-    ``tp_fn(model, tp_mesh, loss_parallel=..., enable_float8_tensorwise_tp=False,
+    ``tp_fn(model, tp_mesh, loss_parallel=..., enable_float8_tensorwise_tp=...,
     [cp_enabled=...], **tp_kwargs)`` on a module holding ``embedding``, ``final_norm``,
     ``output`` and the blocks to parallelize under their own names (TorchTitan's ``apply_tp``
     convention: the residual stream is sequence-sharded, Shard(1), between blocks). None: TP
@@ -130,7 +130,8 @@ class ModelAdapter:
         return out
 
     def apply_tp(self, model: Any, tp_mesh: Any, loss_parallel: bool,
-                 block_names: list[str], cp_enabled: bool = False, **options: Any) -> None:
+                 block_names: list[str], cp_enabled: bool = False,
+                 enable_float8_tensorwise_tp: bool = False, **options: Any) -> None:
         """The family's TP + SP plan for the embedding, the output and the named blocks only.
 
         ``tp_fn`` parallelizes ``model.<embedding/norm/output>`` and every block in
@@ -153,8 +154,8 @@ class ModelAdapter:
         kwargs = {k: v for k, v in {"cp_enabled": cp_enabled, "enable_async_tp": False,
                                     **options}.items() if k in accepted}
         kwargs.update(self.tp_kwargs)
-        fn(view, tp_mesh, loss_parallel=loss_parallel, enable_float8_tensorwise_tp=False,
-           **kwargs)
+        fn(view, tp_mesh, loss_parallel=loss_parallel,
+           enable_float8_tensorwise_tp=enable_float8_tensorwise_tp, **kwargs)
 
     def apply_moe(self, model: Any, parallel_dims: Any) -> None:
         """EP / ETP / TP for every MoE block (router, token dispatch, experts, shared

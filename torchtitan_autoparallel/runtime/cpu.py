@@ -201,6 +201,11 @@ def install() -> bool:
     return True
 
 
+# torch.compile backends that run on CPU without a C++ toolchain: the CPU runtime compiles with
+# these (same graphs as inductor up to code generation; outputs equal to eager).
+CPU_COMPILE_BACKENDS = ("aot_eager", "eager")
+
+
 def cuda_only_features(job_config: Any) -> list[str]:
     """Settings in a TorchTitan job config that need CUDA, each with the fix to suggest."""
     problems: list[str] = []
@@ -211,9 +216,11 @@ def cuda_only_features(job_config: Any) -> list[str]:
                 f"model.converters contains {name!r}, which needs a CUDA GPU; "
                 "remove it (or use --model.converters '[]') to run on CPU"
             )
-    if getattr(job_config.compile, "enable", False):
+    compile_cfg = job_config.compile
+    if getattr(compile_cfg, "enable", False) and compile_cfg.backend not in CPU_COMPILE_BACKENDS:
         problems.append(
-            "compile.enable = true needs the inductor GPU backend; "
-            "set compile.enable = false (--compile.no-enable) to run on CPU"
+            f"compile.backend = {compile_cfg.backend!r} is not run on CPU here; set "
+            "compile.backend = \"aot_eager\" (--compile.backend aot_eager) or "
+            "compile.enable = false to run on CPU"
         )
     return problems

@@ -4,8 +4,13 @@ Upstream TorchTitan's fake backend still materialises the sharded model on the a
 "cuda" on a CPU box), which does not fit 405B/671B shards on one host and runs real kernels.
 A dry run here keeps every parameter on the meta device: TorchTitan's Trainer reads
 ``torchtitan.tools.utils.device_type`` for the device it initialises weights on, so it is set to
-"meta" for the dry-run process only. Kernels that only accelerate compute (float8, compile,
-async TP) are switched off with a warning: they do not change how the model is sharded.
+"meta" for the dry-run process only. The job's speed features are built as on the GPU:
+float8 / MX linears (torchao converts them on meta), FSDP's float8 all-gather weights, the
+per-block compile wrappers and async TP; nothing is compiled or run, as no forward runs.
+TorchTitan's quantization converters refuse to build below SM89 / SM100 (``has_cuda_capability``),
+which a meta-device dry run on a machine without that GPU would trip although it runs no kernel:
+the check is answered "yes" in those converter modules for the dry-run process only (the real
+job checks the device in its preflight, ``features.check_device``).
 Autocast (TorchTitan's mixed precision without FSDP: DDP or one device) has no meta backend; it
 is skipped, as the dry run runs no kernels.
 Tested by tests/test_dry_run.py.
@@ -16,30 +21,30 @@ from __future__ import annotations
 from typing import Any
 
 
-def prepare_dry_run(job_config: Any) -> list[str]:
-    """Adjust the job for a meta-device dry run; returns the warnings it logged."""
+def prepare_dry_run(job_config: Any) -> None:
+    """Adjust the process and the job for a meta-device dry run."""
     import torchtitan.tools.utils as tt_utils
-    from torchtitan.tools.logging import logger
 
     tt_utils.device_type = "meta"
     _skip_meta_autocast()
-    warnings: list[str] = []
+    _assume_quantization_capability()
     if job_config.debug.seed is None:
         # The seed broadcast reads a tensor back from the device, impossible on meta.
         job_config.debug.seed = 0
-    converters = [c for c in job_config.model.converters if "float8" not in c and "mx" not in c]
-    if converters != list(job_config.model.converters):
-        warnings.append(f"dry run: ignoring model.converters {job_config.model.converters}")
-        job_config.model.converters = converters
-    if job_config.compile.enable:
-        warnings.append("dry run: ignoring compile.enable")
-        job_config.compile.enable = False
-    if job_config.parallelism.enable_async_tensor_parallel:
-        warnings.append("dry run: ignoring parallelism.enable_async_tensor_parallel")
-        job_config.parallelism.enable_async_tensor_parallel = False
-    for w in warnings:
-        logger.warning(w)
-    return warnings
+
+
+def _assume_quantization_capability() -> None:
+    """Upstream: ``Float8LinearConverter`` / ``Float8GroupedMMConverter`` / ``MX*Converter``
+    call ``torchtitan.tools.utils.has_cuda_capability`` (imported into their modules) and refuse
+    to convert on a machine without an SM89 / SM100 GPU. A meta-device dry run converts and
+    shards but runs no kernel, so those modules see a capable device. Tested by
+    tests/test_dry_run.py::test_float8_compile_dry_run."""
+    import importlib
+
+    for name in ("torchtitan.components.quantization.float8",
+                 "torchtitan.components.quantization.mx"):
+        module = importlib.import_module(name)
+        module.has_cuda_capability = lambda major, minor: True  # type: ignore[attr-defined]
 
 
 def _skip_meta_autocast() -> None:

@@ -1,0 +1,51 @@
+"""What ``apply_plan`` built, read back from the modules: float8 linears, float8 all-gather
+weights, compile wrappers, FSDP groups. The dry run reports it; tests compare it with
+TorchTitan's own recipes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def block_features(model: Any, blocks: str = "layers") -> dict[str, dict[str, Any]]:
+    """What was built in each block of ``model.<blocks>``: float8 linears, weights FSDP
+    all-gathers in float8, compile wrappers, the mesh dims of its sharded weights and whether
+    FSDP offloads it to CPU. Read back by the dry-run tests."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    try:
+        from torchao.float8.float8_linear import Float8Linear
+        from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+    except ImportError:  # torchao absent: no float8 job can have run
+        Float8Linear = WeightWithDynamicFloat8CastTensor = ()  # noqa: N806
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, block in model.get_submodule(blocks).named_children():
+        weights = [p for m in block.modules() if isinstance(m, Float8Linear)
+                   for p in m.parameters(recurse=False)]
+        local = [getattr(p, "_local_tensor", p) for p in weights]
+        mesh = next((p.device_mesh for p in block.parameters() if hasattr(p, "device_mesh")),
+                    None)
+        out[name] = {
+            "float8_linears": sum(isinstance(m, Float8Linear) for m in block.modules()),
+            "float8_all_gather": sum(isinstance(t, WeightWithDynamicFloat8CastTensor)
+                                     for t in local),
+            "compiled": sum(isinstance(m, OptimizedModule) for m in block.modules()),
+            "block_compiled": isinstance(block, OptimizedModule),
+            "mesh": list(mesh.mesh_dim_names or ()) if mesh is not None else [],
+            **fsdp_group(block),
+        }
+    return out
+
+
+def fsdp_group(module: Any) -> dict[str, Any]:
+    """How FSDP2 manages ``module``'s own parameter group (empty when it is no FSDP module):
+    resharding after forward, CPU offload, parameter and gradient-reduction dtypes."""
+    state = getattr(module, "_get_fsdp_state", None)
+    group = state()._fsdp_param_group if state is not None else None
+    if group is None:
+        return {}
+    return {"reshard_after_forward": group.post_forward_mesh_info is not None,
+            "cpu_offload": type(group.offload_policy).__name__ == "CPUOffloadPolicy",
+            "param_dtype": str(group.mp_policy.param_dtype),
+            "reduce_dtype": str(group.mp_policy.reduce_dtype)}
