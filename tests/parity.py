@@ -50,24 +50,22 @@ class RunResult:
     def losses(self) -> list[float]:
         return [r["loss"] for r in self.rows]
 
+    @property
+    def grad_norms(self) -> list[float]:
+        return [r["grad_norm"] for r in self.rows]
 
-def run_job(
+
+def job_command(
     config: str,
     ngpu: int,
     tmp_path: Path,
     overrides: list[str] | tuple[str, ...] = (),
-    timeout: int = 600,
     comm_mode: str = "",
     seed_checkpoint: Path | None = None,
     parity: bool = True,
-) -> RunResult:
-    """Run ``run_train.sh`` and return its exit code, output and per-step metrics rows.
-
-    ``parity`` adds PARITY_OVERRIDES (short, small, fp32, seeded). With ``seed_checkpoint``
-    the run starts from those weights (made by ``make_seed_checkpoint``) instead of its own
-    initialisation: random init of sharded DTensors on CPU is not
-    sharding-invariant, a seed checkpoint is (TorchTitan's own numerics tests do the same).
-    """
+) -> tuple[list[str], dict[str, str], Path]:
+    """The ``run_train.sh`` command line, environment and metrics file of a job (see
+    ``run_job``)."""
     if seed_checkpoint is not None:
         overrides = [
             "--checkpoint.enable",
@@ -92,13 +90,39 @@ def run_job(
         f"--autoparallel.metrics_file={metrics}",
         *overrides,
     ]
+    return cmd, env, metrics
+
+
+def read_rows(metrics: Path) -> list[dict]:
+    """The per-step rows a run wrote to its metrics file."""
+    if not metrics.exists():
+        return []
+    return [json.loads(line) for line in metrics.read_text().splitlines() if line]
+
+
+def run_job(
+    config: str,
+    ngpu: int,
+    tmp_path: Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    timeout: int = 600,
+    comm_mode: str = "",
+    seed_checkpoint: Path | None = None,
+    parity: bool = True,
+) -> RunResult:
+    """Run ``run_train.sh`` and return its exit code, output and per-step metrics rows.
+
+    ``parity`` adds PARITY_OVERRIDES (short, small, fp32, seeded). With ``seed_checkpoint``
+    the run starts from those weights (made by ``make_seed_checkpoint``) instead of its own
+    initialisation: random init of sharded DTensors on CPU is not
+    sharding-invariant, a seed checkpoint is (TorchTitan's own numerics tests do the same).
+    """
+    cmd, env, metrics = job_command(config, ngpu, tmp_path, overrides, comm_mode,
+                                    seed_checkpoint, parity)
     proc = subprocess.run(
         cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
-    rows = []
-    if metrics.exists():
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line]
-    return RunResult(proc.returncode, proc.stdout + proc.stderr, rows)
+    return RunResult(proc.returncode, proc.stdout + proc.stderr, read_rows(metrics))
 
 
 def make_seed_checkpoint(config: str, tmp_path: Path, overrides: tuple[str, ...] = ()) -> Path:
@@ -117,19 +141,32 @@ def make_seed_checkpoint(config: str, tmp_path: Path, overrides: tuple[str, ...]
     return folder / "step-0"
 
 
-def assert_parity(reference: RunResult, other: RunResult, rtol: float = 1e-4) -> float:
-    """Assert both runs succeeded with the same number of steps and per-step losses within
-    ``rtol``; returns the largest relative difference."""
+GRAD_NORM_RTOL = 5e-4
+"""Gradient norms of a sharded run and of one rank differ by more than their losses: the fp32
+norm kernel on CPU accumulates a whole tensor's squares and loses low bits (a 2M-element
+gradient's norm comes out 2.6e-5 below its float64 value), a sharded run sums shorter pieces.
+Measured: up to 1.1e-4 (llama3 FSDP 2 x TP 2) and 1.9e-4 (deepseek_v3 EP 4 x TP 2), always the
+sharded norm above the 1-rank one; real faults are far larger (an edited accumulation: 10 %)."""
+
+
+def assert_parity(reference: RunResult, other: RunResult, rtol: float = 1e-4,
+                  grad_rtol: float = GRAD_NORM_RTOL) -> float:
+    """Assert both runs succeeded with the same number of steps, per-step losses within
+    ``rtol`` and per-step gradient norms (before clipping) within ``grad_rtol``; returns the
+    largest relative difference of either."""
     for result in (reference, other):
         if result.returncode != 0:
             sys.stderr.write(result.output[-6000:])
         assert result.returncode == 0, "training run failed (output above)"
-    assert len(reference.losses) == len(other.losses) > 0
+    assert len(reference.rows) == len(other.rows) > 0
     worst = 0.0
-    for step, (a, b) in enumerate(zip(reference.losses, other.losses, strict=True), start=1):
-        rel = abs(a - b) / abs(a)
-        worst = max(worst, rel)
-        assert rel <= rtol, f"step {step}: loss {b!r} vs 1-rank {a!r} (rel {rel:.2e} > {rtol})"
+    for what, tol, ref, got in (("loss", rtol, reference.losses, other.losses),
+                                ("grad_norm", grad_rtol, reference.grad_norms,
+                                 other.grad_norms)):
+        for step, (a, b) in enumerate(zip(ref, got, strict=True), start=1):
+            rel = abs(a - b) / abs(a)
+            worst = max(worst, rel)
+            assert rel <= tol, f"step {step}: {what} {b!r} vs 1-rank {a!r} (rel {rel:.2e} > {tol})"
     return worst
 
 

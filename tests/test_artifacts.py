@@ -36,7 +36,9 @@ def test_same_inputs_give_byte_identical_files(plans):
     assert data["version"] == 1
     assert {"model", "flavor", "model_hash", "world_size", "hardware", "versions"} <= set(
         data["fingerprint"])
-    assert data["solver"]["gap"] == 0.0 and data["solver"]["planning_time_within_s"] <= 2
+    assert data["solver"]["gap"] == 0.0
+    # nothing machine- or load-dependent in the file: no wall-clock times, not even buckets
+    assert not [k for k in data["solver"] if "time" in k], data["solver"]
 
 
 def test_json_output_matches_file(plans, capsys):
@@ -74,7 +76,7 @@ def test_predict_expert_recipe_with_snippet(capsys):
     ('{"version": 1', "corrupted"),
     ("", "corrupted"),
     ('{"version": 99}', "schema version 99"),
-    ('{"version": 1, "mesh": {}}', "corrupted"),
+    ('{"version": 1, "mesh": {}}', "missing field 'fingerprint'"),
 ])
 def test_bad_plan_files(tmp_path, capsys, content, message):
     path = tmp_path / "plan.json"
@@ -86,17 +88,13 @@ def test_bad_plan_files(tmp_path, capsys, content, message):
 def test_missing_file_and_unwritable_output(tmp_path, capsys):
     code, _, err = cli(capsys, "explain", str(tmp_path / "none.json"))
     assert code == 2 and "not found" in err
-    target = tmp_path / "readonly"
-    target.mkdir()
-    target.chmod(0o500)
-    try:
-        code, _, err = cli(capsys, "plan", "--config", DEBUG_AUTO, "--ngpu", "2", "--out",
-                           str(target / "plan.json"))
-        if os.geteuid() != 0:  # root ignores directory permissions
-            assert code == 2 and "cannot write plan" in err
-            assert list(target.iterdir()) == []
-    finally:
-        target.chmod(0o700)
+    # a folder path through a regular file cannot be created, not even by root
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, _, err = cli(capsys, "plan", "--config", DEBUG_AUTO, "--ngpu", "2", "--out",
+                       str(blocker / "sub" / "plan.json"))
+    assert code == 2 and "cannot write plan" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
     code, _, err = cli(capsys, "plan", "--config", DEBUG_AUTO, "--ngpu", "2", "--out",
                        "/proc/no/such/plan.json")
     assert code == 2 and "cannot write plan" in err
@@ -139,3 +137,20 @@ def test_unsharded_meshes_are_labelled_ddp_or_single() -> None:
     assert layer.strategy == "fsdp-keep+ac:full"
     assert layer.describe("ddp") == "ddp+ac:full"
     assert layer.describe(Mesh(1, 1, 1, 1).unsharded_label) == "single+ac:full"
+
+
+def test_405b_plan_files_are_byte_identical(tmp_path, monkeypatch):
+    """The 405B plan on 128 ranks once differed between runs on a loaded box (its planning time
+    fell in another bucket): with one solve made to look 10x slower the files are the same."""
+    import time as time_module
+
+    from torchtitan_autoparallel import planner
+
+    config = str(REPO / "train_configs" / "llama3_405b_auto.toml")
+    argv = ["plan", "--config", config, "--ngpu", "128", "--out"]
+    assert main([*argv, str(tmp_path / "a.json")]) == 0
+    real = time_module.perf_counter
+    calls = iter(range(10**6))
+    monkeypatch.setattr(planner.time, "perf_counter", lambda: real() + 10.0 * next(calls))
+    assert main([*argv, str(tmp_path / "b.json")]) == 0
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()

@@ -168,3 +168,19 @@ def test_replicate_only_plan_parity(references, tmp_path):
     mesh = PLAN_RE.search(result.output)
     assert mesh and mesh.group(1).startswith("dp_replicate=2 dp_shard=1"), result.output[-3000:]
     assert_parity(reference, result)
+
+
+def test_tp_only_mesh_parity(references, tmp_path):
+    """tensor_parallel_degree = 2 on 2 ranks leaves no FSDP mesh: the planner used to offer the
+    tp dim as data parallel there, which apply could not build. Every block now runs TP + SP
+    and the run matches 1 rank."""
+    seed, reference = references("llama3")
+    plan_path = tmp_path / "plan.json"
+    result = run_job("llama3_debug_auto.toml", 2, tmp_path / "run",
+                     ["--parallelism.tensor_parallel_degree=2",
+                      f"--autoparallel.save_plan={plan_path}"], seed_checkpoint=seed)
+    assert plan_path.exists(), result.output[-3000:]
+    plan = Plan.load(str(plan_path))
+    assert (plan.mesh.dp_shard, plan.mesh.tp) == (1, 2)
+    assert {layer.tp_mode for layer in plan.layers} == {"sp"}
+    assert_parity(reference, result)

@@ -170,8 +170,9 @@ def test_fit_names_an_unknown_constant(tmp_path: Path, capsys) -> None:
 
 def test_fit_output_that_cannot_be_written_is_one_line(tmp_path: Path, capsys) -> None:
     rows = [f"{_plan('llama3_ws2_b16_s256.ddp2')},1.72"]
-    out = tmp_path / "missing" / "fitted.toml"
-    code, _, err = _fit([_csv(tmp_path, "plan,step_time_s", rows), "--base", "cpu", "--out",
+    runs = _csv(tmp_path, "plan,step_time_s", rows)
+    out = Path(runs) / "fitted.toml"  # under a regular file: fails even as root
+    code, _, err = _fit([runs, "--base", "cpu", "--out",
                          str(out), "--no-cv", "--free", "matmul_efficiency"], capsys)
     assert code == 2 and "cannot write profile" in err and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.csv"]

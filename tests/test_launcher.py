@@ -84,3 +84,21 @@ def test_bad_input_is_one_line(env, args, message):
     )
     assert "Traceback" not in result.stderr
     assert "[rank" not in result.stdout + result.stderr  # refused before torchrun started ranks
+
+
+def test_metrics_file_with_log_freq_2(references, tmp_path: Path):
+    """TorchTitan computes the loss on log steps only (step 1 and every log_freq-th): the
+    other rows carry the step time alone, never the previous step's loss, and the logged
+    losses equal a run that logs every step."""
+    from parity import SINGLE_RANK
+
+    seed, reference = references("llama3")
+    result = run_job("llama3_debug_fsdp.toml", 1, tmp_path,
+                     [*SINGLE_RANK, "--metrics.log_freq=2"], seed_checkpoint=seed)
+    assert result.returncode == 0, result.output[-3000:]
+    logged = {row["step"]: row.get("loss") for row in result.rows}
+    assert sorted(logged) == [1, 2, 3, 4, 5]
+    assert logged[3] is None and logged[5] is None, logged
+    assert all("step_time_s" in row for row in result.rows)
+    for step in (1, 2, 4):
+        assert logged[step] == reference.losses[step - 1]

@@ -7,7 +7,7 @@ from typing import Any
 from .errors import UserError
 from .pins import recipe_from_config, recipe_of
 from .plan import Mesh, Plan
-from .planner import build_plan, candidate_for, job_inputs
+from .planner import build_plan, candidate_for, job_inputs, with_global_batch
 from .strategies import BlockStrategy
 
 
@@ -34,10 +34,7 @@ def expert_plan(job_config: Any, world: int) -> Plan:
     if global_batch % (local * mesh.dp):
         raise UserError(f"global batch {global_batch} is not a multiple of local batch {local} "
                         f"x data-parallel degree {mesh.dp}")
-    inputs = dataclasses.replace(
-        inputs, global_batch=global_batch, pins={},
-        fingerprint={**inputs.fingerprint, "global_batch_size": global_batch},
-    )
+    inputs = dataclasses.replace(with_global_batch(inputs, global_batch), pins={})
     cand = candidate_for(inputs, mesh, local)
     recipe = recipe_of(recipe_from_config(job_config))  # what a pinned block runs, too
     sharded = mesh.dp_shard * mesh.cp > 1

@@ -7,6 +7,7 @@ from .plan import LayerPlan, Plan
 from .planner import candidate_for, inputs_from_fingerprint
 from .solver import block_classes
 from .strategies import BlockStrategy
+from .validate import check_plan_for_job
 
 
 def _strategy(layer: LayerPlan) -> BlockStrategy:
@@ -17,6 +18,8 @@ def explain_rows(plan: Plan) -> list[dict[str, Any]]:
     """Per block: the chosen strategy's cost breakdown, and the runner-up (the fastest other
     strategy for that block on the same mesh and micro-batch) with its time and memory deltas."""
     inputs = inputs_from_fingerprint(plan.fingerprint)
+    check_plan_for_job(plan, plan.fingerprint["world_size"],
+                       [(layer.fqn, layer.kind) for layer in inputs.graph.layers], "to explain")
     cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
     class_of = dict(zip([b.fqn for b in inputs.graph.blocks],
                         block_classes(inputs.graph, inputs.pins), strict=True))

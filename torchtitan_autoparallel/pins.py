@@ -16,6 +16,7 @@ from typing import Any
 
 from .errors import UserError
 from .graph.layer_graph import LayerGraph
+from .validate import shown
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,8 @@ def recipe_block_ac(mode: str, option: str, index: int) -> str:
     if mode == "selective" and option.isdigit():
         k = int(option)
         return "full" if k > 0 and (index + 1) % k == 0 else "none"
-    raise UserError(f"activation_checkpoint mode {mode!r} / selective_ac_option {option!r} is "
-                    "not modelled by the planner")
+    raise UserError(f"activation_checkpoint mode {shown(mode)} / selective_ac_option "
+                    f"{shown(option)} is not modelled by the planner")
 
 
 def recipe_of(recipe: dict[str, str]) -> Any:
@@ -63,7 +64,7 @@ def recipe_of(recipe: dict[str, str]) -> Any:
         recipe["fsdp_reshard_after_forward"])
     if reshard is None:
         raise UserError(f"parallelism.fsdp_reshard_after_forward "
-                        f"{recipe['fsdp_reshard_after_forward']!r} is not one of default / "
+                        f"{shown(recipe['fsdp_reshard_after_forward'])} is not one of default / "
                         "always / never")
     return lambda index: (recipe_block_ac(recipe["ac_mode"], recipe["selective_ac_option"],
                                           index), reshard)
@@ -84,19 +85,20 @@ def check_globs(graph: LayerGraph, globs: list[str]) -> None:
     """One-line errors for globs that match no module (or name a parameter)."""
     for glob in globs:
         if not glob or not isinstance(glob, str):
-            raise UserError(f"autoparallel.pin entries must be non-empty fqn globs, got {glob!r}")
+            raise UserError("autoparallel.pin entries must be non-empty fqn globs, got "
+                            f"{shown(glob)}")
         if _matches(graph.module_names, glob):
             continue
         params = _matches(graph.param_names, glob)
         if params:
             owner = params[0].rpartition(".")[0]
             raise UserError(
-                f"autoparallel.pin {glob!r} names a parameter ({params[0]}), not a module: pin "
-                f"its module instead (e.g. {owner!r})"
+                f"autoparallel.pin {shown(glob)} names a parameter ({params[0]}), not a module: "
+                f"pin its module instead (e.g. {owner!r})"
             )
         examples = [n for n in graph.module_names if n.count(".") <= 2][:4]
         raise UserError(
-            f"autoparallel.pin {glob!r} matches no module of {graph.family} {graph.flavor}: "
+            f"autoparallel.pin {shown(glob)} matches no module of {graph.family} {graph.flavor}: "
             f"globs match module fqns such as {examples} (remove it or fix the pattern)"
         )
 

@@ -3,19 +3,16 @@
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import UserError
+from .errors import UserError, atomic_write
+from .validate import shown
 
 SCHEMA_VERSION = 1
-VOLATILE_SOLVER_KEYS = ("solve_time_s", "planning_time_s")
-"""Wall-clock measurements: shown in the table and logs, not written to plan files, so that
-the same inputs give a byte-identical file. The file records the bucket the planning time fell
-in (``planning_time_within_s``)."""
-TIME_BUCKETS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+VOLATILE_SOLVER_KEYS = ("solve_time_s", "planning_time_s", "planning_time_within_s")
+"""Wall-clock measurements: shown in the table and logs, never written to plan files, so that
+the same inputs give a byte-identical file on any machine and under any load."""
 
 
 @dataclass
@@ -143,16 +140,12 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        solver = data["solver"]
-        if "planning_time_s" in solver:
-            t = solver["planning_time_s"]
-            solver["planning_time_within_s"] = next((b for b in TIME_BUCKETS_S if t <= b), None)
         for key in VOLATILE_SOLVER_KEYS:
-            solver.pop(key, None)
+            data["solver"].pop(key, None)
         return data
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True, allow_nan=False) + "\n"
 
     def digest(self) -> str:
         """Hash of the decisions (not the solver timings): equal digests apply identically."""
@@ -161,38 +154,44 @@ class Plan:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Plan":
-        if data.get("version") != SCHEMA_VERSION:
+    def from_dict(cls, data: Any, source: str = "data") -> "Plan":
+        """Build a plan from JSON data, validated (schema, types, ranges, consistency)."""
+        from .validate import check_plan, check_plan_data
+
+        if isinstance(data, dict) and data.get("version") != SCHEMA_VERSION:
             raise UserError(
-                f"plan schema version {data.get('version')!r} is not supported (this version "
-                f"reads {SCHEMA_VERSION}); re-plan the job"
+                f"plan schema version {shown(data.get('version'))} is not supported (this "
+                f"version reads {SCHEMA_VERSION}); re-plan the job"
             )
+        check_plan_data(data, source)
         data = dict(data)
         data["mesh"] = Mesh(**data["mesh"])
         data["layers"] = [LayerPlan(**layer) for layer in data["layers"]]
-        return cls(**data)
+        plan = cls(**data)
+        check_plan(plan, source)
+        return plan
 
     @classmethod
     def load(cls, path: str) -> "Plan":
         try:
-            with open(path) as f:
-                return cls.from_dict(json.load(f))
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f, parse_constant=_reject_constant)
         except FileNotFoundError as exc:
             raise UserError(f"plan file not found: {path}") from exc
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise UserError(f"plan file {path} is corrupted or not a plan ({exc})") from exc
+        except OSError as exc:
+            raise UserError(f"cannot read plan file {path}: {exc.strerror}") from exc
+        except (ValueError, RecursionError) as exc:  # JSON, UTF-8 and NaN errors
+            raise UserError(f"plan file {path} is corrupted or not a plan "
+                            f"({shown(exc, 200)})") from exc
+        return cls.from_dict(data, path)
 
     def save(self, path: str) -> None:
-        """Write atomically (temp file + rename): a reader never sees half a plan."""
-        folder = os.path.dirname(os.path.abspath(path))
-        try:
-            os.makedirs(folder, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".plan-", suffix=".json")
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_json())
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise UserError(f"cannot write plan to {path}: {exc.strerror}") from exc
+        """Validate, then write atomically: a temp file in the target's folder renamed over
+        it, removed on any failure, so nothing half-written is ever left behind."""
+        from .validate import check_plan
+
+        check_plan(self, path)
+        atomic_write(path, self.to_json(), "plan")
 
     @property
     def untabled_notes(self) -> list[str]:
@@ -233,7 +232,11 @@ class Plan:
 def _planning_time(solver: dict[str, Any]) -> str:
     if "planning_time_s" in solver:
         return f"{solver['planning_time_s']:.3f} s"
-    return f"<= {solver.get('planning_time_within_s')} s"
+    return "not recorded"
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"non-finite number {name}")
 
 
 def _runs(layers: list[LayerPlan]) -> list[list[LayerPlan]]:

@@ -26,8 +26,10 @@ from .strategies import (
     TECHNIQUES,
     BlockStrategy,
     Constraints,
+    edge_strategy,
     enumerate_meshes,
 )
+from .validate import check_job_options
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -64,17 +66,6 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
         techniques=techniques,
         reshard_after_forward=features.reshard_after_forward,
     )
-
-
-def _check_options(ap: Any) -> None:
-    if ap.memory_gib < 0:
-        raise UserError(f"autoparallel.memory_gib must be >= 0 (0 = profile default), got "
-                        f"{ap.memory_gib}")
-    if ap.gpus_per_node < 0:
-        raise UserError(f"autoparallel.gpus_per_node must be >= 0 (0 = profile default), got "
-                        f"{ap.gpus_per_node}")
-    if ap.time_limit_s <= 0:
-        raise UserError(f"autoparallel.time_limit_s must be > 0, got {ap.time_limit_s}")
 
 
 def layer_graph_for(job_config: Any) -> LayerGraph:
@@ -115,29 +106,29 @@ class JobInputs:
     """Compile, float8 / MX, async TP, CPU offload and the resharding policy of the job."""
 
 
-def job_inputs(job_config: Any, world: int, features: Features | None = None) -> JobInputs:
+def job_inputs(job_config: Any, world: int, features: Features | None = None, dp: int = 0
+               ) -> JobInputs:
     """Resolve the planning inputs of ``job_config`` on ``world`` devices (validating them).
     ``features``: the job's speed features when rebuilt from a plan (default: from the
-    config)."""
+    config). ``training.global_batch_size = -1`` means local batch x data-parallel degree
+    (TorchTitan's rule): ``dp`` is that degree where known (a plan's mesh), else the world
+    size, and ``plan_job`` re-resolves it per data-parallel degree it searches."""
     import torch
     import torchtitan
 
     ap = job_config.autoparallel
-    _check_options(ap)
+    check_job_options(job_config)
     features = features or features_from_config(job_config)
     constraints = constraints_from_config(job_config, features)
     hw = ap.hardware if isinstance(ap.hardware, HardwareProfile) else load_profile(ap.hardware)
     imbalance = getattr(ap, "moe_load_imbalance", 0.0)
-    if imbalance < 0 or 0 < imbalance < 1:
-        raise UserError(f"autoparallel.moe_load_imbalance must be >= 1 (busiest rank / mean) or "
-                        f"0 for the profile's value, got {imbalance}")
     if imbalance:
         hw = dataclasses.replace(hw, moe_load_imbalance=float(imbalance))
     gpus_per_node = ap.gpus_per_node or hw.gpus_per_node
     budget = ap.memory_gib * 2**30 if ap.memory_gib > 0 else hw.budget_bytes
     training = job_config.training
     global_batch = (training.global_batch_size if training.global_batch_size > 0
-                    else training.local_batch_size * world)
+                    else training.local_batch_size * (dp or world))
     try:
         prec = Precision(DTYPE_BYTES[training.mixed_precision_param],
                          DTYPE_BYTES[training.mixed_precision_reduce])
@@ -192,28 +183,47 @@ def fingerprint_diff(plan_fp: dict[str, Any], job_fp: dict[str, Any]) -> list[st
             for k in keys if plan_fp.get(k) != job_fp.get(k)]
 
 
+def with_global_batch(inputs: JobInputs, global_batch: int) -> JobInputs:
+    """``inputs`` with another global batch (fingerprint included)."""
+    return dataclasses.replace(inputs, global_batch=global_batch, fingerprint={
+        **inputs.fingerprint, "global_batch_size": global_batch})
+
+
 def plan_job(job_config: Any, world: int) -> Plan:
-    """Solve the parallelization of ``job_config`` on ``world`` devices."""
+    """Solve the parallelization of ``job_config`` on ``world`` devices. With
+    ``training.global_batch_size = -1`` the global batch is the local batch x the mesh's
+    data-parallel degree (TorchTitan's rule): each degree is searched with its own global batch
+    and the plan with the most tokens/s wins."""
     start = time.perf_counter()
     inputs = job_inputs(job_config, world)
-    graph, hw, budget, global_batch = (inputs.graph, inputs.hw, inputs.budget_bytes,
-                                       inputs.global_batch)
-    meshes = enumerate_meshes(graph, world, inputs.gpus_per_node, inputs.constraints)
-    meshes = [m for m in meshes if global_batch % m.dp == 0] or _no_batch_split(
-        meshes, global_batch)
-    result = search(graph, world, global_batch, hw, inputs.precision, inputs.gpus_per_node,
-                    budget, inputs.constraints, meshes, job_config.autoparallel.time_limit_s,
-                    inputs.pins, inputs.features)
-    if result.best is None:
+    meshes = enumerate_meshes(inputs.graph, world, inputs.gpus_per_node, inputs.constraints)
+    local = job_config.training.local_batch_size
+    if job_config.training.global_batch_size == -1:
+        jobs = [(with_global_batch(inputs, local * dp), [m for m in meshes if m.dp == dp])
+                for dp in sorted({m.dp for m in meshes})]
+    else:
+        jobs = [(inputs, [m for m in meshes if inputs.global_batch % m.dp == 0]
+                 or _no_batch_split(meshes, inputs.global_batch))]
+    best: tuple[float, JobInputs, Solution, dict[str, Any]] | None = None
+    min_feasible = float("inf")
+    for job, job_meshes in jobs:
+        result = search(job.graph, world, job.global_batch, job.hw, job.precision,
+                        job.gpus_per_node, job.budget_bytes, job.constraints, job_meshes,
+                        job_config.autoparallel.time_limit_s, job.pins, job.features)
+        min_feasible = min(min_feasible, result.min_feasible_bytes)
+        if result.best is not None:
+            rate = job.global_batch / result.best.step_time_s
+            if best is None or rate > best[0]:
+                best = (rate, job, result.best, dict(result.stats))
+    if best is None:
         raise UserError(
-            f"no plan fits the memory budget of {budget / 2**30:.3g} GiB per device; the "
-            f"smallest budget that works is {result.min_feasible_bytes / 2**30:.3g} GiB "
+            f"no plan fits the memory budget of {inputs.budget_bytes / 2**30:.3g} GiB per "
+            f"device; the smallest budget that works is {min_feasible / 2**30:.3g} GiB "
             "(raise autoparallel.memory_gib, lower the batch or sequence length, or add devices)"
         )
-    sol = result.best
-    stats = dict(result.stats)
+    _, job, sol, stats = best
     stats["planning_time_s"] = time.perf_counter() - start
-    return build_plan(inputs, sol.candidate, _assign(inputs, sol), stats)
+    return build_plan(job, sol.candidate, _assign(job, sol), stats)
 
 
 def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrategy],
@@ -227,13 +237,13 @@ def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrateg
         key = (cls, strategy)
         counts[key] = counts.get(key, 0) + 1
     step = cand.step_time(counts)
-    edge_mode = "sp" if cand.mesh.tp > 1 else "none"
     assigned = iter(zip(classes, strategies, strict=True))
     layers = []
     for layer in graph.layers:
         if layer.kind != "block":
-            layers.append(LayerPlan(layer.fqn, layer.kind, "none", layer.kind == "embedding",
-                                    edge_mode))
+            edge = edge_strategy(layer.kind, cand.mesh)
+            layers.append(LayerPlan(layer.fqn, layer.kind, edge.ac, edge.reshard_after_forward,
+                                    edge.tp_mode))
             continue
         cls, strategy = next(assigned)
         cost = cand.costs[(cls, strategy)]

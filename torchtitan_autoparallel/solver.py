@@ -14,6 +14,7 @@ max over used strategies (not a sum). Solved to optimality (``mip_rel_gap = 0``)
                the optimizer-step phase does not depend on the blocks: checked per candidate)
 """
 
+import math
 import os
 import sys
 import time
@@ -33,6 +34,7 @@ from .cost.model import (
     block_cost,
     fixed_cost,
 )
+from .errors import UserError
 from .features import EAGER, Features
 from .graph.layer_graph import LayerGraph
 from .pins import Pin
@@ -179,8 +181,29 @@ def _new_highs() -> highspy.Highs:
     return h
 
 
+class SolveTimeout(Exception):
+    """HiGHS reached its time limit before finding any feasible point."""
+
+
+def check_finite(cand: Candidate, budget: float) -> None:
+    """Every number the MILP reads must be finite (a NaN or inf can stall HiGHS or turn the
+    budget off); names the first offender."""
+    numbers = {"memory budget": budget, "resident memory": cand.resident_bytes,
+               "optimizer-step memory": cand.step_bytes, "fixed time": cand.fixed_time_s}
+    for (_, strategy), cost in cand.costs.items():
+        for name in ("time_s", "kept_bytes", "transient_bytes"):
+            numbers[f"{strategy.name} {name}"] = getattr(cost, name)
+    for name, value in numbers.items():
+        if not math.isfinite(value):
+            raise UserError(
+                f"the cost model gave a non-finite {name} ({value}) on mesh {cand.mesh}: check "
+                "the hardware profile and autoparallel values for NaN, inf or zero")
+
+
 def solve_candidate(cand: Candidate, budget: float, time_limit_s: float) -> Solution | None:
-    """Solve the per-block MILP for one candidate; None if infeasible."""
+    """Solve the per-block MILP for one candidate; None if infeasible. Raises SolveTimeout when
+    the time limit ends the solve without any feasible point (HiGHS then returns zeros)."""
+    check_finite(cand, budget)
     h = _new_highs()
     h.setOptionValue("mip_rel_gap", 0.0)
     h.setOptionValue("time_limit", float(time_limit_s))
@@ -214,9 +237,13 @@ def solve_candidate(cand: Candidate, budget: float, time_limit_s: float) -> Solu
     if h.getModelStatus() not in (highspy.HighsModelStatus.kOptimal,
                                   highspy.HighsModelStatus.kTimeLimit):
         return None
-    values = h.getSolution().col_value
-    if not values:
+    feasible = highspy.SolutionStatus.kSolutionStatusFeasible
+    has_point = h.getInfo().primal_solution_status == feasible
+    if not has_point:
+        if h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
+            raise SolveTimeout
         return None
+    values = h.getSolution().col_value
     counts = {k: int(round(values[n_idx[k]])) for k in keys}
     info = h.getInfo()
     return Solution(cand, counts, cand.step_time(counts), cand.memory(counts), status,
@@ -250,8 +277,16 @@ def search(graph: LayerGraph, world: int, global_batch: int, hw: HardwareProfile
         if cand.min_memory() > budget:
             pruned += 1
             continue
-        remaining = max(0.05, time_limit_s - (time.perf_counter() - start))
-        sol = solve_candidate(cand, budget, remaining)
+        remaining = time_limit_s - (time.perf_counter() - start)
+        try:
+            sol = solve_candidate(cand, budget, max(0.0, remaining))
+        except SolveTimeout:
+            if best is None:
+                raise UserError(
+                    f"autoparallel.time_limit_s = {time_limit_s:g} s ran out before the solver "
+                    "found any feasible plan: raise time_limit_s") from None
+            status = "Time limit reached"
+            break
         solved += 1
         if sol is None:
             continue

@@ -182,8 +182,10 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
     acs = constraints.ac_modes if "ac" in constraints.techniques else ("none",)
     tp_modes: tuple[str, ...] = ("none",)
     if mesh.tp > 1:
+        # tp as data parallel needs an FSDP mesh over dp_shard x tp (dp_shard > 1)
         dp_ok = ("tp_dp" in constraints.techniques and microbatch % mesh.tp == 0
-                 and mesh.dp_replicate == 1 and mesh.cp == 1 and not moe_model)
+                 and mesh.dp_shard > 1 and mesh.dp_replicate == 1 and mesh.cp == 1
+                 and not moe_model)
         tp_modes = TP_MODES if dp_ok else ("sp",)
     out = []
     for mode in tp_modes:
@@ -194,6 +196,13 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
             for reshard in reshards:
                 out.append(BlockStrategy(ac, reshard, mode))
     return out
+
+
+def edge_strategy(kind: str, mesh: Mesh) -> BlockStrategy:
+    """How the embedding and the norm + output are applied (and so costed): the embedding
+    reshards after forward, the output keeps its parameters for the backward that follows at
+    once; vocab-parallel with loss parallel when tp > 1."""
+    return BlockStrategy("none", kind == "embedding", "sp" if mesh.tp > 1 else "none")
 
 
 def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe_model: bool,

@@ -45,19 +45,40 @@ def _config_path(argv: list[str]) -> str | None:
     return None
 
 
+def _check_toml(path: str) -> None:
+    """The config file exists and is TOML (TorchTitan would print a traceback first)."""
+    import tomllib
+
+    from .validate import shown
+
+    if not os.path.isfile(path):
+        raise UserError(f"config file not found: {shown(path)} (set CONFIG_FILE to an existing "
+                        ".toml)")
+    try:
+        with open(path, "rb") as f:
+            tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"config {shown(path)} is not valid TOML: {shown(exc, 200)}; fix the "
+                        "file") from exc
+    except OSError as exc:
+        raise UserError(f"cannot read config {shown(path)}: {exc.strerror}") from exc
+
+
 def parse_config(argv: list[str]) -> Any:
     """Parse TorchTitan's config (TOML + CLI) with the project's extension merged in."""
     from torchtitan.config import ConfigManager
 
+    from .validate import shown
+
     path = _config_path(argv)
-    if path is not None and not os.path.isfile(path):
-        raise UserError(f"config file not found: {path} (set CONFIG_FILE to an existing .toml)")
+    if path is not None:
+        _check_toml(path)
     try:
         return ConfigManager().parse_args(_with_config_module(argv))
     except SystemExit as exc:  # tyro prints its own message for unknown flags
         raise UserError("invalid command-line override (see the message above)") from exc
     except Exception as exc:  # TOML syntax errors and the like
-        raise UserError(f"cannot read config {path}: {exc}") from exc
+        raise UserError(f"cannot read config {path}: {shown(exc, 200)}") from exc
 
 
 # Set by run_train.sh: parse and check the job in one process before torchrun starts the ranks,
@@ -79,7 +100,9 @@ def resolve_assets_path(job_config: Any) -> None:
 def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
     """Reject settings this machine cannot run, naming the fix."""
     from .runtime.cpu import cuda_only_features
+    from .validate import check_model_name
 
+    check_model_name(job_config.model.name)
     resolve_assets_path(job_config)
     tokenizer = os.path.join(job_config.model.hf_assets_path, "tokenizer.json")
     if not os.path.isfile(tokenizer):
@@ -106,32 +129,84 @@ def world_size(job_config: Any) -> int:
     return int(os.environ.get(key, os.environ.get("WORLD_SIZE", "1")))
 
 
+def resolve_plan(job_config: Any, world: int) -> Any:
+    """The job's plan: the plan file (validated against the job) or a fresh solve."""
+    from torchtitan.tools.logging import logger
+
+    from .plan import Plan
+    from .planner import fingerprint_diff, job_inputs, plan_job
+    from .validate import check_plan_for_job
+
+    ap = job_config.autoparallel
+    if not ap.plan_file:
+        return plan_job(job_config, world)
+    plan = Plan.load(ap.plan_file)
+    inputs = job_inputs(job_config, world, dp=plan.mesh.dp)
+    job_fp = inputs.fingerprint
+    diff = fingerprint_diff(plan.fingerprint, job_fp)
+    if diff:
+        raise UserError(
+            f"plan {ap.plan_file} was made for another job ({'; '.join(diff)}); re-plan "
+            "(drop autoparallel.plan_file) or run the job the plan was made for"
+        )
+    check_plan_for_job(plan, world, [(layer.fqn, layer.kind) for layer in inputs.graph.layers],
+                       ap.plan_file)
+    if plan.fingerprint.get("versions") != job_fp["versions"]:
+        logger.warning(f"plan {ap.plan_file} was made with {plan.fingerprint.get('versions')}"
+                       f", this job runs {job_fp['versions']}")
+    return plan
+
+
+PLAN_KEY = "autoparallel/plan"
+
+
+def shared_plan(job_config: Any, world: int) -> Any:
+    """Rank 0 resolves the plan and hands it to the other ranks through torchrun's store, so
+    ranks can never run different plans (a time-limited solve, a load-dependent tie or an
+    edited file seen half-way could otherwise differ per rank). The store is the launcher's own
+    key-value store (``TORCHELASTIC_USE_AGENT_STORE``), not a process group: TorchTitan builds
+    those later, from the plan's degrees. A planning error on rank 0 is handed on too, so every
+    rank stops with the same line. Without torchrun's store (one process, a dry run) the
+    process plans alone; ``apply.check_plan_matches`` still compares the ranks' digests."""
+    from datetime import timedelta
+
+    from .plan import Plan
+
+    if (int(os.environ.get("WORLD_SIZE", "1")) == 1
+            or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+            or job_config.comm.mode == "fake_backend"):
+        return resolve_plan(job_config, world)
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=max(1800.0, 20 * job_config.autoparallel.time_limit_s))
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timeout)
+    key = f"{PLAN_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if int(os.environ.get("RANK", "0")) == 0:
+        try:
+            plan = resolve_plan(job_config, world)
+        except UserError as exc:
+            store.set(key, json.dumps({"error": str(exc)}))
+            raise
+        store.set(key, plan.to_json())
+        return plan
+    data = json.loads(store.get(key))
+    if "error" in data:
+        raise UserError(data["error"])
+    return Plan.from_dict(data, "received from rank 0")
+
+
 def prepare_planned_job(job_config: Any, write: bool) -> Any:
     """Plan (or load the plan file), then make the job TorchTitan runs follow the plan: mesh
-    degrees, local batch size, and the ``autoparallel`` converter that applies it."""
+    degrees, local batch size, and the ``autoparallel`` converter that applies it. Everything
+    is validated before the plan is saved or applied."""
     from torchtitan.tools.logging import logger
 
     from .converter import NAME, PLAN_ATTR
-    from .plan import Plan
-    from .planner import fingerprint_diff, job_inputs, plan_job
 
-    world = world_size(job_config)
     ap = job_config.autoparallel
     check_auto_settings(job_config)
-    if ap.plan_file:
-        plan = Plan.load(ap.plan_file)
-        job_fp = job_inputs(job_config, world).fingerprint
-        diff = fingerprint_diff(plan.fingerprint, job_fp)
-        if diff:
-            raise UserError(
-                f"plan {ap.plan_file} was made for another job ({'; '.join(diff)}); re-plan "
-                "(drop autoparallel.plan_file) or run the job the plan was made for"
-            )
-        if plan.fingerprint.get("versions") != job_fp["versions"]:
-            logger.warning(f"plan {ap.plan_file} was made with {plan.fingerprint.get('versions')}"
-                           f", this job runs {job_fp['versions']}")
-    else:
-        plan = plan_job(job_config, world)
+    plan = shared_plan(job_config, world_size(job_config))
     check_plan_features(job_config, plan)
     if write:
         logger.info("\n" + plan.table())
@@ -223,9 +298,12 @@ def _make_trainer_class() -> type:
             tokens = training.seq_len * self.gradient_accumulation_steps * (
                 training.local_batch_size * self._batch_degree()
             )
+            # loss, grad norm and memory exist on TorchTitan's log steps only (metrics.log_freq):
+            # other steps' rows carry the step time alone, never a previous step's loss
+            metrics, self._last_metrics = self._last_metrics, {}
             row = {
                 "step": self.step,
-                **self._last_metrics,
+                **metrics,
                 "step_time_s": elapsed,
                 "tokens_per_s": tokens / elapsed,
                 # graphs torch.compile has produced in this process so far (0: nothing compiled)

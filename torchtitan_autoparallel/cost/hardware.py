@@ -1,6 +1,5 @@
 """Hardware profiles: every machine constant the cost model uses, kept in TOML files."""
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +10,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from ..errors import UserError
+from ..validate import check_profile_data, shown
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -116,18 +116,19 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     path = Path(name_or_path)
     if not (name_or_path.endswith(".toml") or os.sep in name_or_path):
         path = PROFILE_DIR / f"{name_or_path}.toml"
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError:
+        found = False
+    if not found:
         raise UserError(
-            f"unknown hardware profile {name_or_path!r}: use one of {available_profiles()} "
+            f"unknown hardware profile {shown(name_or_path)}: use one of {available_profiles()} "
             "or a path to a profile .toml"
         )
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
-        fields = {f.name for f in dataclasses.fields(HardwareProfile)}
-        unknown = set(data) - fields
-        if unknown:
-            raise ValueError(f"unknown keys {sorted(unknown)}")
-        return HardwareProfile(**data)
-    except (tomllib.TOMLDecodeError, TypeError, ValueError) as exc:
-        raise UserError(f"hardware profile {path} is malformed: {exc}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"hardware profile {path} is malformed: {shown(exc, 200)}") from exc
+    check_profile_data(data, str(path))
+    return HardwareProfile(**data)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..features import EAGER, Features
 from ..graph.layer_graph import Layer, LayerGraph
 from ..plan import Mesh
-from ..strategies import BlockStrategy
+from ..strategies import BlockStrategy, edge_strategy
 from .hardware import HardwareProfile
 
 # activation checkpointing: (fraction of activations kept, fraction of forward recomputed)
@@ -318,8 +318,7 @@ def fixed_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfi
     for layer in graph.layers:
         if layer.kind == "block":
             continue
-        mode = "sp" if mesh.tp > 1 else "none"
-        cost = block_cost(layer, mesh, BlockStrategy("none", True, mode), microbatch, hw, prec,
+        cost = block_cost(layer, mesh, edge_strategy(layer.kind, mesh), microbatch, hw, prec,
                           gpus_per_node, features=features)
         time += cost.time_s
         # logits stay fp32 for the loss: not scaled by the activation dtype

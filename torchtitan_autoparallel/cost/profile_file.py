@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import asdict
 
-from ..errors import UserError
+from ..errors import atomic_write
 from .hardware import HardwareProfile
 
 
@@ -25,18 +23,8 @@ def to_toml(profile: HardwareProfile, notes: list[str]) -> str:
 
 
 def write_profile(path: str, profile: HardwareProfile, notes: list[str]) -> str:
-    """Write ``profile`` to ``path`` (temp file + rename: never half a file; the temp file is
-    removed on failure) and return the text."""
+    """Write ``profile`` to ``path`` atomically (``errors.atomic_write``: never half a file,
+    nothing left behind on failure) and return the text."""
     text = to_toml(profile, notes)
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = ""
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".profile-", suffix=".toml")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        if tmp and os.path.exists(tmp):
-            os.unlink(tmp)
-        raise UserError(f"cannot write profile to {path}: {exc.strerror}") from exc
+    atomic_write(path, text, "profile")
     return text

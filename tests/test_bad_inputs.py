@@ -1,0 +1,352 @@
+"""Bad inputs across TOML configs, the command line, hardware profiles and plan files: each one
+ends in one line on stderr naming the problem, exit code 2, no traceback (anything but a
+UserError would propagate out of ``run_cli`` and fail the test) and no file left behind."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomllib
+
+from torchtitan_autoparallel import train
+from torchtitan_autoparallel.cli import main as cli_main
+from torchtitan_autoparallel.errors import run_cli
+
+from parity import REPO
+
+DEBUG_AUTO = REPO / "train_configs" / "llama3_debug_auto.toml"
+MAX_LINE = 600
+
+
+def toml_text(data: dict[str, Any]) -> str:
+    """A TOML document for nested dicts of scalars and lists (NaN and inf included)."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, float) and not math.isfinite(v):
+            return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return json.dumps(v)
+
+    top = [f"{k} = {value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    sections = [f"[{k}]\n" + "\n".join(f"{kk} = {value(vv)}" for kk, vv in v.items())
+                for k, v in data.items() if isinstance(v, dict)]
+    return "\n".join(top + sections) + "\n"
+
+
+def one_line_error(code: int, err: str) -> str:
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert len(lines[0]) <= MAX_LINE, lines[0][:MAX_LINE]
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def files_under(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def cli(capsys, *argv: str) -> tuple[int, str]:
+    code = run_cli(lambda: cli_main(list(argv)))
+    return code, capsys.readouterr().err
+
+
+def preflight(capsys, monkeypatch, ngpu: int, *argv: str) -> tuple[int, str]:
+    """What ``run_train.sh`` runs before starting ranks: parse, check, plan or replay."""
+    monkeypatch.setenv(train.PREFLIGHT_ENV, "1")
+    monkeypatch.setenv("WORLD_SIZE", str(ngpu))
+    monkeypatch.setenv("RANK", "0")
+    code = run_cli(lambda: train.main(list(argv)))
+    return code, capsys.readouterr().err
+
+
+BASE = tomllib.loads(DEBUG_AUTO.read_text())
+
+
+def config_with(tmp: Path, **sections: dict[str, Any]) -> Path:
+    data = copy.deepcopy(BASE)
+    for section, values in sections.items():
+        data.setdefault(section, {}).update(values)
+    path = tmp / "job.toml"
+    path.write_text(toml_text(data))
+    return path
+
+
+# ------------------------------------------------------------------------------ TOML / options
+
+TOML_CASES = [
+    ({"autoparallel": {"memory_gib": "abc"}}, "autoparallel.memory_gib = 'abc'"),
+    ({"autoparallel": {"memory_gib": True}}, "autoparallel.memory_gib = True"),
+    ({"autoparallel": {"memory_gib": -1.0}}, "autoparallel.memory_gib = -1.0"),
+    ({"autoparallel": {"memory_gib": math.inf}}, "autoparallel.memory_gib = inf"),
+    ({"autoparallel": {"gpus_per_node": "8"}}, "autoparallel.gpus_per_node = '8'"),
+    ({"autoparallel": {"gpus_per_node": 2.5}}, "autoparallel.gpus_per_node = 2.5"),
+    ({"autoparallel": {"hardware": 5}}, "autoparallel.hardware = 5"),
+    ({"autoparallel": {"hardware": ""}}, "autoparallel.hardware is empty"),
+    ({"autoparallel": {"hardware": "tpu_v9"}}, "unknown hardware profile 'tpu_v9'"),
+    ({"autoparallel": {"techniques": "fsdp"}}, "autoparallel.techniques = 'fsdp'"),
+    ({"autoparallel": {"techniques": ["fsdp", "magic"]}}, "unknown entries ['magic']"),
+    ({"autoparallel": {"time_limit_s": 0.0}}, "autoparallel.time_limit_s = 0.0"),
+    ({"autoparallel": {"time_limit_s": math.nan}}, "autoparallel.time_limit_s = nan"),
+    ({"autoparallel": {"moe_load_imbalance": 0.5}}, "autoparallel.moe_load_imbalance = 0.5"),
+    ({"autoparallel": {"moe_load_imbalance": math.nan}}, "autoparallel.moe_load_imbalance = nan"),
+    ({"autoparallel": {"pin": "layers.0"}}, "autoparallel.pin = 'layers.0'"),
+    ({"training": {"global_batch_size": 0}}, "training.global_batch_size = 0"),
+    ({"training": {"local_batch_size": 0}}, "training.local_batch_size = 0"),
+    ({"training": {"seq_len": -8}}, "training.seq_len = -8"),
+    ({"training": {"mixed_precision_param": "float8"}}, "training.mixed_precision_param"),
+]
+
+
+@pytest.mark.parametrize("sections,message", TOML_CASES,
+                         ids=[m.split(" =")[0].split(" is")[0] + f"-{i}"
+                              for i, (_, m) in enumerate(TOML_CASES)])
+def test_bad_toml_values(tmp_path, capsys, sections, message):
+    config = config_with(tmp_path, **sections)
+    before = files_under(tmp_path)
+    line = one_line_error(*cli(capsys, "plan", "--config", str(config), "--ngpu", "2", "--out",
+                               str(tmp_path / "plan.json")))
+    assert message in line, line
+    assert files_under(tmp_path) == before
+
+
+def test_malformed_and_binary_toml(tmp_path, capsys):
+    for name, content in (("bad.toml", b"this is [ not toml\n"), ("bin.toml", os.urandom(256))):
+        (tmp_path / name).write_bytes(content)
+        line = one_line_error(*cli(capsys, "plan", "--config", str(tmp_path / name),
+                                   "--ngpu", "2"))
+        assert "not valid TOML" in line, line
+    line = one_line_error(*cli(capsys, "plan", "--config", str(tmp_path / "no.toml"),
+                               "--ngpu", "2"))
+    assert "config file not found" in line
+
+
+@pytest.mark.parametrize("section,key", [("model", "name"), ("autoparallel", "pin"),
+                                         ("autoparallel", "hardware")])
+def test_huge_names_give_a_short_line(tmp_path, capsys, section, key):
+    """A 50 MB module name once gave a 50 MB error line (1 MB here, to keep the test fast)."""
+    name = "m" * 1_000_000
+    config = config_with(tmp_path, **{section: {key: [name] if key == "pin" else name}})
+    line = one_line_error(*cli(capsys, "plan", "--config", str(config), "--ngpu", "2"))
+    assert "mmmm" in line
+
+
+def test_malformed_toml_through_the_launcher(tmp_path):
+    (tmp_path / "bad.toml").write_text("[training\nsteps = 1\n")
+    env = {**os.environ, "NGPU": "2", "CONFIG_FILE": str(tmp_path / "bad.toml")}
+    proc = subprocess.run([str(REPO / "run_train.sh")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert "not valid TOML" in one_line_error(proc.returncode, proc.stderr)
+
+
+# ------------------------------------------------------------------------------ command line
+
+def test_bad_command_line(tmp_path, capsys):
+    config = str(DEBUG_AUTO)
+    for argv, message in (
+        (["--ngpu", "0"], "--ngpu must be a positive integer"),
+        (["--ngpu", "-3"], "--ngpu must be a positive integer"),
+        (["--ngpu", "2", "--memory-gib", "nan"], "autoparallel.memory_gib = nan"),
+        (["--ngpu", "2", "--gpus-per-node", "-1"], "autoparallel.gpus_per_node = -1"),
+        (["--ngpu", "2", "--out", str(tmp_path)], "is a directory"),
+    ):
+        before = files_under(tmp_path)
+        line = one_line_error(*cli(capsys, "plan", "--config", config, *argv))
+        assert message in line, line
+        assert files_under(tmp_path) == before
+
+
+# ------------------------------------------------------------------------------ profiles
+
+PROFILE = tomllib.loads((REPO / "torchtitan_autoparallel" / "profiles" / "cpu.toml").read_text())
+PROFILE_CASES = [
+    ("peak_tflops", math.nan), ("peak_tflops", -1.0), ("peak_tflops", 0.0),
+    ("memory_gib", math.nan), ("memory_gib", True), ("moe_load_imbalance", math.nan),
+    ("intra_node_gbps", 0.0), ("inter_node_gbps", -5.0), ("usable_memory_fraction", 2.0),
+    ("comm_overlap", math.inf), ("gpus_per_node", 1.5), ("name", 3),
+    ("grouped_mm", "yes"), ("matmul_efficiency", 0.0), ("host_copy_gbps", -math.inf),
+]
+
+
+@pytest.mark.parametrize("key,value", PROFILE_CASES, ids=[f"{k}={v}" for k, v in PROFILE_CASES])
+def test_bad_profile_values(tmp_path, capsys, key, value):
+    path = tmp_path / "hw.toml"
+    path.write_text(toml_text({**PROFILE, key: value}))
+    line = one_line_error(*cli(capsys, "plan", "--config", str(DEBUG_AUTO), "--ngpu", "2",
+                               "--hardware", str(path), "--out", str(tmp_path / "p.json")))
+    assert f"{key} = " in line and "invalid" in line, line
+    assert files_under(tmp_path) == {"hw.toml"}
+
+
+def test_profile_missing_unknown_and_binary(tmp_path, capsys):
+    for name, text, message in (
+        ("missing.toml", toml_text({k: v for k, v in PROFILE.items() if k != "peak_tflops"}),
+         "missing key 'peak_tflops'"),
+        ("unknown.toml", toml_text({**PROFILE, "warp_speed": 9.0}), "unknown key 'warp_speed'"),
+        ("broken.toml", "name = \n", "malformed"),
+    ):
+        (tmp_path / name).write_text(text)
+        line = one_line_error(*cli(capsys, "plan", "--config", str(DEBUG_AUTO), "--ngpu", "2",
+                                   "--hardware", str(tmp_path / name)))
+        assert message in line, line
+
+
+def test_every_profile_field_is_checked():
+    """The generic check covers fields added later: each shipped profile passes, and every
+    field rejects NaN."""
+    import dataclasses
+
+    from torchtitan_autoparallel.cost.hardware import HardwareProfile, available_profiles
+    from torchtitan_autoparallel.errors import UserError
+    from torchtitan_autoparallel.validate import check_profile_data
+
+    for name in available_profiles():
+        text = (REPO / "torchtitan_autoparallel" / "profiles" / f"{name}.toml").read_text()
+        check_profile_data(tomllib.loads(text), name)
+    for field in dataclasses.fields(HardwareProfile):
+        with pytest.raises(UserError, match=field.name):
+            check_profile_data({**PROFILE, field.name: math.nan}, "test")
+
+
+# ------------------------------------------------------------------------------ plan files
+
+@pytest.fixture(scope="module")
+def plan_files(tmp_path_factory):
+    """Plans of llama3 debug: DDP on 2 ranks (as solved) and TP on 2 ranks."""
+    folder = tmp_path_factory.mktemp("plans")
+    tp_config = folder / "tp.toml"
+    data = copy.deepcopy(BASE)
+    data["parallelism"]["tensor_parallel_degree"] = 2
+    tp_config.write_text(toml_text(data))
+    for name, config in (("ddp", DEBUG_AUTO), ("tp", tp_config)):
+        assert cli_main(["plan", "--config", str(config), "--ngpu", "2", "--out",
+                         str(folder / f"{name}.json")]) == 0
+    return folder
+
+
+def edited(plan_files: Path, name: str, edit) -> dict:
+    data = json.loads((plan_files / f"{name}.json").read_text())
+    edit(data)
+    return data
+
+
+def _set(path: str, value: Any):
+    def edit(data: dict) -> None:
+        keys = path.split(".")
+        target = data
+        for key in keys[:-1]:
+            target = target[int(key)] if isinstance(target, list) else target[key]
+        target[keys[-1]] = value
+    return edit
+
+
+def _block(data: dict) -> dict:
+    return next(layer for layer in data["layers"] if layer["kind"] == "block")
+
+
+PLAN_EDITS = [
+    ("ddp", _set("gradient_accumulation_steps", 2), "gradient_accumulation_steps 2"),
+    ("ddp", _set("mesh.dp_replicate", 3), "multiplies to 3"),
+    ("ddp", _set("mesh.dp_replicate", -2), "mesh.dp_replicate = -2"),
+    ("ddp", _set("mesh.dp_shard", "2"), "mesh.dp_shard = '2'"),
+    ("ddp", _set("local_batch_size", 0), "local_batch_size = 0"),
+    ("ddp", lambda d: _block(d).update(ac="sometimes"), ".ac = 'sometimes'"),
+    ("ddp", lambda d: _block(d).update(tp_mode="zigzag"), ".tp_mode = 'zigzag'"),
+    ("ddp", lambda d: d["layers"].insert(2, dict(d["layers"][1])), "appears more than once"),
+    ("ddp", lambda d: d.pop("predicted"), "missing field 'predicted'"),
+    ("ddp", lambda d: d["predicted"].pop("step_time_s"), "predicted.step_time_s = None"),
+    ("ddp", lambda d: d["layers"].pop(2), "layers are not the model's"),
+    ("ddp", _set("mesh.warp", 1), "unknown key 'warp'"),
+    ("ddp", _set("version", 99), "schema version 99"),
+    ("tp", lambda d: _block(d).update(tp_mode="none"), "tp_mode 'none' on a tp mesh"),
+    ("tp", lambda d: _block(d).update(tp_mode="dp"), "tp_mode 'dp' needs dp_shard > 1"),
+    ("tp", _set("mesh.etp", 2), "etp > 1 needs ep > 1"),
+]
+
+
+@pytest.mark.parametrize("name,edit,message", PLAN_EDITS,
+                         ids=[f"{n}-{m.split()[0]}-{i}" for i, (n, _, m) in enumerate(PLAN_EDITS)])
+def test_edited_plans_are_refused_before_training(plan_files, tmp_path, capsys, monkeypatch,
+                                                  name, edit, message):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(edited(plan_files, name, edit)))
+    saved = tmp_path / "out" / "saved.json"
+    config = DEBUG_AUTO if name == "ddp" else plan_files / "tp.toml"
+    line = one_line_error(*preflight(capsys, monkeypatch, 2, "--job.config_file", str(config),
+                                     f"--autoparallel.plan_file={path}",
+                                     f"--autoparallel.save_plan={saved}"))
+    assert message in line, line
+    assert files_under(tmp_path) == {"plan.json"}  # save_plan wrote nothing
+
+
+def test_unreadable_plan_files(plan_files, tmp_path, capsys):
+    cases = {
+        "random.json": os.urandom(512),
+        "list.json": b"[1, 2, 3]",
+        "nan.json": (plan_files / "ddp.json").read_bytes().replace(
+            b'"moe_load_imbalance": 1.2', b'"moe_load_imbalance": NaN'),
+        "deep.json": b"[" * 100_000,
+    }
+    for name, content in cases.items():
+        (tmp_path / name).write_bytes(content)
+        one_line_error(*cli(capsys, "explain", str(tmp_path / name)))
+    line = one_line_error(*cli(capsys, "explain", str(tmp_path)))
+    assert "cannot read plan file" in line
+    line = one_line_error(*cli(capsys, "diff", str(tmp_path / "list.json"),
+                               str(plan_files / "ddp.json")))
+    assert "not a plan" in line
+
+
+def test_explain_refuses_an_impossible_plan(plan_files, tmp_path, capsys):
+    """World 3 in a plan made for 2 ranks: explain no longer prints it."""
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(edited(plan_files, "ddp", _set("mesh.dp_replicate", 3))))
+    assert "multiplies to 3" in one_line_error(*cli(capsys, "explain", str(path)))
+
+
+def test_save_plan_under_a_regular_file(tmp_path, capsys, monkeypatch):
+    """A folder through a regular file fails for root too; nothing is left behind."""
+    (tmp_path / "f").write_text("x")
+    line = one_line_error(*preflight(capsys, monkeypatch, 2, "--job.config_file",
+                                     str(DEBUG_AUTO), f"--autoparallel.save_plan="
+                                     f"{tmp_path / 'f' / 'plan.json'}"))
+    assert "cannot write plan" in line
+    assert files_under(tmp_path) == {"f"}
+
+
+def test_edited_accumulation_through_the_launcher(plan_files, tmp_path):
+    """The edited plan that once trained to the end with diverging ranks: one line, exit 2."""
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(edited(plan_files, "ddp",
+                                      _set("gradient_accumulation_steps", 2))))
+    env = {**os.environ, "NGPU": "2", "CONFIG_FILE": str(DEBUG_AUTO)}
+    proc = subprocess.run([str(REPO / "run_train.sh"), f"--autoparallel.plan_file={path}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert "gradient_accumulation_steps 2" in one_line_error(proc.returncode, proc.stderr)
+
+
+# ------------------------------------------------------------------------------ writes
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch):
+    """A failing write (here: the disk is full) removes its temp file; the old file stays."""
+    from torchtitan_autoparallel import errors
+
+    target = tmp_path / "plan.json"
+    target.write_text("old")
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(errors.os, "fsync", full)
+    with pytest.raises(errors.UserError, match="No space left on device"):
+        errors.atomic_write(str(target), "new", "plan")
+    assert files_under(tmp_path) == {"plan.json"} and target.read_text() == "old"
