@@ -395,10 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     init_logger()
     register()
     job_config = parse_config(argv)
+    import_custom_module(job_config)  # the user's train spec: model.name is checked against it
     dry_run = job_config.comm.mode == "fake_backend"
     check_config(job_config, cpu, dry_run)
     preflight = os.environ.get(PREFLIGHT_ENV) == "1"
-    import_custom_module(job_config)
     make_plannable(job_config.model.name)
     if job_config.parallelism.auto or job_config.autoparallel.plan_file:
         prepare_planned_job(job_config, write=preflight or int(os.environ.get("RANK", "0")) == 0)
