@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from .errors import UserError
 from .features import features_from_config
-from .graph.adapters import FamilyAdapter, get_adapter
+from .graph.adapters import ModelAdapter, get_adapter
 from .plan import Plan
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -108,7 +108,7 @@ def _shard_routed_experts(experts: nn.Module, parallel_dims: Any, plan: Plan,
                 reshard_after_forward=reshard_after_forward, shard_placement_fn=placement)
 
 
-def apply_tensor_parallel(model: nn.Module, adapter: FamilyAdapter, tp_mesh: Any,
+def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
                           tp_modes: dict[str, str], *, loss_parallel: bool,
                           enable_float8_tensorwise_tp: bool, cp_enabled: bool) -> None:
     """The family's TorchTitan TP + SP plan on the blocks planned "sp" (and the embedding,
@@ -160,7 +160,7 @@ def apply_block_compile(blocks: nn.Module, compile_config: Any, *, moe: bool,
         apply_compile(view, compile_config)
 
 
-def apply_sharding(model: nn.Module, adapter: FamilyAdapter, parallel_dims: Any, plan: Plan,
+def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, plan: Plan,
                    fsdp: dict[str, Any], moe_blocks: dict[str, nn.Module]) -> None:
     """FSDP2 per planned group, each with its planned ``reshard_after_forward``: embedding,
     every block (blocks using tp as data parallel on dp_shard x tp; routed experts of EP
@@ -172,8 +172,8 @@ def apply_sharding(model: nn.Module, adapter: FamilyAdapter, parallel_dims: Any,
     by_fqn = {layer.fqn: layer for layer in plan.layers}
     blocks = model.get_submodule(adapter.blocks)
     embedding = model.get_submodule(adapter.embedding)
-    head = [model.get_submodule(adapter.final_norm), model.get_submodule(adapter.output)]
-    tied = {id(p) for p in embedding.parameters()} & {id(p) for p in head[1].parameters()}
+    head = [model.get_submodule(n) for n in (adapter.final_norm, adapter.output) if n]
+    tied = {id(p) for p in embedding.parameters()} & {id(p) for p in head[-1].parameters()}
     if not tied:
         fully_shard(embedding, **fsdp,
                     reshard_after_forward=by_fqn[adapter.embedding].reshard_after_forward)
@@ -224,7 +224,7 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
 
     check_plan_matches(plan, parallel_dims)
     features = features_from_config(job_config)
-    adapter = get_adapter(job_config.model.name)
+    adapter = get_adapter(job_config.model.name, model)
     by_fqn = {layer.fqn: layer for layer in plan.layers}
     blocks = model.get_submodule(adapter.blocks)
     planned = {name: by_fqn.get(f"{adapter.blocks}.{name}") for name in blocks_names(blocks)}

@@ -24,7 +24,7 @@ from .errors import UserError, run_cli
 
 def _job(args: argparse.Namespace, auto: bool) -> Any:
     from .job_config import parse_config
-    from .registry import register
+    from .registry import import_custom_module, register
 
     register()
     overrides = ["--job.config_file", args.config]
@@ -36,7 +36,9 @@ def _job(args: argparse.Namespace, auto: bool) -> Any:
         overrides.append(f"--autoparallel.gpus_per_node={args.gpus_per_node}")
     if args.memory_gib is not None:
         overrides.append(f"--autoparallel.memory_gib={args.memory_gib}")
-    return parse_config(overrides)
+    job = parse_config(overrides)
+    import_custom_module(job)
+    return job
 
 
 def _emit(args: argparse.Namespace, plan: Any) -> None:
@@ -49,7 +51,7 @@ def _emit(args: argparse.Namespace, plan: Any) -> None:
         return
     print(plan.table())
     print(snippet(plan))
-    for note in plan.notes:
+    for note in plan.untabled_notes:
         print(f"note: {note}")
     if args.out:
         print(f"plan written to {args.out}")

@@ -73,7 +73,7 @@ def explain_text(plan: Plan, rows: list[dict[str, Any]]) -> str:
         lines.append(f"  {name:<20}{r['strategy']:<26}{r['compute_ms']:>11.4g}"
                      f"{r['exposed_comm_ms']:>9.4g}{r['kept_mib']:>10.4g}  {alt}")
     lines += ["", snippet(plan)]
-    lines += [f"note: {n}" for n in plan.notes]
+    lines += [f"note: {n}" for n in plan.untabled_notes]
     return "\n".join(lines)
 
 

@@ -221,6 +221,12 @@ class Plan:
         check_plan(self, path)
         atomic_write(path, self.to_json(), "plan")
 
+    @property
+    def untabled_notes(self) -> list[str]:
+        """Notes ``table`` does not show (it shows the techniques the model's adapter cannot
+        apply, ``exclusions.exclusion_notes``)."""
+        return [note for note in self.notes if not note.startswith("excluded ")]
+
     def table(self) -> str:
         """Readable summary: mesh, batch split, predictions, then one row per layer run."""
         m = self.mesh
@@ -236,6 +242,7 @@ class Plan:
             f"{self.solver['milps_solved']} MILPs over {self.solver['candidates']} candidates, "
             f"{self.solver['variables']} variables, {self.solver['constraints']} constraints, "
             f"planning {_planning_time(self.solver)}",
+            *(f"  {note}" for note in self.notes if note not in self.untabled_notes),
             f"  {'layers':<24}{'strategy':<26}{'time/mb ms':>12}{'exposed comm ms':>17}"
             f"{'memory MiB':>12}",
         ]

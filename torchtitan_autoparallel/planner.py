@@ -15,6 +15,7 @@ from . import __version__
 from .cost.hardware import HardwareProfile, load_profile
 from .cost.model import Precision
 from .errors import UserError
+from .exclusions import exclusion_notes, without_excluded
 from .features import Features, features_from_config
 from .graph.adapters import get_adapter
 from .graph.layer_graph import LayerGraph, build_layer_graph
@@ -68,29 +69,25 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
 
 
 def layer_graph_for(job_config: Any) -> LayerGraph:
-    from torchtitan.protocols.train_spec import get_train_spec
-
     name, flavor = job_config.model.name, job_config.model.flavor
-    spec = get_train_spec(name)
-    if flavor not in spec.model_args:
-        raise UserError(f"unknown flavor {flavor!r} for {name}: choose one of "
-                        f"{sorted(spec.model_args)}")
-    args = spec.model_args[flavor]
-    attn = getattr(args, "attn_type", "sdpa")
-    cp_attention = get_adapter(name).cp_attention
-    if job_config.parallelism.context_parallel_degree > 1 and attn not in cp_attention:
+    graph = model_layer_graph(name, flavor, job_config.training.seq_len)
+    cp_attention = graph.cp_attention
+    if job_config.parallelism.context_parallel_degree > 1 and graph.attn_type not in cp_attention:
         raise UserError(
             f"context parallel in {name} needs {' or '.join(cp_attention)} attention; {flavor} "
-            f"uses {attn!r}: set parallelism.context_parallel_degree = 1"
+            f"uses {graph.attn_type!r}: set parallelism.context_parallel_degree = 1"
         )
-    return model_layer_graph(name, flavor, job_config.training.seq_len)
+    return graph
 
 
 def model_layer_graph(name: str, flavor: str, seq_len: int) -> LayerGraph:
     """The layer graph of a registered model flavor at ``seq_len`` (no job config)."""
-    from torchtitan.protocols.train_spec import get_train_spec
+    from .registry import train_spec_of
 
-    spec = get_train_spec(name)
+    spec = train_spec_of(name)
+    if flavor not in spec.model_args:
+        raise UserError(f"unknown flavor {flavor!r} for {name}: choose one of "
+                        f"{sorted(spec.model_args)}")
     return build_layer_graph(name, flavor, spec.model_args[flavor], spec.model_cls, seq_len)
 
 
@@ -142,6 +139,7 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
     except KeyError as exc:
         raise UserError(f"unsupported mixed precision dtype {exc}") from exc
     graph = layer_graph_for(job_config)
+    constraints = without_excluded(constraints, graph, world)
     recipe = recipe_from_config(job_config)
     globs = list(getattr(ap, "pin", []))
     pins = resolve_pins(graph, globs, get_adapter(graph.family).default_pins, recipe_of(recipe))
@@ -172,6 +170,9 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
         "versions": {"torchtitan_autoparallel": __version__, "torch": torch.__version__,
                      "torchtitan": getattr(torchtitan, "__version__", "0.2.2")},
     }
+    custom = getattr(getattr(job_config, "experimental", None), "custom_import", "")
+    if custom:  # the user's module with the train spec and adapter (explain / diff import it)
+        fingerprint["custom_import"] = custom
     if features != Features():
         # only when set: plans of eager jobs keep their files (and digests) unchanged
         fingerprint["features"] = features.to_dict()
@@ -276,6 +277,7 @@ def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrateg
         },
         solver={**solver, "objective": step},
         inputs=inputs_record(inputs),
+        notes=exclusion_notes(graph),
     )
 
 
@@ -354,13 +356,18 @@ def inputs_from_plan(plan: Plan, cache: dict[str, Any] | None = None,
     """The planning inputs ``plan`` was made from, rebuilt from the plan alone (its stored
     inputs; for a version-1 plan, its fingerprint and the hardware profile it names, or ``hw``
     in its place). ``cache`` keeps layer graphs between calls."""
-    from .registry import register
+    from types import SimpleNamespace
+
+    from .registry import import_custom_module, register
 
     fp = plan.fingerprint
     cache = {} if cache is None else cache
     key = f"{fp['model']}/{fp['flavor']}/{fp['seq_len']}"
     if key not in cache:
         register()
+        if fp.get("custom_import"):  # the user's train spec and adapter
+            import_custom_module(SimpleNamespace(
+                experimental=SimpleNamespace(custom_import=fp["custom_import"])))
         cache[key] = model_layer_graph(fp["model"], fp["flavor"], fp["seq_len"])
     graph = cache[key]
     record = plan.inputs or record_from_fingerprint(fp, graph, hw)
@@ -369,7 +376,8 @@ def inputs_from_plan(plan: Plan, cache: dict[str, Any] | None = None,
     if unknown:
         raise UserError(f"the plan's hardware profile has fields this version does not know "
                         f"({unknown}): re-plan the job with this version")
-    constraints = dict(record["constraints"], techniques=tuple(record["constraints"]["techniques"]))
+    constraints = {key: tuple(value) if isinstance(value, list) else value
+                   for key, value in record["constraints"].items()}
     pins = {fqn: Pin(p["recipe_ac"], p["recipe_reshard"], tuple(p["regions"]))
             for fqn, p in record["pins"].items()}
     return JobInputs(graph, Constraints(**constraints), HardwareProfile(**record["hardware"]),
@@ -392,8 +400,10 @@ def record_from_fingerprint(fp: dict[str, Any], graph: LayerGraph,
     pins = resolve_pins(graph, list(fp.get("pin", [])), get_adapter(graph.family).default_pins,
                         recipe_of(recipe))
     features = Features(**fp.get("features", {}))
-    constraints = Constraints(c["dp_replicate"], c["dp_shard"], c["tp"], c.get("cp", 0),
-                              c.get("ep", 0), c.get("etp", 0), tuple(c["techniques"]), reshard)
+    constraints = without_excluded(Constraints(
+        c["dp_replicate"], c["dp_shard"], c["tp"], c.get("cp", 0), c.get("ep", 0),
+        c.get("etp", 0), tuple(c["techniques"]), reshard_after_forward=reshard), graph,
+        fp["world_size"])
     inputs = JobInputs(graph, constraints, hw, fp["gpus_per_node"],
                        fp["memory_budget_gib"] * 2**30, fp["global_batch_size"],
                        Precision(DTYPE_BYTES[fp["mixed_precision_param"]],

@@ -67,6 +67,8 @@ def _with_plan_and_cpu_reduction(
         return model
 
     parallelize.__name__ = getattr(parallelize_fn, "__name__", "parallelize")
+    parallelize.__wrapped__ = parallelize_fn  # type: ignore[attr-defined]
+    parallelize.applies_plans = True  # type: ignore[attr-defined]
     return parallelize
 
 
@@ -107,11 +109,59 @@ def register() -> None:
         model_args["bench"] = bench_args(family, model_args["debugmodel"])
         for name, (base_flavor, overrides) in EXTRA_FLAVORS.get(family, {}).items():
             model_args[name] = dataclasses.replace(model_args[base_flavor], **overrides)
-        spec = dataclasses.replace(
-            base,
-            model_args=model_args,
-            parallelize_fn=_with_plan_and_cpu_reduction(base.parallelize_fn),
-            build_dataloader_fn=_with_global_batch_loader(base.build_dataloader_fn),
-        )
-        ts.register_train_spec(family, spec)
+        ts.register_train_spec(family, _plannable(base, model_args=model_args))
     _registered = True
+
+
+def _plannable(spec: Any, **changes: Any) -> Any:
+    """``spec`` applying attached plans and reading the project's datasets."""
+    return dataclasses.replace(
+        spec,
+        parallelize_fn=_with_plan_and_cpu_reduction(spec.parallelize_fn),
+        build_dataloader_fn=_with_global_batch_loader(spec.build_dataloader_fn),
+        **changes,
+    )
+
+
+def train_spec_of(name: str) -> Any:
+    """TorchTitan's train spec ``name``; a one-line error when none is registered."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    from .errors import UserError
+
+    try:
+        return get_train_spec(name)
+    except ValueError as exc:
+        raise UserError(f"model.name {name!r} has no train spec: register one with "
+                        "register_train_spec in the module experimental.custom_import names"
+                        ) from exc
+
+
+def make_plannable(name: str) -> None:
+    """Let train spec ``name`` run plans: any spec the project does not register itself (a
+    user's, registered through ``experimental.custom_import``, or another TorchTitan family)
+    gets the same plan application and data loader as the project's own (idempotent)."""
+    from torchtitan.protocols import train_spec as ts
+
+    spec = train_spec_of(name)
+    if getattr(spec.parallelize_fn, "applies_plans", False):
+        return
+    # TorchTitan's register_train_spec refuses a second registration of a name
+    ts._extra_train_specs[name] = _plannable(spec)
+
+
+def import_custom_module(job_config: Any) -> None:
+    """Import ``experimental.custom_import`` (the user's train spec and adapter) before
+    planning; TorchTitan's Trainer imports it again later (a no-op)."""
+    import importlib
+
+    from .errors import UserError
+
+    module = job_config.experimental.custom_import
+    if not module:
+        return
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise UserError(f"experimental.custom_import = {module!r} cannot be imported ({exc}): "
+                        "put its package on PYTHONPATH") from None

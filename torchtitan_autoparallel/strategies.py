@@ -50,6 +50,8 @@ class Constraints:
     ep: int = 0
     etp: int = 0
     techniques: tuple[str, ...] = TECHNIQUES
+    ac_modes: tuple[str, ...] = AC_MODES
+    """AC modes the model's adapter can apply (selective needs its op list)."""
     reshard_after_forward: str = "default"
     """parallelism.fsdp_reshard_after_forward: "default" = chosen per block, "always" /
     "never" = every FSDP-sharded block reshards / keeps its parameters after forward."""
@@ -182,7 +184,7 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
                      moe_model: bool = False) -> list[BlockStrategy]:
     """Per-block choices on ``mesh`` for a local batch of ``microbatch`` sequences. The tp dim
     as data parallel is offered on dense models only (MoE blocks follow TorchTitan's MoE TP)."""
-    acs = AC_MODES if "ac" in constraints.techniques else ("none",)
+    acs = constraints.ac_modes if "ac" in constraints.techniques else ("none",)
     tp_modes: tuple[str, ...] = ("none",)
     if mesh.tp > 1:
         # tp as data parallel needs an FSDP mesh over dp_shard x tp (dp_shard > 1)

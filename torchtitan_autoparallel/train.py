@@ -147,15 +147,17 @@ def main(argv: list[str] | None = None) -> int:
     cpu = cpu_runtime.install()
     from torchtitan.tools.logging import init_logger, logger
 
-    from .registry import register
+    from .registry import import_custom_module, make_plannable, register
 
     init_logger()
     register()
     job_config = parse_config(argv)
+    import_custom_module(job_config)  # the user's train spec: model.name is checked against it
     dry_run = job_config.comm.mode == "fake_backend"
     check_config(job_config, cpu, dry_run)
     preflight = os.environ.get(PREFLIGHT_ENV) == "1"
     plan = None
+    make_plannable(job_config.model.name)
     if job_config.parallelism.auto or job_config.autoparallel.plan_file:
         plan = prepare_planned_job(job_config,
                                    write=preflight or int(os.environ.get("RANK", "0")) == 0)

@@ -1,98 +1,170 @@
-"""Per-model-family knowledge, one small adapter each: where the blocks are, head counts, and
-which TorchTitan helpers parallelize the family. Adding a family is adding one entry."""
+"""The public adapter API: what the planner and the applier need to know about a model family.
+
+A family is the name its TorchTitan train spec is registered under (``model.name``). Register an
+adapter for it from the module ``experimental.custom_import`` already imports for the train spec::
+
+    from torchtitan_autoparallel import ModelAdapter, register_adapter
+
+    register_adapter("my_model", ModelAdapter(tp_fn="my_pkg.parallel.apply_tp"))
+
+Every field defaults to ``None``: discovered from the model and its train spec
+(``graph/discover.py``), or, where that cannot be done safely, the technique it enables is left
+out of the search (the plan table names what was excluded and why). A family without a
+registered adapter is discovered entirely.
+"""
+
+from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UserError
 
+FnRef = str | Callable[..., Any]
+"""A function, or its dotted import path (resolved when first used)."""
 
-def _resolve(path: str) -> Any:
-    module, _, name = path.rpartition(".")
+
+def resolve(ref: FnRef | None) -> Any:
+    """The object ``ref`` names (a dotted path is imported), or ``ref`` itself."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, name = ref.rpartition(".")
     return getattr(importlib.import_module(module), name)
 
 
-def _titan(family: str, name: str) -> str:
-    """Dotted path of ``name`` in TorchTitan's parallelize module of ``family``."""
-    return f"torchtitan.models.{family}.infra.parallelize.{name}"
-
-
 @dataclass(frozen=True)
-class FamilyAdapter:
-    """How the planner and the applier see one TorchTitan model family."""
+class ModelAdapter:
+    """How the planner and the applier see one model family. Module names are fqns in the
+    model (``blocks``, ``embedding``, ``final_norm``, ``output``) or relative to one block
+    (``inner_attention``, ``moe``)."""
 
-    family: str
-    rope_buffer: str
-    """Model buffer passed to every block as its second argument (RoPE table)."""
-    tp_fn: str
-    """TorchTitan function applying the family's TP + SP plan (import path)."""
-    op_sac_save_list: str
-    """The family's selective-AC op save list (import path)."""
-    head_dims: Callable[[Any], tuple[int, int, int]]
-    """model args -> (n_heads, n_kv_heads, head_dim)."""
+    blocks: str | None = None
+    """The ModuleDict / ModuleList of repeated blocks (each planned on its own). Discovered:
+    the largest container whose children share one forward signature."""
+    embedding: str | None = None
+    """Token embedding (its own FSDP group). Discovered: the first ``nn.Embedding`` outside
+    the blocks."""
+    final_norm: str | None = None
+    """Norm before the output projection (sharded with the output); "" for none. Discovered:
+    the last top-level module with "norm" in its class name before the output."""
+    output: str | None = None
+    """Output projection to the vocabulary (sharded with the final norm). Discovered: the last
+    ``nn.Linear`` outside the blocks whose width is the embedding's vocabulary."""
+    heads: Callable[[Any], tuple[int, int, int]] | None = None
+    """model args -> (n_heads, n_kv_heads, head_dim). Discovered: ``n_heads``, ``n_kv_heads``
+    (default n_heads) and ``head_dim`` (default dim // n_heads) of the model args, else of the
+    first module in a block that has them; where nothing says, TP and CP are excluded. Used
+    for the TP degree checks and the CP costs."""
+    rope_buffer: str | None = None
+    """Model buffer passed to every block as its second positional argument. None: the block's
+    inputs are captured from one forward of the model on the meta device (any signature)."""
+    block_args: int | None = None
+    """Positional arguments the model passes to each block (hidden states first); None:
+    counted from the block's forward signature. Used where tp ranks split a block's batch."""
+    tp_fn: FnRef | None = None
+    """Function applying the family's TP + sequence-parallel plan, called as
+    ``tp_fn(model, tp_mesh, loss_parallel=..., enable_float8_tensorwise_tp=...,
+    [cp_enabled=...], **tp_kwargs)`` on a module holding ``embedding``, ``final_norm``,
+    ``output`` and the blocks to parallelize under their own names (TorchTitan's ``apply_tp``
+    convention: the residual stream is sequence-sharded, Shard(1), between blocks). None: TP
+    (and the tp dim used as data parallel) is excluded from the search."""
     tp_kwargs: dict[str, Any] = field(default_factory=dict)
-    blocks: str = "layers"
-    embedding: str = "tok_embeddings"
-    final_norm: str = "norm"
-    output: str = "output"
-
-    block_args: int = 4
-    """Positional arguments the model passes to each block (hidden states first)."""
-    inner_attention: str = "attention.inner_attention"
-    """Module in a block that calls SDPA (what context parallel wraps)."""
-    tp_takes_cp: bool = True
-    """Whether the family's TP function takes ``cp_enabled``."""
+    """Extra keyword arguments for ``tp_fn``."""
+    op_sac_save_list: FnRef | set[Any] | None = None
+    """Ops whose outputs selective (op-level) AC keeps. Discovered: ``_op_sac_save_list`` next
+    to the train spec's parallelize function; else selective AC is excluded (no AC and full AC
+    remain)."""
+    inner_attention: str | None = None
+    """Module in a block that calls SDPA / flex attention (what context parallel wraps).
+    Discovered: TorchTitan's attention wrapper inside the first block; else context parallel
+    is excluded."""
     cp_attention: tuple[str, ...] = ("sdpa", "flex")
     """Attention kernels the family's context parallel supports."""
-    moe: str = "moe"
-    """Submodule of an MoE block holding router, routed experts and shared experts."""
-    moe_fn: str = _titan("llama4", "apply_moe_ep_tp")
-    """TorchTitan function applying EP / ETP / TP to the MoE blocks (import path)."""
-    default_pins: tuple[str, ...] = ("*.moe.router",)
-    """Regions always left to TorchTitan's code (routing and token dispatch)."""
+    moe: str | None = None
+    """Submodule of an MoE block holding router, routed experts and shared experts
+    (TorchTitan's ``models.moe.MoE``); blocks without it are dense. Discovered: the first
+    ``MoE`` instance in a block."""
+    moe_fn: FnRef | None = None
+    """Function applying EP / ETP / TP to the MoE blocks (TorchTitan's ``apply_moe_ep_tp``
+    signature). Discovered: ``apply_moe_ep_tp`` next to the train spec's parallelize
+    function; else, on an MoE model, expert parallel and TP are excluded."""
+    default_pins: tuple[str, ...] | None = None
+    """Module globs always left to TorchTitan's code. Discovered: the MoE router."""
 
     def routed_experts(self, block: Any) -> Any:
         """The block's routed experts module, or None for a dense block."""
-        if not getattr(block, "moe_enabled", False):
-            return None
-        return block.get_submodule(self.moe).experts
+        moe = submodule_or_none(block, self.moe) if self.moe else None
+        return getattr(moe, "experts", None) if moe is not None else None
 
     def top_k(self, block: Any) -> int:
         return int(block.get_submodule(self.moe).router.top_k)
 
+    def exclusions(self, moe_model: bool, heads_known: bool) -> dict[str, str]:
+        """Techniques this adapter cannot apply, with the reason and the field that enables
+        them (the planner leaves them out of the search and the plan table lists them)."""
+        out: dict[str, str] = {}
+        if self.tp_fn is None:
+            out["tp"] = "no TP plan for this family; register one to enable (ModelAdapter.tp_fn)"
+        elif moe_model and self.moe_fn is None:
+            out["tp"] = ("no TP plan for the MoE blocks; register one to enable "
+                         "(ModelAdapter.moe_fn)")
+        elif not heads_known:
+            out["tp"] = ("attention head counts unknown; register them to enable "
+                         "(ModelAdapter.heads)")
+        if "tp" in out:
+            out["tp_dp"] = "needs tp (see above)"
+        if self.inner_attention is None:
+            out["cp"] = ("no attention module known for ring attention; register one to "
+                         "enable (ModelAdapter.inner_attention)")
+        elif not heads_known:
+            out["cp"] = "attention head counts unknown (ModelAdapter.heads)"
+        if moe_model and self.moe_fn is None:
+            out["ep"] = ("no expert-parallel function for this family; register one to enable "
+                         "(ModelAdapter.moe_fn)")
+        if self.op_sac_save_list is None:
+            out["selective_ac"] = ("no selective-AC op list for this family; register one to "
+                                   "enable (ModelAdapter.op_sac_save_list)")
+        return out
+
     def apply_tp(self, model: Any, tp_mesh: Any, loss_parallel: bool,
                  block_names: list[str], cp_enabled: bool = False,
-                 enable_float8_tensorwise_tp: bool = False) -> None:
-        """TorchTitan's TP + SP plan for the embedding, the output and the named blocks only.
+                 enable_float8_tensorwise_tp: bool = False, **options: Any) -> None:
+        """The family's TP + SP plan for the embedding, the output and the named blocks only.
 
-        The family's TorchTitan function parallelizes ``model.<embedding/norm/output>`` and
-        every block in ``model.<blocks>``; it is handed a container holding the same modules but
-        only the chosen blocks, so the other blocks keep their own placement.
-        """
+        ``tp_fn`` parallelizes ``model.<embedding/norm/output>`` and every block in
+        ``model.<blocks>``; it is handed a container holding the same modules but only the
+        chosen blocks, so the other blocks keep their own placement. ``cp_enabled`` and
+        ``options`` are passed where ``tp_fn`` takes them."""
         import torch.nn as nn
 
         view = nn.Module()
         for name in (self.embedding, self.final_norm, self.output):
-            setattr(view, name, model.get_submodule(name))
+            if name:
+                _set_submodule(view, name, model.get_submodule(name))
         blocks = model.get_submodule(self.blocks)
-        setattr(view, self.blocks, nn.ModuleDict({n: blocks[n] for n in block_names}))
+        chosen = [blocks.get_submodule(n) for n in block_names]
+        _set_submodule(view, self.blocks, nn.ModuleList(chosen) if isinstance(
+            blocks, nn.ModuleList) else nn.ModuleDict(dict(zip(block_names, chosen, strict=True))))
         view.model_args = getattr(model, "model_args", None)
-        kwargs = dict(self.tp_kwargs)
-        if self.tp_takes_cp:
-            kwargs["cp_enabled"] = cp_enabled
-        _resolve(self.tp_fn)(view, tp_mesh, loss_parallel=loss_parallel,
-                             enable_float8_tensorwise_tp=enable_float8_tensorwise_tp, **kwargs)
+        fn = resolve(self.tp_fn)
+        accepted = inspect.signature(fn).parameters
+        kwargs = {k: v for k, v in {"cp_enabled": cp_enabled, "enable_async_tp": False,
+                                    **options}.items() if k in accepted}
+        kwargs.update(self.tp_kwargs)
+        fn(view, tp_mesh, loss_parallel=loss_parallel,
+           enable_float8_tensorwise_tp=enable_float8_tensorwise_tp, **kwargs)
 
     def apply_moe(self, model: Any, parallel_dims: Any) -> None:
-        """TorchTitan's EP / ETP / TP for every MoE block (router, token dispatch, experts,
-        shared experts), on the job's ep / etp / tp meshes."""
+        """EP / ETP / TP for every MoE block (router, token dispatch, experts, shared
+        experts), on the job's ep / etp / tp meshes."""
         import torch.nn as nn
 
         view = nn.Module()
-        setattr(view, self.blocks, model.get_submodule(self.blocks))
-        _resolve(self.moe_fn)(
+        _set_submodule(view, self.blocks, model.get_submodule(self.blocks))
+        resolve(self.moe_fn)(
             view,
             tp_mesh=parallel_dims.get_optional_mesh("tp"),
             ep_mesh=parallel_dims.get_optional_mesh("ep"),
@@ -101,67 +173,56 @@ class FamilyAdapter:
         )
 
     def sac_save_list(self) -> set:
-        return _resolve(self.op_sac_save_list)
+        return resolve(self.op_sac_save_list)
 
 
-def _llama_heads(args: Any) -> tuple[int, int, int]:
-    kv = args.n_kv_heads or args.n_heads
-    return args.n_heads, kv, args.dim // args.n_heads
+def submodule_or_none(module: Any, name: str) -> Any:
+    """``module.get_submodule(name)``, or None where there is no such module."""
+    try:
+        return module.get_submodule(name)
+    except AttributeError:
+        return None
 
 
-def _qwen_heads(args: Any) -> tuple[int, int, int]:
-    kv = args.n_kv_heads or args.n_heads
-    return args.n_heads, kv, args.head_dim
+def _set_submodule(root: Any, fqn: str, module: Any) -> None:
+    """``root.<fqn> = module``, creating empty containers for dotted names."""
+    import torch.nn as nn
+
+    *parents, leaf = fqn.split(".")
+    for part in parents:
+        if not hasattr(root, part):
+            setattr(root, part, nn.Module())
+        root = getattr(root, part)
+    setattr(root, leaf, module)
 
 
-def _mla_heads(args: Any) -> tuple[int, int, int]:
-    # multi-head latent attention: keys (nope + rope dims) and values (v dim) per head; the
-    # mean of the two is what one K/V head costs in memory and ring-attention traffic
-    qk = args.qk_nope_head_dim + args.qk_rope_head_dim
-    return args.n_heads, args.n_heads, (qk + args.v_head_dim) // 2
+_ADAPTERS: dict[str, ModelAdapter] = {}
+_DISCOVERED: dict[str, ModelAdapter] = {}
 
 
-ADAPTERS: dict[str, FamilyAdapter] = {
-    "llama3": FamilyAdapter(
-        family="llama3",
-        rope_buffer="freqs_cis",
-        tp_fn=_titan("llama3", "apply_tp"),
-        op_sac_save_list=_titan("llama3", "_op_sac_save_list"),
-        head_dims=_llama_heads,
-        block_args=2,  # layer(h, freqs_cis, attention_masks=..., positions=...)
-    ),
-    "qwen3": FamilyAdapter(
-        family="qwen3",
-        rope_buffer="rope_cache",
-        tp_fn=_titan("qwen3", "apply_non_moe_tp"),
-        op_sac_save_list=_titan("qwen3", "_op_sac_save_list"),
-        head_dims=_qwen_heads,
-        tp_kwargs={"enable_async_tp": False},
-    ),
-    "llama4": FamilyAdapter(
-        family="llama4",
-        rope_buffer="freqs_cis",
-        tp_fn=_titan("llama4", "apply_non_moe_tp"),
-        op_sac_save_list=_titan("llama4", "_op_sac_save_list"),
-        head_dims=_llama_heads,
-        tp_takes_cp=False,
-        cp_attention=("sdpa",),
-    ),
-    "deepseek_v3": FamilyAdapter(
-        family="deepseek_v3",
-        rope_buffer="freqs_cis",
-        tp_fn=_titan("deepseek_v3", "apply_non_moe_tp"),
-        op_sac_save_list=_titan("deepseek_v3", "_op_sac_save_list"),
-        head_dims=_mla_heads,
-        cp_attention=("sdpa",),
-    ),
-}
+def register_adapter(name: str, adapter: ModelAdapter, replace: bool = False) -> None:
+    """Make ``adapter`` the one used for train spec ``name`` (``model.name``). Registering an
+    equal adapter again is a no-op; a different one needs ``replace=True``."""
+    if not isinstance(adapter, ModelAdapter):
+        raise UserError(f"register_adapter({name!r}, ...) needs a ModelAdapter, got "
+                        f"{type(adapter).__name__}")
+    if name in _ADAPTERS and _ADAPTERS[name] != adapter and not replace:
+        raise UserError(f"an adapter for {name!r} is already registered: pass replace=True to "
+                        "register_adapter to override it")
+    _ADAPTERS[name] = adapter
+    _DISCOVERED.pop(name, None)
 
 
-def get_adapter(family: str) -> FamilyAdapter:
-    if family not in ADAPTERS:
-        raise UserError(
-            f"auto parallelism does not support model {family!r} yet: supported families are "
-            f"{sorted(ADAPTERS)}; set parallelism.auto = false to use TorchTitan's recipe"
-        )
-    return ADAPTERS[family]
+def get_adapter(name: str, model: Any = None) -> ModelAdapter:
+    """The complete adapter of train spec ``name``: the registered one with its ``None``
+    fields discovered from ``model`` (its train spec's model, on meta); without ``model``, the
+    one completed last for ``name``."""
+    from . import families  # noqa: F401  (registers the built-in families)
+
+    if model is not None:
+        from .discover import discover_adapter
+
+        _DISCOVERED[name] = discover_adapter(name, model, _ADAPTERS.get(name, ModelAdapter()))
+    if name not in _DISCOVERED:
+        raise UserError(f"no adapter for model {name!r}: build the layer graph first")
+    return _DISCOVERED[name]

@@ -20,7 +20,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from .adapters import FamilyAdapter, get_adapter
+from ..errors import UserError
+from .adapters import ModelAdapter, get_adapter
+from .discover import check_adapter, heads_of, required_args
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ class LayerGraph:
     grouped_experts: bool = True
     """The flavor runs routed experts as grouped GEMMs (else one GEMM per expert); TorchTitan
     uses grouped GEMMs only where the hardware has them (profile ``grouped_mm``)."""
+    excluded: tuple[tuple[str, str], ...] = ()
+    """(technique, reason) the family's adapter cannot apply (left out of the search)."""
 
     @property
     def blocks(self) -> list[Layer]:
@@ -176,11 +180,12 @@ def _experts_as_dense(experts: torch.nn.Module, routed: torch.Tensor, _counts: A
         w2.transpose(-2, -1)
 
 
-def measure_block(block: torch.nn.Module, rope: torch.Tensor, seq_len: int, dim: int,
-                  experts: torch.nn.Module | None = None, block_args: int = 2) -> tuple:
+def measure_block(block: torch.nn.Module, inputs: tuple[tuple, dict], seq_len: int, dim: int,
+                  experts: torch.nn.Module | None = None) -> tuple:
     """(forward FLOPs, saved bytes, attention FLOPs, eager traffic, GEMM operand traffic) of
-    one block for one sequence, on meta tensors. ``experts``: the block's routed experts, run
-    through a dense stand-in."""
+    one block for one sequence, on meta tensors. ``inputs``: the block's (args, kwargs),
+    hidden states first (replaced by a fresh tensor). ``experts``: the block's routed experts,
+    run through a dense stand-in."""
     if experts is not None:
         experts.forward = types.MethodType(_experts_as_dense, experts)
     params = {id(p) for p in block.parameters()}
@@ -197,8 +202,10 @@ def measure_block(block: torch.nn.Module, rope: torch.Tensor, seq_len: int, dim:
             alive.append(base)
         return t
 
+    args, kwargs = inputs
+
     def run(x: torch.Tensor) -> None:
-        block(x, rope, None, None) if block_args == 4 else block(x, rope, None)
+        block(x, *args[1:], **kwargs)
 
     x = torch.empty(1, seq_len, dim, device="meta", requires_grad=True)
     sdpa = _FlashSDPA()
@@ -218,6 +225,52 @@ def measure_block(block: torch.nn.Module, rope: torch.Tensor, seq_len: int, dim:
         del experts.forward
     return (counter.get_total_flops() + sdpa.attention_flops, float(sum(saved.values())),
             sdpa.attention_flops, float(traffic.eager), float(traffic.gemm_io))
+
+
+class _Captured(Exception):
+    pass
+
+
+def _unmeasurable(family: str, extra: list[str], exc: Exception) -> UserError:
+    """The one-line error for a model whose blocks cannot run on meta tensors."""
+    missing = (f"without {', '.join(extra)} (inputs of its forward besides the tokens, "
+               "passed as None)" if extra else "from its tokens alone")
+    return UserError(
+        f"model {family!r} cannot be measured on the meta device {missing}: "
+        f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}; plan it "
+        "with parallelism.auto = false, or register an adapter with rope_buffer and "
+        "block_args (ModelAdapter)"
+    )
+
+
+def block_inputs(family: str, model: torch.nn.Module, adapter: ModelAdapter, seq_len: int
+                 ) -> tuple[tuple, dict]:
+    """(args, kwargs) the model passes to its first block for one sequence: the adapter's
+    ``rope_buffer`` convention, else captured from a forward of the model on meta tensors."""
+    if adapter.rope_buffer is not None:
+        rope = getattr(model, adapter.rope_buffer)
+        return ((None, rope, None, None) if adapter.block_args == 4 else (None, rope, None)), {}
+    first = next(iter(model.get_submodule(adapter.blocks).children()))
+    seen: dict[str, Any] = {}
+
+    def capture(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        seen["inputs"] = (args, kwargs)
+        raise _Captured
+
+    handle = first.register_forward_pre_hook(capture, with_kwargs=True)
+    extra = required_args(model)[1:]
+    try:
+        model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"), *[None] * len(extra))
+    except _Captured:
+        pass
+    except Exception as exc:
+        raise _unmeasurable(family, extra, exc) from None
+    finally:
+        handle.remove()
+    if "inputs" not in seen:
+        raise UserError(f"model {family!r} never calls its first block in forward: fix "
+                        "ModelAdapter.blocks")
+    return seen["inputs"]
 
 
 def _signature(module: torch.nn.Module) -> str:
@@ -255,13 +308,17 @@ def build_layer_graph(
     family: str, flavor: str, model_args: Any, model_cls: type, seq_len: int
 ) -> LayerGraph:
     """Read the model (built on meta) into a LayerGraph for sequences of ``seq_len`` tokens."""
-    adapter: FamilyAdapter = get_adapter(family)
     grouped = bool(getattr(getattr(model_args, "moe_args", None), "use_grouped_mm", True))
     args, attn_type = _measurable_args(model_args, seq_len)
     with torch.device("meta"):
         model = model_cls(args)
-    n_heads, n_kv_heads, head_dim = adapter.head_dims(args)
-    dim, vocab = args.dim, args.vocab_size
+    adapter = get_adapter(family, model)
+    check_adapter(family, adapter, model)
+    embedding = model.get_submodule(adapter.embedding)
+    dim, vocab = embedding.embedding_dim, embedding.num_embeddings
+    heads = heads_of(adapter, args, dim,
+                     next(iter(model.get_submodule(adapter.blocks).children())))
+    n_heads, n_kv_heads, head_dim = heads or (1, 1, dim)
     fp32 = 4
     seen: set[int] = set()
 
@@ -274,22 +331,26 @@ def build_layer_graph(
         return total
 
     layers = []
-    embedding = model.get_submodule(adapter.embedding)
     layers.append(Layer(adapter.embedding, "embedding", count(embedding), 0.0,
                         seq_len * dim * fp32, seq_len * 8, "embedding"))
-    rope = getattr(model, adapter.rope_buffer)
+    inputs = block_inputs(family, model, adapter, seq_len)
     measured: dict[str, tuple[float, ...]] = {}
     kv_bytes = 2.0 * seq_len * n_kv_heads * head_dim * fp32
+    moe_model = False
     for name, block in model.get_submodule(adapter.blocks).named_children():
         sig = _signature(block)
         experts = adapter.routed_experts(block)
         if sig not in measured:
-            measured[sig] = measure_block(block, rope, seq_len, dim, experts, adapter.block_args)
+            try:
+                measured[sig] = measure_block(block, inputs, seq_len, dim, experts)
+            except Exception as exc:
+                raise _unmeasurable(family, required_args(model)[1:], exc) from None
         flops, saved, attn, eager, gemm_io = measured[sig]
         shapes = tuple((m.in_features, m.out_features) for m in block.modules()
                        if isinstance(m, torch.nn.Linear))
         moe: dict[str, Any] = {}
         if experts is not None:
+            moe_model = True
             n_expert_params = sum(p.numel() for p in experts.parameters())
             top_k = adapter.top_k(block)
             moe = {"expert_params": n_expert_params, "num_experts": experts.num_experts,
@@ -299,14 +360,15 @@ def build_layer_graph(
                             seq_len * dim * fp32, sig, attn, kv_bytes, **moe,
                             eager_bytes=eager, gemm_io_bytes=gemm_io, linear_shapes=shapes,
                             linear_input_elements=float(seq_len * sum(k for k, _ in shapes))))
-    norm, output = model.get_submodule(adapter.final_norm), model.get_submodule(adapter.output)
-    out_params = count(norm) + count(output)
+    head = [model.get_submodule(n) for n in (adapter.final_norm, adapter.output) if n]
+    out_params = sum(count(m) for m in head)
     # logits are kept in fp32 for the loss, plus their gradient buffer during backward
     layers.append(Layer(adapter.output, "output", out_params, 2.0 * seq_len * dim * vocab,
                         2 * seq_len * vocab * fp32 + 2 * seq_len * dim * fp32,
                         seq_len * dim * fp32, "output"))
+    excluded = adapter.exclusions(moe_model, heads is not None)
     return LayerGraph(family, flavor, seq_len, dim, vocab, n_heads, n_kv_heads, head_dim,
                       tuple(layers), attn_type,
                       tuple(name for name, _ in model.named_modules() if name),
                       tuple(name for name, _ in model.named_parameters()),
-                      adapter.cp_attention, grouped)
+                      adapter.cp_attention, grouped, tuple(sorted(excluded.items())))

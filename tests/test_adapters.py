@@ -1,0 +1,177 @@
+"""The public adapter API: discovery checked against the hand-written registrations of the
+four TorchTitan families and against the test model's known layout; one-line errors for
+adapters that do not describe the model and for TP degrees the heads do not allow."""
+
+import dataclasses
+import os
+import subprocess
+
+import pytest
+import torch
+import torch.nn as nn
+
+from torchtitan_autoparallel import ModelAdapter, register_adapter
+from torchtitan_autoparallel.errors import UserError
+from torchtitan_autoparallel.graph import adapters
+from torchtitan_autoparallel.graph.adapters import resolve
+from torchtitan_autoparallel.graph.discover import discover_adapter
+
+from parity import PARITY_OVERRIDES, REPO
+
+AUTO = "tests/configs/pocket_lm_auto.toml"
+
+
+@pytest.fixture(autouse=True)
+def fresh_adapters(monkeypatch):
+    """Each test registers into copies of the registry."""
+    from torchtitan_autoparallel.graph import families  # noqa: F401
+
+    monkeypatch.setattr(adapters, "_ADAPTERS", dict(adapters._ADAPTERS))
+    monkeypatch.setattr(adapters, "_DISCOVERED", {})
+
+
+def _job(*overrides: str, config: str = AUTO):
+    from torchtitan_autoparallel.registry import import_custom_module, register
+    from torchtitan_autoparallel.runtime import cpu
+    from torchtitan_autoparallel.train import parse_config
+
+    cpu.install()
+    register()
+    job = parse_config(["--job.config_file", config, *PARITY_OVERRIDES, *overrides])
+    import_custom_module(job)
+    return job
+
+
+def _plan(world: int, *overrides: str):
+    from torchtitan_autoparallel.planner import plan_job
+
+    return plan_job(_job(*overrides), world)
+
+
+def _meta_model(family: str, flavor: str) -> nn.Module:
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    from torchtitan_autoparallel.graph.layer_graph import _measurable_args
+
+    spec = get_train_spec(family)
+    args, _ = _measurable_args(spec.model_args[flavor], 64)
+    with torch.device("meta"):
+        return spec.model_cls(args)
+
+
+@pytest.mark.parametrize("family,flavor", [("llama3", "debugmodel"), ("qwen3", "debugmodel_moe"),
+                                           ("llama4", "debugmodel"),
+                                           ("deepseek_v3", "debugmodel")])
+def test_discovery_finds_what_the_builtin_registrations_say(family, flavor):
+    _job()  # registers TorchTitan's train specs
+    builtin = adapters._ADAPTERS[family]
+    found = discover_adapter(family, _meta_model(family, flavor), ModelAdapter())
+    for name in ("blocks", "embedding", "final_norm", "output", "inner_attention"):
+        assert getattr(found, name) == getattr(builtin, name), name
+    for name in ("tp_fn", "op_sac_save_list"):
+        assert resolve(getattr(found, name)) is resolve(getattr(builtin, name)), name
+    if family == "llama3":  # dense: nothing MoE is found
+        assert (found.moe, found.moe_fn, found.default_pins) == (None, None, ())
+        return
+    assert (found.moe, found.default_pins) == (builtin.moe, builtin.default_pins)
+    assert resolve(found.moe_fn).__name__ == "apply_moe_ep_tp"
+
+
+def test_discovery_reads_the_test_model():
+    plan = _plan(2)
+    found = adapters.get_adapter("pocket_lm")
+    assert (found.blocks, found.embedding, found.final_norm, found.output) == (
+        "stack", "wte", "ln_out", "head")
+    assert found.tp_fn is None and found.op_sac_save_list is None and found.block_args == 2
+    assert [layer.fqn for layer in plan.layers] == ["wte", "stack.0", "stack.1", "stack.2",
+                                                    "head"]
+    assert "excluded tp: no TP plan for this family; register one to enable " \
+        "(ModelAdapter.tp_fn)" in plan.notes
+    assert all(layer.ac != "selective" for layer in plan.layers)
+
+
+@pytest.mark.parametrize("field,value", [("blocks", "cells"), ("embedding", "tokens"),
+                                         ("output", "lm_head"), ("final_norm", "norm")])
+def test_adapter_naming_missing_module(field, value):
+    _job()
+    register_adapter("pocket_lm", ModelAdapter(**{field: value}), replace=True)
+    with pytest.raises(UserError, match=rf"ModelAdapter.{field} = '{value}' for model "
+                                        r"'pocket_lm' names no module: name one of"):
+        _plan(2)
+
+
+class _Plain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(96, 96)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+def _odd_model_cls():
+    """pocket_lm whose second cell takes other inputs than the others."""
+    import pocket_lm
+
+    class OddPocket(pocket_lm.PocketLM):
+        def __init__(self, args) -> None:
+            super().__init__(args)
+            self.stack[1] = _Plain()
+
+    return OddPocket, pocket_lm.PocketArgs()
+
+
+def test_blocks_with_differing_signatures():
+    from torchtitan_autoparallel.graph.layer_graph import build_layer_graph
+
+    model_cls, args = _odd_model_cls()
+    with pytest.raises(UserError, match=r"no repeated blocks found .*\(ModelAdapter.blocks\)"):
+        build_layer_graph("odd_pocket", "tiny", args, model_cls, 64)
+    register_adapter("odd_pocket", ModelAdapter(blocks="stack"))
+    with pytest.raises(UserError, match=r"ModelAdapter.blocks = 'stack' for model 'odd_pocket' "
+                                        r"holds blocks with differing forward signatures"):
+        build_layer_graph("odd_pocket", "tiny", args, model_cls, 64)
+
+
+def test_tp_degree_not_dividing_the_heads():
+    with pytest.raises(UserError, match=r"parallelism.tensor_parallel_degree = 4 does not divide "
+                                        r"the attention heads of model 'pocket_lm' \(6 query / "
+                                        r"2 kv heads, from ModelAdapter.heads"):
+        _plan(4, "--experimental.custom_import=tests.pocket_lm_tp",
+              "--parallelism.tensor_parallel_degree=4")
+
+
+def test_tp_degree_without_tp_plan():
+    with pytest.raises(UserError, match=r"parallelism.tensor_parallel_degree = 2 needs tp, which "
+                                        r"model 'pocket_lm' cannot use: no TP plan"):
+        _plan(2, "--parallelism.tensor_parallel_degree=2")
+
+
+def test_registered_heads_used():
+    register_adapter("pocket_lm", ModelAdapter(
+        heads=lambda args: (3, 3, 32), tp_fn="tests.pocket_lm_tp.pocket_tensor_parallel"))
+    with pytest.raises(UserError, match=r"\(3 query / 3 kv heads"):
+        _plan(2, "--parallelism.tensor_parallel_degree=2")
+
+
+def test_bad_adapter_is_one_line_at_launch(tmp_path):
+    """Through the launcher: exit 2, one line on stderr, no traceback."""
+    result = subprocess.run(
+        [str(REPO / "run_train.sh"), f"--job.dump_folder={tmp_path}",
+         "--experimental.custom_import=tests.pocket_lm_tp",
+         "--parallelism.tensor_parallel_degree=4"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "NGPU": "4", "CONFIG_FILE": AUTO,
+             "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: parallelism.tensor_parallel_degree")
+    assert "Traceback" not in result.stderr
+
+
+def test_register_adapter_refuses_silent_override():
+    register_adapter("pocket_lm", ModelAdapter(blocks="stack"))
+    register_adapter("pocket_lm", ModelAdapter(blocks="stack"))  # equal: no-op
+    with pytest.raises(UserError, match="already registered: pass replace=True"):
+        register_adapter("pocket_lm", dataclasses.replace(ModelAdapter(), blocks="cells"))

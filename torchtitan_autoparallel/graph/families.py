@@ -1,0 +1,61 @@
+"""TorchTitan's four decoder families, registered through the public adapter API like any
+user's model (``register_adapter``)."""
+
+from typing import Any
+
+from .adapters import ModelAdapter, register_adapter
+
+
+def _titan(family: str, name: str) -> str:
+    """Dotted path of ``name`` in TorchTitan's parallelize module of ``family``."""
+    return f"torchtitan.models.{family}.infra.parallelize.{name}"
+
+
+def _llama_heads(args: Any) -> tuple[int, int, int]:
+    kv = args.n_kv_heads or args.n_heads
+    return args.n_heads, kv, args.dim // args.n_heads
+
+
+def _qwen_heads(args: Any) -> tuple[int, int, int]:
+    kv = args.n_kv_heads or args.n_heads
+    return args.n_heads, kv, args.head_dim
+
+
+def _mla_heads(args: Any) -> tuple[int, int, int]:
+    # multi-head latent attention: keys (nope + rope dims) and values (v dim) per head; the
+    # mean of the two is what one K/V head costs in memory and ring-attention traffic
+    qk = args.qk_nope_head_dim + args.qk_rope_head_dim
+    return args.n_heads, args.n_heads, (qk + args.v_head_dim) // 2
+
+
+def _family(family: str, tp_fn: str, **fields: Any) -> ModelAdapter:
+    """A TorchTitan family: its own TP function and SAC list, TorchTitan's MoE EP / TP, its
+    attention wrapper for CP, MoE routing left to TorchTitan (default pin)."""
+    defaults: dict[str, Any] = {
+        "blocks": "layers",
+        "embedding": "tok_embeddings",
+        "final_norm": "norm",
+        "output": "output",
+        "moe": "moe",
+        "op_sac_save_list": _titan(family, "_op_sac_save_list"),
+        "inner_attention": "attention.inner_attention",
+        "moe_fn": _titan("llama4", "apply_moe_ep_tp"),
+        "block_args": 4,
+        "default_pins": ("*.moe.router",),
+    }
+    return ModelAdapter(tp_fn=_titan(family, tp_fn), **{**defaults, **fields})
+
+
+BUILTIN: dict[str, ModelAdapter] = {
+    # layer(h, freqs_cis, attention_masks=..., positions=...)
+    "llama3": _family("llama3", "apply_tp", rope_buffer="freqs_cis", heads=_llama_heads,
+                      block_args=2),
+    "qwen3": _family("qwen3", "apply_non_moe_tp", rope_buffer="rope_cache", heads=_qwen_heads),
+    "llama4": _family("llama4", "apply_non_moe_tp", rope_buffer="freqs_cis",
+                      heads=_llama_heads, cp_attention=("sdpa",)),
+    "deepseek_v3": _family("deepseek_v3", "apply_non_moe_tp", rope_buffer="freqs_cis",
+                           heads=_mla_heads, cp_attention=("sdpa",)),
+}
+
+for _name, _adapter in BUILTIN.items():
+    register_adapter(_name, _adapter)
