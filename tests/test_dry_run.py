@@ -138,7 +138,7 @@ def test_float8_compile_dry_run(tmp_path):
 
     features = (*FLOAT8_COMPILE, "--parallelism.enable_async_tensor_parallel",
                 "--parallelism.tensor_parallel_degree=8",
-                "--autoparallel.techniques=fsdp,tp,tp_dp,ac")
+                "--autoparallel.techniques=fsdp,tp,tp_dp,ac", "--training.global_batch_size=64")
     cpu.install()
     register()
     job = parse_config(["--job.config_file", "train_configs/llama3_8b_auto.toml", *features])
@@ -147,6 +147,8 @@ def test_float8_compile_dry_run(tmp_path):
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
     for i, layer in enumerate(blocks):
         layer.tp_mode = "dp" if i % 2 else "sp"
+    # tp used as data parallel splits the local batch over tp: 8 sequences per dp rank
+    plan.local_batch_size, plan.gradient_accumulation_steps = 8, 1
     path = tmp_path / "plan.json"
     plan.save(str(path))
 

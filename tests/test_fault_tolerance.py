@@ -132,9 +132,10 @@ def test_every_rank_runs_rank_zeros_plan(tmp_path):
          "localhost:0", str(script), str(REPO / "train_configs" / CONFIG)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    ranks = {rank for rank, _, _ in re.findall(r"rank (\d) shared (\w+) own (\w*)",
-                                               proc.stdout)}
+    # digests are 16 hex digits; the two ranks' lines may interleave
+    ranks = {rank for rank, _, _ in re.findall(
+        r"rank (\d) shared ([0-9a-f]{16}) own ?([0-9a-f]{16})?", proc.stdout)}
     assert ranks == {"0", "1"}, proc.stdout
-    shared = set(re.findall(r"rank \d shared (\w+)", proc.stdout))
-    own = re.search(r"rank 1 shared \w+ own (\w+)", proc.stdout).group(1)
+    shared = set(re.findall(r"rank \d shared ([0-9a-f]{16})", proc.stdout))
+    own = re.search(r"rank 1 shared [0-9a-f]{16} own ?([0-9a-f]{16})", proc.stdout).group(1)
     assert len(shared) == 1 and own not in shared, proc.stdout

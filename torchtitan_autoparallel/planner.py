@@ -343,8 +343,8 @@ def inputs_record(inputs: JobInputs) -> dict[str, Any]:
         "gpus_per_node": inputs.gpus_per_node, "budget_bytes": inputs.budget_bytes,
         "hardware": dataclasses.asdict(inputs.hw),
         "precision": dataclasses.asdict(inputs.precision),
-        "constraints": {**dataclasses.asdict(inputs.constraints),
-                        "techniques": list(inputs.constraints.techniques)},
+        "constraints": {key: list(value) if isinstance(value, tuple) else value
+                        for key, value in dataclasses.asdict(inputs.constraints).items()},
         "features": inputs.features.to_dict(),
         "pins": {fqn: {"recipe_ac": pin.recipe_ac, "recipe_reshard": pin.recipe_reshard,
                        "regions": list(pin.regions)} for fqn, pin in sorted(inputs.pins.items())},
