@@ -195,8 +195,8 @@ def test_published_table_fit_gives_back_the_committed_constants() -> None:
     published = importlib.util.module_from_spec(spec)
     sys.modules["published"] = published
     spec.loader.exec_module(published)
-    if not published.ANCHORS.is_file():
-        pytest.skip(f"published rows not found at {published.ANCHORS}")
+    # the published rows ship in shared/ beside the checkout (as in CI): never skipped
+    assert published.ANCHORS.is_file(), f"published rows not found at {published.ANCHORS}"
     register()
     values = published.fit(published.published_rows())
     profile = load_profile("h100_grand_teton")
