@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from .errors import UserError
 from .features import features_from_config
-from .graph.adapters import ModelAdapter, get_adapter
+from .graph.adapters import ModelAdapter, get_adapter, submodule_or_none
 from .plan import Plan
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -27,8 +27,8 @@ def check_plan_matches(plan: Plan, parallel_dims: Any) -> None:
     """The mesh TorchTitan built must be the plan's, and every rank must hold the same plan."""
     m = plan.mesh
     built = (parallel_dims.dp_replicate, parallel_dims.dp_shard, parallel_dims.tp,
-             parallel_dims.cp, parallel_dims.ep, parallel_dims.etp)
-    if built != (m.dp_replicate, m.dp_shard, m.tp, m.cp, m.ep, m.etp):
+             parallel_dims.cp, parallel_dims.ep, parallel_dims.etp, parallel_dims.pp)
+    if built != (m.dp_replicate, m.dp_shard, m.tp, m.cp, m.ep, m.etp, m.pp):
         raise RuntimeError(f"mesh {built} differs from the plan's {m}")
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         digests: list[Any] = [None] * torch.distributed.get_world_size()
@@ -39,6 +39,19 @@ def check_plan_matches(plan: Plan, parallel_dims: Any) -> None:
 
 def blocks_names(blocks: nn.Module) -> list[str]:
     return [name for name, _ in blocks.named_children()]
+
+
+def check_part_blocks(plan: Plan, fqns: list[str]) -> None:
+    """The blocks of the model (or, under pp, of one stage's model part) must be the plan's
+    (or those of one of its stages)."""
+    planned = [layer.fqn for layer in plan.layers if layer.kind == "block"]
+    if plan.pipeline is not None:
+        stages = [[f for f in stage if f in planned] for stage in plan.pipeline.stages]
+        if fqns in stages:
+            return
+    elif fqns == planned:
+        return
+    raise UserError("the plan's blocks do not match the model; re-plan the job")
 
 
 def _batch_split_over_tp(block: nn.Module, tp_mesh: Any, n_args: int) -> None:
@@ -171,10 +184,13 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
 
     by_fqn = {layer.fqn: layer for layer in plan.layers}
     blocks = model.get_submodule(adapter.blocks)
-    embedding = model.get_submodule(adapter.embedding)
-    head = [model.get_submodule(n) for n in (adapter.final_norm, adapter.output) if n]
-    tied = {id(p) for p in embedding.parameters()} & {id(p) for p in head[-1].parameters()}
-    if not tied:
+    # a pipeline stage holds the embedding, the norm + output, both or neither
+    embedding = submodule_or_none(model, adapter.embedding)
+    head = [m for m in (submodule_or_none(model, n) for n in (adapter.final_norm, adapter.output)
+                        if n) if m is not None]
+    tied = embedding is not None and bool(head) and bool(
+        {id(p) for p in embedding.parameters()} & {id(p) for p in head[-1].parameters()})
+    if embedding is not None and not tied:
         fully_shard(embedding, **fsdp,
                     reshard_after_forward=by_fqn[adapter.embedding].reshard_after_forward)
     dp_over_tp = None
@@ -189,8 +205,9 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
                                   fsdp, layer.reshard_after_forward)
         fully_shard(block, **group, reshard_after_forward=layer.reshard_after_forward)
     # tied embedding/output weights (qwen3 small flavors) must share one FSDP group
-    fully_shard([embedding, *head] if tied else head, **fsdp,
-                reshard_after_forward=by_fqn[adapter.output].reshard_after_forward)
+    if head:
+        fully_shard([embedding, *head] if tied else head, **fsdp,
+                    reshard_after_forward=by_fqn[adapter.output].reshard_after_forward)
     fully_shard(model, **fsdp)
     # the loss is already normalised by the global token count (as in TorchTitan's recipes)
     disable_fsdp_gradient_division(model)
@@ -228,9 +245,7 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
     by_fqn = {layer.fqn: layer for layer in plan.layers}
     blocks = model.get_submodule(adapter.blocks)
     planned = {name: by_fqn.get(f"{adapter.blocks}.{name}") for name in blocks_names(blocks)}
-    if [fqn for fqn in by_fqn if by_fqn[fqn].kind == "block"] != [
-            f"{adapter.blocks}.{name}" for name in planned]:
-        raise UserError("the plan's blocks do not match the model; re-plan the job")
+    check_part_blocks(plan, [f"{adapter.blocks}.{name}" for name in planned])
     moe_blocks = {name: block for name, block in blocks.named_children()
                   if adapter.routed_experts(block) is not None}
 

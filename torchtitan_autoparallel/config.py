@@ -28,12 +28,21 @@ class Autoparallel:
     memory_gib: float = 0.0
     """Memory budget per device in GiB; 0 takes the profile's usable memory."""
     techniques: list[str] = field(
-        default_factory=lambda: ["fsdp", "hsdp", "ddp", "tp", "tp_dp", "cp", "ep", "ac"]
+        default_factory=lambda: ["fsdp", "hsdp", "ddp", "tp", "tp_dp", "cp", "ep", "ac", "pp"]
     )
     """Techniques the search may use (restrict it to compare or to debug): fsdp, hsdp, ddp
     (replicate only, gradients all-reduced), tp
     (tensor + sequence parallel), tp_dp (a block may use the tp dim as data parallel), cp
-    (context parallel), ep (expert parallel, MoE models), ac."""
+    (context parallel), ep (expert parallel, MoE models), ac, pp (pipeline parallel: degree,
+    schedule, stages per rank, micro-batches and stage split)."""
+    pp_schedules: list[str] = field(default_factory=list)
+    """Pipeline schedules the search may choose from (empty: all of TorchTitan's: 1F1B,
+    Interleaved1F1B, GPipe, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV for MoE models). A
+    ``parallelism.pipeline_parallel_schedule`` other than TorchTitan's default (1F1B) fixes the
+    schedule instead."""
+    pp_stages_per_rank: int = 0
+    """Pipeline stages per pp rank (0: searched; 1 for 1F1B / GPipe, 2 for the V schedules,
+    2-4 for the interleaved ones)."""
     time_limit_s: float = 30.0
     """Wall-clock limit for all MILP solves; the best plan found so far is returned with its
     gap."""

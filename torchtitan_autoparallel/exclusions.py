@@ -9,7 +9,7 @@ from .strategies import Constraints
 
 # fixed degree (Constraints field, its [parallelism] key) -> the technique it needs
 _DEGREES = {"tp": ("tp", "tensor_parallel_degree"), "cp": ("cp", "context_parallel_degree"),
-            "ep": ("ep", "expert_parallel_degree")}
+            "ep": ("ep", "expert_parallel_degree"), "pp": ("pp", "pipeline_parallel_degree")}
 
 
 def without_excluded(constraints: Constraints, graph: LayerGraph, world: int) -> Constraints:

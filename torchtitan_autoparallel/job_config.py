@@ -206,6 +206,13 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
     par.context_parallel_degree = plan.mesh.cp
     par.expert_parallel_degree = plan.mesh.ep
     par.expert_tensor_parallel_degree = plan.mesh.etp
+    par.pipeline_parallel_degree = plan.mesh.pp
+    if plan.pipeline is not None:
+        # TorchTitan's pipeline_llm builds the planned stages with the planned schedule
+        par.pipeline_parallel_schedule = plan.pipeline.schedule
+        par.pipeline_parallel_microbatch_size = plan.pipeline.microbatch_size
+        par.module_fqns_per_model_part = [list(stage) for stage in plan.pipeline.stages]
+        par.pipeline_parallel_layers_per_stage = None
     training.global_batch_size = plan.global_batch_size
     training.local_batch_size = plan.local_batch_size
     ac = job_config.activation_checkpoint

@@ -83,7 +83,8 @@ def strategy_label(ac: str, reshard_after_forward: bool, tp_mode: str, ep: int =
 
 @dataclass(frozen=True, order=True)
 class Mesh:
-    """dp_replicate x dp_shard x cp x tp = world size (TorchTitan's mesh order, tp innermost).
+    """pp x dp_replicate x dp_shard x cp x tp = world size (TorchTitan's mesh order: pp
+    outermost, tp innermost).
 
     ``ep`` / ``etp`` follow TorchTitan's rules for routed experts: with ``etp = tp`` the ep ranks
     come from dp_shard x cp; with ``etp = 1`` they also take all of tp (ep a multiple of tp).
@@ -95,10 +96,12 @@ class Mesh:
     cp: int = 1
     ep: int = 1
     etp: int = 1
+    pp: int = 1
+    """Pipeline stages across ranks (1: no pipeline parallelism)."""
 
     @property
     def world(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.cp * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
 
     @property
     def dp(self) -> int:
@@ -118,7 +121,7 @@ class Mesh:
     def unsharded_label(self) -> str:
         """"ddp" for pure data parallel, "single" for one device, "" when something is
         sharded."""
-        return "ddp" if self.replicate_only else "single" if self.world == 1 else ""
+        return "ddp" if self.replicate_only else "single" if self.world == self.pp else ""
 
     @property
     def efsdp(self) -> int:
@@ -135,14 +138,56 @@ class Mesh:
             inner = self.dp_shard * self.cp * self.tp
         elif dim == "ep":
             inner = self.ep * self.etp
-        else:
+        elif dim == "dp_replicate":
+            inner = self.world // self.pp
+        else:  # pp: neighbouring stages are world / pp ranks apart
             inner = self.world
         return inner > gpus_per_node
 
     def __str__(self) -> str:
         text = (f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} cp={self.cp} "
                 f"tp={self.tp}")
+        text = (f"pp={self.pp} " if self.pp > 1 else "") + text
         return text + (f" ep={self.ep} etp={self.etp}" if self.ep > 1 else "")
+
+
+@dataclass
+class Pipeline:
+    """How a pipeline-parallel plan runs (``Plan.pipeline``; None without pp): TorchTitan's
+    schedule, stages per rank, micro-batches, and the planned split of the model's modules into
+    stages (``parallelism.module_fqns_per_model_part``), with per-rank predictions."""
+
+    schedule: str
+    """A TorchTitan 0.2.2 schedule name (``parallelism.pipeline_parallel_schedule``)."""
+    stages_per_rank: int
+    microbatches: int
+    """Micro-batches per step through the pipeline (local batch / microbatch_size)."""
+    microbatch_size: int
+    """Sequences per micro-batch (``parallelism.pipeline_parallel_microbatch_size``)."""
+    stages: list[list[str]]
+    """Module fqns of each stage, in stage order (stage s runs on rank s % pp, or on the
+    V-shape's rank for ZBVZeroBubble / DualPipeV)."""
+    bubble_fraction: float = 0.0
+    """Predicted share of the step a rank idles in the pipeline's fill and drain."""
+    rank_time_ms: list[float] = field(default_factory=list)
+    """Predicted forward + backward time of one micro-batch through each pp rank's stages."""
+    rank_memory_gib: list[float] = field(default_factory=list)
+    """Predicted peak memory of each pp rank."""
+
+    @property
+    def style(self) -> str:
+        """"v" (rank r holds stages r and 2 pp - 1 - r) or "loop" (stages r, r + pp, ...)."""
+        return "v" if self.schedule in V_SCHEDULES else "loop"
+
+    def rank_of(self, stage: int, pp: int) -> int:
+        """The pp rank that runs ``stage``."""
+        if self.style == "v" and stage >= pp:
+            return 2 * pp - 1 - stage
+        return stage % pp
+
+
+V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+"""Schedules whose two stages per rank form a V (first and last stage on rank 0)."""
 
 
 @dataclass
@@ -158,6 +203,8 @@ class Plan:
     solver: dict[str, Any]
     version: int = SCHEMA_VERSION
     notes: list[str] = field(default_factory=list)
+    pipeline: Pipeline | None = None
+    """Schedule, micro-batches and stage split when ``mesh.pp > 1`` (None otherwise)."""
     inputs: dict[str, Any] | None = None
     """The resolved planning inputs (hardware profile contents, budget, precision, constraints,
     features, pins, ...: ``planner.inputs_record``), so the plan can be explained, compared
@@ -169,6 +216,10 @@ class Plan:
             data["solver"].pop(key, None)
         if data["inputs"] is None:
             del data["inputs"]  # a version-1 plan is written back as it was read
+        if data["pipeline"] is None:
+            del data["pipeline"]  # plans without pp keep their files (and digests)
+        if data["mesh"]["pp"] == 1:
+            del data["mesh"]["pp"]
         return data
 
     def to_json(self) -> str:
@@ -195,6 +246,8 @@ class Plan:
         data = dict(data)
         data["mesh"] = Mesh(**data["mesh"])
         data["layers"] = [LayerPlan(**layer) for layer in data["layers"]]
+        if data.get("pipeline") is not None:
+            data["pipeline"] = Pipeline(**data["pipeline"])
         plan = cls(**data)
         check_plan(plan, source)
         return plan
@@ -242,6 +295,7 @@ class Plan:
             f"{self.solver['milps_solved']} MILPs over {self.solver['candidates']} candidates, "
             f"{self.solver['variables']} variables, {self.solver['constraints']} constraints, "
             f"planning {_planning_time(self.solver)}",
+            *self._pipeline_lines(),
             *(f"  {note}" for note in self.notes if note not in self.untabled_notes),
             f"  {'layers':<24}{'strategy':<26}{'time/mb ms':>12}{'exposed comm ms':>17}"
             f"{'memory MiB':>12}",
@@ -255,6 +309,44 @@ class Plan:
                 f"{first.memory_mib:>12.4g}" + (f"  x{len(group)}" if len(group) > 1 else "")
             )
         return "\n".join(lines)
+
+
+    def _pipeline_lines(self) -> list[str]:
+        """The schedule, then one line per stage: its rank, modules and that rank's
+        predicted time per micro-batch and peak memory."""
+        pipe = self.pipeline
+        if pipe is None:
+            return []
+        pp = self.mesh.pp
+        lines = [f"  pipeline: {pipe.schedule}, {pp} ranks x {pipe.stages_per_rank} stages, "
+                 f"{pipe.microbatches} micro-batches of {pipe.microbatch_size}; bubble "
+                 f"{pipe.bubble_fraction:.1%} of the step"]
+        for stage, fqns in enumerate(pipe.stages):
+            rank = pipe.rank_of(stage, pp)
+            cost = ""
+            if len(pipe.rank_time_ms) == pp and len(pipe.rank_memory_gib) == pp:
+                cost = (f"  (rank {rank}: {pipe.rank_time_ms[rank]:.4g} ms/mb, peak "
+                        f"{pipe.rank_memory_gib[rank]:.3g} GiB)")
+            lines.append(f"    stage {stage} on rank {rank}: {stage_text(fqns)}{cost}")
+        return lines
+
+
+def stage_text(fqns: list[str]) -> str:
+    """A stage's modules, consecutive blocks folded: ``tok_embeddings, layers.0..3``."""
+    out: list[str] = []
+    run: list[str] = []
+    for fqn in [*fqns, ""]:
+        head, _, index = fqn.rpartition(".")
+        if run and index.isdigit() and run[-1].rpartition(".")[0] == head \
+                and int(run[-1].rpartition(".")[2]) + 1 == int(index):
+            run.append(fqn)
+            continue
+        if run:
+            out.append(run[0] if len(run) == 1 else f"{run[0]}..{run[-1].rpartition('.')[2]}")
+        run = [fqn] if index.isdigit() else []
+        if fqn and not index.isdigit():
+            out.append(fqn)
+    return ", ".join(out)
 
 
 def _planning_time(solver: dict[str, Any]) -> str:

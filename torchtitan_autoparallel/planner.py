@@ -20,8 +20,10 @@ from .features import Features, features_from_config
 from .graph.adapters import get_adapter
 from .graph.layer_graph import LayerGraph, build_layer_graph
 from .pins import Pin, recipe_from_config, recipe_of, resolve_pins
+from .pipeline_plan import build_pipeline_plan
 from .plan import LayerPlan, Mesh, Plan
 from .solver import Candidate, Solution, block_classes, build_candidate, search
+from .solver_pipeline import PipelineSolution, prefix_classes, search_pipeline
 from .strategies import (
     TECHNIQUES,
     BlockStrategy,
@@ -38,12 +40,6 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
     """Degrees the user set in [parallelism] become constraints (and what the job's
     ``features`` require of the mesh); unsupported ones are errors."""
     par = job_config.parallelism
-    if par.pipeline_parallel_degree != 1:
-        raise UserError(
-            f"parallelism.pipeline_parallel_degree = {par.pipeline_parallel_degree} with auto = "
-            "true: the planner does not search this dimension yet; set it to 1 or set "
-            "parallelism.auto = false"
-        )
     techniques = tuple(job_config.autoparallel.techniques)
     unknown = sorted(set(techniques) - set(TECHNIQUES))
     if unknown:
@@ -63,9 +59,56 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
         cp=cp,
         ep=par.expert_parallel_degree if par.expert_parallel_degree != 1 else 0,
         etp=par.expert_tensor_parallel_degree if par.expert_tensor_parallel_degree != 1 else 0,
-        techniques=techniques,
         reshard_after_forward=features.reshard_after_forward,
+        **pipeline_constraints(job_config, features, techniques),
     )
+
+
+def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[str, ...]
+                         ) -> dict[str, Any]:
+    """What ``[parallelism]``'s pipeline keys fix under auto (``Constraints`` fields): the
+    degree when not 1, the schedule when not TorchTitan's default (else
+    ``autoparallel.pp_schedules``), the micro-batch size when not 1. The stage split is the
+    planner's: keys that would set it are errors, as are schedules the job cannot run."""
+    from .cost.pipeline import SCHEDULES, ZERO_BUBBLE
+
+    par = job_config.parallelism
+    pp = par.pipeline_parallel_degree
+    if pp < 1:
+        raise UserError(f"parallelism.pipeline_parallel_degree = {pp} is invalid: use 1 (pp "
+                        "searched under auto) or a degree that divides the world size")
+    for key, default in (("module_fqns_per_model_part", None),
+                         ("pipeline_parallel_layers_per_stage", None),
+                         ("pipeline_parallel_first_stage_less_layers", 1),
+                         ("pipeline_parallel_last_stage_less_layers", 1),
+                         ("pipeline_parallel_schedule_csv", "")):
+        if getattr(par, key, default) != default:
+            raise UserError(f"parallelism.{key} is set with auto = true: the planner chooses "
+                            "the stage split; remove it or set parallelism.auto = false")
+    schedules = tuple(job_config.autoparallel.pp_schedules)
+    if par.pipeline_parallel_schedule != "1F1B":
+        schedules = (par.pipeline_parallel_schedule,)
+    unknown = [s for s in schedules if s not in SCHEDULES]
+    if unknown:
+        raise UserError(f"pipeline schedule {unknown[0]!r} is not one of TorchTitan's "
+                        f"{list(SCHEDULES)}")
+    if features.compile and schedules and all(s in ZERO_BUBBLE for s in schedules):
+        raise UserError(f"pipeline schedule {schedules[0]} splits the backward, which compiled "
+                        "blocks cannot: set compile.enable = false or choose 1F1B, GPipe or "
+                        "Interleaved1F1B")
+    if pp > 1 and features.reshard_after_forward == "always":
+        raise UserError("parallelism.fsdp_reshard_after_forward = 'always' with "
+                        f"pipeline_parallel_degree = {pp}: under pp the stages keep "
+                        "parameters across micro-batches; use 'default' or 'never'")
+    mb = par.pipeline_parallel_microbatch_size
+    if mb < 1:
+        raise UserError(f"parallelism.pipeline_parallel_microbatch_size = {mb} is invalid: use "
+                        "1 (searched under auto) or more sequences")
+    v = job_config.autoparallel.pp_stages_per_rank
+    return {"pp": pp if pp > 1 else 0, "pp_schedules": schedules,
+            "pp_microbatch": mb if mb > 1 else 0, "pp_stages_per_rank": v,
+            "techniques": tuple(t for t in techniques if t != "pp" or (
+                features.reshard_after_forward != "always"))}
 
 
 def layer_graph_for(job_config: Any) -> LayerGraph:
@@ -88,7 +131,11 @@ def model_layer_graph(name: str, flavor: str, seq_len: int) -> LayerGraph:
     if flavor not in spec.model_args:
         raise UserError(f"unknown flavor {flavor!r} for {name}: choose one of "
                         f"{sorted(spec.model_args)}")
-    return build_layer_graph(name, flavor, spec.model_args[flavor], spec.model_cls, seq_len)
+    graph = build_layer_graph(name, flavor, spec.model_args[flavor], spec.model_cls, seq_len)
+    if spec.pipelining_fn is None:
+        graph = dataclasses.replace(graph, excluded=tuple(sorted((*graph.excluded, (
+            "pp", f"train spec {name!r} has no pipelining function")))))
+    return graph
 
 
 @dataclass(frozen=True)
@@ -163,7 +210,15 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
                         "cp": constraints.cp, "ep": constraints.ep, "etp": constraints.etp,
                         "techniques": sorted(constraints.techniques),
                         **({"reshard_after_forward": constraints.reshard_after_forward}
-                           if constraints.reshard_after_forward != "default" else {})},
+                           if constraints.reshard_after_forward != "default" else {}),
+                        # pipeline constraints only when set: other plans keep their digests
+                        **{key: list(value) if isinstance(value, tuple) else value
+                           for key, value in (("pp", constraints.pp),
+                                              ("pp_schedules", constraints.pp_schedules),
+                                              ("pp_microbatch", constraints.pp_microbatch),
+                                              ("pp_stages_per_rank",
+                                               constraints.pp_stages_per_rank))
+                           if value}},
         "moe_load_imbalance": hw.moe_load_imbalance,
         "pin": globs,
         "pin_recipe": recipe if any(p.whole for p in pins.values()) else {},
@@ -201,6 +256,11 @@ def plan_job(job_config: Any, world: int) -> Plan:
     start = time.perf_counter()
     inputs = job_inputs(job_config, world)
     meshes = enumerate_meshes(inputs.graph, world, inputs.gpus_per_node, inputs.constraints)
+    if inputs.constraints.pp > 1 and prefix_classes(inputs.graph, inputs.pins) is None:
+        raise UserError(
+            f"parallelism.pipeline_parallel_degree = {inputs.constraints.pp}: the blocks of "
+            f"{inputs.graph.family} {inputs.graph.flavor} alternate between kinds (or pins), so "
+            "no stage split keeps each kind's blocks; set it to 1")
     local = job_config.training.local_batch_size
     if job_config.training.global_batch_size == -1:
         jobs = [(with_global_batch(inputs, local * dp), [m for m in meshes if m.dp == dp])
@@ -208,17 +268,36 @@ def plan_job(job_config: Any, world: int) -> Plan:
     else:
         jobs = [(inputs, [m for m in meshes if inputs.global_batch % m.dp == 0]
                  or _no_batch_split(meshes, inputs.global_batch))]
-    best: tuple[float, JobInputs, Solution, dict[str, Any]] | None = None
+    best: tuple[float, JobInputs, Solution | PipelineSolution, dict[str, Any]] | None = None
     min_feasible = float("inf")
+    limit = job_config.autoparallel.time_limit_s
     for job, job_meshes in jobs:
+        flat = [m for m in job_meshes if m.pp == 1]
+        piped = [m for m in job_meshes if m.pp > 1]
+        found: list[tuple[Solution | PipelineSolution, dict[str, Any]]] = []
         result = search(job.graph, world, job.global_batch, job.hw, job.precision,
-                        job.gpus_per_node, job.budget_bytes, job.constraints, job_meshes,
-                        job_config.autoparallel.time_limit_s, job.pins, job.features)
+                        job.gpus_per_node, job.budget_bytes, job.constraints, flat,
+                        limit, job.pins, job.features)
         min_feasible = min(min_feasible, result.min_feasible_bytes)
         if result.best is not None:
-            rate = job.global_batch / result.best.step_time_s
+            found.append((result.best, dict(result.stats)))
+        if piped:
+            beat = result.best.step_time_s if result.best is not None else float("inf")
+            piped_result = search_pipeline(
+                job.graph, job.global_batch, job.hw, job.precision, job.gpus_per_node,
+                job.budget_bytes, job.constraints, piped, limit, job.pins, job.features, beat)
+            min_feasible = min(min_feasible, piped_result.min_feasible_bytes)
+            if piped_result.best is not None:
+                found.append((piped_result.best, dict(piped_result.stats)))
+            counted = ("candidates", "meshes", "milps_solved", "pruned_by_memory", "variables",
+                       "constraints", "solve_time_s")
+            for _, stats in found:
+                for key in counted:
+                    stats[key] = result.stats[key] + piped_result.stats[key]
+        for sol, stats in found:
+            rate = job.global_batch / sol.step_time_s
             if best is None or rate > best[0]:
-                best = (rate, job, result.best, dict(result.stats))
+                best = (rate, job, sol, stats)
     if best is None:
         raise UserError(
             f"no plan fits the memory budget of {inputs.budget_bytes / 2**30:.3g} GiB per "
@@ -227,6 +306,8 @@ def plan_job(job_config: Any, world: int) -> Plan:
         )
     _, job, sol, stats = best
     stats["planning_time_s"] = time.perf_counter() - start
+    if isinstance(sol, PipelineSolution):
+        return build_pipeline_plan(job, sol, stats)
     return build_plan(job, sol.candidate, _assign(job, sol), stats)
 
 

@@ -7,11 +7,12 @@ from .graph.layer_graph import LayerGraph
 from .pins import Pin
 from .plan import LayerPlan, Mesh, strategy_label
 
-TECHNIQUES = ("fsdp", "hsdp", "ddp", "tp", "tp_dp", "cp", "ep", "ac")
+TECHNIQUES = ("fsdp", "hsdp", "ddp", "tp", "tp_dp", "cp", "ep", "ac", "pp")
 """fsdp: shard over dp_shard; hsdp: replicate x shard; ddp: replicate only (gradients
 all-reduced, parameters whole on every rank; tp = cp = 1); tp: tensor + sequence parallel; tp_dp: a
 block may use the tp dim as extra data parallel (dense models); cp: context parallel (ring
-attention); ep: expert parallel for routed experts (MoE models); ac: activation checkpointing."""
+attention); ep: expert parallel for routed experts (MoE models); ac: activation checkpointing;
+pp: pipeline parallel (schedule, stages per rank, micro-batches and the stage split searched)."""
 TP_MODES = ("sp", "dp")
 """Per block on a mesh with tp > 1: "sp" = TorchTitan's TP + sequence-parallel plan; "dp" = the
 block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split the micro-batch
@@ -55,6 +56,13 @@ class Constraints:
     reshard_after_forward: str = "default"
     """parallelism.fsdp_reshard_after_forward: "default" = chosen per block, "always" /
     "never" = every FSDP-sharded block reshards / keeps its parameters after forward."""
+    pp: int = 0
+    pp_schedules: tuple[str, ...] = ()
+    """Pipeline schedules the search may use (empty: all of TorchTitan's)."""
+    pp_microbatch: int = 0
+    """Sequences per pipeline micro-batch (0 = searched)."""
+    pp_stages_per_rank: int = 0
+    """Pipeline stages per pp rank (0 = searched)."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -87,44 +95,59 @@ def enumerate_meshes(
         allowed.discard("cp")
     check_expert_constraints(graph, world, constraints)
     meshes = []
-    for tp in _divisors(world):
-        if tp > 1 and "tp" not in allowed:
-            continue
-        if not legal_tp(graph, tp, gpus_per_node):
-            continue
-        for cp in _divisors(world // tp):
-            # ring attention with head-tail load balancing: seq_len % (2 * cp * tp) == 0
-            if cp > 1 and ("cp" not in allowed or graph.seq_len % (2 * cp * tp)):
+    for pp in pipeline_degrees(graph, world, constraints, allowed):
+        dense = world // pp
+        for tp in _divisors(dense):
+            if tp > 1 and "tp" not in allowed:
                 continue
-            for dp_replicate in _divisors(world // tp // cp):
-                dp_shard = world // tp // cp // dp_replicate
-                if dp_replicate > 1 and dp_shard > 1 and "hsdp" not in allowed:
+            if not legal_tp(graph, tp, gpus_per_node):
+                continue
+            for cp in _divisors(dense // tp):
+                # ring attention with head-tail load balancing: seq_len % (2 * cp * tp) == 0
+                if cp > 1 and ("cp" not in allowed or graph.seq_len % (2 * cp * tp)):
                     continue
-                if dp_replicate > 1 and dp_shard == 1 and (
-                        "ddp" not in allowed or tp > 1 or cp > 1):
-                    continue  # pure replication: data parallel alone
-                if dp_shard > 1 and "fsdp" not in allowed and "hsdp" not in allowed:
-                    continue
-                fixed = (constraints.dp_replicate, constraints.dp_shard, constraints.tp,
-                         constraints.cp)
-                values = (dp_replicate, dp_shard, tp, cp)
-                if any(f and f != v for f, v in zip(fixed, values, strict=True)):
-                    continue
-                meshes.extend(
-                    Mesh(dp_replicate, dp_shard, tp, cp, ep, etp)
-                    for ep, etp in expert_degrees(graph, dp_shard, cp, tp, constraints, allowed)
-                )
+                for dp_replicate in _divisors(dense // tp // cp):
+                    dp_shard = dense // tp // cp // dp_replicate
+                    if dp_replicate > 1 and dp_shard > 1 and "hsdp" not in allowed:
+                        continue
+                    if dp_replicate > 1 and dp_shard == 1 and (
+                            "ddp" not in allowed or tp > 1 or cp > 1 or pp > 1):
+                        continue  # pure replication: data parallel alone (TorchTitan's DDP)
+                    if dp_shard > 1 and "fsdp" not in allowed and "hsdp" not in allowed:
+                        continue
+                    fixed = (constraints.dp_replicate, constraints.dp_shard, constraints.tp,
+                             constraints.cp)
+                    values = (dp_replicate, dp_shard, tp, cp)
+                    if any(f and f != v for f, v in zip(fixed, values, strict=True)):
+                        continue
+                    meshes.extend(
+                        Mesh(dp_replicate, dp_shard, tp, cp, ep, etp, pp)
+                        for ep, etp in expert_degrees(graph, dp_shard, cp, tp, constraints,
+                                                      allowed)
+                    )
     if not meshes:
         raise UserError(
             f"no legal mesh for world size {world}: tp must divide the heads "
             f"({graph.n_heads} query / {graph.n_kv_heads} kv), the sequence length and be "
             f"<= gpus_per_node ({gpus_per_node}); fixed degrees "
+            f"pp={constraints.pp or 'free'} "
             f"dp_replicate={constraints.dp_replicate or 'free'} "
             f"dp_shard={constraints.dp_shard or 'free'} tp={constraints.tp or 'free'} "
             f"cp={constraints.cp or 'free'} (cp needs seq_len % (2 x cp x tp) == 0) and "
             f"techniques {list(constraints.techniques)} must multiply to {world}"
         )
     return meshes
+
+
+def pipeline_degrees(graph: LayerGraph, world: int, constraints: Constraints,
+                     allowed: set[str]) -> list[int]:
+    """pp degrees to search: 1, plus the divisors of the world that leave every rank at least
+    one block (TorchTitan builds one model part per stage), when pp is allowed."""
+    if constraints.pp:
+        return [constraints.pp]
+    if "pp" not in allowed:
+        return [1]
+    return [pp for pp in _divisors(world) if pp == 1 or 2 * pp <= len(graph.blocks)]
 
 
 def legal_ep(num_experts: int, dp_shard: int, cp: int, tp: int) -> list[tuple[int, int]]:

@@ -180,6 +180,8 @@ AUTOPARALLEL_RULES: dict[str, Rule] = {
     "time_limit_s": Rule(float, gt=0),
     "pin": Rule(list, item=str),
     "moe_load_imbalance": Rule(float, zero_or_ge=1),
+    "pp_schedules": Rule(list, item=str),
+    "pp_stages_per_rank": Rule(int, ge=0, le=4),
 }
 """``[autoparallel]`` fields (config.py). Fields without a row: their annotation's type."""
 
@@ -248,9 +250,21 @@ PLAN_RULES: dict[str, Rule] = {
     "solver": Rule(dict),
     "notes": Rule(list, item=str),
     "inputs": Rule(dict, optional=True),
+    "pipeline": Rule(dict, optional=True),
 }
 MESH_RULES: dict[str, Rule] = {k: Rule(int, ge=1)
-                               for k in ("dp_replicate", "dp_shard", "tp", "cp", "ep", "etp")}
+                               for k in ("dp_replicate", "dp_shard", "tp", "cp", "ep", "etp",
+                                         "pp")}
+PIPELINE_RULES: dict[str, Rule] = {
+    "schedule": Rule(str),
+    "stages_per_rank": Rule(int, ge=1),
+    "microbatches": Rule(int, ge=1),
+    "microbatch_size": Rule(int, ge=1),
+    "stages": Rule(list, item=list),
+    "bubble_fraction": Rule(float, ge=0, le=1),
+    "rank_time_ms": Rule(list, item=float),
+    "rank_memory_gib": Rule(list, item=float),
+}
 LAYER_RULES: dict[str, Rule] = {
     "fqn": Rule(str),
     "kind": Rule(str, choices=("embedding", "block", "output")),
@@ -281,6 +295,18 @@ def check_plan_data(data: Any, source: str) -> None:
         raise UserError(f"{where}missing field {missing[0]!r}; {PLAN_FIX}")
     check_fields(where, data, Plan, PLAN_RULES, PLAN_FIX)
     check_fields(f"{where}mesh.", data["mesh"], Mesh, MESH_RULES, PLAN_FIX)
+    if data.get("pipeline") is not None:
+        from .plan import Pipeline
+
+        pipe = data["pipeline"]
+        missing = [f.name for f in dataclasses.fields(Pipeline)
+                   if f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING and f.name not in pipe]
+        if missing:
+            raise UserError(f"{where}pipeline lacks {missing[0]!r}; {PLAN_FIX}")
+        check_fields(f"{where}pipeline.", pipe, Pipeline, PIPELINE_RULES, PLAN_FIX)
+        if not all(isinstance(f, str) for stage in pipe["stages"] for f in stage):
+            raise UserError(f"{where}pipeline.stages must be lists of module names; {PLAN_FIX}")
     if not data["layers"]:
         raise UserError(f"{where}has no layers; {PLAN_FIX}")
     for i, layer in enumerate(data["layers"]):
@@ -320,10 +346,51 @@ def check_plan(plan: Any, source: str) -> None:
         raise UserError(f"{where}layer {shown(dup)} appears more than once; {PLAN_FIX}")
     for problem in mesh_problems(m):
         raise UserError(f"{where}mesh {m}: {problem}; {PLAN_FIX}")
+    problem = pipeline_problem(plan)
+    if problem:
+        raise UserError(f"{where}{problem}; {PLAN_FIX}")
     for layer in plan.layers:
         problem = layer_problem(layer, m, plan.local_batch_size)
         if problem:
             raise UserError(f"{where}{layer.fqn}: {problem}; {PLAN_FIX}")
+
+
+def pipeline_problem(plan: Any) -> str:
+    """Why the plan's pipeline cannot run as TorchTitan 0.2.2 builds it (empty if it can):
+    schedule rules, micro-batch arithmetic, and stages of consecutive layers that cover the
+    model once, the first with the embedding and the last with the output."""
+    from .cost.pipeline import SCHEDULES, SINGLE_STAGE, microbatch_ok
+    from .plan import V_SCHEDULES
+
+    m, pipe = plan.mesh, plan.pipeline
+    if pipe is None:
+        return "mesh pp > 1 needs a pipeline section" if m.pp > 1 else ""
+    if m.pp == 1:
+        return "a pipeline section needs mesh pp > 1"
+    if pipe.schedule not in SCHEDULES:
+        return f"pipeline.schedule {shown(pipe.schedule)} is not one of {list(SCHEDULES)}"
+    v = pipe.stages_per_rank
+    if (pipe.schedule in SINGLE_STAGE and v != 1) or (pipe.schedule in V_SCHEDULES and v != 2) \
+            or (pipe.schedule not in SINGLE_STAGE and v < 2):
+        return f"pipeline.stages_per_rank {v} does not suit schedule {pipe.schedule}"
+    if not microbatch_ok(pipe.schedule, m.pp, v, pipe.microbatches):
+        return (f"pipeline.microbatches {pipe.microbatches} does not suit {pipe.schedule} on "
+                f"pp {m.pp} (at least pp; a multiple of pp when interleaved; 2 pp for V shapes)")
+    if plan.local_batch_size != pipe.microbatches * pipe.microbatch_size:
+        return (f"local_batch_size {plan.local_batch_size} != pipeline.microbatches "
+                f"{pipe.microbatches} x microbatch_size {pipe.microbatch_size}")
+    if len(pipe.stages) != m.pp * v:
+        return f"pipeline.stages has {len(pipe.stages)} stages, not pp x stages_per_rank"
+    if any(not stage for stage in pipe.stages):
+        return "pipeline.stages has an empty stage"
+    order = [layer.fqn for layer in plan.layers]
+    flat = [fqn for stage in pipe.stages for fqn in stage if fqn in order]
+    if flat != order:
+        return "pipeline.stages must hold every planned layer once, in model order"
+    kinds = {layer.fqn: layer.kind for layer in plan.layers}
+    if kinds[pipe.stages[0][0]] != "embedding" or kinds.get(pipe.stages[-1][-1]) != "output":
+        return "pipeline.stages must start with the embedding and end with the output"
+    return ""
 
 
 def mesh_problems(m: Any) -> list[str]:
@@ -344,6 +411,8 @@ def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
         return f"ep {layer.ep} must be 1 or the mesh's ep ({m.ep})"
     if m.tp == 1:
         return "" if layer.tp_mode == "none" else f"tp_mode {layer.tp_mode!r} needs tp > 1"
+    if layer.tp_mode == "dp" and m.pp > 1:
+        return "tp_mode 'dp' is not planned with pipeline parallelism; use 'sp'"
     if layer.tp_mode == "none":
         return ("tp_mode 'none' on a tp mesh leaves its parameters plain tensors next to "
                 "DTensors (the optimizer step fails): use 'sp' or 'dp'")

@@ -61,6 +61,10 @@ class BlockCost:
     exposed_parts: tuple[tuple[str, float], ...] = ()
     """Exposed communication and host copies by kind (before the host's core sharing):
     "tp", "cp ring", "ep all-to-all", "fsdp / dp", "host copies"; for pictures."""
+    unsharded_bytes: float = 0.0
+    """The block's parameters as FSDP all-gathers them (its local TP / EP shard)."""
+    grad_bytes: float = 0.0
+    """Its unsharded gradients before the reduce-scatter (reduce dtype)."""
 
 
 def autocast(mesh: Mesh, prec: Precision) -> bool:
@@ -274,7 +278,7 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     parts = (("tp", tp_only), ("cp ring", cp_comm), ("ep all-to-all", ep_comm),
              ("fsdp / dp", exposed), ("host copies", copy_s))
     return BlockCost(time, compute, tp_comm + fwd_comm + bwd_comm, tp_comm + exposed,
-                     kept, state, transient, parts)
+                     kept, state, transient, parts, unsharded, gbytes)
 
 
 def moe_dispatch_s(layer: Layer, mesh: Mesh, microbatch: int, act_scale: float,
@@ -323,6 +327,26 @@ class FixedCost:
     logits_bytes: float = 0.0
     """The part of ``kept_bytes`` that is logits (fp32 for the loss, and their low-precision
     originals)."""
+    gathered_bytes: float = 0.0
+    """Unsharded parameters and gradients while FSDP holds them gathered."""
+
+
+def edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int,
+              hw: HardwareProfile, prec: Precision, gpus_per_node: int,
+              features: Features = EAGER) -> FixedCost:
+    """The embedding's or the norm + output's time and memory per micro-batch."""
+    cost = block_cost(layer, mesh, edge_strategy(layer.kind, mesh), microbatch, hw, prec,
+                      gpus_per_node, features=features)
+    gathered = cost.unsharded_bytes + cost.grad_bytes
+    if layer.kind != "output":
+        return FixedCost(cost.time_s, cost.kept_bytes, cost.state_bytes, 0.0, gathered)
+    # logits stay fp32 for the loss: not scaled by the activation dtype
+    logits = layer.saved_bytes * microbatch / (mesh.tp * mesh.cp)
+    if prec.param_bytes < 4:
+        # the output projection's low-precision logits, upcast by the loss (kept as well)
+        logits += (graph.seq_len * graph.vocab_size * prec.param_bytes * microbatch
+                   / (mesh.tp * mesh.cp))
+    return FixedCost(cost.time_s, logits, cost.state_bytes, logits, gathered)
 
 
 def fixed_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
@@ -332,20 +356,11 @@ def fixed_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfi
     for layer in graph.layers:
         if layer.kind == "block":
             continue
-        cost = block_cost(layer, mesh, edge_strategy(layer.kind, mesh), microbatch, hw, prec,
-                          gpus_per_node, features=features)
+        cost = edge_cost(graph, layer, mesh, microbatch, hw, prec, gpus_per_node, features)
         time += cost.time_s
-        # logits stay fp32 for the loss: not scaled by the activation dtype
-        fp32_logits = layer.saved_bytes * microbatch / (mesh.tp * mesh.cp)
-        kept += fp32_logits if layer.kind == "output" else cost.kept_bytes
-        logits += fp32_logits if layer.kind == "output" else 0.0
+        kept += cost.kept_bytes
         state += cost.state_bytes
-        if layer.kind == "output" and prec.param_bytes < 4:
-            # the output projection's low-precision logits, upcast by the loss (kept as well)
-            low = (graph.seq_len * graph.vocab_size * prec.param_bytes * microbatch
-                   / (mesh.tp * mesh.cp))
-            kept += low
-            logits += low
+        logits += cost.logits_bytes
     if autocast(mesh, prec):
         # autocast caches the low-precision copy of every weight it casts (all but the
         # embedding) from the forward until the backward

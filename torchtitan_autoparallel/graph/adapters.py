@@ -142,8 +142,10 @@ class ModelAdapter:
 
         view = nn.Module()
         for name in (self.embedding, self.final_norm, self.output):
-            if name:
-                _set_submodule(view, name, model.get_submodule(name))
+            # a pipeline stage holds the embedding, the norm + output, or neither
+            module = submodule_or_none(model, name) if name else None
+            if module is not None:
+                _set_submodule(view, name, module)
         blocks = model.get_submodule(self.blocks)
         chosen = [blocks.get_submodule(n) for n in block_names]
         _set_submodule(view, self.blocks, nn.ModuleList(chosen) if isinstance(

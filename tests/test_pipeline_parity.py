@@ -1,0 +1,46 @@
+"""Auto plans with pipeline parallelism train exactly like one rank (fp32, 5 steps, losses rel
+<= 1e-4, gradient norms as every parity test): 1F1B, Interleaved1F1B with 2 stages per rank,
+pp x dp_shard, pp x tp, and a user-fixed pp with the rest searched."""
+
+import re
+
+import pytest
+
+from parity import assert_parity, run_job
+
+PLAN_RE = re.compile(r"autoparallel plan \w+: mesh (.*) \(world")
+SCHEDULE_RE = re.compile(r"pipeline: (\w+), (\d+) ranks x (\d+) stages")
+
+CASES = {
+    # name: (ranks, overrides, mesh text expected, schedule, stages per rank)
+    "pp2-1f1b": (2, ["--parallelism.pipeline_parallel_degree=2",
+                     "--autoparallel.pp_schedules=1F1B"], "pp=2 ", "1F1B", 1),
+    "pp2-interleaved": (2, ["--parallelism.pipeline_parallel_degree=2",
+                            "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+                            "--autoparallel.pp_stages_per_rank=2"], "pp=2 ",
+                        "Interleaved1F1B", 2),
+    "pp2-fsdp2": (4, ["--parallelism.pipeline_parallel_degree=2",
+                      "--parallelism.data_parallel_shard_degree=2",
+                      "--autoparallel.pp_schedules=1F1B"], "pp=2 dp_replicate=1 dp_shard=2",
+                  "1F1B", 1),
+    "pp2-tp2": (4, ["--parallelism.pipeline_parallel_degree=2",
+                    "--parallelism.tensor_parallel_degree=2",
+                    "--autoparallel.pp_schedules=1F1B"], "tp=2", "1F1B", 1),
+    # pp fixed, everything else (mesh, schedule, stages, micro-batches, split) searched
+    "pp2-free": (4, ["--parallelism.pipeline_parallel_degree=2"], "pp=2 ", None, None),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_pipeline_auto_parity(case, references, tmp_path):
+    ngpu, overrides, mesh_text, schedule, stages = CASES[case]
+    seed, reference = references("llama3")
+    result = run_job("llama3_debug_auto.toml", ngpu, tmp_path, overrides, seed_checkpoint=seed)
+    mesh = PLAN_RE.search(result.output)
+    assert mesh, result.output[-3000:]
+    assert mesh_text in mesh.group(1) + " ", mesh.group(1)
+    planned = SCHEDULE_RE.search(result.output)
+    assert planned, result.output[-3000:]
+    if schedule is not None:
+        assert (planned.group(1), int(planned.group(3))) == (schedule, stages)
+    assert_parity(reference, result)

@@ -1,0 +1,204 @@
+"""Pipeline-parallel costs: schedule bubbles, micro-batches in flight, P2P sends, and what a
+block costs on a pipeline stage.
+
+Step time of a schedule with ``m`` micro-batches on ``pp`` ranks, each running ``v`` stages
+whose forward + backward of one micro-batch takes ``T`` on the slowest rank:
+``(m + beta) * T`` plus the per-step FSDP collectives, with ``beta`` (the bubble, in units of
+``T``) from the literature:
+
+* GPipe and 1F1B: ``beta = pp - 1`` (Narayanan et al. 2021, arXiv 2104.04473, section 2.2).
+* Interleaved 1F1B with ``v`` stages per rank: ``beta = (pp - 1) / v`` (same paper, 2.2.2).
+* Zero-bubble schedules split the backward into B (input gradients) and W (weight gradients)
+  and fill the bubble with W (Qi et al. 2024, arXiv 2401.10241): ZB-H1 leaves
+  ``(pp - 1)(F + B - W)`` of 1F1B's ``(pp - 1)(F + B + W)``, used here for
+  InterleavedZeroBubble (divided by ``v`` like interleaving); ZB-V leaves
+  ``(pp - 1)(F + B - 2W)`` in units of one of its two chunks.
+* DualPipe (DeepSeek-V3 report, arXiv 2412.19437, table 2): ``(pp/2 - 1)(F&B + B - 3W)`` in
+  chunk units, with the forward and backward of two micro-batches overlapped so that the
+  expert-parallel all-to-all hides under computation.
+
+F, B and W are split by FLOPs: linears cost F in B and F in W; attention has no weights and
+costs ``attention_backward_factor`` x F in B; recomputation (AC) is part of B.
+
+Activations in flight on pp rank ``r`` (in micro-batches of that rank's stages): GPipe ``m``;
+1F1B ``min(m, pp - r)`` (Narayanan et al.); interleaved schedules run ``(v - 1) pp +
+2 (pp - 1 - r)`` stage forwards before the first backward (PyTorch's
+``ScheduleInterleaved1F1B`` warm-up), each ``1 / v`` of the rank's layers; ZB-V holds as much as
+1F1B's first stage on every rank (Qi et al.), DualPipe ``pp + 1`` (DeepSeek-V3 report).
+
+Under PP, TorchTitan's FSDP keeps each stage's parameters unsharded and its gradients
+unreduced across the micro-batches of a step (PyTorch's ``PipelineStage`` turns resharding and
+gradient sync off until the last micro-batch): the all-gathers and reduce-scatters happen once
+per step and the stage holds its unsharded parameters and gradients throughout.
+"""
+
+from dataclasses import dataclass
+
+from ..features import EAGER, Features
+from ..graph.layer_graph import Layer, LayerGraph
+from ..plan import V_SCHEDULES, Mesh
+from ..strategies import BlockStrategy
+from .hardware import HardwareProfile
+from .model import (
+    AC_EFFECT,
+    FWD_BWD_BYTES_PER_PARAM,
+    GRAD_BYTES_PER_PARAM,
+    STATE_BYTES_PER_PARAM,
+    STEP_BYTES_PER_PARAM,
+    Precision,
+    block_cost,
+    core_share,
+)
+
+SCHEDULES = ("1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble", "ZBVZeroBubble",
+             "DualPipeV")
+"""TorchTitan 0.2.2's pipeline schedules (``parallelism.pipeline_parallel_schedule``)."""
+SINGLE_STAGE = ("1F1B", "GPipe")
+"""Schedules with one stage per rank; the others need at least two (V schedules exactly 2)."""
+ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+"""Schedules that split the backward into input and weight gradients: they cannot run
+compiled blocks (torch.compile fuses the backward TorchTitan would split)."""
+MOE_ONLY = ("DualPipeV",)
+"""Offered to MoE models only (its point is hiding the expert all-to-all)."""
+
+
+def stage_options(schedule: str, pp: int, n_blocks: int) -> list[int]:
+    """Stages per rank ``schedule`` can run with ``pp`` ranks and ``n_blocks`` blocks (every
+    stage holds at least one block)."""
+    if schedule in SINGLE_STAGE:
+        options = [1]
+    elif schedule in V_SCHEDULES:
+        options = [2]
+    else:
+        options = [2, 3, 4]
+    return [v for v in options if pp * v <= n_blocks]
+
+
+def microbatch_ok(schedule: str, pp: int, v: int, m: int) -> bool:
+    """Whether TorchTitan 0.2.2 / PyTorch run ``schedule`` with ``m`` micro-batches: at least
+    pp (fewer hangs TorchTitan's 1F1B), V schedules at least their 2 pp stages, interleaved
+    ones a multiple of pp (PyTorch's rounds)."""
+    if m < pp:
+        return False
+    if schedule in V_SCHEDULES:
+        return m >= 2 * pp
+    if schedule not in SINGLE_STAGE:
+        return m % pp == 0
+    return True
+
+
+@dataclass(frozen=True)
+class Split:
+    """Forward, input-gradient and weight-gradient shares of a block's compute."""
+
+    f: float
+    b: float
+    w: float
+
+
+def backward_split(layer: Layer, strategy: BlockStrategy, hw: HardwareProfile) -> Split:
+    """F / B / W of ``layer`` (shares summing to 1) by FLOPs, recomputation in B."""
+    attn = layer.attn_flops / max(layer.fwd_flops, 1.0)
+    linear = 1.0 - attn
+    f = 1.0
+    b = linear + attn * hw.attention_backward_factor + AC_EFFECT[strategy.ac][1]
+    w = linear
+    total = f + b + w
+    return Split(f / total, b / total, w / total)
+
+
+def bubble(schedule: str, pp: int, v: int, split: Split) -> float:
+    """Idle time of the slowest rank per step, in units of its per-micro-batch time."""
+    if schedule in SINGLE_STAGE:
+        return float(pp - 1)
+    if schedule == "Interleaved1F1B":
+        return (pp - 1) / v
+    if schedule == "InterleavedZeroBubble":
+        return (pp - 1) / v * max(0.0, split.f + split.b - split.w)
+    if schedule == "ZBVZeroBubble":
+        return (pp - 1) / 2 * max(0.0, split.f + split.b - 2 * split.w)
+    # DualPipeV: F&B is one overlapped forward + backward chunk pair
+    return max(0.0, pp / 2 - 1) / 2 * max(0.0, 1.0 + split.b - 3 * split.w)
+
+
+def in_flight(schedule: str, pp: int, v: int, m: int, rank: int) -> float:
+    """Micro-batches of activations (of all its stages) pp rank ``rank`` holds at its peak."""
+    if schedule == "GPipe":
+        return float(m)
+    if schedule == "1F1B":
+        return float(min(m, pp - rank))
+    if schedule == "ZBVZeroBubble":
+        return float(min(m, pp))
+    if schedule == "DualPipeV":
+        return float(min(m, pp + 1))
+    warmup = (v - 1) * pp + 2 * (pp - 1 - rank)
+    return min(m * v, warmup + 1) / v
+
+
+def p2p_s(graph: LayerGraph, mesh: Mesh, microbatch: int, prec: Precision,
+          hw: HardwareProfile, gpus_per_node: int) -> float:
+    """One stage-boundary send of a micro-batch's residual stream (sequence-sharded under TP
+    + SP, split by CP) to the neighbouring pp rank."""
+    nbytes = microbatch * graph.seq_len * graph.dim * prec.param_bytes / (mesh.tp * mesh.cp)
+    nodes = mesh.spans_nodes("pp", gpus_per_node)
+    bw = (hw.inter_node_gbps if nodes else hw.intra_node_gbps) * 1e9
+    alpha = (hw.inter_node_latency_us if nodes else hw.intra_node_latency_us) * 1e-6
+    return alpha + nbytes / bw
+
+
+@dataclass(frozen=True)
+class StageBlockCost:
+    """One block on a pipeline stage: per micro-batch, per step, and its memory."""
+
+    time_s: float
+    """Forward + backward of one micro-batch (no FSDP collectives: those run once per step)."""
+    step_s: float
+    """FSDP all-gather, reduce-scatter (and HSDP all-reduce) once per step, exposed."""
+    act_bytes: float
+    """Activations kept for backward per micro-batch in flight."""
+    resident_bytes: float
+    """Held all step: parameters + AdamW moments + gradients, and under FSDP the unsharded
+    parameters and unreduced gradients."""
+    step_bytes: float
+    """Held during the optimizer step."""
+    transient_bytes: float
+    """Working set while its backward runs."""
+    split: Split
+
+
+def stage_block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+                     hw: HardwareProfile, prec: Precision, gpus_per_node: int,
+                     grouped_experts: bool = True, features: Features = EAGER,
+                     hide_ep: bool = False) -> StageBlockCost:
+    """``layer`` with ``strategy`` on a stage of ``mesh`` (``strategy`` keeps its parameters
+    after forward, as TorchTitan's FSDP does under PP). ``hide_ep``: DualPipeV with its
+    expert-parallel overlap hides the dispatch / combine all-to-all under computation."""
+    cost = block_cost(layer, mesh, strategy, microbatch, hw, prec, gpus_per_node,
+                      grouped_experts, features)
+    parts = dict(cost.exposed_parts)
+    share = core_share(mesh, hw, gpus_per_node)
+    fsdp_exposed, copies = parts.get("fsdp / dp", 0.0), parts.get("host copies", 0.0)
+    per_mb = cost.time_s - share * (fsdp_exposed + copies)
+    if hide_ep:
+        per_mb -= share * min(parts.get("ep all-to-all", 0.0), cost.compute_s)
+    tp_like = cost.exposed_comm_s - fsdp_exposed
+    fsdp_comm = max(0.0, cost.comm_s - tp_like)
+    sharded = mesh.dp_shard * mesh.cp > 1 or (layer.expert_params and mesh.ep > 1)
+    per_param = cost.state_bytes / STATE_BYTES_PER_PARAM
+    resident = per_param * (FWD_BWD_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM)
+    transient = cost.transient_bytes
+    act = cost.kept_bytes
+    if sharded:
+        resident += cost.unsharded_bytes + cost.grad_bytes
+        act -= cost.unsharded_bytes  # kept after forward: counted once, not per micro-batch
+        transient -= 2 * cost.unsharded_bytes + cost.grad_bytes
+    return StageBlockCost(
+        time_s=max(0.0, per_mb),
+        step_s=share * (fsdp_comm + copies),
+        act_bytes=max(0.0, act),
+        resident_bytes=resident,
+        step_bytes=per_param * STEP_BYTES_PER_PARAM,
+        transient_bytes=max(0.0, transient),
+        split=backward_split(layer, strategy, hw),
+    )
+

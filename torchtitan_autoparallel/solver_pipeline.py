@@ -1,0 +1,415 @@
+"""The pipeline-parallel MILP: stage split and per-stage block strategies in one solve.
+
+A pipeline candidate fixes the mesh (pp > 1), the schedule, the stages per rank ``v`` and the
+micro-batch size. Its pp ranks fall into a few *rank types* whose ranks are interchangeable:
+the first (embedding; with V schedules also norm + output), the middle ones (blocks only) and
+the last (norm + output). Per rank type ``t`` the MILP counts blocks per class and strategy,
+``n[t,c,s]``, so its size does not grow with depth or pp; a makespan ``T`` bounds every rank
+type's time per micro-batch and ``F`` its per-step FSDP collectives:
+
+    minimize   (m + beta) * T + F                    (cost/pipeline.py: the schedule's bubble)
+    subject to sum_t ranks[t] * sum_s n[t,c,s] = N[c]   (every block on one stage)
+               sum_{c,s} n[t,c,s] >= v                  (every stage holds a block)
+               edge_time[t] + sum n[t,c,s] * time[c,s] <= T
+               edge_step[t] + sum n[t,c,s] * step[c,s] <= F
+               edge_mem[t] + sum n[t,c,s] (resident[c,s] + in_flight[t] act[c,s]) + W[t] <= budget
+               W[t] >= transient[c,s] * y[t,c,s],  n[t,c,s] <= N[c] y[t,c,s]
+               edge_state[t] + sum n[t,c,s] * step_bytes[c,s] <= budget (optimizer step)
+
+Block classes other than the main one must form a prefix of the model (deepseek_v3's dense
+first layers, a pinned first block): they go to the first stage, so that every stage keeps
+consecutive layers. Solved to optimality (``mip_rel_gap = 0``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import highspy
+
+from .cost.hardware import HardwareProfile
+from .cost.model import (
+    FWD_BWD_BYTES_PER_PARAM,
+    GRAD_BYTES_PER_PARAM,
+    STATE_BYTES_PER_PARAM,
+    STEP_BYTES_PER_PARAM,
+    Precision,
+    edge_cost,
+)
+from .cost.pipeline import (
+    MOE_ONLY,
+    SCHEDULES,
+    ZERO_BUBBLE,
+    StageBlockCost,
+    backward_split,
+    bubble,
+    in_flight,
+    microbatch_ok,
+    p2p_s,
+    stage_block_cost,
+    stage_options,
+)
+from .errors import UserError
+from .features import EAGER, Features
+from .graph.layer_graph import LayerGraph
+from .pins import Pin
+from .plan import V_SCHEDULES, Mesh
+from .solver import SolveTimeout, _new_highs, block_classes
+from .strategies import BlockStrategy, Constraints, pinned_strategies
+
+
+@dataclass(frozen=True)
+class RankType:
+    """pp ranks that hold the same kind of stages (``rank``: the one with the most
+    activations in flight, which sets the type's memory)."""
+
+    name: str
+    ranks: int
+    rank: int
+    embedding: bool
+    output: bool
+
+
+def rank_types(pp: int, schedule: str) -> tuple[RankType, ...]:
+    if schedule in V_SCHEDULES:
+        return (RankType("first", 1, 0, True, True),
+                RankType("middle", pp - 1, 1, False, False))
+    types = [RankType("first", 1, 0, True, False)]
+    if pp > 2:
+        types.append(RankType("middle", pp - 2, 1, False, False))
+    types.append(RankType("last", 1, pp - 1, False, True))
+    return tuple(types)
+
+
+def prefix_classes(graph: LayerGraph, pins: dict[str, Pin]) -> tuple[str, tuple[str, ...]] | None:
+    """(main class, classes that must sit on the first stage), or None when the block
+    classes interleave (a stage split would then change which blocks a class has)."""
+    classes = block_classes(graph, pins)
+    main = classes[-1]
+    first_main = classes.index(main)
+    if any(c != main for c in classes[first_main:]):
+        return None
+    return main, tuple(dict.fromkeys(classes[:first_main]))
+
+
+@dataclass(frozen=True)
+class PipelineCandidate:
+    """One (mesh with pp, schedule, stages per rank, micro-batch size) with its costs."""
+
+    mesh: Mesh
+    schedule: str
+    stages_per_rank: int
+    microbatch: int
+    microbatches: int
+    classes: dict[str, int]
+    prefix: tuple[str, ...]
+    strategies: dict[str, list[BlockStrategy]]
+    costs: dict[tuple[str, BlockStrategy], StageBlockCost]
+    types: tuple[RankType, ...]
+    in_flight: dict[str, float]
+    edge_time: dict[str, float]
+    edge_step: dict[str, float]
+    edge_memory: dict[str, float]
+    edge_state: dict[str, float]
+    beta: float
+    fill_s: float
+    """P2P hops of the fill and drain, exposed once per step."""
+    state_bytes: float = 0.0
+    accum: int = 1
+    per_step_s: float = 0.0
+
+    def keys(self) -> list[tuple[str, BlockStrategy]]:
+        return [(c, s) for c in self.classes for s in self.strategies[c]]
+
+    def allowed(self, t: RankType, cls: str) -> bool:
+        return t.name == "first" or cls not in self.prefix
+
+    def rank_time(self, t: RankType, counts: dict[tuple[str, BlockStrategy], int]) -> float:
+        return self.edge_time[t.name] + sum(n * self.costs[k].time_s for k, n in counts.items())
+
+    def rank_memory(self, t: RankType, counts: dict[tuple[str, BlockStrategy], int]) -> float:
+        used = [k for k, n in counts.items() if n > 0]
+        working = max((self.costs[k].transient_bytes for k in used), default=0.0)
+        fwd_bwd = self.edge_memory[t.name] + working + sum(
+            n * (self.costs[k].resident_bytes + self.in_flight[t.name] * self.costs[k].act_bytes)
+            for k, n in counts.items())
+        step = self.edge_state[t.name] + sum(n * self.costs[k].step_bytes
+                                             for k, n in counts.items())
+        return max(fwd_bwd, step)
+
+    def step_time(self, counts: dict[str, dict[tuple[str, BlockStrategy], int]]) -> float:
+        slowest = max(self.rank_time(t, counts[t.name]) for t in self.types)
+        fsdp = max(self.edge_step[t.name] + sum(n * self.costs[k].step_s
+                                                for k, n in counts[t.name].items())
+                   for t in self.types)
+        return (self.microbatches + self.beta) * slowest + fsdp + self.fill_s + self.per_step_s
+
+    def time_lower_bound(self) -> float:
+        pp = self.mesh.pp
+        work = sum(self.edge_time.values()) + sum(
+            n * min(self.costs[(c, s)].time_s for s in self.strategies[c])
+            for c, n in self.classes.items())
+        return (self.microbatches + self.beta) * work / pp + self.fill_s + self.per_step_s
+
+    def memory_lower_bound(self) -> float:
+        """No split puts less than the average resident memory on its fullest rank."""
+        blocks = sum(n * min(self.costs[(c, s)].resident_bytes for s in self.strategies[c])
+                     for c, n in self.classes.items())
+        edges = sum(self.edge_memory[t.name] * t.ranks for t in self.types)
+        return (blocks + edges) / self.mesh.pp
+
+
+def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: int,
+                             microbatch: int, microbatches: int, hw: HardwareProfile,
+                             prec: Precision, gpus_per_node: int, constraints: Constraints,
+                             pins: dict[str, Pin], features: Features = EAGER,
+                             cache: dict | None = None) -> PipelineCandidate | None:
+    """Costs of one pipeline candidate (None when its block classes interleave)."""
+    order = prefix_classes(graph, pins)
+    if order is None:
+        return None
+    _, prefix = order
+    cache = {} if cache is None else cache
+    key = (mesh, microbatch, schedule == "DualPipeV")
+    if key not in cache:
+        cache[key] = _block_costs(graph, mesh, microbatch, hw, prec, gpus_per_node,
+                                  constraints, pins, features, schedule == "DualPipeV")
+    classes, strategies, costs, edges = cache[key]
+    types = rank_types(mesh.pp, schedule)
+    flight = {t.name: in_flight(schedule, mesh.pp, v, microbatches, t.rank) for t in types}
+    edge_time, edge_step, edge_memory, edge_state = {}, {}, {}, {}
+    hop = p2p_s(graph, mesh, microbatch, prec, hw, gpus_per_node)
+    for t in types:
+        kinds = [k for k, on in (("embedding", t.embedding), ("output", t.output)) if on]
+        # sends: the stage outputs forward, the input gradients back, per stage and micro-batch
+        sends = 2 * v - (1 if t.embedding else 0) - (1 if t.output else 0)
+        edge_time[t.name] = (sum(edges[k].time_s for k in kinds)
+                             + sends * hop * (1 - hw.comm_overlap))
+        edge_step[t.name] = 0.0
+        # embedding activations stay for every micro-batch in flight, the logits for one
+        edge_memory[t.name] = sum(edges[k].resident_bytes + edges[k].kept_bytes * (
+            flight[t.name] if k == "embedding" else 1.0) for k in kinds)
+        edge_state[t.name] = sum(edges[k].step_bytes for k in kinds)
+    frugal = min(strategies[order[0]], key=lambda s: s.ac != "none")
+    split = backward_split(graph.blocks[-1], frugal, hw)
+    beta = bubble(schedule, mesh.pp, v, split)
+    fill = 2 * (mesh.pp - 1) * hop
+    return PipelineCandidate(mesh, schedule, v, microbatch, microbatches, classes, prefix,
+                             strategies, costs, types, flight, edge_time, edge_step,
+                             edge_memory, edge_state, beta, fill)
+
+
+def _block_costs(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
+                 prec: Precision, gpus_per_node: int, constraints: Constraints,
+                 pins: dict[str, Pin], features: Features, hide_ep: bool) -> tuple:
+    classes: dict[str, int] = {}
+    representative = {}
+    strategies: dict[str, list[BlockStrategy]] = {}
+    moe_model = graph.num_experts > 0
+    for layer, cls in zip(graph.blocks, block_classes(graph, pins), strict=True):
+        classes[cls] = classes.get(cls, 0) + 1
+        if cls not in representative:
+            representative[cls] = layer
+            # under PP, TorchTitan keeps parameters unsharded across micro-batches; tp as
+            # data parallel is not offered (its batch split is per micro-batch)
+            options = pinned_strategies(mesh, microbatch, constraints, moe_model,
+                                        pins.get(layer.fqn))
+            strategies[cls] = sorted({BlockStrategy(s.ac, False, s.tp_mode) for s in options
+                                      if s.tp_mode != "dp"})
+            if hide_ep and mesh.ep > 1:  # TorchTitan: no AC with EP under DualPipeV
+                strategies[cls] = [s for s in strategies[cls] if s.ac == "none"]
+    costs = {(c, s): stage_block_cost(representative[c], mesh, s, microbatch, hw, prec,
+                                      gpus_per_node, graph.grouped_experts, features, hide_ep)
+             for c in classes for s in strategies[c]}
+    edges = {}
+    for layer in graph.layers:
+        if layer.kind == "block":
+            continue
+        cost = edge_cost(graph, layer, mesh, microbatch, hw, prec, gpus_per_node, features)
+        per_param = cost.state_bytes / STATE_BYTES_PER_PARAM
+        sharded = mesh.dp_shard * mesh.cp > 1
+        edges[layer.kind] = EdgeCost(
+            cost.time_s,
+            per_param * (FWD_BWD_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM)
+            + (cost.gathered_bytes if sharded else 0.0),
+            cost.kept_bytes, per_param * STEP_BYTES_PER_PARAM)
+    return classes, strategies, costs, edges
+
+
+@dataclass(frozen=True)
+class EdgeCost:
+    """The embedding or norm + output on its stage."""
+
+    time_s: float
+    """Per micro-batch."""
+    resident_bytes: float
+    """Parameters, AdamW moments, gradients (and unsharded copies under FSDP), all step."""
+    kept_bytes: float
+    """Per micro-batch in flight (the logits: one micro-batch at a time)."""
+    step_bytes: float
+
+
+@dataclass
+class PipelineSolution:
+    candidate: PipelineCandidate
+    counts: dict[str, dict[tuple[str, BlockStrategy], int]]
+    step_time_s: float
+    peak_bytes: float
+    status: str
+    gap: float
+    variables: int
+    constraints: int
+
+
+def solve_pipeline(cand: PipelineCandidate, budget: float, time_limit_s: float
+                   ) -> PipelineSolution | None:
+    """Solve one candidate's MILP; None when no split fits. SolveTimeout as ``solve_candidate``."""
+    numbers = [budget, cand.beta, cand.fill_s, *cand.edge_time.values(),
+               *cand.edge_memory.values(), *cand.edge_state.values()]
+    numbers += [x for c in cand.costs.values() for x in (c.time_s, c.act_bytes,
+                                                         c.resident_bytes, c.transient_bytes)]
+    if not all(math.isfinite(x) for x in numbers):
+        raise UserError(f"the cost model gave a non-finite pipeline cost on mesh {cand.mesh}: "
+                        "check the hardware profile for NaN, inf or zero")
+    h = _new_highs()
+    h.setOptionValue("mip_rel_gap", 0.0)
+    h.setOptionValue("time_limit", float(time_limit_s))
+    inf = highspy.kHighsInf
+    integer = highspy.HighsVarType.kInteger
+    keys = cand.keys()
+    n_idx: dict[tuple[str, tuple[str, BlockStrategy]], int] = {}
+    y_idx: dict[tuple[str, tuple[str, BlockStrategy]], int] = {}
+
+    def col(cost: float, lo: float, hi: float, is_int: bool) -> int:
+        h.addCol(cost, lo, hi, 0, [], [])
+        j = h.getNumCol() - 1
+        if is_int:
+            h.changeColIntegrality(j, integer)
+        return j
+
+    T = col(cand.microbatches + cand.beta, 0.0, inf, False)
+    F = col(1.0, 0.0, inf, False)
+    for t in cand.types:
+        for k in keys:
+            hi = float(cand.classes[k[0]]) if cand.allowed(t, k[0]) else 0.0
+            n_idx[(t.name, k)] = col(0.0, 0.0, hi, True)
+            y_idx[(t.name, k)] = col(0.0, 0.0, 1.0 if hi else 0.0, True)
+    w_idx = {t.name: col(0.0, 0.0, inf, False) for t in cand.types}
+    for c, count in cand.classes.items():
+        idx = [n_idx[(t.name, (c, s))] for t in cand.types for s in cand.strategies[c]]
+        vals = [float(t.ranks) for t in cand.types for s in cand.strategies[c]]
+        h.addRow(float(count), float(count), len(idx), idx, vals)
+    for t in cand.types:
+        ns = [n_idx[(t.name, k)] for k in keys]
+        h.addRow(float(cand.stages_per_rank), inf, len(ns), ns, [1.0] * len(ns))
+        h.addRow(-inf, -cand.edge_time[t.name], len(ns) + 1, ns + [T],
+                 [cand.costs[k].time_s for k in keys] + [-1.0])
+        h.addRow(-inf, -cand.edge_step[t.name], len(ns) + 1, ns + [F],
+                 [cand.costs[k].step_s for k in keys] + [-1.0])
+        flight = cand.in_flight[t.name]
+        h.addRow(-inf, budget - cand.edge_memory[t.name], len(ns) + 1, ns + [w_idx[t.name]],
+                 [cand.costs[k].resident_bytes + flight * cand.costs[k].act_bytes
+                  for k in keys] + [1.0])
+        h.addRow(-inf, budget - cand.edge_state[t.name], len(ns), ns,
+                 [cand.costs[k].step_bytes for k in keys])
+        for k in keys:
+            n, y = n_idx[(t.name, k)], y_idx[(t.name, k)]
+            h.addRow(-inf, 0.0, 2, [n, y], [1.0, -float(cand.classes[k[0]])])
+            h.addRow(0.0, inf, 2, [w_idx[t.name], y], [1.0, -cand.costs[k].transient_bytes])
+    h.run()
+    model_status = h.getModelStatus()
+    if model_status not in (highspy.HighsModelStatus.kOptimal,
+                            highspy.HighsModelStatus.kTimeLimit):
+        return None
+    if h.getInfo().primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
+        if model_status == highspy.HighsModelStatus.kTimeLimit:
+            raise SolveTimeout
+        return None
+    values = h.getSolution().col_value
+    counts = {t.name: {k: int(round(values[n_idx[(t.name, k)]])) for k in keys}
+              for t in cand.types}
+    peak = max(cand.rank_memory(t, counts[t.name]) for t in cand.types)
+    return PipelineSolution(cand, counts, cand.step_time(counts), peak,
+                            h.modelStatusToString(model_status), float(h.getInfo().mip_gap),
+                            h.getNumCol(), h.getNumRow())
+
+
+def schedules_for(graph: LayerGraph, constraints: Constraints, features: Features
+                  ) -> list[str]:
+    """The schedules the search may use for this job."""
+    out = []
+    for schedule in constraints.pp_schedules or SCHEDULES:
+        if features.compile and schedule in ZERO_BUBBLE:
+            continue
+        if schedule in MOE_ONLY and not graph.num_experts:
+            continue
+        out.append(schedule)
+    return out
+
+
+@dataclass
+class PipelineSearch:
+    best: PipelineSolution | None
+    min_feasible_bytes: float
+    stats: dict = field(default_factory=dict)
+
+
+def search_pipeline(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Precision,
+                    gpus_per_node: int, budget: float, constraints: Constraints,
+                    meshes: list[Mesh], time_limit_s: float, pins: dict[str, Pin],
+                    features: Features = EAGER, beat_s: float = math.inf) -> PipelineSearch:
+    """Best pipeline plan over ``meshes`` (all with pp > 1) that beats ``beat_s`` (the best
+    plan without pp), visiting candidates by their time lower bound."""
+    start = time.perf_counter()
+    schedules = schedules_for(graph, constraints, features)
+    n_blocks = len(graph.blocks)
+    cache: dict = {}
+    cands: list[PipelineCandidate] = []
+    for mesh in meshes:
+        if global_batch % mesh.dp:
+            continue
+        local = global_batch // mesh.dp
+        for schedule in schedules:
+            for v in stage_options(schedule, mesh.pp, n_blocks):
+                if constraints.pp_stages_per_rank and v != constraints.pp_stages_per_rank:
+                    continue
+                for mb in range(1, local + 1):
+                    if constraints.pp_microbatch and mb != constraints.pp_microbatch:
+                        continue
+                    if local % mb or not microbatch_ok(schedule, mesh.pp, v, local // mb):
+                        continue
+                    cand = build_pipeline_candidate(graph, mesh, schedule, v, mb, local // mb,
+                                                    hw, prec, gpus_per_node, constraints, pins,
+                                                    features, cache)
+                    if cand is not None:
+                        cands.append(cand)
+    cands.sort(key=lambda c: (c.time_lower_bound(), c.mesh, c.schedule, c.stages_per_rank,
+                              c.microbatch))
+    best: PipelineSolution | None = None
+    solved = pruned = variables = rows = 0
+    status, gap = "no candidate", 0.0
+    min_feasible = math.inf
+    for cand in cands:
+        bound = cand.time_lower_bound()
+        if bound >= min(beat_s, best.step_time_s if best else math.inf):
+            break
+        if cand.memory_lower_bound() > budget:
+            pruned += 1
+            min_feasible = min(min_feasible, cand.memory_lower_bound())
+            continue
+        remaining = time_limit_s - (time.perf_counter() - start)
+        sol = solve_pipeline(cand, budget, max(0.0, remaining))
+        solved += 1
+        if sol is None:
+            continue
+        variables += sol.variables
+        rows += sol.constraints
+        if best is None or sol.step_time_s < best.step_time_s:
+            best, status, gap = sol, sol.status, sol.gap
+    stats = {"status": status if best else "infeasible", "gap": gap,
+             "candidates": len(cands), "meshes": len(meshes), "milps_solved": solved,
+             "pruned_by_memory": pruned, "variables": variables, "constraints": rows,
+             "solve_time_s": time.perf_counter() - start}
+    return PipelineSearch(best, min_feasible, stats)
