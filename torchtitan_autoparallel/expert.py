@@ -18,15 +18,16 @@ def expert_plan(job_config: Any, world: int) -> Plan:
     dp_replicate, tp = par.data_parallel_replicate_degree, par.tensor_parallel_degree
     cp = par.context_parallel_degree
     dp_shard = par.data_parallel_shard_degree
+    pp = par.pipeline_parallel_degree
     if dp_shard == -1:
-        dp_shard = world // (dp_replicate * tp * cp)
+        dp_shard = world // (dp_replicate * tp * cp * pp)
     ep = par.expert_parallel_degree if inputs.graph.num_experts else 1
     mesh = Mesh(dp_replicate, dp_shard, tp, cp, ep,
-                par.expert_tensor_parallel_degree if ep > 1 else 1)
+                par.expert_tensor_parallel_degree if ep > 1 else 1, pp)
     if mesh.world != world:
         raise UserError(
-            f"[parallelism] degrees dp_replicate={dp_replicate} dp_shard={dp_shard} cp={cp} "
-            f"tp={tp} do not multiply to world size {world}"
+            f"[parallelism] degrees pp={pp} dp_replicate={dp_replicate} dp_shard={dp_shard} "
+            f"cp={cp} tp={tp} do not multiply to world size {world}"
         )
     local = training.local_batch_size
     global_batch = (training.global_batch_size if training.global_batch_size > 0
@@ -35,17 +36,22 @@ def expert_plan(job_config: Any, world: int) -> Plan:
         raise UserError(f"global batch {global_batch} is not a multiple of local batch {local} "
                         f"x data-parallel degree {mesh.dp}")
     inputs = dataclasses.replace(with_global_batch(inputs, global_batch), pins={})
-    cand = candidate_for(inputs, mesh, local)
     recipe = recipe_of(recipe_from_config(job_config))  # what a pinned block runs, too
     sharded = mesh.dp_shard * mesh.cp > 1
+    # TorchTitan's "default" resharding keeps parameters after forward under pp
+    keep = pp > 1 and par.fsdp_reshard_after_forward == "default"
     mode = "sp" if tp > 1 else "none"
     strategies = []
     for i in range(len(inputs.graph.blocks)):
         ac, reshard = recipe(i)
-        strategies.append(BlockStrategy(ac, reshard and sharded, mode))
-    plan = build_plan(inputs, cand, strategies, {"status": "expert recipe", "gap": 0.0,
-                                                 "candidates": 1, "milps_solved": 0,
-                                                 "variables": 0, "constraints": 0})
+        strategies.append(BlockStrategy(ac, reshard and sharded and not keep, mode))
+    solver = {"status": "expert recipe", "gap": 0.0, "candidates": 1, "milps_solved": 0,
+              "variables": 0, "constraints": 0}
+    if pp > 1:
+        plan = _pipeline_recipe_plan(job_config, inputs, mesh, local, global_batch,
+                                     strategies, solver)
+    else:
+        plan = build_plan(inputs, candidate_for(inputs, mesh, local), strategies, solver)
     if plan.predicted["peak_memory_gib"] > plan.predicted["budget_gib"]:
         plan.notes.append(
             f"predicted peak {plan.predicted['peak_memory_gib']:.3g} GiB exceeds the budget "
@@ -53,3 +59,40 @@ def expert_plan(job_config: Any, world: int) -> Plan:
             "memory"
         )
     return plan
+
+
+def _pipeline_recipe_plan(job_config: Any, inputs: Any, mesh: Mesh, local: int,
+                          global_batch: int, strategies: list[BlockStrategy],
+                          solver: dict[str, Any]) -> Plan:
+    """TorchTitan's PP recipe as a plan: its schedule, its stages per rank and its stage split
+    (``module_fqns_per_model_part``, else TorchTitan's ``generate_llm_fqn_per_model_part``)."""
+    import math
+
+    from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
+
+    from .cost.pipeline import SCHEDULES, SINGLE_STAGE
+    from .pipeline_plan import pipeline_candidate_of, plan_from_stages
+    from .plan import Pipeline
+
+    par = job_config.parallelism
+    schedule = par.pipeline_parallel_schedule
+    if schedule not in SCHEDULES:
+        raise UserError(f"parallelism.pipeline_parallel_schedule = {schedule!r} is not one of "
+                        f"{list(SCHEDULES)}")
+    n_layers = len(inputs.graph.blocks)
+    first, last = (par.pipeline_parallel_first_stage_less_layers,
+                   par.pipeline_parallel_last_stage_less_layers)
+    if par.pipeline_parallel_layers_per_stage:
+        stages = math.ceil((n_layers + first + last) / par.pipeline_parallel_layers_per_stage)
+    else:
+        stages = mesh.pp * (1 if schedule in SINGLE_STAGE else 2)
+    split = par.module_fqns_per_model_part or generate_llm_fqn_per_model_part(
+        stages, n_layers, first, last)
+    mb = par.pipeline_parallel_microbatch_size
+    if local % mb:
+        raise UserError(f"training.local_batch_size {local} is not a multiple of "
+                        f"parallelism.pipeline_parallel_microbatch_size {mb}")
+    pipe = Pipeline(schedule, len(split) // mesh.pp, local // mb, mb, split)
+    cand = pipeline_candidate_of(inputs, mesh, pipe)
+    cand = dataclasses.replace(cand, accum=global_batch // (local * mesh.dp))
+    return plan_from_stages(inputs, cand, split, strategies, solver)

@@ -1,6 +1,8 @@
 """Reading plans: per-layer explanation with the runner-up, differences between two plans, and
 the equivalent TorchTitan ``[parallelism]`` settings where a plan is uniform."""
 
+import dataclasses
+import json
 from typing import Any
 
 from .plan import Plan
@@ -15,6 +17,8 @@ def explain_rows(plan: Plan) -> list[dict[str, Any]]:
     inputs = inputs_from_plan(plan)
     check_plan_for_job(plan, plan.fingerprint["world_size"],
                        [(layer.fqn, layer.kind) for layer in inputs.graph.layers], "to explain")
+    if plan.pipeline is not None:
+        return _pipeline_rows(plan, inputs)
     cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
     class_of, counts = block_counts(plan, inputs)
     budget = plan.predicted["budget_gib"] * 2**30
@@ -49,6 +53,78 @@ def explain_rows(plan: Plan) -> list[dict[str, Any]]:
     return rows
 
 
+def _pipeline_rows(plan: Plan, inputs: Any) -> list[dict[str, Any]]:
+    """``explain_rows`` of a pipeline plan: block costs on their stage; the runner-up swapped
+    into the block's own pp rank (its memory checked against that rank's budget)."""
+    from .pipeline_plan import pipeline_candidate_of, rank_counts
+
+    pipe = plan.pipeline
+    cand = pipeline_candidate_of(inputs, plan.mesh, pipe)
+    class_of, _ = block_counts(plan, inputs)
+    per_rank, rank_of_fqn = rank_counts(plan, class_of)
+    budget = plan.predicted["budget_gib"] * 2**30
+    rows = []
+    for layer in plan.layers:
+        if layer.kind != "block":
+            continue
+        sig, chosen = class_of[layer.fqn], BlockStrategy.of(layer)
+        cost = cand.costs[(sig, chosen)]
+        row = {"layer": layer.fqn, "strategy": layer.describe(plan.mesh.unsharded_label),
+               "compute_ms": cost.time_s * 1e3, "exposed_comm_ms": cost.step_s * 1e3,
+               "kept_mib": cost.act_bytes / 2**20, "transient_mib": cost.transient_bytes / 2**20,
+               "runner_up": None}
+        offered = [s for s in cand.strategies[sig] if s != chosen
+                   and s.reshard_after_forward == chosen.reshard_after_forward]
+        if offered:
+            runner = min(offered, key=lambda s: (cand.costs[(sig, s)].time_s, s))
+            alt = cand.costs[(sig, runner)]
+            rank = rank_of_fqn[layer.fqn]
+            swapped = dict(per_rank[rank])
+            swapped[(sig, chosen)] -= 1
+            swapped[(sig, runner)] = swapped.get((sig, runner), 0) + 1
+            row["runner_up"] = {
+                "strategy": runner.describe(layer.ep, plan.mesh.unsharded_label),
+                "delta_time_ms": (alt.time_s - cost.time_s) * 1e3,
+                "delta_kept_mib": (alt.act_bytes - cost.act_bytes) / 2**20,
+                "fits_budget": cand.rank_memory(cand.type_of_rank(rank), swapped) <= budget,
+            }
+        rows.append(row)
+    return rows
+
+
+def schedule_lines(plan: Plan) -> list[str]:
+    """Why this pipeline schedule: the best plan of every schedule the job allows on the
+    plan's mesh and micro-batch size (bubble, step, peak), as the planner compared them."""
+    from .solver_pipeline import schedules_for, search_pipeline
+
+    pipe = plan.pipeline
+    if pipe is None:
+        return []
+    inputs = inputs_from_plan(plan)
+    lines = [f"pipeline schedule: {pipe.schedule} chosen; the best plan of each schedule on "
+             f"this mesh with micro-batches of {pipe.microbatch_size}:"]
+    mine = plan.predicted["step_time_s"]
+    for schedule in schedules_for(inputs.graph, inputs.constraints, inputs.features) or [
+            pipe.schedule]:
+        constraints = dataclasses.replace(inputs.constraints, pp_schedules=(schedule,),
+                                          pp_microbatch=pipe.microbatch_size)
+        found = search_pipeline(inputs.graph, plan.global_batch_size, inputs.hw,
+                                inputs.precision, inputs.gpus_per_node, inputs.budget_bytes,
+                                constraints, [plan.mesh], 60.0, inputs.pins, inputs.features)
+        best = found.best
+        if best is None:
+            lines.append(f"  {schedule:<22} does not fit the memory budget "
+                         f"({inputs.budget_bytes / 2**30:.3g} GiB)")
+            continue
+        cand = best.candidate
+        slowest = max(cand.rank_time(t, best.counts[t.name]) for t in cand.types)
+        bubble = cand.beta * slowest / best.step_time_s
+        lines.append(f"  {schedule:<22} {cand.stages_per_rank} stages/rank, bubble "
+                     f"{bubble:6.1%}, step {best.step_time_s:.4g} s "
+                     f"({best.step_time_s / mine:.3f}x), peak {best.peak_bytes / 2**30:.3g} GiB")
+    return lines
+
+
 def explain_text(plan: Plan, rows: list[dict[str, Any]]) -> str:
     lines = [plan.table(), "", "per block (per micro-batch): chosen vs runner-up",
              f"  {'layers':<20}{'strategy':<26}{'compute ms':>11}{'comm ms':>9}{'kept MiB':>10}"
@@ -72,6 +148,8 @@ def explain_text(plan: Plan, rows: list[dict[str, Any]]) -> str:
                + ("" if ru["fits_budget"] else " over budget") if ru else "none (only strategy)")
         lines.append(f"  {name:<20}{r['strategy']:<26}{r['compute_ms']:>11.4g}"
                      f"{r['exposed_comm_ms']:>9.4g}{r['kept_mib']:>10.4g}  {alt}")
+    if plan.pipeline is not None:
+        lines += ["", *schedule_lines(plan)]
     lines += ["", snippet(plan)]
     lines += [f"note: {n}" for n in plan.untabled_notes]
     return "\n".join(lines)
@@ -99,6 +177,11 @@ def snippet(plan: Plan) -> str:
         f"data_parallel_shard_degree = {m.dp_shard}",
         f"tensor_parallel_degree = {m.tp}",
         f"context_parallel_degree = {m.cp}",
+        *([f"pipeline_parallel_degree = {m.pp}",
+           f'pipeline_parallel_schedule = "{plan.pipeline.schedule}"',
+           f"pipeline_parallel_microbatch_size = {plan.pipeline.microbatch_size}",
+           f"module_fqns_per_model_part = {json.dumps(plan.pipeline.stages)}"]
+          if plan.pipeline is not None else []),
         *([f"expert_parallel_degree = {m.ep}", f"expert_tensor_parallel_degree = {m.etp}"]
           if m.ep > 1 else []),
         f'fsdp_reshard_after_forward = "{"default" if b.reshard_after_forward else "never"}"',
@@ -123,6 +206,7 @@ def diff_lines(a: Plan, b: Plan) -> list[str]:
     if split_a != split_b:
         out.append(f"local batch x accumulation: {split_a[0]} x {split_a[1]} -> "
                    f"{split_b[0]} x {split_b[1]}")
+    out += pipeline_diff(a, b)
     layers_b = {layer.fqn: layer for layer in b.layers}
     changed: list[tuple[str, str, str]] = []
     for layer in a.layers:
@@ -150,4 +234,27 @@ def diff_lines(a: Plan, b: Plan) -> list[str]:
             f"{pa['tokens_per_s']:.4g} -> {pb['tokens_per_s']:.4g}, peak "
             f"{pa['peak_memory_gib']:.3g} -> {pb['peak_memory_gib']:.3g} GiB"
         )
+    return out
+
+
+def pipeline_diff(a: Plan, b: Plan) -> list[str]:
+    """Schedule, stages per rank, micro-batches and stage split differences."""
+    from .plan import stage_text
+
+    pa, pb = a.pipeline, b.pipeline
+    if pa is None and pb is None:
+        return []
+    if pa is None or pb is None:
+        only = "second" if pa is None else "first"
+        return [f"pipeline: only the {only} plan is pipelined"]
+    out = []
+    for key in ("schedule", "stages_per_rank", "microbatches", "microbatch_size"):
+        if getattr(pa, key) != getattr(pb, key):
+            out.append(f"pipeline {key}: {getattr(pa, key)!r} -> {getattr(pb, key)!r}")
+    if pa.stages != pb.stages:
+        for i in range(max(len(pa.stages), len(pb.stages))):
+            sa = stage_text(pa.stages[i]) if i < len(pa.stages) else "(none)"
+            sb = stage_text(pb.stages[i]) if i < len(pb.stages) else "(none)"
+            if sa != sb:
+                out.append(f"stage {i}: {sa} -> {sb}")
     return out

@@ -1,5 +1,6 @@
-"""A pipeline MILP solution as a Plan: per-rank block counts -> stages of consecutive layers
-(``parallelism.module_fqns_per_model_part``) with one strategy per block."""
+"""Pipeline plans: a MILP solution's per-rank block counts -> stages of consecutive layers
+(``parallelism.module_fqns_per_model_part``) with one strategy per block; any stage split
+(the planner's, a plan file's, TorchTitan's own) costed and written as a Plan."""
 
 from __future__ import annotations
 
@@ -10,46 +11,45 @@ from .exclusions import exclusion_notes
 from .graph.adapters import get_adapter
 from .plan import LayerPlan, Pipeline, Plan
 from .solver import block_classes
-from .solver_pipeline import PipelineCandidate, PipelineSolution, RankType
+from .solver_pipeline import PipelineCandidate, PipelineSolution, build_pipeline_candidate
 from .strategies import BlockStrategy, edge_strategy
 
 if TYPE_CHECKING:
     from .planner import JobInputs
 
 
-def type_of_rank(cand: PipelineCandidate, rank: int) -> RankType:
-    """The rank type pp rank ``rank`` belongs to."""
-    by_name = {t.name: t for t in cand.types}
-    if rank == 0:
-        return by_name["first"]
-    if "last" in by_name and rank == cand.mesh.pp - 1:
-        return by_name["last"]
-    return by_name["middle"]
-
-
 def stage_sizes(blocks: int, stages: int, first_at_least: int = 0) -> list[int]:
     """``blocks`` split over ``stages`` as evenly as possible (earlier stages take the extra
     ones); the first stage takes at least ``first_at_least``."""
-    first = max(first_at_least, -(-blocks // stages))
-    rest = blocks - first
     if stages == 1:
         return [blocks]
-    base, extra = divmod(rest, stages - 1)
+    first = max(first_at_least, -(-blocks // stages))
+    base, extra = divmod(blocks - first, stages - 1)
     return [first] + [base + (1 if i < extra else 0) for i in range(stages - 1)]
 
 
+def head_modules(inputs: JobInputs) -> tuple[str, list[str]]:
+    """The embedding's fqn, and the final norm's and output's (the last stage's tail)."""
+    graph = inputs.graph
+    adapter = get_adapter(graph.family)
+    embedding = next(layer.fqn for layer in graph.layers if layer.kind == "embedding")
+    head = [name for name in (adapter.final_norm,) if name] + [
+        layer.fqn for layer in graph.layers if layer.kind == "output"]
+    return embedding, head
+
+
 def assign_stages(inputs: JobInputs, sol: PipelineSolution
-                  ) -> tuple[list[list[str]], list[BlockStrategy], list[int]]:
-    """(module fqns per stage, one strategy per block in block order, each block's pp rank)."""
+                  ) -> tuple[list[list[str]], list[BlockStrategy]]:
+    """(module fqns per stage, one strategy per block in block order) of a MILP solution."""
     cand = sol.candidate
     graph = inputs.graph
     pp, v = cand.mesh.pp, cand.stages_per_rank
     classes = block_classes(graph, inputs.pins)
+    prefix = sum(1 for c in classes if c in cand.prefix)
     queues: dict[int, dict[str, list[BlockStrategy]]] = {}
     sizes: dict[int, list[int]] = {}
-    prefix = sum(1 for c in classes if c in cand.prefix)
     for rank in range(pp):
-        counts = sol.counts[type_of_rank(cand, rank).name]
+        counts = sol.counts[cand.type_of_rank(rank).name]
         queue: dict[str, list[BlockStrategy]] = {}
         # within a class, the most memory-saving strategies first (deterministic)
         for (cls, strategy), n in sorted(
@@ -57,42 +57,47 @@ def assign_stages(inputs: JobInputs, sol: PipelineSolution
             queue.setdefault(cls, []).extend([strategy] * n)
         queues[rank] = queue
         sizes[rank] = stage_sizes(sum(counts.values()), v, prefix if rank == 0 else 0)
-    pipeline = Pipeline(cand.schedule, v, cand.microbatches, cand.microbatch, [])
-    adapter = get_adapter(graph.family)
-    embedding = next(layer.fqn for layer in graph.layers if layer.kind == "embedding")
-    head = [name for name in (adapter.final_norm,) if name] + [
-        layer.fqn for layer in graph.layers if layer.kind == "output"]
+    shape = Pipeline(cand.schedule, v, cand.microbatches, cand.microbatch, [])
+    embedding, head = head_modules(inputs)
     stages: list[list[str]] = []
     strategies: list[BlockStrategy] = []
-    ranks: list[int] = []
-    taken = {rank: 0 for rank in range(pp)}
+    taken = dict.fromkeys(range(pp), 0)
     block = 0
     for stage in range(pp * v):
-        rank = pipeline.rank_of(stage, pp)
+        rank = shape.rank_of(stage, pp)
         size = sizes[rank][taken[rank]]
         taken[rank] += 1
         fqns = [embedding] if stage == 0 else []
         for _ in range(size):
-            layer = graph.blocks[block]
-            fqns.append(layer.fqn)
+            fqns.append(graph.blocks[block].fqn)
             strategies.append(queues[rank][classes[block]].pop(0))
-            ranks.append(rank)
             block += 1
         if stage == pp * v - 1:
             fqns.extend(head)
         stages.append(fqns)
-    return stages, strategies, ranks
+    return stages, strategies
 
 
 def build_pipeline_plan(inputs: JobInputs, sol: PipelineSolution, solver: dict[str, Any]
                         ) -> Plan:
-    """The Plan of a pipeline solution, with its stages and per-rank predictions."""
+    """The Plan of a pipeline MILP solution."""
+    stages, strategies = assign_stages(inputs, sol)
+    return plan_from_stages(inputs, sol.candidate, stages, strategies, solver)
+
+
+def plan_from_stages(inputs: JobInputs, cand: PipelineCandidate, stages: list[list[str]],
+                     strategies: list[BlockStrategy], solver: dict[str, Any]) -> Plan:
+    """Cost ``stages`` (module fqns per stage, in stage order) with one strategy per block on
+    ``cand`` and write the Plan: per-layer, per-rank and whole-step predictions."""
     from .planner import inputs_record
 
-    cand = sol.candidate
     graph = inputs.graph
-    stages, strategies, ranks = assign_stages(inputs, sol)
+    pp = cand.mesh.pp
+    shape = Pipeline(cand.schedule, cand.stages_per_rank, cand.microbatches, cand.microbatch,
+                     stages)
+    rank_of_fqn = {fqn: shape.rank_of(s, pp) for s, stage in enumerate(stages) for fqn in stage}
     classes = block_classes(graph, inputs.pins)
+    per_rank: list[dict[tuple[str, BlockStrategy], int]] = [{} for _ in range(pp)]
     layers = []
     blocks = iter(zip(classes, strategies, strict=True))
     for layer in graph.layers:
@@ -102,7 +107,10 @@ def build_pipeline_plan(inputs: JobInputs, sol: PipelineSolution, solver: dict[s
                                     edge.tp_mode))
             continue
         cls, strategy = next(blocks)
-        cost = cand.costs[(cls, strategy)]
+        key = (cls, strategy)
+        counts = per_rank[rank_of_fqn[layer.fqn]]
+        counts[key] = counts.get(key, 0) + 1
+        cost = cand.costs[key]
         pin = inputs.pins.get(layer.fqn)
         layers.append(LayerPlan(
             layer.fqn, "block", strategy.ac, strategy.reshard_after_forward, strategy.tp_mode,
@@ -110,39 +118,72 @@ def build_pipeline_plan(inputs: JobInputs, sol: PipelineSolution, solver: dict[s
             memory_mib=round((cost.resident_bytes + cost.act_bytes) / 2**20, 6),
             ep=cand.mesh.ep if layer.expert_params else 1,
             pinned=bool(pin and pin.whole)))
-    pp = cand.mesh.pp
-    per_rank = [type_of_rank(cand, r) for r in range(pp)]
-    rank_time = [cand.rank_time(t, sol.counts[t.name]) for t in per_rank]
-    rank_memory = [cand.rank_memory(t, sol.counts[t.name]) for t in per_rank]
-    step = sol.step_time_s
-    pipeline = Pipeline(
-        schedule=cand.schedule, stages_per_rank=cand.stages_per_rank,
-        microbatches=cand.microbatches, microbatch_size=cand.microbatch, stages=stages,
-        bubble_fraction=round(cand.beta * max(rank_time) / step, 6),
-        rank_time_ms=[round(t * 1e3, 6) for t in rank_time],
-        rank_memory_gib=[round(b / 2**30, 6) for b in rank_memory])
+    step, times, memory = cand.evaluate(per_rank)
+    shape.bubble_fraction = round(cand.beta * max(times) / step, 6)
+    shape.rank_time_ms = [round(t * 1e3, 6) for t in times]
+    shape.rank_memory_gib = [round(b / 2**30, 6) for b in memory]
     # parameters, gradients and AdamW state of the fullest rank (its optimizer-step bytes
     # less the step's temporary)
-    state = max(cand.edge_state[t.name] + sum(n * cand.costs[k].step_bytes
-                                              for k, n in sol.counts[t.name].items())
-                for t in cand.types) * STATE_BYTES_PER_PARAM / STEP_BYTES_PER_PARAM
+    state = max(cand.edge_state[cand.type_of_rank(r).name] + sum(
+        n * cand.costs[k].step_bytes for k, n in per_rank[r].items()) for r in range(pp))
+    state *= STATE_BYTES_PER_PARAM / STEP_BYTES_PER_PARAM
     return Plan(
         fingerprint=inputs.fingerprint,
         mesh=cand.mesh,
         global_batch_size=inputs.global_batch,
         local_batch_size=cand.microbatch * cand.microbatches,
-        gradient_accumulation_steps=1,
+        gradient_accumulation_steps=cand.accum,
         seq_len=graph.seq_len,
         layers=layers,
         predicted={
             "step_time_s": step,
             "tokens_per_s": inputs.global_batch * graph.seq_len / step,
-            "peak_memory_gib": sol.peak_bytes / 2**30,
+            "peak_memory_gib": max(memory) / 2**30,
             "state_memory_gib": state / 2**30,
             "budget_gib": inputs.budget_bytes / 2**30,
         },
         solver={**solver, "objective": step},
-        pipeline=pipeline,
+        pipeline=shape,
         inputs=inputs_record(inputs),
         notes=exclusion_notes(graph),
     )
+
+
+def pipeline_candidate_of(inputs: JobInputs, plan_mesh: Any, pipe: Pipeline
+                          ) -> PipelineCandidate:
+    """The costs of a given pipeline (a plan's, or a TorchTitan recipe's) on ``inputs``."""
+    cand = build_pipeline_candidate(
+        inputs.graph, plan_mesh, pipe.schedule, pipe.stages_per_rank, pipe.microbatch_size,
+        pipe.microbatches, inputs.hw, inputs.precision, inputs.gpus_per_node,
+        inputs.constraints, inputs.pins, inputs.features, keep_strategies=True)
+    if cand is None:
+        from .errors import UserError
+
+        raise UserError("the model's block kinds alternate: it cannot be costed under pp")
+    return cand
+
+
+def recost_pipeline(plan: Plan, inputs: JobInputs) -> Plan:
+    """A pipeline plan (mesh, stages, strategies) costed again on ``inputs``."""
+    assert plan.pipeline is not None
+    cand = pipeline_candidate_of(inputs, plan.mesh, plan.pipeline)
+    strategies = [BlockStrategy.of(lp) for lp in plan.layers if lp.kind == "block"]
+    return plan_from_stages(inputs, cand, [list(s) for s in plan.pipeline.stages], strategies,
+                            {})
+
+
+def rank_counts(plan: Plan, class_of: dict[str, str]
+                ) -> tuple[list[dict[tuple[str, BlockStrategy], int]], dict[str, int]]:
+    """Each pp rank's blocks per (class, strategy) in ``plan``, and each block's rank."""
+    pipe = plan.pipeline
+    assert pipe is not None
+    pp = plan.mesh.pp
+    rank_of_fqn = {fqn: pipe.rank_of(s, pp) for s, stage in enumerate(pipe.stages)
+                   for fqn in stage}
+    per_rank: list[dict[tuple[str, BlockStrategy], int]] = [{} for _ in range(pp)]
+    for layer in plan.layers:
+        if layer.kind == "block":
+            key = (class_of[layer.fqn], BlockStrategy.of(layer))
+            counts = per_rank[rank_of_fqn[layer.fqn]]
+            counts[key] = counts.get(key, 0) + 1
+    return per_rank, rank_of_fqn

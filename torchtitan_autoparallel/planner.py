@@ -20,7 +20,7 @@ from .features import Features, features_from_config
 from .graph.adapters import get_adapter
 from .graph.layer_graph import LayerGraph, build_layer_graph
 from .pins import Pin, recipe_from_config, recipe_of, resolve_pins
-from .pipeline_plan import build_pipeline_plan
+from .pipeline_plan import build_pipeline_plan, recost_pipeline
 from .plan import LayerPlan, Mesh, Plan
 from .solver import Candidate, Solution, block_classes, build_candidate, search
 from .solver_pipeline import PipelineSolution, prefix_classes, search_pipeline
@@ -82,7 +82,7 @@ def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[
                          ("pipeline_parallel_first_stage_less_layers", 1),
                          ("pipeline_parallel_last_stage_less_layers", 1),
                          ("pipeline_parallel_schedule_csv", "")):
-        if getattr(par, key, default) != default:
+        if getattr(par, key, default) != default and par.auto:
             raise UserError(f"parallelism.{key} is set with auto = true: the planner chooses "
                             "the stage split; remove it or set parallelism.auto = false")
     schedules = tuple(job_config.autoparallel.pp_schedules)
@@ -410,6 +410,8 @@ def recost(plan: Plan, hw: HardwareProfile | None = None,
     between calls."""
     inputs = inputs_from_plan(plan, cache, hw)
     inputs = dataclasses.replace(inputs, hw=hw or inputs.hw)
+    if plan.pipeline is not None:
+        return recost_pipeline(plan, inputs)
     cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
     strategies = [BlockStrategy.of(lp) for lp in plan.layers if lp.kind == "block"]
     return build_plan(inputs, cand, strategies, {})

@@ -57,7 +57,7 @@ from .graph.layer_graph import LayerGraph
 from .pins import Pin
 from .plan import V_SCHEDULES, Mesh
 from .solver import SolveTimeout, _new_highs, block_classes
-from .strategies import BlockStrategy, Constraints, pinned_strategies
+from .strategies import AC_MODES, BlockStrategy, Constraints, pinned_strategies
 
 
 @dataclass(frozen=True)
@@ -139,12 +139,32 @@ class PipelineCandidate:
                                              for k, n in counts.items())
         return max(fwd_bwd, step)
 
+    def type_of_rank(self, rank: int) -> RankType:
+        """The rank type pp rank ``rank`` belongs to."""
+        by_name = {t.name: t for t in self.types}
+        if rank == 0:
+            return by_name["first"]
+        if "last" in by_name and rank == self.mesh.pp - 1:
+            return by_name["last"]
+        return by_name["middle"]
+
+    def evaluate(self, per_rank: list[dict[tuple[str, BlockStrategy], int]]
+                 ) -> tuple[float, list[float], list[float]]:
+        """(step time, per-rank time per micro-batch, per-rank peak memory) of a split given
+        as each pp rank's blocks per (class, strategy)."""
+        types = [self.type_of_rank(r) for r in range(self.mesh.pp)]
+        times = [self.rank_time(t, c) for t, c in zip(types, per_rank, strict=True)]
+        memory = [self.rank_memory(t, c) for t, c in zip(types, per_rank, strict=True)]
+        fsdp = max(self.edge_step[t.name] + sum(n * self.costs[k].step_s for k, n in c.items())
+                   for t, c in zip(types, per_rank, strict=True))
+        step = self.accum * ((self.microbatches + self.beta) * max(times) + fsdp
+                             + self.fill_s) + self.per_step_s
+        return step, times, memory
+
     def step_time(self, counts: dict[str, dict[tuple[str, BlockStrategy], int]]) -> float:
-        slowest = max(self.rank_time(t, counts[t.name]) for t in self.types)
-        fsdp = max(self.edge_step[t.name] + sum(n * self.costs[k].step_s
-                                                for k, n in counts[t.name].items())
-                   for t in self.types)
-        return (self.microbatches + self.beta) * slowest + fsdp + self.fill_s + self.per_step_s
+        """Step time of a MILP solution (per rank type counts)."""
+        return self.evaluate([counts[self.type_of_rank(r).name]
+                              for r in range(self.mesh.pp)])[0]
 
     def time_lower_bound(self) -> float:
         pp = self.mesh.pp
@@ -165,17 +185,21 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
                              microbatch: int, microbatches: int, hw: HardwareProfile,
                              prec: Precision, gpus_per_node: int, constraints: Constraints,
                              pins: dict[str, Pin], features: Features = EAGER,
-                             cache: dict | None = None) -> PipelineCandidate | None:
-    """Costs of one pipeline candidate (None when its block classes interleave)."""
+                             cache: dict | None = None, keep_strategies: bool = False
+                             ) -> PipelineCandidate | None:
+    """Costs of one pipeline candidate (None when its block classes interleave).
+    ``keep_strategies``: cost every strategy a plan file or recipe may give a block, not only
+    those the search offers."""
     order = prefix_classes(graph, pins)
     if order is None:
         return None
     _, prefix = order
     cache = {} if cache is None else cache
-    key = (mesh, microbatch, schedule == "DualPipeV")
+    key = (mesh, microbatch, schedule == "DualPipeV", keep_strategies)
     if key not in cache:
         cache[key] = _block_costs(graph, mesh, microbatch, hw, prec, gpus_per_node,
-                                  constraints, pins, features, schedule == "DualPipeV")
+                                  constraints, pins, features, schedule == "DualPipeV",
+                                  keep_strategies)
     classes, strategies, costs, edges = cache[key]
     types = rank_types(mesh.pp, schedule)
     flight = {t.name: in_flight(schedule, mesh.pp, v, microbatches, t.rank) for t in types}
@@ -203,7 +227,8 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
 
 def _block_costs(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
                  prec: Precision, gpus_per_node: int, constraints: Constraints,
-                 pins: dict[str, Pin], features: Features, hide_ep: bool) -> tuple:
+                 pins: dict[str, Pin], features: Features, hide_ep: bool,
+                 keep_strategies: bool = False) -> tuple:
     classes: dict[str, int] = {}
     representative = {}
     strategies: dict[str, list[BlockStrategy]] = {}
@@ -220,6 +245,10 @@ def _block_costs(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwarePro
                                       if s.tp_mode != "dp"})
             if hide_ep and mesh.ep > 1:  # TorchTitan: no AC with EP under DualPipeV
                 strategies[cls] = [s for s in strategies[cls] if s.ac == "none"]
+            if keep_strategies:
+                mode = "sp" if mesh.tp > 1 else "none"
+                strategies[cls] = [BlockStrategy(ac, reshard, mode) for ac in AC_MODES
+                                   for reshard in (False, True)]
     costs = {(c, s): stage_block_cost(representative[c], mesh, s, microbatch, hw, prec,
                                       gpus_per_node, graph.grouped_experts, features, hide_ep)
              for c in classes for s in strategies[c]}

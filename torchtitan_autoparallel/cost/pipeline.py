@@ -170,15 +170,17 @@ def stage_block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbat
                      hw: HardwareProfile, prec: Precision, gpus_per_node: int,
                      grouped_experts: bool = True, features: Features = EAGER,
                      hide_ep: bool = False) -> StageBlockCost:
-    """``layer`` with ``strategy`` on a stage of ``mesh`` (``strategy`` keeps its parameters
-    after forward, as TorchTitan's FSDP does under PP). ``hide_ep``: DualPipeV with its
+    """``layer`` with ``strategy`` on a stage of ``mesh``. Kept after forward (TorchTitan's
+    FSDP default under PP), its parameters are gathered once per step; resharded, they are
+    gathered again in every micro-batch's backward. ``hide_ep``: DualPipeV with its
     expert-parallel overlap hides the dispatch / combine all-to-all under computation."""
     cost = block_cost(layer, mesh, strategy, microbatch, hw, prec, gpus_per_node,
                       grouped_experts, features)
     parts = dict(cost.exposed_parts)
     share = core_share(mesh, hw, gpus_per_node)
     fsdp_exposed, copies = parts.get("fsdp / dp", 0.0), parts.get("host copies", 0.0)
-    per_mb = cost.time_s - share * (fsdp_exposed + copies)
+    regather = strategy.reshard_after_forward
+    per_mb = cost.time_s - (0.0 if regather else share * (fsdp_exposed + copies))
     if hide_ep:
         per_mb -= share * min(parts.get("ep all-to-all", 0.0), cost.compute_s)
     tp_like = cost.exposed_comm_s - fsdp_exposed
@@ -189,9 +191,11 @@ def stage_block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbat
     transient = cost.transient_bytes
     act = cost.kept_bytes
     if sharded:
-        resident += cost.unsharded_bytes + cost.grad_bytes
-        act -= cost.unsharded_bytes  # kept after forward: counted once, not per micro-batch
-        transient -= 2 * cost.unsharded_bytes + cost.grad_bytes
+        resident += cost.grad_bytes + (0.0 if regather else cost.unsharded_bytes)
+        if not regather:  # kept after forward: counted once, not per micro-batch
+            act -= cost.unsharded_bytes
+            transient -= 2 * cost.unsharded_bytes
+        transient -= cost.grad_bytes
     return StageBlockCost(
         time_s=max(0.0, per_mb),
         step_s=share * (fsdp_comm + copies),

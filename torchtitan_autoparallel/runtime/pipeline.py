@@ -52,7 +52,9 @@ def pipeline_step(trainer: Any, step: Callable[..., torch.Tensor], **kwargs: Any
     wrapped.divisor = tokens
     loss = step(**kwargs)
     # the schedule's losses are already divided once; TorchTitan divides their sum again
-    return loss * tokens.to(loss.device) if trainer.pp_has_last_stage else loss
+    # with data parallel TorchTitan hands the count over as a number, else as a tensor
+    tokens = torch.as_tensor(tokens, dtype=loss.dtype, device=loss.device)
+    return loss * tokens if trainer.pp_has_last_stage else loss
 
 
 def last_stage_loss(loss: float, parallel_dims: Any) -> float:
