@@ -314,7 +314,7 @@ def test_one_h200_plans_few_large_micro_batches(planning):
                     "--training.seq_len=4096")
     assert plan.local_batch_size == 8 and plan.gradient_accumulation_steps == 1
     acs = [layer.ac for layer in plan.layers if layer.kind == "block"]
-    assert 0 < acs.count("full") < len(acs) // 2
+    assert 0 < len(acs) - acs.count("none") < len(acs) // 2
     # the measured peak of this job without AC (121.5 GiB) is above the budget: AC is needed
     assert plan.predicted["budget_gib"] < 121.5
     assert "single" in plan.table() and "fsdp" not in plan.table().split("layers", 1)[1]

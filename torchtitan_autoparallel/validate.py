@@ -149,6 +149,7 @@ PROFILE_RULES: dict[str, Rule] = {
     "mx_speedup": Rule(float, gt=0),
     "async_tp_overlap": Rule(float, ge=0, le=1),
     "reserved_gradients": Rule(bool),
+    "reserved_logits": Rule(bool),
     "recompute_grad_factor": Rule(float, ge=0),
     "pcie_gbps": Rule(float, ge=0),
     "host_optimizer_gbps": Rule(float, ge=0),

@@ -68,8 +68,10 @@ class HardwareProfile:
     """Achieved device-memory bandwidth of streaming kernels (norms, activations, RoPE, casts),
     GB/s; 0 = their time is not modelled (inside ``matmul_efficiency``)."""
     compile_saved_fraction: float = 1.0
-    """Activation bytes a compiled block keeps for backward / an eager block's (the compiler's
-    partitioner recomputes cheap pointwise results instead of saving them)."""
+    """Activation bytes a compiled block saves for backward / an eager block's, without AC (the
+    compiler's partitioner recomputes cheap pointwise results instead of saving them): what a
+    block without AC keeps and what a checkpointed block's recomputation materialises. Selective
+    AC keeps the same tensors compiled or not. Measured by experiments/compile_saved.py."""
     float8_speedup: float = 1.0
     """float8 GEMM throughput / bf16 on large GEMMs, tensorwise scaling (cuBLAS)."""
     float8_rowwise_speedup: float = 1.0
@@ -86,6 +88,10 @@ class HardwareProfile:
     """Memory is the caching allocator's reserve (GPUs): the sharded gradients freed before
     each step's forward stay reserved (their blocks are too small for the activations), so
     the forward/backward peak counts them. False: tensor memory (CPU, MemTracker)."""
+    reserved_logits: bool = False
+    """Memory is the caching allocator's reserve at the loss too: the log-softmax backward's
+    input gradient (fp32) gets a block of its own, since the low-precision logits' freed block
+    is too small for it (4 B per logit more). False: tensor memory."""
     recompute_grad_factor: float = 0.0
     """Backward of a fully checkpointed block: activation gradients held beside the
     recomputed activations, per byte of them (0: not modelled)."""
