@@ -292,9 +292,11 @@ class PipelineSolution:
     constraints: int
 
 
-def solve_pipeline(cand: PipelineCandidate, budget: float, time_limit_s: float
-                   ) -> PipelineSolution | None:
-    """Solve one candidate's MILP; None when no split fits. SolveTimeout as ``solve_candidate``."""
+def solve_pipeline(cand: PipelineCandidate, budget: float, time_limit_s: float,
+                   cutoff_s: float = math.inf) -> PipelineSolution | None:
+    """Solve one candidate's MILP; None when no split fits (or none beats ``cutoff_s``, the
+    best step time found so far). SolveTimeout as ``solve_candidate``. Memory rows are in GiB
+    (time in seconds) so that HiGHS sees numbers of similar size."""
     numbers = [budget, cand.beta, cand.fill_s, *cand.edge_time.values(),
                *cand.edge_memory.values(), *cand.edge_state.values()]
     numbers += [x for c in cand.costs.values() for x in (c.time_s, c.act_bytes,
@@ -305,17 +307,21 @@ def solve_pipeline(cand: PipelineCandidate, budget: float, time_limit_s: float
     h = _new_highs()
     h.setOptionValue("mip_rel_gap", 0.0)
     h.setOptionValue("time_limit", float(time_limit_s))
+    cutoff = cutoff_s - cand.fill_s - cand.per_step_s
     inf = highspy.kHighsInf
     integer = highspy.HighsVarType.kInteger
+    gib = 2.0**30
     keys = cand.keys()
     n_idx: dict[tuple[str, tuple[str, BlockStrategy]], int] = {}
     y_idx: dict[tuple[str, tuple[str, BlockStrategy]], int] = {}
+
+    integers: list[int] = []
 
     def col(cost: float, lo: float, hi: float, is_int: bool) -> int:
         h.addCol(cost, lo, hi, 0, [], [])
         j = h.getNumCol() - 1
         if is_int:
-            h.changeColIntegrality(j, integer)
+            integers.append(j)
         return j
 
     T = col(cand.microbatches + cand.beta, 0.0, inf, False)
@@ -338,15 +344,26 @@ def solve_pipeline(cand: PipelineCandidate, budget: float, time_limit_s: float
         h.addRow(-inf, -cand.edge_step[t.name], len(ns) + 1, ns + [F],
                  [cand.costs[k].step_s for k in keys] + [-1.0])
         flight = cand.in_flight[t.name]
-        h.addRow(-inf, budget - cand.edge_memory[t.name], len(ns) + 1, ns + [w_idx[t.name]],
-                 [cand.costs[k].resident_bytes + flight * cand.costs[k].act_bytes
+        h.addRow(-inf, (budget - cand.edge_memory[t.name]) / gib, len(ns) + 1,
+                 ns + [w_idx[t.name]],
+                 [(cand.costs[k].resident_bytes + flight * cand.costs[k].act_bytes) / gib
                   for k in keys] + [1.0])
-        h.addRow(-inf, budget - cand.edge_state[t.name], len(ns), ns,
-                 [cand.costs[k].step_bytes for k in keys])
+        h.addRow(-inf, (budget - cand.edge_state[t.name]) / gib, len(ns), ns,
+                 [cand.costs[k].step_bytes / gib for k in keys])
         for k in keys:
             n, y = n_idx[(t.name, k)], y_idx[(t.name, k)]
             h.addRow(-inf, 0.0, 2, [n, y], [1.0, -float(cand.classes[k[0]])])
-            h.addRow(0.0, inf, 2, [w_idx[t.name], y], [1.0, -cand.costs[k].transient_bytes])
+            h.addRow(0.0, inf, 2, [w_idx[t.name], y],
+                     [1.0, -cand.costs[k].transient_bytes / gib])
+    if math.isfinite(cutoff):
+        # the LP relaxation bounds the MILP: no need to branch when it cannot win
+        h.run()
+        if (h.getModelStatus() != highspy.HighsModelStatus.kOptimal
+                or h.getInfo().objective_function_value >= cutoff):
+            return None
+        h.setOptionValue("objective_bound", cutoff)
+    for j in integers:
+        h.changeColIntegrality(j, integer)
     h.run()
     model_status = h.getModelStatus()
     if model_status not in (highspy.HighsModelStatus.kOptimal,
@@ -375,6 +392,9 @@ def schedules_for(graph: LayerGraph, constraints: Constraints, features: Feature
         if schedule in MOE_ONLY and not graph.num_experts:
             continue
         out.append(schedule)
+    if "GPipe" in out and "1F1B" in out and not constraints.pp_schedules:
+        # same bubble as 1F1B with every micro-batch's activations held: never better
+        out.remove("GPipe")
     return out
 
 
@@ -429,7 +449,8 @@ def search_pipeline(graph: LayerGraph, global_batch: int, hw: HardwareProfile, p
             min_feasible = min(min_feasible, cand.memory_lower_bound())
             continue
         remaining = time_limit_s - (time.perf_counter() - start)
-        sol = solve_pipeline(cand, budget, max(0.0, remaining))
+        sol = solve_pipeline(cand, budget, max(0.0, remaining),
+                             min(beat_s, best.step_time_s if best else math.inf))
         solved += 1
         if sol is None:
             continue
