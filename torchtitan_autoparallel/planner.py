@@ -263,8 +263,9 @@ def plan_job(job_config: Any, world: int) -> Plan:
             "no stage split keeps each kind's blocks; set it to 1")
     local = job_config.training.local_batch_size
     if job_config.training.global_batch_size == -1:
+        # largest data-parallel degree first: its rate bounds the pipeline search of the rest
         jobs = [(with_global_batch(inputs, local * dp), [m for m in meshes if m.dp == dp])
-                for dp in sorted({m.dp for m in meshes})]
+                for dp in sorted({m.dp for m in meshes}, reverse=True)]
     else:
         jobs = [(inputs, [m for m in meshes if inputs.global_batch % m.dp == 0]
                  or _no_batch_split(meshes, inputs.global_batch))]
@@ -275,14 +276,17 @@ def plan_job(job_config: Any, world: int) -> Plan:
         flat = [m for m in job_meshes if m.pp == 1]
         piped = [m for m in job_meshes if m.pp > 1]
         found: list[tuple[Solution | PipelineSolution, dict[str, Any]]] = []
+        step_to_beat = job.global_batch / best[0] if best is not None else float("inf")
         result = search(job.graph, world, job.global_batch, job.hw, job.precision,
                         job.gpus_per_node, job.budget_bytes, job.constraints, flat,
-                        limit, job.pins, job.features)
+                        limit, job.pins, job.features, step_to_beat)
         min_feasible = min(min_feasible, result.min_feasible_bytes)
         if result.best is not None:
             found.append((result.best, dict(result.stats)))
         if piped:
-            beat = result.best.step_time_s if result.best is not None else float("inf")
+            # only a plan with more tokens/s than the best so far (any job) can win
+            beat = min(result.best.step_time_s if result.best is not None else float("inf"),
+                       step_to_beat)
             piped_result = search_pipeline(
                 job.graph, job.global_batch, job.hw, job.precision, job.gpus_per_node,
                 job.budget_bytes, job.constraints, piped, limit, job.pins, job.features, beat)

@@ -224,12 +224,13 @@ def solve_candidate(cand: Candidate, budget: float, time_limit_s: float) -> Solu
     for c, count in cand.classes.items():
         idx = [n_idx[(c, s)] for s in cand.strategies[c]]
         h.addRow(float(count), float(count), len(idx), idx, [1.0] * len(idx))
+    gib = 2.0**30  # memory rows in GiB: numbers of similar size for HiGHS
     for key in keys:
         h.addRow(-inf, 0.0, 2, [n_idx[key], y_idx[key]], [1.0, -float(cand.classes[key[0]])])
-        h.addRow(0.0, inf, 2, [w, y_idx[key]], [1.0, -cand.costs[key].transient_bytes])
+        h.addRow(0.0, inf, 2, [w, y_idx[key]], [1.0, -cand.costs[key].transient_bytes / gib])
     idx = [n_idx[k] for k in keys] + [w]
-    vals = [cand.costs[k].kept_bytes for k in keys] + [1.0]
-    h.addRow(-inf, budget - cand.resident_bytes, len(idx), idx, vals)
+    vals = [cand.costs[k].kept_bytes / gib for k in keys] + [1.0]
+    h.addRow(-inf, (budget - cand.resident_bytes) / gib, len(idx), idx, vals)
     if cand.step_bytes > budget:
         return None
     h.run()
@@ -253,9 +254,10 @@ def solve_candidate(cand: Candidate, budget: float, time_limit_s: float) -> Solu
 def search(graph: LayerGraph, world: int, global_batch: int, hw: HardwareProfile,
            prec: Precision, gpus_per_node: int, budget: float, constraints: Constraints,
            meshes: list[Mesh], time_limit_s: float,
-           pins: dict[str, Pin] | None = None, features: Features = EAGER
-           ) -> SearchResult:
-    """Best (mesh, micro-batch, per-block strategies) by predicted step time under ``budget``.
+           pins: dict[str, Pin] | None = None, features: Features = EAGER,
+           beat_s: float = math.inf) -> SearchResult:
+    """Best (mesh, micro-batch, per-block strategies) by predicted step time under ``budget``
+    among those faster than ``beat_s`` (what another job of the search already reaches).
 
     Candidates are visited in order of their time lower bound; those that cannot fit memory are
     pruned before a MILP is built, and the search stops once no remaining bound can win.
@@ -272,7 +274,7 @@ def search(graph: LayerGraph, world: int, global_batch: int, hw: HardwareProfile
     solved = pruned = variables = rows = 0
     status, gap = "no candidate", 0.0
     for cand in cands:
-        if best is not None and cand.time_lower_bound() >= best.step_time_s:
+        if cand.time_lower_bound() >= min(beat_s, best.step_time_s if best else math.inf):
             break
         if cand.min_memory() > budget:
             pruned += 1

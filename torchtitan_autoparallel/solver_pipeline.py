@@ -36,12 +36,14 @@ from .cost.model import (
     STATE_BYTES_PER_PARAM,
     STEP_BYTES_PER_PARAM,
     Precision,
+    compute_s,
     edge_cost,
 )
 from .cost.pipeline import (
     MOE_ONLY,
     SCHEDULES,
     ZERO_BUBBLE,
+    Split,
     StageBlockCost,
     backward_split,
     bubble,
@@ -190,16 +192,19 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
     """Costs of one pipeline candidate (None when its block classes interleave).
     ``keep_strategies``: cost every strategy a plan file or recipe may give a block, not only
     those the search offers."""
-    order = prefix_classes(graph, pins)
+    cache = {} if cache is None else cache
+    if "order" not in cache:  # the same for every candidate of a search
+        cache["order"] = prefix_classes(graph, pins)
+        cache["classes"] = block_classes(graph, pins)
+    order = cache["order"]
     if order is None:
         return None
     _, prefix = order
-    cache = {} if cache is None else cache
     key = (mesh, microbatch, schedule == "DualPipeV", keep_strategies)
     if key not in cache:
-        cache[key] = _block_costs(graph, mesh, microbatch, hw, prec, gpus_per_node,
-                                  constraints, pins, features, schedule == "DualPipeV",
-                                  keep_strategies)
+        cache[key] = _block_costs(graph, cache["classes"], mesh, microbatch, hw, prec,
+                                  gpus_per_node, constraints, pins, features,
+                                  schedule == "DualPipeV", keep_strategies)
     classes, strategies, costs, edges = cache[key]
     types = rank_types(mesh.pp, schedule)
     flight = {t.name: in_flight(schedule, mesh.pp, v, microbatches, t.rank) for t in types}
@@ -225,7 +230,8 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
                              edge_memory, edge_state, beta, fill)
 
 
-def _block_costs(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
+def _block_costs(graph: LayerGraph, block_class: list[str], mesh: Mesh, microbatch: int,
+                 hw: HardwareProfile,
                  prec: Precision, gpus_per_node: int, constraints: Constraints,
                  pins: dict[str, Pin], features: Features, hide_ep: bool,
                  keep_strategies: bool = False) -> tuple:
@@ -233,7 +239,7 @@ def _block_costs(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwarePro
     representative = {}
     strategies: dict[str, list[BlockStrategy]] = {}
     moe_model = graph.num_experts > 0
-    for layer, cls in zip(graph.blocks, block_classes(graph, pins), strict=True):
+    for layer, cls in zip(graph.blocks, block_class, strict=True):
         classes[cls] = classes.get(cls, 0) + 1
         if cls not in representative:
             representative[cls] = layer
@@ -410,14 +416,22 @@ def search_pipeline(graph: LayerGraph, global_batch: int, hw: HardwareProfile, p
                     meshes: list[Mesh], time_limit_s: float, pins: dict[str, Pin],
                     features: Features = EAGER, beat_s: float = math.inf) -> PipelineSearch:
     """Best pipeline plan over ``meshes`` (all with pp > 1) that beats ``beat_s`` (the best
-    plan without pp), visiting candidates by their time lower bound."""
+    plan without pp). Candidates are visited by a compute-only lower bound (cheap: no
+    communication or memory costed), costed in full only when that bound can still win, then
+    bounded again with their full costs, pruned by memory and solved."""
     start = time.perf_counter()
     schedules = schedules_for(graph, constraints, features)
     n_blocks = len(graph.blocks)
     cache: dict = {}
-    cands: list[PipelineCandidate] = []
+    compute: dict[tuple[int, int, int], tuple[float, Split]] = {}
+    options = []
+    min_feasible = math.inf
     for mesh in meshes:
         if global_batch % mesh.dp:
+            continue
+        floor = _memory_floor(graph, mesh, prec)
+        if floor > budget:
+            min_feasible = min(min_feasible, floor)
             continue
         local = global_batch // mesh.dp
         for schedule in schedules:
@@ -427,39 +441,74 @@ def search_pipeline(graph: LayerGraph, global_batch: int, hw: HardwareProfile, p
                 for mb in range(1, local + 1):
                     if constraints.pp_microbatch and mb != constraints.pp_microbatch:
                         continue
-                    if local % mb or not microbatch_ok(schedule, mesh.pp, v, local // mb):
+                    m = local // mb
+                    if local % mb or not microbatch_ok(schedule, mesh.pp, v, m):
                         continue
-                    cand = build_pipeline_candidate(graph, mesh, schedule, v, mb, local // mb,
-                                                    hw, prec, gpus_per_node, constraints, pins,
-                                                    features, cache)
-                    if cand is not None:
-                        cands.append(cand)
-    cands.sort(key=lambda c: (c.time_lower_bound(), c.mesh, c.schedule, c.stages_per_rank,
-                              c.microbatch))
+                    key = (mesh.tp, mesh.cp, mb)
+                    if key not in compute:
+                        compute[key] = _compute_floor(graph, mesh, mb, hw, prec, features)
+                    work, split = compute[key]
+                    bound = (m + bubble(schedule, mesh.pp, v, split)) * work / mesh.pp
+                    options.append((bound, mesh, schedule, v, mb, m))
+    options.sort(key=lambda o: o[:5])
     best: PipelineSolution | None = None
     solved = pruned = variables = rows = 0
     status, gap = "no candidate", 0.0
-    min_feasible = math.inf
-    for cand in cands:
-        bound = cand.time_lower_bound()
-        if bound >= min(beat_s, best.step_time_s if best else math.inf):
+    for quick, mesh, schedule, v, mb, m in options:
+        cutoff = min(beat_s, best.step_time_s if best else math.inf)
+        if quick >= cutoff:
             break
+        cand = build_pipeline_candidate(graph, mesh, schedule, v, mb, m, hw, prec,
+                                        gpus_per_node, constraints, pins, features, cache)
+        if cand is None:
+            break  # block kinds interleave: no stage split keeps them
+        if cand.time_lower_bound() >= cutoff:
+            continue
         if cand.memory_lower_bound() > budget:
             pruned += 1
             min_feasible = min(min_feasible, cand.memory_lower_bound())
             continue
         remaining = time_limit_s - (time.perf_counter() - start)
-        sol = solve_pipeline(cand, budget, max(0.0, remaining),
-                             min(beat_s, best.step_time_s if best else math.inf))
+        try:
+            sol = solve_pipeline(cand, budget, max(0.0, remaining), cutoff)
+        except SolveTimeout:
+            status = "Time limit reached"
+            break
         solved += 1
-        if sol is None:
+        if sol is None or sol.step_time_s >= cutoff:
             continue
         variables += sol.variables
         rows += sol.constraints
-        if best is None or sol.step_time_s < best.step_time_s:
-            best, status, gap = sol, sol.status, sol.gap
+        best, status, gap = sol, sol.status, sol.gap
     stats = {"status": status if best else "infeasible", "gap": gap,
-             "candidates": len(cands), "meshes": len(meshes), "milps_solved": solved,
+             "candidates": len(options), "meshes": len(meshes), "milps_solved": solved,
              "pruned_by_memory": pruned, "variables": variables, "constraints": rows,
              "solve_time_s": time.perf_counter() - start}
     return PipelineSearch(best, min_feasible, stats)
+
+
+def _memory_floor(graph: LayerGraph, mesh: Mesh, prec: Precision) -> float:
+    """A floor under the fullest pp rank's memory on ``mesh`` (the average rank's): sharded
+    parameters, gradients and AdamW state, and under FSDP the stage's parameters gathered (1
+    byte each at least) and their unreduced gradients."""
+    shards = mesh.dp_shard * mesh.cp * mesh.tp
+    sharded = mesh.dp_shard * mesh.cp > 1
+    total = 0.0
+    for layer in graph.layers:
+        experts = layer.expert_params if mesh.ep > 1 else 0
+        total += layer.params * STATE_BYTES_PER_PARAM / shards
+        if sharded:
+            split = (layer.params - experts) / mesh.tp + experts / (mesh.ep * mesh.etp)
+            total += split * (1 + prec.reduce_bytes)
+    return total / mesh.pp
+
+
+def _compute_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
+                   prec: Precision, features: Features) -> tuple[float, Split]:
+    """A floor under the forward + backward time of one micro-batch through the whole model on
+    ``mesh``: compute only, no checkpointing, no communication (every strategy's time is at
+    least this); and the F / B / W split of a block without checkpointing."""
+    none = BlockStrategy("none", False, "sp" if mesh.tp > 1 else "none")
+    work = sum(compute_s(layer, mesh, none, microbatch, hw, prec, features)[1]
+               for layer in graph.layers)
+    return work, backward_split(graph.blocks[-1], none, hw)
