@@ -350,3 +350,38 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch):
     with pytest.raises(errors.UserError, match="No space left on device"):
         errors.atomic_write(str(target), "new", "plan")
     assert files_under(tmp_path) == {"plan.json"} and target.read_text() == "old"
+
+
+# ------------------------------------------------------------------------ pipeline parallelism
+
+PIPELINE_CASES = [
+    ({"parallelism": {"pipeline_parallel_degree": 3}}, "does not divide the world size 4"),
+    ({"parallelism": {"pipeline_parallel_degree": 0}}, "pipeline_parallel_degree = 0 is invalid"),
+    ({"parallelism": {"pipeline_parallel_degree": 2, "pipeline_parallel_microbatch_size": 16},
+      "training": {"global_batch_size": 16}}, "needs at least 2 micro-batches"),
+    ({"parallelism": {"pipeline_parallel_degree": 2,
+                      "pipeline_parallel_schedule": "InterleavedZeroBubble"},
+      "compile": {"enable": True, "backend": "aot_eager"}}, "splits the backward"),
+    ({"model": {"name": "deepseek_v3", "flavor": "debugmodel"},
+      "parallelism": {"pipeline_parallel_degree": 2, "pipeline_parallel_schedule": "DualPipeV"},
+      "activation_checkpoint": {"mode": "full"}}, "cannot combine with activation checkpoint"),
+    ({"model": {"name": "qwen3", "flavor": "debugmodel"},
+      "parallelism": {"pipeline_parallel_degree": 2}}, "has no pipelining function"),
+    ({"parallelism": {"pipeline_parallel_degree": 8}}, "does not divide the world size 4"),
+    ({"parallelism": {"pipeline_parallel_schedule": "Looped"}}, "is not one of TorchTitan's"),
+    ({"autoparallel": {"pp_schedules": ["1F1B", "Zero"]}}, "is not one of TorchTitan's"),
+    ({"autoparallel": {"pp_stages_per_rank": 9}}, "autoparallel.pp_stages_per_rank = 9"),
+    ({"parallelism": {"pipeline_parallel_layers_per_stage": 2}}, "chooses the stage split"),
+    ({"parallelism": {"pipeline_parallel_degree": 2, "fsdp_reshard_after_forward": "always"}},
+     "keep parameters across micro-batches"),
+]
+
+
+@pytest.mark.parametrize("sections,message", PIPELINE_CASES,
+                         ids=[f"pp-{i}" for i in range(len(PIPELINE_CASES))])
+def test_bad_pipeline_settings_before_ranks_start(tmp_path, capsys, monkeypatch, sections,
+                                                  message):
+    """What run_train.sh checks in one process before torchrun starts 4 ranks."""
+    config = config_with(tmp_path, **sections)
+    line = one_line_error(*preflight(capsys, monkeypatch, 4, "--job.config_file", str(config)))
+    assert message in line, line

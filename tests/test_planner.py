@@ -187,7 +187,7 @@ def test_budget_too_small_names_smallest_budget(planning):
 
 @pytest.mark.parametrize("overrides,message", [
     (("--parallelism.tensor_parallel_degree=3",), "no legal mesh"),
-    (("--parallelism.pipeline_parallel_degree=2",), "does not search this dimension"),
+    (("--parallelism.pipeline_parallel_degree=3",), "does not divide the world size 4"),
     (("--parallelism.context_parallel_degree=3",), "no legal mesh"),
     (("--parallelism.context_parallel_degree=2", "--training.seq_len=130"),
      r"cp needs seq_len % \(2 x cp x tp\) == 0"),

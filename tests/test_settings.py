@@ -54,20 +54,61 @@ def test_degree_is_a_constraint(config, key, value, dim):
     assert getattr(job.parallelism, key) == value  # the mesh TorchTitan builds
 
 
-def test_pipeline_only_settings_change_nothing():
-    """Read by TorchTitan only when pp > 1, which auto refuses (test_planner.py::
-    test_config_errors): the plan is the same with or without them."""
-    _, _, plan = build(LLAMA)
-    _, _, other = build(LLAMA, "--parallelism.pipeline_parallel_schedule=GPipe",
-                        "--parallelism.pipeline_parallel_microbatch_size=2",
-                        "--parallelism.pipeline_parallel_layers_per_stage=2",
-                        "--parallelism.pipeline_parallel_first_stage_less_layers=0",
-                        "--parallelism.pipeline_parallel_last_stage_less_layers=0",
-                        "--parallelism.pipeline_parallel_expert_parallel_overlap",
-                        "--parallelism.pipeline_parallel_schedule_csv=schedule.csv",
-                        "--parallelism.module_fqns_per_model_part",
-                        "tok_embeddings,layers.0", "layers.1,norm,output")
-    assert other.digest() == plan.digest()
+def prepared(config: str, *overrides: str):
+    """(job config as TorchTitan will run it, plan) of a planned job, without building."""
+    from torchtitan_autoparallel.job_config import check_config, parse_config, prepare_planned_job
+    from torchtitan_autoparallel.registry import register
+
+    register()
+    job = parse_config(["--job.config_file", f"train_configs/{config}", *overrides])
+    check_config(job, cpu=False, dry_run=True)
+    return job, prepare_planned_job(job, write=False)
+
+
+def test_pipeline_settings_reach_torchtitan():
+    """pipeline_parallel_degree: a constraint; the schedule, micro-batch size and stage split
+    are the plan's and TorchTitan's ``pipeline_llm`` builds exactly those
+    (``module_fqns_per_model_part``); a non-default schedule or micro-batch size is a
+    constraint. Parity of the built pipelines: test_pipeline_parity.py."""
+    job, plan = prepared(LLAMA, "--parallelism.pipeline_parallel_degree=2",
+                         "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+                         "--parallelism.pipeline_parallel_microbatch_size=2")
+    par = job.parallelism
+    assert plan.mesh.pp == par.pipeline_parallel_degree == 2
+    assert plan.pipeline.schedule == par.pipeline_parallel_schedule == "Interleaved1F1B"
+    assert plan.pipeline.microbatch_size == par.pipeline_parallel_microbatch_size == 2
+    assert par.module_fqns_per_model_part == plan.pipeline.stages
+    assert par.pipeline_parallel_layers_per_stage is None
+    assert job.training.local_batch_size == plan.local_batch_size == (
+        plan.pipeline.microbatches * 2)
+
+
+def test_pipeline_schedules_searched():
+    """The default schedule (1F1B) leaves the schedule to the search, over
+    ``autoparallel.pp_schedules`` when set; ``pp_stages_per_rank`` fixes the stages per rank."""
+    _, free = prepared(LLAMA, "--parallelism.pipeline_parallel_degree=2")
+    assert free.pipeline.schedule != "1F1B"  # the cheaper zero-bubble schedules win here
+    _, fixed = prepared(LLAMA, "--parallelism.pipeline_parallel_degree=2",
+                        "--autoparallel.pp_schedules=GPipe")
+    assert fixed.pipeline.schedule == "GPipe"
+    _, three = prepared(LLAMA, "--parallelism.pipeline_parallel_degree=2",
+                        "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+                        "--autoparallel.pp_stages_per_rank=3")
+    assert three.pipeline.stages_per_rank == 3 and len(three.pipeline.stages) == 6
+
+
+def test_pipeline_expert_overlap_is_costed():
+    """pipeline_parallel_expert_parallel_overlap: TorchTitan's DualPipeV overlap of the expert
+    all-to-all, applied as is and costed (the same plan without it is predicted slower)."""
+    overrides = ("--parallelism.pipeline_parallel_degree=2",
+                 "--parallelism.pipeline_parallel_schedule=DualPipeV",
+                 "--parallelism.expert_parallel_degree=2", "--training.global_batch_size=16")
+    _, on = prepared("deepseek_v3_debug_auto.toml", *overrides)
+    _, off = prepared("deepseek_v3_debug_auto.toml", *overrides,
+                      "--parallelism.no-pipeline_parallel_expert_parallel_overlap")
+    assert on.pipeline.schedule == off.pipeline.schedule == "DualPipeV"
+    assert on.mesh.ep == off.mesh.ep == 2
+    assert on.predicted["step_time_s"] < off.predicted["step_time_s"]
 
 
 @pytest.mark.parametrize("policy", ["always", "never", "default"])
@@ -191,7 +232,14 @@ def test_batch_and_sequence():
 @pytest.mark.parametrize("overrides,message", [
     (("--training.dtype=bfloat16",), "costs float32 parameters"),
     (("--activation_checkpoint.mode=memory_budget",), "chooses AC per block"),
-    (("--parallelism.pipeline_parallel_degree=2",), "does not search this dimension"),
+    (("--parallelism.pipeline_parallel_layers_per_stage=2",), "chooses the stage split"),
+    (("--parallelism.pipeline_parallel_first_stage_less_layers=0",), "chooses the stage split"),
+    (("--parallelism.pipeline_parallel_last_stage_less_layers=0",), "chooses the stage split"),
+    (("--parallelism.pipeline_parallel_schedule_csv=schedule.csv",), "chooses the stage split"),
+    (("--parallelism.module_fqns_per_model_part", "tok_embeddings,layers.0",
+      "layers.1,norm,output"), "chooses the stage split"),
+    (("--parallelism.pipeline_parallel_schedule=ZBVZeroBubble", "--compile.enable",
+      "--compile.backend=aot_eager"), "splits the backward"),
     (("--training.enable_cpu_offload", "--parallelism.data_parallel_replicate_degree=8"),
      "the plan shards nothing with FSDP"),
     (("--model.converters=quantize.linear.float8", "--quantize.linear.float8.recipe_name=rowwise",

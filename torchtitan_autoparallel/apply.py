@@ -265,7 +265,9 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
 
     if moe_blocks and (plan.mesh.tp > 1 or plan.mesh.ep > 1):
         # routing, token dispatch and the experts' EP / ETP / TP: TorchTitan's own code
-        adapter.apply_moe(model, parallel_dims)
+        from torchtitan.distributed.dual_pipe_v import get_dual_pipe_v_flag
+
+        adapter.apply_moe(model, parallel_dims, get_dual_pipe_v_flag(job_config, parallel_dims))
 
     if plan.mesh.cp > 1:
         from torchtitan.distributed.context_parallel import apply_cp_to_attention_module

@@ -122,11 +122,13 @@ def plan_from_stages(inputs: JobInputs, cand: PipelineCandidate, stages: list[li
     shape.bubble_fraction = round(cand.beta * max(times) / step, 6)
     shape.rank_time_ms = [round(t * 1e3, 6) for t in times]
     shape.rank_memory_gib = [round(b / 2**30, 6) for b in memory]
-    # parameters, gradients and AdamW state of the fullest rank (its optimizer-step bytes
-    # less the step's temporary)
-    state = max(cand.edge_state[cand.type_of_rank(r).name] + sum(
-        n * cand.costs[k].step_bytes for k, n in per_rank[r].items()) for r in range(pp))
-    state *= STATE_BYTES_PER_PARAM / STEP_BYTES_PER_PARAM
+    # parameters, gradients and AdamW state per rank (its optimizer-step bytes less the
+    # step's temporary)
+    states = [(cand.edge_state[cand.type_of_rank(r).name] + sum(
+        n * cand.costs[k].step_bytes for k, n in per_rank[r].items()))
+        * STATE_BYTES_PER_PARAM / STEP_BYTES_PER_PARAM for r in range(pp)]
+    shape.rank_state_gib = [round(b / 2**30, 6) for b in states]
+    state = max(states)
     return Plan(
         fingerprint=inputs.fingerprint,
         mesh=cand.mesh,

@@ -173,6 +173,8 @@ class Pipeline:
     """Predicted forward + backward time of one micro-batch through each pp rank's stages."""
     rank_memory_gib: list[float] = field(default_factory=list)
     """Predicted peak memory of each pp rank."""
+    rank_state_gib: list[float] = field(default_factory=list)
+    """Predicted parameters, gradients and AdamW state of each pp rank."""
 
     @property
     def style(self) -> str:

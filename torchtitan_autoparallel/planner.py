@@ -7,6 +7,7 @@ one-process preflight) and the CLI call.
 import dataclasses
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +97,12 @@ def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[
         raise UserError(f"pipeline schedule {schedules[0]} splits the backward, which compiled "
                         "blocks cannot: set compile.enable = false or choose 1F1B, GPipe or "
                         "Interleaved1F1B")
+    if (schedules == ("DualPipeV",) and par.pipeline_parallel_expert_parallel_overlap
+            and job_config.activation_checkpoint.mode != "none"):
+        raise UserError("pipeline schedule DualPipeV overlaps expert parallel, which TorchTitan "
+                        "cannot combine with activation checkpointing: set "
+                        "activation_checkpoint.mode = 'none' (auto then checkpoints no expert-"
+                        "parallel block) or pipeline_parallel_expert_parallel_overlap = false")
     if pp > 1 and features.reshard_after_forward == "always":
         raise UserError("parallelism.fsdp_reshard_after_forward = 'always' with "
                         f"pipeline_parallel_degree = {pp}: under pp the stages keep "
@@ -107,6 +114,7 @@ def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[
     v = job_config.autoparallel.pp_stages_per_rank
     return {"pp": pp if pp > 1 else 0, "pp_schedules": schedules,
             "pp_microbatch": mb if mb > 1 else 0, "pp_stages_per_rank": v,
+            "pp_ep_overlap": bool(par.pipeline_parallel_expert_parallel_overlap),
             "techniques": tuple(t for t in techniques if t != "pp" or (
                 features.reshard_after_forward != "always"))}
 
@@ -217,7 +225,9 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
                                               ("pp_schedules", constraints.pp_schedules),
                                               ("pp_microbatch", constraints.pp_microbatch),
                                               ("pp_stages_per_rank",
-                                               constraints.pp_stages_per_rank))
+                                               constraints.pp_stages_per_rank),
+                                              ("pp_ep_overlap",
+                                               "off" if not constraints.pp_ep_overlap else ""))
                            if value}},
         "moe_load_imbalance": hw.moe_load_imbalance,
         "pin": globs,
@@ -270,7 +280,8 @@ def plan_job(job_config: Any, world: int) -> Plan:
         jobs = [(inputs, [m for m in meshes if inputs.global_batch % m.dp == 0]
                  or _no_batch_split(meshes, inputs.global_batch))]
     best: tuple[float, JobInputs, Solution | PipelineSolution, dict[str, Any]] | None = None
-    min_feasible = float("inf")
+    min_feasible = min_pipeline = float("inf")
+    pipeline_options = 0
     limit = job_config.autoparallel.time_limit_s
     for job, job_meshes in jobs:
         flat = [m for m in job_meshes if m.pp == 1]
@@ -290,7 +301,8 @@ def plan_job(job_config: Any, world: int) -> Plan:
             piped_result = search_pipeline(
                 job.graph, job.global_batch, job.hw, job.precision, job.gpus_per_node,
                 job.budget_bytes, job.constraints, piped, limit, job.pins, job.features, beat)
-            min_feasible = min(min_feasible, piped_result.min_feasible_bytes)
+            min_pipeline = min(min_pipeline, piped_result.min_feasible_bytes)
+            pipeline_options += piped_result.stats["candidates"]
             if piped_result.best is not None:
                 found.append((piped_result.best, dict(piped_result.stats)))
             counted = ("candidates", "meshes", "milps_solved", "pruned_by_memory", "variables",
@@ -302,11 +314,24 @@ def plan_job(job_config: Any, world: int) -> Plan:
             rate = job.global_batch / sol.step_time_s
             if best is None or rate > best[0]:
                 best = (rate, job, sol, stats)
+    if best is None and not pipeline_options and inputs.constraints.pp > 1:
+        c = inputs.constraints
+        raise UserError(
+            f"parallelism.pipeline_parallel_degree = {c.pp} needs at least {c.pp} micro-batches "
+            f"per step (more for interleaved and V schedules): global batch "
+            f"{inputs.global_batch} over the data-parallel ranks in micro-batches of "
+            f"{c.pp_microbatch or 1} gives fewer; raise training.global_batch_size or lower "
+            "parallelism.pipeline_parallel_microbatch_size")
     if best is None:
+        # the plain search's smallest budget is achievable; the pipeline search only knows a
+        # floor (no split it costed fits below it)
+        smallest = (f"the smallest budget that works is {min_feasible / 2**30:.3g} GiB"
+                    if math.isfinite(min_feasible) else
+                    f"pipeline plans need at least {min_pipeline / 2**30:.3g} GiB")
         raise UserError(
             f"no plan fits the memory budget of {inputs.budget_bytes / 2**30:.3g} GiB per "
-            f"device; the smallest budget that works is {min_feasible / 2**30:.3g} GiB "
-            "(raise autoparallel.memory_gib, lower the batch or sequence length, or add devices)"
+            f"device; {smallest} (raise autoparallel.memory_gib, lower the batch or sequence "
+            "length, or add devices)"
         )
     _, job, sol, stats = best
     stats["planning_time_s"] = time.perf_counter() - start

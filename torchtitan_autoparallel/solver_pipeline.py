@@ -200,11 +200,12 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
     if order is None:
         return None
     _, prefix = order
-    key = (mesh, microbatch, schedule == "DualPipeV", keep_strategies)
+    hide_ep = schedule == "DualPipeV" and constraints.pp_ep_overlap
+    key = (mesh, microbatch, hide_ep, keep_strategies)
     if key not in cache:
         cache[key] = _block_costs(graph, cache["classes"], mesh, microbatch, hw, prec,
-                                  gpus_per_node, constraints, pins, features,
-                                  schedule == "DualPipeV", keep_strategies)
+                                  gpus_per_node, constraints, pins, features, hide_ep,
+                                  keep_strategies)
     classes, strategies, costs, edges = cache[key]
     types = rank_types(mesh.pp, schedule)
     flight = {t.name: in_flight(schedule, mesh.pp, v, microbatches, t.rank) for t in types}
@@ -425,14 +426,12 @@ def search_pipeline(graph: LayerGraph, global_batch: int, hw: HardwareProfile, p
     cache: dict = {}
     compute: dict[tuple[int, int, int], tuple[float, Split]] = {}
     options = []
+    splits = 0
     min_feasible = math.inf
     for mesh in meshes:
         if global_batch % mesh.dp:
             continue
         floor = _memory_floor(graph, mesh, prec)
-        if floor > budget:
-            min_feasible = min(min_feasible, floor)
-            continue
         local = global_batch // mesh.dp
         for schedule in schedules:
             for v in stage_options(schedule, mesh.pp, n_blocks):
@@ -443,6 +442,10 @@ def search_pipeline(graph: LayerGraph, global_batch: int, hw: HardwareProfile, p
                         continue
                     m = local // mb
                     if local % mb or not microbatch_ok(schedule, mesh.pp, v, m):
+                        continue
+                    splits += 1
+                    if floor > budget:  # no split of this mesh fits: not costed
+                        min_feasible = min(min_feasible, floor)
                         continue
                     key = (mesh.tp, mesh.cp, mb)
                     if key not in compute:
@@ -481,7 +484,7 @@ def search_pipeline(graph: LayerGraph, global_batch: int, hw: HardwareProfile, p
         rows += sol.constraints
         best, status, gap = sol, sol.status, sol.gap
     stats = {"status": status if best else "infeasible", "gap": gap,
-             "candidates": len(options), "meshes": len(meshes), "milps_solved": solved,
+             "candidates": splits, "meshes": len(meshes), "milps_solved": solved,
              "pruned_by_memory": pruned, "variables": variables, "constraints": rows,
              "solve_time_s": time.perf_counter() - start}
     return PipelineSearch(best, min_feasible, stats)

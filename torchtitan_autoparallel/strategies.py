@@ -63,6 +63,9 @@ class Constraints:
     """Sequences per pipeline micro-batch (0 = searched)."""
     pp_stages_per_rank: int = 0
     """Pipeline stages per pp rank (0 = searched)."""
+    pp_ep_overlap: bool = True
+    """parallelism.pipeline_parallel_expert_parallel_overlap: DualPipeV hides the expert
+    all-to-all under the other micro-batch's computation."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -144,6 +147,15 @@ def pipeline_degrees(graph: LayerGraph, world: int, constraints: Constraints,
     """pp degrees to search: 1, plus the divisors of the world that leave every rank at least
     one block (TorchTitan builds one model part per stage), when pp is allowed."""
     if constraints.pp:
+        if world % constraints.pp:
+            raise UserError(
+                f"parallelism.pipeline_parallel_degree = {constraints.pp} does not divide the "
+                f"world size {world}: choose one of {_divisors(world)[1:]} or 1 (searched)")
+        if constraints.pp > len(graph.blocks):
+            raise UserError(
+                f"parallelism.pipeline_parallel_degree = {constraints.pp} exceeds the "
+                f"{len(graph.blocks)} blocks of {graph.family} {graph.flavor}: every pp rank "
+                "needs a block; lower it")
         return [constraints.pp]
     if "pp" not in allowed:
         return [1]

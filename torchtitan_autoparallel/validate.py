@@ -265,6 +265,7 @@ PIPELINE_RULES: dict[str, Rule] = {
     "bubble_fraction": Rule(float, ge=0, le=1),
     "rank_time_ms": Rule(list, item=float),
     "rank_memory_gib": Rule(list, item=float),
+    "rank_state_gib": Rule(list, item=float),
 }
 LAYER_RULES: dict[str, Rule] = {
     "fqn": Rule(str),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,22 +157,31 @@ class ModelAdapter:
         kwargs = {k: v for k, v in {"cp_enabled": cp_enabled, "enable_async_tp": False,
                                     **options}.items() if k in accepted}
         kwargs.update(self.tp_kwargs)
-        fn(view, tp_mesh, loss_parallel=loss_parallel,
-           enable_float8_tensorwise_tp=enable_float8_tensorwise_tp, **kwargs)
+        with warnings.catch_warnings():
+            # a pipeline stage lacks the embedding or the norm + output the TP plan names
+            warnings.filterwarnings("ignore", message="Parallelize plan key")
+            fn(view, tp_mesh, loss_parallel=loss_parallel,
+               enable_float8_tensorwise_tp=enable_float8_tensorwise_tp, **kwargs)
 
-    def apply_moe(self, model: Any, parallel_dims: Any) -> None:
+    def apply_moe(self, model: Any, parallel_dims: Any, dual_pipe_v: bool = False) -> None:
         """EP / ETP / TP for every MoE block (router, token dispatch, experts, shared
-        experts), on the job's ep / etp / tp meshes."""
+        experts), on the job's ep / etp / tp meshes; ``dual_pipe_v``: TorchTitan's DualPipeV
+        expert parallel (its all-to-all overlapped by the schedule), where ``moe_fn`` takes
+        it."""
         import torch.nn as nn
 
         view = nn.Module()
         _set_submodule(view, self.blocks, model.get_submodule(self.blocks))
-        resolve(self.moe_fn)(
+        fn = resolve(self.moe_fn)
+        extra = ({"dual_pipe_v": True} if dual_pipe_v
+                 and "dual_pipe_v" in inspect.signature(fn).parameters else {})
+        fn(
             view,
             tp_mesh=parallel_dims.get_optional_mesh("tp"),
             ep_mesh=parallel_dims.get_optional_mesh("ep"),
             etp_mesh=parallel_dims.get_optional_mesh("etp"),
             ep_etp_mesh=parallel_dims.get_optional_mesh(["ep", "etp"]),
+            **extra,
         )
 
     def sac_save_list(self) -> set:

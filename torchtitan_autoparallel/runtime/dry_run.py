@@ -85,10 +85,14 @@ def dry_run_report(trainer: Any) -> str:
     plan = getattr(trainer.job_config, "_autoparallel_plan", None)
     if plan is not None:
         # fp32 parameters, gradients and two AdamW moments: 4x the sharded parameter bytes
+        # (with pp: this process builds pp rank 0's stages, compared with its prediction)
         p = plan.predicted
+        state = p["state_memory_gib"]
+        if plan.pipeline is not None and plan.pipeline.rank_state_gib:
+            state = plan.pipeline.rank_state_gib[0]
         report += (
             f"; plan {plan.digest()}: sharded state {4 * local_bytes / 2**30:.2f} GiB "
-            f"(predicted {p['state_memory_gib']:.2f} GiB), predicted peak "
+            f"(predicted {state:.2f} GiB), predicted peak "
             f"{p['peak_memory_gib']:.2f} GiB of budget {p['budget_gib']:.2f} GiB"
         )
     import json
