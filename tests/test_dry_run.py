@@ -174,3 +174,56 @@ def test_float8_compile_dry_run(tmp_path):
     assert "Async TP is enabled" in out
     assert "ignoring" not in out
     check_report(auto, 64)
+
+
+# Pipeline parallel at scale. The published 405B layout (TorchTitan's Table 5: FSDP 8 x TP 8 x
+# PP 8 on 512 H100s with compile, float8 and async TP) with the planner choosing schedule,
+# micro-batches, stage split and per-block strategies; the planner's own choice for the same
+# job; deepseek_v3 671B on 256 ranks with pp fixed. This process builds pp rank 0's stages.
+PUBLISHED_405B = (
+    "--autoparallel.hardware=h100_grand_teton", "--training.global_batch_size=256",
+    "--model.converters=quantize.linear.float8",
+    "--quantize.linear.float8.enable_fsdp_float8_all_gather",
+    "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+    "--compile.enable", "--compile.components=model",
+    "--parallelism.enable_async_tensor_parallel",
+)
+STAGE = re.compile(r"stage (\d+) on rank 0: (\S.*?)(?:  \(|$)", re.M)
+
+
+def rank0_blocks(out: str) -> list[str]:
+    """The block indices the plan table puts on pp rank 0 (``layers.a..b`` folded)."""
+    names = []
+    for _, text in STAGE.findall(out):
+        for part in text.split(", "):
+            if part.startswith("layers."):
+                first, _, last = part[len("layers."):].partition("..")
+                names += [str(i) for i in range(int(first), int(last or first) + 1)]
+    return names
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["published-layout", "planner-choice"])
+def test_405b_pipeline_dry_run(fixed, tmp_path):
+    layout = ("--parallelism.pipeline_parallel_degree=8",
+              "--parallelism.tensor_parallel_degree=8",
+              "--parallelism.data_parallel_shard_degree=8") if fixed else ()
+    result = dry_run("405b", 512, tmp_path, *PUBLISHED_405B, *layout)
+    out = check_report(result, 512)
+    blocks = built_blocks(result)
+    if not fixed:
+        assert "dry run OK: world 512" in out
+        return
+    assert "dry run OK: world 512 (dp_replicate=1, dp_shard=8, cp=1, tp=8, pp=8" in out
+    assert re.search(r"pipeline: Interleaved1F1B, 8 ranks x \d stages", out), out[-3000:]
+    assert sorted(blocks, key=int) == rank0_blocks(out)
+    for block in blocks.values():  # TorchTitan's recipe features on every planned block
+        assert block["float8_linears"] == 7 and block["block_compiled"], block
+        assert block["float8_all_gather"] == 7 and not block["reshard_after_forward"], block
+
+
+def test_671b_pipeline_dry_run(tmp_path):
+    result = dry_run("deepseek_v3_671b", 256, tmp_path, "--parallelism.pipeline_parallel_degree=4")
+    out = check_report(result, 256)
+    assert re.search(r"dry run OK: world 256 \(.*pp=4, ep=(\d+)\)", out), out[-3000:]
+    blocks = built_blocks(result)
+    assert sorted(blocks, key=int) == rank0_blocks(out)
