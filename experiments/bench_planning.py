@@ -75,17 +75,19 @@ GRID = ["llama3_8b", "llama3_70b", "llama3_405b", "qwen3_32b", "deepseek_v3_16b"
 
 
 def grid(out: str) -> None:
-    """Plan every model at 8, 64 and 128 H100s: planning time, MILP size, command wall time."""
+    """Plan every model at 8, 64, 128, 256 and 512 GPUs (pipeline parallelism in the search):
+    planning time, MILP size, command wall time."""
     from torchtitan_autoparallel.errors import UserError
     from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
 
-    rows = ["| model | GPUs | mesh (dp_rep x dp_shard x cp x tp, ep/etp) | planning s | MILPs "
+    rows = ["| model | GPUs | mesh (pp x dp_rep x dp_shard x cp x tp, ep/etp; schedule) "
+            "| planning s | MILPs "
             "| variables "
             "| gap | `plan` wall s |", "|---|---|---|---|---|---|---|---|"]
     for name in GRID:
         config = str(REPO / "train_configs" / f"{name}_auto.toml")
-        for ngpu in (8, 64, 128):
+        for ngpu in (8, 64, 128, 256, 512):
             job = parse_config(["--job.config_file", config])
             start = time.perf_counter()
             try:
@@ -93,13 +95,17 @@ def grid(out: str) -> None:
                 t = time.perf_counter() - start
                 m, s = plan.mesh, plan.solver
                 ep = f", ep {m.ep}/etp {m.etp}" if m.ep > 1 else ""
-                cells = [f"{m.dp_replicate} x {m.dp_shard} x {m.cp} x {m.tp}{ep}", f"{t:.3f}",
+                pipe = plan.pipeline
+                schedule = (f"; {pipe.schedule} x{pipe.stages_per_rank}, {pipe.microbatches} mb"
+                            if pipe else "")
+                cells = [f"{m.pp} x {m.dp_replicate} x {m.dp_shard} x {m.cp} x {m.tp}{ep}"
+                         f"{schedule}", f"{t:.3f}",
                          str(s["milps_solved"]), str(s["variables"]), str(s["gap"])]
             except UserError as exc:
                 t = time.perf_counter() - start
-                need = str(exc).split("smallest budget that works is ")[-1].split(" (")[0]
+                need = str(exc).split("device; ")[-1].split(" (")[0]
                 budget = str(exc).split("budget of ")[-1].split(" per device")[0]
-                cells = [f"does not fit {budget} (needs {need})", f"{t:.3f}", "-", "-", "-"]
+                cells = [f"does not fit {budget} ({need})", f"{t:.3f}", "-", "-", "-"]
             begin = time.perf_counter()
             subprocess.run([sys.executable, "-m", "torchtitan_autoparallel", "plan", "--config",
                             config, "--ngpu", str(ngpu)], cwd=REPO, capture_output=True)

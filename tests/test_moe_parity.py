@@ -14,7 +14,8 @@ PLAN_RE = re.compile(r"autoparallel plan \w+: mesh (.*) \(world")
 CASES = {
     # ep borrows the 2 data-parallel ranks; routing and dispatch stay TorchTitan's
     "deepseek_v3-ep2": ("deepseek_v3", 2, ["--parallelism.expert_parallel_degree=2"]),
-    # 4 ranks, etp = 1: ep takes the tp ranks too (TorchTitan's ReordererSequenceParallel)
+    # 4 ranks, etp = 1: ep takes the tp ranks too (TorchTitan's ReordererSequenceParallel;
+    # its router and MoE-input gradients corrected by apply.reduce_sequence_parallel_moe_grads)
     "deepseek_v3-ep4-tp2": ("deepseek_v3", 4, ["--parallelism.expert_parallel_degree=4",
                                                "--parallelism.tensor_parallel_degree=2"]),
     # a user pin: block 0 runs TorchTitan's recipe (full AC from [activation_checkpoint])
@@ -24,13 +25,7 @@ CASES = {
 }
 
 
-KNOWN_GRAD_NORM_DIVERGENCE = {
-    "deepseek_v3-ep4-tp2": (
-        "open: gradient norms drift from 1 rank (5e-5, 9e-5, 1.9e-4, -3.9e-5, -1.9e-3 over 5 "
-        "steps) and losses differ by up to 7.6e-6, 50x the other plans; ep 2 without tp stays "
-        "within 3e-5 / 1.3e-7. Suspects: router decisions flipping at near-ties under TP "
-        "numerics, or the expert-bias update's token counts under etp = 1"),
-}
+KNOWN_GRAD_NORM_DIVERGENCE: dict[str, str] = {}
 """Cases whose losses match 1 rank but whose gradient norms do not: an open finding, kept
 visible (xfail, strict: the test fails once they match, so the entry gets removed)."""
 

@@ -121,6 +121,56 @@ def _shard_routed_experts(experts: nn.Module, parallel_dims: Any, plan: Plan,
                 reshard_after_forward=reshard_after_forward, shard_placement_fn=placement)
 
 
+class _GatherOwnedRows(torch.autograd.Function):
+    """Identity forward; backward keeps this tp rank's block of rows of the gradient (the rows
+    it routed) and all-gathers the blocks of every tp rank, so each rank gets the full
+    gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, tp_mesh: Any) -> torch.Tensor:
+        ctx.tp_mesh = tp_mesh
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        from torch.distributed import _functional_collectives as funcol
+
+        mesh = ctx.tp_mesh
+        owned = grad.contiguous().view(mesh.size(), -1)[mesh.get_local_rank()]
+        full = funcol.wait_tensor(funcol.all_gather_tensor(owned, 0, mesh))
+        return full.view(grad.shape), None
+
+
+def reduce_sequence_parallel_moe_grads(moe: nn.Module, tp_mesh: Any) -> None:
+    """Correct the backward of a TorchTitan MoE whose tokens TP splits for EP (etp = 1).
+
+    Upstream (TorchTitan 0.2.2, ``apply_moe_ep_tp`` with ``ReordererSequenceParallel``): the
+    MoE input is all-gathered over tp and the router runs on every token, but each tp rank
+    dispatches only its block of the flattened tokens, so the gradients reaching the routing
+    scores and the routed branch of the MoE input are non-zero only in that rank's rows. Both
+    are then treated as replicated: ``router.gate`` gets the gradient of half the tokens on each
+    tp rank (measured: 60-69 % off the 1-rank gradient at step 1, deepseek_v3 debug model, ep 4
+    x tp 2) and the sequence shard each rank keeps of the MoE input gradient misses the routed
+    rows of the other rank (``ffn_norm`` of MoE blocks 9-12 % off, everything upstream ~1e-3).
+    TorchTitan fixed this after 0.2.2 (pytorch/torchtitan#2387). Here the gradients of the
+    router's scores and of the MoE input are made whole again: each row comes from the tp rank
+    that routed it (the shared experts' part is already all-reduced, hence equal on every
+    rank). Tested by tests/test_moe_parity.py (deepseek_v3-ep4-tp2)."""
+    if tp_mesh.size() == 1:
+        return
+
+    def scores_hook(module: nn.Module, args: Any, output: Any) -> Any:
+        top_scores, *rest = output
+        return (_GatherOwnedRows.apply(top_scores, tp_mesh), *rest)
+
+    def input_hook(module: nn.Module, args: Any) -> Any:
+        x, *rest = args  # local and replicated over tp: TorchTitan's input hook ran first
+        return (_GatherOwnedRows.apply(x, tp_mesh), *rest)
+
+    moe.router.register_forward_hook(scores_hook)
+    moe.register_forward_pre_hook(input_hook)
+
+
 def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
                           tp_modes: dict[str, str], *, loss_parallel: bool,
                           enable_float8_tensorwise_tp: bool, cp_enabled: bool) -> None:
@@ -268,6 +318,10 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
         from torchtitan.distributed.dual_pipe_v import get_dual_pipe_v_flag
 
         adapter.apply_moe(model, parallel_dims, get_dual_pipe_v_flag(job_config, parallel_dims))
+        if plan.mesh.tp > 1 and plan.mesh.ep > 1 and plan.mesh.etp == 1:
+            tp_mesh = parallel_dims.get_mesh("tp")
+            for block in moe_blocks.values():
+                reduce_sequence_parallel_moe_grads(block.get_submodule(adapter.moe), tp_mesh)
 
     if plan.mesh.cp > 1:
         from torchtitan.distributed.context_parallel import apply_cp_to_attention_module
