@@ -138,3 +138,23 @@ def test_torchtitan_pp_recipe_costed_as_is(job):
     # TorchTitan keeps parameters after forward under pp ("default" resharding)
     assert not any(layer.reshard_after_forward for layer in plan.layers
                    if layer.kind == "block")
+
+
+def test_show_draws_the_pipeline(job):
+    """``show`` of a pipeline plan: its step split into the slowest rank's micro-batches, the
+    schedule's bubble, per-step FSDP and the P2P fill (summing to the plan's prediction), the
+    fullest pp rank's memory (its predicted peak), and pp among the mesh dims."""
+    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.show import picture
+
+    plan = plan_job(job("--parallelism.pipeline_parallel_degree=2",
+                        "--autoparallel.pp_schedules=1F1B", "--training.global_batch_size=8",
+                        "--training.seq_len=128"), 4)
+    pic = picture(plan)
+    time = dict(pic.time)
+    assert sum(time.values()) == pytest.approx(plan.predicted["step_time_s"], rel=1e-9)
+    assert time["pipeline bubble"] == pytest.approx(
+        plan.pipeline.bubble_fraction * plan.predicted["step_time_s"], rel=1e-4)
+    assert sum(v for _, v in pic.memory) == pytest.approx(plan.predicted["peak_memory_gib"],
+                                                          rel=1e-6)
+    assert pic.mesh_dims[0].startswith("pp=2")

@@ -30,11 +30,14 @@ aspect does not apply)."""
 NODE_COLOURS = ("#dfe8f5", "#f5e6d8")
 MEMORY_COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer state": "#55a868",
                   "optimizer step temporary": "#937860", "activations": "#c44e52",
-                  "logits": "#8172b2", "working set": "#ccb974"}
+                  "logits": "#8172b2", "working set": "#ccb974",
+                  "parameters, gradients, optimizer state": "#4c72b0",
+                  "embedding / logits": "#8172b2"}
 TIME_COLOURS = {"compute": "#4c72b0", "tp": "#dd8452", "cp ring": "#64b5cd",
                 "ep all-to-all": "#c44e52", "fsdp / dp": "#55a868", "host copies": "#937860",
                 "embedding, output, optimizer, per-layer overhead": "#8c8c8c",
-                "pipeline bubble": "#da8bc3"}
+                "pipeline bubble": "#da8bc3", "compute (slowest rank's micro-batches)": "#4c72b0",
+                "p2p fill and drain": "#64b5cd"}
 
 
 def colour(value: str) -> str:
@@ -78,11 +81,13 @@ def picture(plan: Plan) -> Picture:
     m = plan.mesh
     gpn = int(plan.fingerprint.get("gpus_per_node") or m.world)
     dims = [f"{name}={size} ({'spans nodes' if m.spans_nodes(name, gpn) else 'within a node'})"
-            for name, size in (("dp_replicate", m.dp_replicate), ("dp_shard", m.dp_shard),
+            for name, size in (("pp", m.pp), ("dp_replicate", m.dp_replicate),
+                               ("dp_shard", m.dp_shard),
                                ("cp", m.cp), ("tp", m.tp), ("ep", m.ep)) if size > 1]
     inner = m.cp * m.tp
     ranks = [(r, r // inner, r % inner, r // gpn) for r in range(m.world)]
-    memory, phase, time = _breakdown(plan)
+    memory, phase, time = (_pipeline_breakdown(plan) if plan.pipeline is not None
+                           else _breakdown(plan))
     step, peak = sum(v for _, v in time), sum(v for _, v in memory)
     p = plan.predicted
     title = (f"{plan.fingerprint.get('model')} {plan.fingerprint.get('flavor')} on {m.world} "
@@ -108,6 +113,41 @@ def _rows(plan: Plan) -> list[LayerRow]:
         rows.append(LayerRow(run[0].fqn, run[-1].fqn, len(run), run[0].describe(unsharded),
                              cells))
     return rows
+
+
+def _pipeline_breakdown(plan: Plan
+                        ) -> tuple[list[tuple[str, float]], str, list[tuple[str, float]]]:
+    """``_breakdown`` of a pipeline plan: the fullest pp rank's memory, and the step as the
+    slowest rank's micro-batches, the schedule's bubble, per-step FSDP and the P2P fill."""
+    from .pipeline_plan import pipeline_candidate_of, rank_counts
+
+    inputs = inputs_from_plan(plan)
+    cand = pipeline_candidate_of(inputs, plan.mesh, plan.pipeline)
+    class_of, _ = block_counts(plan, inputs)
+    per_rank, _ = rank_counts(plan, class_of)
+    step, times, memory = cand.evaluate(per_rank)
+    rank = max(range(plan.mesh.pp), key=lambda r: memory[r])
+    t = cand.type_of_rank(rank)
+    counts = per_rank[rank]
+    working = max((cand.costs[k].transient_bytes for k, n in counts.items() if n), default=0.0)
+    resident = sum(n * cand.costs[k].resident_bytes for k, n in counts.items())
+    acts = cand.in_flight[t.name] * sum(n * cand.costs[k].act_bytes for k, n in counts.items())
+    gib = 2**-30
+    segments = [("parameters, gradients, optimizer state", resident),
+                ("activations", acts), ("embedding / logits", cand.edge_memory[t.name]),
+                ("working set", working)]
+    phase = f"forward / backward, pp rank {rank}"
+    if sum(v for _, v in segments) < memory[rank]:  # the optimizer step is the peak
+        phase = f"optimizer step, pp rank {rank}"
+        segments = [("parameters, gradients, optimizer state", memory[rank])]
+    slowest = max(times)
+    fsdp = step - cand.accum * ((cand.microbatches + cand.beta) * slowest + cand.fill_s) \
+        - cand.per_step_s
+    time = [("compute (slowest rank's micro-batches)", cand.accum * cand.microbatches * slowest),
+            ("pipeline bubble", cand.accum * cand.beta * slowest),
+            ("fsdp / dp", fsdp), ("p2p fill and drain", cand.accum * cand.fill_s),
+            ("embedding, output, optimizer, per-layer overhead", cand.per_step_s)]
+    return [(k, v * gib) for k, v in segments], phase, time
 
 
 def _breakdown(plan: Plan) -> tuple[list[tuple[str, float]], str, list[tuple[str, float]]]:
@@ -144,7 +184,7 @@ def _breakdown(plan: Plan) -> tuple[list[tuple[str, float]], str, list[tuple[str
     overhead = sum(n * inputs.hw.block_overhead_us * 1e-6 for n in counts.values())
     time["embedding, output, optimizer, per-layer overhead"] = (
         accum * (cand.fixed_time_s + overhead) + cand.per_step_s)
-    time["pipeline bubble"] = 0.0  # no pipeline stages in this version's plans
+    time["pipeline bubble"] = 0.0  # no pipeline stages (see _pipeline_breakdown)
     return ([(k, v * gib) for k, v in memory], phase, list(time.items()))
 
 
@@ -172,7 +212,9 @@ def draw(pictures: list[Picture]) -> Any:
         _draw_layers(fig.add_subplot(grid[0, 0]), pic)
         _draw_mesh(fig.add_subplot(grid[0, 1]), pic)
         _draw_bar(fig.add_subplot(grid[1, :]), pic.memory, MEMORY_COLOURS,
-                  f"memory per device, GiB ({pic.memory_phase} peak; every rank holds the same)",
+                  f"memory per device, GiB ({pic.memory_phase} peak; "
+                  + ("the fullest pp rank)" if "pp rank" in pic.memory_phase
+                     else "every rank holds the same)"),
                   pic.budget_gib)
         _draw_bar(fig.add_subplot(grid[2, :]), pic.time, TIME_COLOURS,
                   "predicted step time, s (exposed communication by collective)", None)
