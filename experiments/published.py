@@ -12,7 +12,7 @@ compile, float8 with FSDP float8 all-gather and the precomputed scale, async TP)
 Two rows (FIT_ROWS) fix the profile's two free constants (GEMM and attention efficiency); every
 other row is out of sample. Writes experiments/results/published.md and prints the same table;
 exits 1 if a target is missed.
-Tables 5-6 (pipeline parallel) are not predicted here.
+Tables 5-6 (pipeline parallel): experiments/published_pp.py.
 """
 
 from __future__ import annotations

@@ -71,9 +71,11 @@ def test_milp_matches_brute_force(job, schedule, squeeze):
     budget = squeeze * free.peak_bytes if squeeze < 1 else inputs.budget_bytes
     sol = solve_pipeline(cand, budget, 30.0)
     expected = brute_force(inputs, cand, budget)
+    bound = cand.aggregate_bound(budget)  # what the search prunes with, before a MILP
     if squeeze < 0.85:
         assert sol is None and expected == float("inf")
         return
+    assert bound <= expected * (1 + 1e-12)
     assert sol is not None and expected < float("inf")
     assert sol.gap == 0.0
     assert sol.step_time_s == pytest.approx(expected, rel=1e-9)

@@ -266,7 +266,9 @@ def plan_job(job_config: Any, world: int) -> Plan:
     start = time.perf_counter()
     inputs = job_inputs(job_config, world)
     meshes = enumerate_meshes(inputs.graph, world, inputs.gpus_per_node, inputs.constraints)
-    if inputs.constraints.pp > 1 and prefix_classes(inputs.graph, inputs.pins) is None:
+    if prefix_classes(inputs.graph, inputs.pins) is None:
+        meshes = [m for m in meshes if m.pp == 1]  # no stage split keeps alternating blocks
+    if inputs.constraints.pp > 1 and not meshes:
         raise UserError(
             f"parallelism.pipeline_parallel_degree = {inputs.constraints.pp}: the blocks of "
             f"{inputs.graph.family} {inputs.graph.flavor} alternate between kinds (or pins), so "

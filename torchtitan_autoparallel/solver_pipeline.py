@@ -23,6 +23,7 @@ consecutive layers. Solved to optimality (``mip_rel_gap = 0``).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -175,6 +176,43 @@ class PipelineCandidate:
             for c, n in self.classes.items())
         return (self.microbatches + self.beta) * work / pp + self.fill_s + self.per_step_s
 
+    def aggregate_bound(self, budget: float) -> float:
+        """A lower bound on the step time with memory (inf: no split fits): the MILP with all
+        pp ranks pooled, every block holding the fewest activations in flight of any rank
+        and the ranks' memory summed against pp x budget. A fractional multiple-choice knapsack,
+        solved greedily along each class's lower hull of (memory, time) points."""
+        pp = self.mesh.pp
+        flight = min(self.in_flight.values())
+        room = pp * budget - sum(self.edge_memory[t.name] * t.ranks for t in self.types)
+        time_s = sum(self.edge_time.values())
+        upgrades: list[tuple[float, float, float]] = []  # (time per byte saved, bytes, time)
+        for c, n in self.classes.items():
+            points = sorted({(self.costs[(c, s)].resident_bytes
+                              + flight * self.costs[(c, s)].act_bytes, self.costs[(c, s)].time_s)
+                             for s in self.strategies[c]})
+            hull: list[tuple[float, float]] = []
+            for mem, t in points:  # lower-left convex hull, time falling as memory grows
+                if hull and t >= hull[-1][1]:
+                    continue
+                while len(hull) >= 2 and (
+                        (hull[-1][1] - hull[-2][1]) * (mem - hull[-1][0])
+                        >= (t - hull[-1][1]) * (hull[-1][0] - hull[-2][0])):
+                    hull.pop()
+                hull.append((mem, t))
+            room -= n * hull[0][0]
+            time_s += n * hull[0][1]
+            for (m0, t0), (m1, t1) in itertools.pairwise(hull):
+                upgrades.append(((t1 - t0) / (m1 - m0), n * (m1 - m0), n * (t1 - t0)))
+        if room < 0:
+            return math.inf
+        for _, extra, gain in sorted(upgrades):
+            share = min(1.0, room / extra) if extra > 0 else 1.0
+            time_s += share * gain
+            room -= share * extra
+            if room <= 0:
+                break
+        return (self.microbatches + self.beta) * time_s / pp + self.fill_s + self.per_step_s
+
     def memory_lower_bound(self) -> float:
         """No split puts less than the average resident memory on its fullest rank."""
         blocks = sum(n * min(self.costs[(c, s)].resident_bytes for s in self.strategies[c])
@@ -196,6 +234,7 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
     if "order" not in cache:  # the same for every candidate of a search
         cache["order"] = prefix_classes(graph, pins)
         cache["classes"] = block_classes(graph, pins)
+        cache["last_block"] = graph.blocks[-1]
     order = cache["order"]
     if order is None:
         return None
@@ -210,7 +249,8 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
     types = rank_types(mesh.pp, schedule)
     flight = {t.name: in_flight(schedule, mesh.pp, v, microbatches, t.rank) for t in types}
     edge_time, edge_step, edge_memory, edge_state = {}, {}, {}, {}
-    hop = p2p_s(graph, mesh, microbatch, prec, hw, gpus_per_node)
+    hop = cache.setdefault(("hop", mesh, microbatch),
+                           p2p_s(graph, mesh, microbatch, prec, hw, gpus_per_node))
     for t in types:
         kinds = [k for k, on in (("embedding", t.embedding), ("output", t.output)) if on]
         # sends: the stage outputs forward, the input gradients back, per stage and micro-batch
@@ -222,8 +262,11 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
         edge_memory[t.name] = sum(edges[k].resident_bytes + edges[k].kept_bytes * (
             flight[t.name] if k == "embedding" else 1.0) for k in kinds)
         edge_state[t.name] = sum(edges[k].step_bytes for k in kinds)
-    frugal = min(strategies[order[0]], key=lambda s: s.ac != "none")
-    split = backward_split(graph.blocks[-1], frugal, hw)
+    split_key = ("split", mesh, microbatch, hide_ep, keep_strategies)
+    if split_key not in cache:
+        frugal = min(strategies[order[0]], key=lambda s: s.ac != "none")
+        cache[split_key] = backward_split(cache["last_block"], frugal, hw)
+    split = cache[split_key]
     beta = bubble(schedule, mesh.pp, v, split)
     fill = 2 * (mesh.pp - 1) * hop
     return PipelineCandidate(mesh, schedule, v, microbatch, microbatches, classes, prefix,
@@ -470,6 +513,10 @@ def search_pipeline(graph: LayerGraph, global_batch: int, hw: HardwareProfile, p
         if cand.memory_lower_bound() > budget:
             pruned += 1
             min_feasible = min(min_feasible, cand.memory_lower_bound())
+            continue
+        bound = cand.aggregate_bound(budget)
+        if bound >= cutoff:
+            pruned += math.isinf(bound)
             continue
         remaining = time_limit_s - (time.perf_counter() - start)
         try:
