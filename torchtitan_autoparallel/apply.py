@@ -171,6 +171,49 @@ def reduce_sequence_parallel_moe_grads(moe: nn.Module, tp_mesh: Any) -> None:
     moe.register_forward_pre_hook(input_hook)
 
 
+class _SumGradOverTp(torch.autograd.Function):
+    """Identity forward; backward all-reduces (sums) the gradient over tp, for a tensor that is
+    replicated over tp but whose gradient each tp rank only holds a partial sum of."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, tp_mesh: Any) -> torch.Tensor:
+        ctx.tp_mesh = tp_mesh
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        from torch.distributed import _functional_collectives as funcol
+
+        return funcol.wait_tensor(funcol.all_reduce(grad.contiguous(), "sum", ctx.tp_mesh)), None
+
+
+def reduce_tensor_parallel_router_grads(moe: nn.Module, tp_mesh: Any) -> None:
+    """Correct the backward of a TorchTitan MoE whose routed experts are tensor parallel over
+    tp (ep = 1, or etp = tp) and that scores after the experts (``score_before_experts =
+    False``: deepseek_v3, qwen3).
+
+    Upstream (TorchTitan 0.2.2, ``apply_moe_ep_tp``): the router runs replicated over tp
+    (``NoParallel``) and the routed experts' output is a partial sum over tp (row-wise ``w2``),
+    reduced only after the scores have weighted it (the MoE output is ``Partial``). The gradient
+    of the scores, ``grad_out . routed_output``, is then one tp rank's partial sum, yet it is
+    treated as replicated: ``router.gate`` gets a different, partial gradient on each tp rank
+    and the router's share of the MoE input gradient is partial too (measured: deepseek_v3
+    debug model, tp 2, ep 1: ``router.gate`` 62-72 % off the 1-rank gradient at step 1, the MoE
+    blocks' ``ffn_norm`` 0.6-1.2 % off, the grad norm 1.5e-3 off by step 5). With
+    ``score_before_experts = True`` (llama4) the scores multiply the experts' input, whose
+    gradient TorchTitan already reduces. TorchTitan fixed this after 0.2.2 (pytorch/torchtitan
+    PR #2416). Here the scores' gradient is summed over tp. Tested by tests/test_moe_parity.py
+    (deepseek_v3-tp2)."""
+    if tp_mesh.size() == 1 or getattr(moe, "score_before_experts", True):
+        return
+
+    def scores_hook(module: nn.Module, args: Any, output: Any) -> Any:
+        top_scores, *rest = output
+        return (_SumGradOverTp.apply(top_scores, tp_mesh), *rest)
+
+    moe.router.register_forward_hook(scores_hook)
+
+
 def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
                           tp_modes: dict[str, str], *, loss_parallel: bool,
                           enable_float8_tensorwise_tp: bool, cp_enabled: bool) -> None:
@@ -322,6 +365,10 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
             tp_mesh = parallel_dims.get_mesh("tp")
             for block in moe_blocks.values():
                 reduce_sequence_parallel_moe_grads(block.get_submodule(adapter.moe), tp_mesh)
+        elif plan.mesh.tp > 1:  # routed experts tensor parallel over tp (ep = 1 or etp = tp)
+            tp_mesh = parallel_dims.get_mesh("tp")
+            for block in moe_blocks.values():
+                reduce_tensor_parallel_router_grads(block.get_submodule(adapter.moe), tp_mesh)
 
     if plan.mesh.cp > 1:
         from torchtitan.distributed.context_parallel import apply_cp_to_attention_module
