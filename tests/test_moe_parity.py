@@ -44,7 +44,13 @@ KNOWN_GRAD_NORM_DIVERGENCE: dict[str, str] = {}
 visible (xfail, strict: the test fails once they match, so the entry gets removed)."""
 
 
-@pytest.mark.parametrize("case", list(CASES))
+SLOW = {"llama4-tp2"}
+"""Measured passing, kept out of the CI command for time (``-m slow`` runs them): llama4's TP
+path needs no correction and llama4-free4 already covers its MoE plans."""
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c
+                                  for c in CASES])
 def test_moe_auto_parity(case, references, tmp_path):
     family, ngpu, overrides = CASES[case]
     seed, reference = references(family)
