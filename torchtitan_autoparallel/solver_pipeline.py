@@ -227,7 +227,8 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
                              pins: dict[str, Pin], features: Features = EAGER,
                              cache: dict | None = None, keep_strategies: bool = False
                              ) -> PipelineCandidate | None:
-    """Costs of one pipeline candidate (None when its block classes interleave).
+    """Costs of one pipeline candidate (None when its block classes interleave or a class has
+    no strategy the schedule can run).
     ``keep_strategies``: cost every strategy a plan file or recipe may give a block, not only
     those the search offers."""
     cache = {} if cache is None else cache
@@ -246,6 +247,8 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
                                   gpus_per_node, constraints, pins, features, hide_ep,
                                   keep_strategies)
     classes, strategies, costs, edges = cache[key]
+    if not all(strategies.values()):
+        return None  # a pinned block's recipe the schedule cannot run (DualPipeV's EP with AC)
     types = rank_types(mesh.pp, schedule)
     flight = {t.name: in_flight(schedule, mesh.pp, v, microbatches, t.rank) for t in types}
     edge_time, edge_step, edge_memory, edge_state = {}, {}, {}, {}
@@ -507,7 +510,7 @@ def search_pipeline(graph: LayerGraph, global_batch: int, hw: HardwareProfile, p
         cand = build_pipeline_candidate(graph, mesh, schedule, v, mb, m, hw, prec,
                                         gpus_per_node, constraints, pins, features, cache)
         if cand is None:
-            break  # block kinds interleave: no stage split keeps them
+            continue  # block kinds interleave, or a pinned recipe the schedule cannot run
         if cand.time_lower_bound() >= cutoff:
             continue
         if cand.memory_lower_bound() > budget:
