@@ -80,8 +80,9 @@ def test_mixed_tp_plan_parity(references, tmp_path):
 
     cpu.install()
     register()
+    techniques = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac"  # no pp
     job = parse_config(["--job.config_file", "train_configs/llama3_debug_auto.toml",
-                        *PARITY_OVERRIDES, "--parallelism.tensor_parallel_degree=2"])
+                        *PARITY_OVERRIDES, "--parallelism.tensor_parallel_degree=2", techniques])
     plan = plan_job(job, 4)
     dp = plan.mesh.dp_replicate * plan.mesh.dp_shard
     plan.local_batch_size = 2  # the tp ranks split it
@@ -96,7 +97,8 @@ def test_mixed_tp_plan_parity(references, tmp_path):
     seed, reference = references("llama3")
     result = run_job("llama3_debug_auto.toml", 4, tmp_path / "run",
                      [f"--autoparallel.plan_file={path}",
-                      "--parallelism.tensor_parallel_degree=2"], seed_checkpoint=seed)
+                      "--parallelism.tensor_parallel_degree=2", techniques],
+                     seed_checkpoint=seed)
     assert "tp-as-dp" in result.output and "tp+sp+ac:full" in result.output, result.output[-3000:]
     assert_parity(reference, result)
 
