@@ -119,7 +119,6 @@ class PipelineCandidate:
     beta: float
     fill_s: float
     """P2P hops of the fill and drain, exposed once per step."""
-    state_bytes: float = 0.0
     accum: int = 1
     per_step_s: float = 0.0
 
