@@ -47,6 +47,8 @@ from .cost.pipeline import (
     Split,
     StageBlockCost,
     backward_split,
+    boundary_bytes,
+    boundary_tensors,
     bubble,
     in_flight,
     microbatch_ok,
@@ -253,6 +255,8 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
     edge_time, edge_step, edge_memory, edge_state = {}, {}, {}, {}
     hop = cache.setdefault(("hop", mesh, microbatch),
                            p2p_s(graph, mesh, microbatch, prec, hw, gpus_per_node))
+    boundary = boundary_bytes(graph, mesh, microbatch, prec)
+    logits_held = microbatches if schedule == "GPipe" else 1  # the last stage's, in flight
     for t in types:
         kinds = [k for k, on in (("embedding", t.embedding), ("output", t.output)) if on]
         # sends: the stage outputs forward, the input gradients back, per stage and micro-batch
@@ -261,8 +265,11 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
                              + sends * hop * (1 - hw.comm_overlap))
         edge_step[t.name] = 0.0
         # embedding activations stay for every micro-batch in flight, the logits for one
+        # (all under GPipe); each stage's outputs in flight and the receive buffers
+        outputs = max(0.0, flight[t.name] * v - (1 if t.output else 0))
         edge_memory[t.name] = sum(edges[k].resident_bytes + edges[k].kept_bytes * (
-            flight[t.name] if k == "embedding" else 1.0) for k in kinds)
+            flight[t.name] if k == "embedding" else logits_held) for k in kinds) + boundary * (
+            outputs + boundary_tensors(v, microbatches, t.embedding, t.output))
         edge_state[t.name] = sum(edges[k].step_bytes for k in kinds)
     split_key = ("split", mesh, microbatch, hide_ep, keep_strategies)
     if split_key not in cache:

@@ -30,6 +30,17 @@ def _compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def _gathered(value: float) -> list[float]:
+    """``value`` from every rank, by global rank (one rank: just it)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return [value]
+    out: list[float] = [0.0] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
 def _make_trainer_class() -> type:
     from torchtitan.train import Trainer
 
@@ -74,10 +85,11 @@ def _make_trainer_class() -> type:
 
         def train_step(self, data_iterator: Any) -> None:
             self._microbatch = 0
-            measured = None
+            measured, by_rank = None, []
             start = time.perf_counter()
             if self.job_config.autoparallel.measure_memory and self.step == 2:
                 measured = self._measured_step(data_iterator)
+                by_rank = _gathered(measured["Total"])
             else:
                 super().train_step(data_iterator)
             elapsed = time.perf_counter() - start
@@ -102,6 +114,8 @@ def _make_trainer_class() -> type:
             if measured is not None:
                 row["measured_tensor_peak_gib"] = measured["Total"]
                 row["measured_tensor_peak_by_kind_gib"] = measured
+                # every rank's peak, by global rank (pp ranks differ under pipelining)
+                row["measured_tensor_peak_by_rank_gib"] = by_rank
             with open(path, "a") as f:
                 f.write(json.dumps(row) + "\n")
 
@@ -116,11 +130,12 @@ def _make_trainer_class() -> type:
             roots = {id(m) for m in self.model_parts}
 
             def new_microbatch(module: Any, args: Any) -> None:
-                # MemTracker refuses a module called twice (gradient accumulation); its
-                # per-module stats restart with each micro-batch, the global peak is kept.
+                # MemTracker refuses a root module called twice (gradient accumulation, pipeline
+                # micro-batches): the root's own stats restart with each micro-batch (its
+                # blocks' are kept for backwards still to run), the global peak is kept.
                 # Registered before MemTracker's own global hooks, so it runs first.
-                if id(module) in roots:
-                    tracker.reset_mod_stats()
+                if id(module) in roots and module in tracker.memory_tracking:
+                    del tracker.memory_tracking[module]
 
             handle = register_module_forward_pre_hook(new_microbatch)
             try:

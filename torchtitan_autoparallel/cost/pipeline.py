@@ -25,6 +25,9 @@ Activations in flight on pp rank ``r`` (in micro-batches of that rank's stages):
 2 (pp - 1 - r)`` stage forwards before the first backward (PyTorch's
 ``ScheduleInterleaved1F1B`` warm-up), each ``1 / v`` of the rank's layers; ZB-V holds as much as
 1F1B's first stage on every rank (Qi et al.), DualPipe ``pp + 1`` (DeepSeek-V3 report).
+Each stage also keeps its output of every micro-batch in flight for the backward, the last
+stage its logits (one micro-batch's, all of them under GPipe), and PyTorch's per-micro-batch
+receive buffers (``boundary_tensors``).
 
 Under PP, TorchTitan's FSDP keeps each stage's parameters unsharded and its gradients
 unreduced across the micro-batches of a step (PyTorch's ``PipelineStage`` turns resharding and
@@ -135,11 +138,28 @@ def in_flight(schedule: str, pp: int, v: int, m: int, rank: int) -> float:
     return min(m * v, warmup + 1) / v
 
 
+def boundary_bytes(graph: LayerGraph, mesh: Mesh, microbatch: int, prec: Precision) -> float:
+    """A micro-batch's residual stream at a stage boundary (sequence-sharded under TP + SP,
+    split by CP): what one stage sends the next, and the gradient sent back."""
+    return microbatch * graph.seq_len * graph.dim * prec.param_bytes / (mesh.tp * mesh.cp)
+
+
+def boundary_tensors(v: int, m: int, first: bool, last: bool) -> int:
+    """Boundary-sized tensors a pp rank with ``v`` stages holds through a step of ``m``
+    micro-batches (``first`` / ``last``: it runs the model's first / last stage). PyTorch's
+    ``PipelineStage`` allocates a receive buffer per micro-batch for each stage input, on which
+    backward leaves the input gradient until the next step, and one per micro-batch for each
+    output gradient."""
+    with_input = v - (1 if first else 0)
+    with_output_grad = v - (1 if last else 0)
+    return m * (2 * with_input + with_output_grad)
+
+
 def p2p_s(graph: LayerGraph, mesh: Mesh, microbatch: int, prec: Precision,
           hw: HardwareProfile, gpus_per_node: int) -> float:
-    """One stage-boundary send of a micro-batch's residual stream (sequence-sharded under TP
-    + SP, split by CP) to the neighbouring pp rank."""
-    nbytes = microbatch * graph.seq_len * graph.dim * prec.param_bytes / (mesh.tp * mesh.cp)
+    """One stage-boundary send of a micro-batch's residual stream to the neighbouring pp
+    rank."""
+    nbytes = boundary_bytes(graph, mesh, microbatch, prec)
     nodes = mesh.spans_nodes("pp", gpus_per_node)
     bw = (hw.inter_node_gbps if nodes else hw.intra_node_gbps) * 1e9
     alpha = (hw.inter_node_latency_us if nodes else hw.intra_node_latency_us) * 1e-6
