@@ -7,12 +7,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .cost.model import STATE_BYTES_PER_PARAM, STEP_BYTES_PER_PARAM
-from .exclusions import exclusion_notes
 from .graph.adapters import get_adapter
-from .plan import LayerPlan, Pipeline, Plan
+from .plan import Pipeline, Plan
 from .solver import block_classes
 from .solver_pipeline import PipelineCandidate, PipelineSolution, build_pipeline_candidate
-from .strategies import BlockStrategy, edge_strategy
+from .strategies import BlockStrategy
 
 if TYPE_CHECKING:
     from .planner import JobInputs
@@ -89,35 +88,24 @@ def plan_from_stages(inputs: JobInputs, cand: PipelineCandidate, stages: list[li
                      strategies: list[BlockStrategy], solver: dict[str, Any]) -> Plan:
     """Cost ``stages`` (module fqns per stage, in stage order) with one strategy per block on
     ``cand`` and write the Plan: per-layer, per-rank and whole-step predictions."""
-    from .planner import inputs_record
+    from .planner import layer_plans, plan_of
 
     graph = inputs.graph
     pp = cand.mesh.pp
     shape = Pipeline(cand.schedule, cand.stages_per_rank, cand.microbatches, cand.microbatch,
                      stages)
     rank_of_fqn = {fqn: shape.rank_of(s, pp) for s, stage in enumerate(stages) for fqn in stage}
-    classes = block_classes(graph, inputs.pins)
     per_rank: list[dict[tuple[str, BlockStrategy], int]] = [{} for _ in range(pp)]
-    layers = []
-    blocks = iter(zip(classes, strategies, strict=True))
-    for layer in graph.layers:
-        if layer.kind != "block":
-            edge = edge_strategy(layer.kind, cand.mesh)
-            layers.append(LayerPlan(layer.fqn, layer.kind, edge.ac, edge.reshard_after_forward,
-                                    edge.tp_mode))
-            continue
-        cls, strategy = next(blocks)
-        key = (cls, strategy)
+    for layer, key in zip(graph.blocks, zip(block_classes(graph, inputs.pins), strategies,
+                                            strict=True), strict=True):
         counts = per_rank[rank_of_fqn[layer.fqn]]
         counts[key] = counts.get(key, 0) + 1
-        cost = cand.costs[key]
-        pin = inputs.pins.get(layer.fqn)
-        layers.append(LayerPlan(
-            layer.fqn, "block", strategy.ac, strategy.reshard_after_forward, strategy.tp_mode,
-            time_ms=round(cost.time_s * 1e3, 6),
-            memory_mib=round((cost.resident_bytes + cost.act_bytes) / 2**20, 6),
-            ep=cand.mesh.ep if layer.expert_params else 1,
-            pinned=bool(pin and pin.whole)))
+
+    def predicted(cls: str, strategy: BlockStrategy) -> dict[str, float]:
+        cost = cand.costs[(cls, strategy)]
+        return {"time_ms": round(cost.time_s * 1e3, 6),
+                "memory_mib": round((cost.resident_bytes + cost.act_bytes) / 2**20, 6)}
+
     step, times, memory = cand.evaluate(per_rank)
     shape.bubble_fraction = round(cand.beta * max(times) / step, 6)
     shape.rank_time_ms = [round(t * 1e3, 6) for t in times]
@@ -128,27 +116,9 @@ def plan_from_stages(inputs: JobInputs, cand: PipelineCandidate, stages: list[li
         n * cand.costs[k].step_bytes for k, n in per_rank[r].items()))
         * STATE_BYTES_PER_PARAM / STEP_BYTES_PER_PARAM for r in range(pp)]
     shape.rank_state_gib = [round(b / 2**30, 6) for b in states]
-    state = max(states)
-    return Plan(
-        fingerprint=inputs.fingerprint,
-        mesh=cand.mesh,
-        global_batch_size=inputs.global_batch,
-        local_batch_size=cand.microbatch * cand.microbatches,
-        gradient_accumulation_steps=cand.accum,
-        seq_len=graph.seq_len,
-        layers=layers,
-        predicted={
-            "step_time_s": step,
-            "tokens_per_s": inputs.global_batch * graph.seq_len / step,
-            "peak_memory_gib": max(memory) / 2**30,
-            "state_memory_gib": state / 2**30,
-            "budget_gib": inputs.budget_bytes / 2**30,
-        },
-        solver={**solver, "objective": step},
-        pipeline=shape,
-        inputs=inputs_record(inputs),
-        notes=exclusion_notes(graph),
-    )
+    return plan_of(inputs, cand.mesh, cand.microbatch * cand.microbatches, cand.accum,
+                   layer_plans(inputs, cand.mesh, strategies, predicted), step, max(memory),
+                   max(states), solver, pipeline=shape)
 
 
 def pipeline_candidate_of(inputs: JobInputs, plan_mesh: Any, pipe: Pipeline

@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ from .graph.adapters import get_adapter
 from .graph.layer_graph import LayerGraph, build_layer_graph
 from .pins import Pin, recipe_from_config, recipe_of, resolve_pins
 from .pipeline_plan import build_pipeline_plan, recost_pipeline
-from .plan import LayerPlan, Mesh, Plan
+from .plan import LayerPlan, Mesh, Pipeline, Plan
 from .solver import Candidate, Solution, block_classes, build_candidate, search
 from .solver_pipeline import PipelineSolution, prefix_classes, search_pipeline
 from .strategies import (
@@ -342,55 +343,72 @@ def plan_job(job_config: Any, world: int) -> Plan:
     return build_plan(job, sol.candidate, _assign(job, sol), stats)
 
 
-def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrategy],
-               solver: dict[str, Any]) -> Plan:
-    """The Plan for running ``cand`` (mesh, micro-batch) with ``strategies`` for the blocks, in
-    block order, with its predicted step time and memory."""
-    graph = inputs.graph
-    classes = block_classes(graph, inputs.pins)
-    counts: dict[tuple[str, BlockStrategy], int] = {}
-    for cls, strategy in zip(classes, strategies, strict=True):
-        key = (cls, strategy)
-        counts[key] = counts.get(key, 0) + 1
-    step = cand.step_time(counts)
-    assigned = iter(zip(classes, strategies, strict=True))
+def layer_plans(inputs: JobInputs, mesh: Mesh, strategies: list[BlockStrategy],
+                predicted: Callable[[str, BlockStrategy], dict[str, float]]) -> list[LayerPlan]:
+    """One LayerPlan per layer: edges as ``mesh`` runs them, blocks with ``strategies`` (in
+    block order) and the per-layer predictions ``predicted(block class, strategy)`` gives."""
+    assigned = iter(zip(block_classes(inputs.graph, inputs.pins), strategies, strict=True))
     layers = []
-    for layer in graph.layers:
+    for layer in inputs.graph.layers:
         if layer.kind != "block":
-            edge = edge_strategy(layer.kind, cand.mesh)
+            edge = edge_strategy(layer.kind, mesh)
             layers.append(LayerPlan(layer.fqn, layer.kind, edge.ac, edge.reshard_after_forward,
                                     edge.tp_mode))
             continue
         cls, strategy = next(assigned)
-        cost = cand.costs[(cls, strategy)]
         pin = inputs.pins.get(layer.fqn)
         layers.append(LayerPlan(
             layer.fqn, "block", strategy.ac, strategy.reshard_after_forward, strategy.tp_mode,
-            time_ms=round(cost.time_s * 1e3, 6),
-            comm_ms=round(cost.exposed_comm_s * 1e3, 6),
-            memory_mib=round((cost.kept_bytes + cost.state_bytes) / 2**20, 6),
-            ep=cand.mesh.ep if layer.expert_params else 1,
+            **predicted(cls, strategy),
+            ep=mesh.ep if layer.expert_params else 1,
             pinned=bool(pin and pin.whole),
         ))
+    return layers
+
+
+def plan_of(inputs: JobInputs, mesh: Mesh, local_batch: int, accum: int,
+            layers: list[LayerPlan], step: float, peak_bytes: float, state_bytes: float,
+            solver: dict[str, Any], pipeline: Pipeline | None = None) -> Plan:
+    """The Plan record of a costed layout (step time in s, memory in bytes)."""
     return Plan(
         fingerprint=inputs.fingerprint,
-        mesh=cand.mesh,
+        mesh=mesh,
         global_batch_size=inputs.global_batch,
-        local_batch_size=cand.microbatch,
-        gradient_accumulation_steps=cand.accum,
-        seq_len=graph.seq_len,
+        local_batch_size=local_batch,
+        gradient_accumulation_steps=accum,
+        seq_len=inputs.graph.seq_len,
         layers=layers,
         predicted={
             "step_time_s": step,
-            "tokens_per_s": inputs.global_batch * graph.seq_len / step,
-            "peak_memory_gib": cand.memory(counts) / 2**30,
-            "state_memory_gib": cand.state_bytes / 2**30,
+            "tokens_per_s": inputs.global_batch * inputs.graph.seq_len / step,
+            "peak_memory_gib": peak_bytes / 2**30,
+            "state_memory_gib": state_bytes / 2**30,
             "budget_gib": inputs.budget_bytes / 2**30,
         },
         solver={**solver, "objective": step},
+        pipeline=pipeline,
         inputs=inputs_record(inputs),
-        notes=exclusion_notes(graph),
+        notes=exclusion_notes(inputs.graph),
     )
+
+
+def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrategy],
+               solver: dict[str, Any]) -> Plan:
+    """The Plan for running ``cand`` (mesh, micro-batch) with ``strategies`` for the blocks, in
+    block order, with its predicted step time and memory."""
+    counts: dict[tuple[str, BlockStrategy], int] = {}
+    for key in zip(block_classes(inputs.graph, inputs.pins), strategies, strict=True):
+        counts[key] = counts.get(key, 0) + 1
+
+    def predicted(cls: str, strategy: BlockStrategy) -> dict[str, float]:
+        cost = cand.costs[(cls, strategy)]
+        return {"time_ms": round(cost.time_s * 1e3, 6),
+                "comm_ms": round(cost.exposed_comm_s * 1e3, 6),
+                "memory_mib": round((cost.kept_bytes + cost.state_bytes) / 2**20, 6)}
+
+    return plan_of(inputs, cand.mesh, cand.microbatch, cand.accum,
+                   layer_plans(inputs, cand.mesh, strategies, predicted),
+                   cand.step_time(counts), cand.memory(counts), cand.state_bytes, solver)
 
 
 def candidate_for(inputs: JobInputs, mesh: Mesh, microbatch: int) -> Candidate:
