@@ -121,15 +121,18 @@ def _shard_routed_experts(experts: nn.Module, parallel_dims: Any, plan: Plan,
                 reshard_after_forward=reshard_after_forward, shard_placement_fn=placement)
 
 
-class _GatherOwnedRows(torch.autograd.Function):
-    """Identity forward; backward keeps this tp rank's block of rows of the gradient (the rows
-    it routed) and all-gathers the blocks of every tp rank, so each rank gets the full
-    gradient."""
+class _TpGradient(torch.autograd.Function):
+    """Identity forward over a tp mesh; the subclass's backward corrects the gradient."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, tp_mesh: Any) -> torch.Tensor:
         ctx.tp_mesh = tp_mesh
         return x.view_as(x)
+
+
+class _GatherOwnedRows(_TpGradient):
+    """Backward keeps this tp rank's block of rows of the gradient (the rows it routed) and
+    all-gathers the blocks of every tp rank, so each rank gets the full gradient."""
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -171,14 +174,9 @@ def reduce_sequence_parallel_moe_grads(moe: nn.Module, tp_mesh: Any) -> None:
     moe.register_forward_pre_hook(input_hook)
 
 
-class _SumGradOverTp(torch.autograd.Function):
-    """Identity forward; backward all-reduces (sums) the gradient over tp, for a tensor that is
-    replicated over tp but whose gradient each tp rank only holds a partial sum of."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, tp_mesh: Any) -> torch.Tensor:
-        ctx.tp_mesh = tp_mesh
-        return x.view_as(x)
+class _SumGradOverTp(_TpGradient):
+    """Backward all-reduces (sums) the gradient over tp, for a tensor that is replicated over
+    tp but whose gradient each tp rank only holds a partial sum of."""
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
