@@ -1,12 +1,15 @@
 """Cross-plan resume: a DCP checkpoint saved under one plan (auto, world 4) loads under another
 (TorchTitan's TP recipe, world 2) and training continues as if uninterrupted."""
 
+import pytest
+
 from parity import SINGLE_RANK, assert_parity, make_seed_checkpoint, run_job
 
 # the learning rate must not depend on the total step count (constant after warmup)
 SCHEDULE = ["--lr_scheduler.min_lr_factor=1.0"]
 
 
+@pytest.mark.slow  # four runs (90 s on 2 cores), measured passing; ``-m slow`` runs it
 def test_resume_under_another_plan_and_world_size(tmp_path):
     seed = make_seed_checkpoint("llama3_debug_fsdp.toml", tmp_path / "seed")
     folder = tmp_path / "ckpt"

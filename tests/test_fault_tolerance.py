@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from parity import REPO, RunResult, assert_parity, job_command, read_rows, run_job
 
 CONFIG = "llama3_debug_auto.toml"
@@ -75,6 +77,7 @@ def resumed_from(result: RunResult) -> int:
     return result.rows[0]["step"] - 1
 
 
+@pytest.mark.slow  # 80 s on 2 cores, measured passing; ``-m slow`` runs it
 def test_killed_rank_resumes_with_the_same_plan(tmp_path):
     full = run_job(CONFIG, 2, tmp_path / "full", checkpointed(tmp_path / "ckpt_full"))
     assert full.returncode == 0, full.output[-3000:]
