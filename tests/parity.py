@@ -63,6 +63,7 @@ def job_command(
     comm_mode: str = "",
     seed_checkpoint: Path | None = None,
     parity: bool = True,
+    preflight: bool = False,
 ) -> tuple[list[str], dict[str, str], Path]:
     """The ``run_train.sh`` command line, environment and metrics file of a job (see
     ``run_job``)."""
@@ -81,6 +82,9 @@ def job_command(
         "CONFIG_FILE": str(REPO / "train_configs" / config) if "/" not in config else config,
         "LOG_RANK": "0",
         "COMM_MODE": comm_mode,
+        # run_train.sh's one-process preflight only checks what the ranks check again (its
+        # output is discarded); off unless asked for (test_bad_inputs.py runs it on bad input)
+        "PREFLIGHT": "1" if preflight else "0",
         "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
     }
     cmd = [
@@ -109,16 +113,18 @@ def run_job(
     comm_mode: str = "",
     seed_checkpoint: Path | None = None,
     parity: bool = True,
+    preflight: bool = False,
 ) -> RunResult:
     """Run ``run_train.sh`` and return its exit code, output and per-step metrics rows.
 
-    ``parity`` adds PARITY_OVERRIDES (short, small, fp32, seeded). With ``seed_checkpoint``
+    ``parity`` adds PARITY_OVERRIDES (short, small, fp32, seeded); ``preflight`` runs
+    run_train.sh's one-process check before the ranks, as users get it. With ``seed_checkpoint``
     the run starts from those weights (made by ``make_seed_checkpoint``) instead of its own
     initialisation: random init of sharded DTensors on CPU is not
     sharding-invariant, a seed checkpoint is (TorchTitan's own numerics tests do the same).
     """
     cmd, env, metrics = job_command(config, ngpu, tmp_path, overrides, comm_mode,
-                                    seed_checkpoint, parity)
+                                    seed_checkpoint, parity, preflight)
     proc = subprocess.run(
         cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )

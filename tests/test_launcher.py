@@ -23,7 +23,7 @@ def launch(env: dict, *args: str, timeout: int = 300) -> subprocess.CompletedPro
 
 def test_main_job_trains_with_falling_loss(tmp_path: Path):
     """The README's job: llama3 debug with auto = true on 4 ranks, 10 steps."""
-    result = run_job("llama3_debug_auto.toml", 4, tmp_path, parity=False)
+    result = run_job("llama3_debug_auto.toml", 4, tmp_path, parity=False, preflight=True)
     assert "autoparallel plan" in result.output, result.output[-4000:]
     assert result.returncode == 0, result.output[-4000:]
     losses = result.losses
