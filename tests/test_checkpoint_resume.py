@@ -9,7 +9,7 @@ from parity import SINGLE_RANK, assert_parity, make_seed_checkpoint, run_job
 SCHEDULE = ["--lr_scheduler.min_lr_factor=1.0"]
 
 
-@pytest.mark.slow  # four runs (90 s on 2 cores), measured passing; ``-m slow`` runs it
+@pytest.mark.slow  # four runs (50 s on 2 cores), measured passing; ``-m slow`` runs it
 def test_resume_under_another_plan_and_world_size(tmp_path):
     seed = make_seed_checkpoint("llama3_debug_fsdp.toml", tmp_path / "seed")
     folder = tmp_path / "ckpt"

@@ -77,7 +77,7 @@ def resumed_from(result: RunResult) -> int:
     return result.rows[0]["step"] - 1
 
 
-@pytest.mark.slow  # 80 s on 2 cores, measured passing; ``-m slow`` runs it
+@pytest.mark.slow  # 55 s on 2 cores, measured passing; ``-m slow`` runs it
 def test_killed_rank_resumes_with_the_same_plan(tmp_path):
     full = run_job(CONFIG, 2, tmp_path / "full", checkpointed(tmp_path / "ckpt_full"))
     assert full.returncode == 0, full.output[-3000:]

@@ -77,7 +77,7 @@ def test_moe_auto_parity(case, references, tmp_path):
                 "KNOWN_GRAD_NORM_DIVERGENCE")
 
 
-@pytest.mark.slow  # its own seed and reference (125 s on 2 cores), measured passing
+@pytest.mark.slow  # its own seed and reference run, measured passing; ``-m slow`` runs it
 def test_qwen3_moe_auto_parity(tmp_path):
     """qwen3's MoE flavor (64 experts, top-8, no shared expert): an auto plan with ep = 2 on 2
     ranks matches 1 rank."""
