@@ -153,6 +153,17 @@ PROFILE_RULES: dict[str, Rule] = {
     "recompute_grad_factor": Rule(float, ge=0),
     "pcie_gbps": Rule(float, ge=0),
     "host_optimizer_gbps": Rule(float, ge=0),
+    "gemm_table": Rule(str),
+    "clock_scale": Rule(float, gt=0, le=2),
+    "float8_gemm_speedup": Rule(float, gt=0, le=4),
+    "float8_rowwise_gemm_speedup": Rule(float, gt=0, le=4),
+    "attention_fwd_tflops": Rule(float, ge=0),
+    "attention_bwd_tflops": Rule(float, ge=0),
+    "attention_half_seq": Rule(float, ge=0),
+    "intra_node_half_mib": Rule(float, ge=0),
+    "inter_node_half_mib": Rule(float, ge=0),
+    "nccl_sm_fraction": Rule(float, ge=0, le=0.9),
+    "provenance": Rule(dict),
 }
 """Hardware profile fields (cost/hardware.py). Fields without a row: finite and >= 0."""
 

@@ -22,8 +22,6 @@ class HardwareProfile:
     name: str
     peak_tflops: float
     """Peak dense throughput in the training dtype, TFLOP/s."""
-    matmul_efficiency: float
-    """Achieved fraction of peak on the model's GEMMs."""
     memory_gib: float
     """Device memory."""
     usable_memory_fraction: float
@@ -37,6 +35,8 @@ class HardwareProfile:
     inter_node_latency_us: float
     comm_overlap: float
     """Fraction of a layer's compute under which its FSDP collectives can hide (0..1)."""
+    matmul_efficiency: float = 1.0
+    """Achieved fraction of peak on the model's GEMMs, where the profile has no GEMM table."""
     grouped_mm: bool = True
     """Grouped GEMMs for routed experts (TorchTitan uses them from SM90 on); without them each
     local expert's three GEMMs are separate kernels, forward and backward."""
@@ -100,6 +100,44 @@ class HardwareProfile:
     host_optimizer_gbps: float = 0.0
     """AdamW on the host (CPU offload): GB/s of optimizer state (16 B per parameter) updated."""
 
+    gemm_table: str = ""
+    """Measured GEMM throughput by shape (``profiles/kernels/<name>.csv``); "" = GEMMs at
+    ``peak_tflops x matmul_efficiency`` (the CPU profile)."""
+    clock_scale: float = 1.0
+    """Sustained GEMM / attention throughput of this device / the GEMM table's device (clock
+    and power limit)."""
+    float8_gemm_speedup: float = 1.0
+    """Compute-bound float8 (tensorwise, cuBLAS) GEMM throughput / bf16 at the same shape."""
+    float8_rowwise_gemm_speedup: float = 1.0
+    """The same for rowwise-scaled float8 GEMMs (CUTLASS rowwise kernels)."""
+    attention_fwd_tflops: float = 0.0
+    """Flash-attention forward throughput on long sequences (causal FLOPs), TFLOP/s."""
+    attention_bwd_tflops: float = 0.0
+    """Flash-attention backward throughput (2.5x the forward's FLOPs), TFLOP/s."""
+    attention_half_seq: float = 0.0
+    """Sequence length at which flash attention reaches half its long-sequence throughput."""
+    intra_node_half_mib: float = 0.0
+    """Message size at which NCCL reaches half of ``intra_node_gbps`` (0: flat bandwidth)."""
+    inter_node_half_mib: float = 0.0
+    """The same across nodes."""
+    nccl_sm_fraction: float = 0.0
+    """Fraction of the device's SMs NCCL's kernels hold while a collective overlaps compute."""
+    provenance: tuple[tuple[str, str], ...] = ()
+    """Where each constant comes from: (field, "datasheet: ..." / "measured: ..." /
+    "fitted: ..." / "assumed: ...")."""
+
+    def __post_init__(self) -> None:
+        pairs = self.provenance.items() if isinstance(self.provenance, dict) else self.provenance
+        object.__setattr__(self, "provenance", tuple((str(k), str(v)) for k, v in pairs))
+
+    def source(self, name: str) -> str:
+        """Where the constant ``name`` comes from ("" if the profile does not say)."""
+        return dict(self.provenance).get(name, "")
+
+    def assumed(self) -> list[str]:
+        """The constants the profile marks as assumed."""
+        return [k for k, v in self.provenance if v.startswith("assumed")]
+
     @property
     def flops_per_s(self) -> float:
         return self.peak_tflops * 1e12 * self.matmul_efficiency
@@ -137,4 +175,20 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"hardware profile {path} is malformed: {shown(exc, 200)}") from exc
     check_profile_data(data, str(path))
+    check_provenance(data, str(path))
     return HardwareProfile(**data)
+
+
+PROVENANCE_KINDS = ("datasheet", "measured", "fitted", "assumed")
+
+
+def check_provenance(data: dict, source: str) -> None:
+    """Every constant of a profile file has a ``[provenance]`` entry saying where it comes
+    from: ``datasheet: ...``, ``measured: ...``, ``fitted: ...`` or ``assumed: ...``."""
+    sources = data.get("provenance", {})
+    for key in sorted(set(data) - {"name", "provenance"}):
+        text = sources.get(key, "")
+        if not isinstance(text, str) or text.split(":", 1)[0].strip() not in PROVENANCE_KINDS:
+            raise UserError(
+                f"hardware profile {source}: {key} has no provenance; add "
+                f"provenance.{key} = \"datasheet|measured|fitted|assumed: where it comes from\"")

@@ -18,6 +18,7 @@ from ..features import EAGER, Features
 from ..graph.layer_graph import Layer, LayerGraph
 from ..plan import Mesh
 from ..strategies import BlockStrategy, edge_strategy
+from . import kernels
 from .hardware import HardwareProfile
 
 # activation checkpointing: (fraction of activations kept, fraction of forward recomputed)
@@ -77,11 +78,18 @@ def autocast(mesh: Mesh, prec: Precision) -> bool:
 
 
 def collective_s(kind: str, nbytes: float, group: int, spans_nodes: bool,
-                 hw: HardwareProfile) -> float:
-    """Time of one ring collective of ``nbytes`` (full buffer) over ``group`` ranks."""
+                 hw: HardwareProfile, rails: int = 1) -> float:
+    """Time of one ring collective of ``nbytes`` (full buffer) over ``group`` ranks: a latency
+    per ring step and the bytes each rank moves at the link's bus bandwidth for that message
+    size (saturating in the size where the profile gives ``*_half_mib``). Across nodes NCCL
+    runs one ring per network rail: a group with ``rails`` members on each node moves its
+    bytes over that many NICs at once (never faster than inside the node)."""
     if group <= 1 or nbytes <= 0:
         return 0.0
-    bw = (hw.inter_node_gbps if spans_nodes else hw.intra_node_gbps) * 1e9
+    peak = (min(hw.intra_node_gbps, rails * hw.inter_node_gbps) if spans_nodes
+            else hw.intra_node_gbps)
+    half = (hw.inter_node_half_mib if spans_nodes else hw.intra_node_half_mib) * 2**20
+    bw = kernels.bus_gbps(nbytes, peak, half) * 1e9
     alpha = (hw.inter_node_latency_us if spans_nodes else hw.intra_node_latency_us) * 1e-6
     factor = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0, "all_to_all": 1.0}[kind]
     return factor * ((group - 1) * alpha + (group - 1) / group * nbytes / bw)
@@ -112,23 +120,119 @@ def gemm_speedup(layer: Layer, mesh: Mesh, strategy: BlockStrategy, hw: Hardware
     return flops / time
 
 
+def _seq_tokens(layer: Layer) -> float:
+    """Tokens of one sequence (the linears' input elements / their summed input widths)."""
+    width = sum(k for k, _ in layer.linear_shapes)
+    return layer.linear_input_elements / width if width else 0.0
+
+
+def _tp_split(k: int, n: int, tp: int) -> tuple[float, float]:
+    """A linear's local (in, out) under tensor parallelism: the wider side is split
+    (colwise wq / w1 / w3 split their outputs, rowwise wo / w2 their inputs)."""
+    return (k / tp, n) if k > n else (k, n / tp)
+
+
+def gemm_times(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+               hw: HardwareProfile, features: Features) -> tuple[float, float]:
+    """(forward, backward) seconds of the block's dense linears from the profile's measured
+    GEMM table, each linear's three GEMMs at their own local shapes. float8 linears: the
+    compute-bound part of each GEMM (its throughput / the table's plateau) runs
+    ``float8_gemm_speedup`` (tensorwise) or ``float8_rowwise_gemm_speedup`` faster, the rest
+    (launch- and memory-bound) does not; under async TP the all-gathered GEMMs run in tp chunks."""
+    tp = mesh.tp if strategy.tp_mode == "sp" else 1
+    batch_split = mesh.tp if strategy.tp_mode == "dp" else 1
+    tokens = _seq_tokens(layer) * microbatch / (mesh.cp * batch_split)
+    speedup = {"float8_tensorwise": hw.float8_gemm_speedup,
+               "float8_rowwise": hw.float8_rowwise_gemm_speedup,
+               "float8_rowwise_with_gw_hp": hw.float8_rowwise_gemm_speedup,
+               "mx": hw.mx_speedup}.get(features.linear, 1.0)
+    # the weight-gradient GEMM stays bf16 with rowwise_with_gw_hp
+    wgrad_speedup = 1.0 if features.linear == "float8_rowwise_with_gw_hp" else speedup
+    plateau = kernels.table_flops(hw.gemm_table, "bf16", *GEMM_PLATEAU)
+    chunks = tp if features.async_tp and tp > 1 else 1
+    fwd = bwd = 0.0
+    for k, n in layer.linear_shapes:
+        k_loc, n_loc = _tp_split(k, n, tp)
+        shapes = ((tokens / chunks, n_loc, k_loc, chunks), (tokens / chunks, k_loc, n_loc, chunks),
+                  (k_loc, n_loc, tokens, 1))
+        times = []
+        for (m, nn, kk, count), fast in zip(shapes, (speedup, speedup, wgrad_speedup), strict=True):
+            t = count * kernels.gemm_s(m, nn, kk, hw.gemm_table, hw.clock_scale)
+            if fast != 1.0:
+                bound = min(1.0, kernels.table_flops(hw.gemm_table, "bf16", m, nn, kk) / plateau)
+                t *= bound / fast + 1.0 - bound
+            times.append(t)
+        fwd += times[0]
+        bwd += times[1] + times[2]
+    return fwd, bwd
+
+
+def attention_times(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfile
+                    ) -> tuple[float, float]:
+    """(forward, backward) seconds of the block's attention: flash-attention throughput by
+    sequence length, saturating as ``peak * s / (s + s_half)`` (profile fields from public
+    flash-attention benchmarks), per direction."""
+    if not layer.attn_flops:
+        return 0.0, 0.0
+    seq = _seq_tokens(layer) / mesh.cp
+    flops = layer.attn_flops * microbatch / (mesh.tp * mesh.cp)
+    sat = seq / (seq + hw.attention_half_seq) if hw.attention_half_seq else 1.0
+    fwd = flops / (hw.attention_fwd_tflops * 1e12 * hw.clock_scale * sat)
+    bwd = 2.5 * flops / (hw.attention_bwd_tflops * 1e12 * hw.clock_scale * sat)
+    return fwd, bwd
+
+
+FLOAT8_CAST_KERNELS = {False: (3, 5), True: (6, 10)}
+"""Cast / amax / transpose kernels per float8 linear, forward and backward (tensorwise: amax and
+cast of the input and weight, then of the output gradient and the transposed operands;
+rowwise casts each operand along both dims)."""
+LOSS_FWD_BYTES = 18.0
+LOSS_BWD_BYTES = 18.0
+"""Bytes moved per logit by TorchTitan's eager cross-entropy (fp32), forward / backward."""
+FSDP_COPY_BYTES_PER_PARAM = 18.0
+"""Device-memory traffic per parameter of one FSDP2 gather + reduce-scatter round: the
+all-gather's copy-out into the unsharded bf16 parameters (2 B read + 2 written), the bf16
+gradients cast to the fp32 reduce dtype (2 + 4) and the reduce-scatter's copy-in (4 + 4)."""
+GEMM_PLATEAU = (8192.0, 8192.0, 8192.0)
+"""A shape past every table's grid: the table's large-GEMM throughput."""
+
+
 def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
               hw: HardwareProfile, prec: Precision, features: Features) -> tuple[float, float]:
     """(forward, forward + backward + recomputation) compute time of one micro-batch: GEMMs
-    at the profile's efficiency (sped up by float8 / MX linears), attention at its own, and
-    the streaming kernels between them at device-memory bandwidth (each eager op reads and
-    writes its operands; compiled, only the GEMM operands move once), plus float8 casts."""
+    (from the measured GEMM table where the profile has one, else at the profile's flat
+    efficiency, sped up by float8 / MX linears), attention, and the streaming kernels between
+    them at device-memory bandwidth (each eager op reads and writes its operands; compiled,
+    only the GEMM operands move once), plus float8 casts."""
     _, recompute_frac = AC_EFFECT[strategy.ac]
     # cp splits every sequence (head-tail load balancing evens out causal attention)
     scale = microbatch / (mesh.tp * mesh.cp)
-    attn = layer.attn_flops * scale / hw.attention_flops_per_s
     # routed experts run grouped GEMMs (low precision with quantize.grouped_mm.*, rowwise
     # scaled), everything else nn.Linear GEMMs (low precision with quantize.linear.*)
-    grouped = {"float8": hw.float8_rowwise_speedup, "mx": hw.mx_speedup}.get(
-        features.grouped_mm, 1.0)
-    dense = layer.fwd_flops - layer.attn_flops - layer.expert_flops
-    gemm = (dense / gemm_speedup(layer, mesh, strategy, hw, features)
-            + layer.expert_flops / grouped) * scale / hw.flops_per_s
+    if hw.gemm_table:
+        gemm_fwd, gemm_bwd = gemm_times(layer, mesh, strategy, microbatch, hw, features)
+        attn_fwd, attn_bwd = attention_times(layer, mesh, microbatch, hw)
+        rate = kernels.table_flops(hw.gemm_table, "bf16", *GEMM_PLATEAU) * hw.clock_scale
+        if layer.expert_flops:
+            grouped = {"float8": hw.float8_rowwise_gemm_speedup, "mx": hw.mx_speedup}.get(
+                features.grouped_mm, 1.0)
+            expert = layer.expert_flops * scale / (rate * grouped)
+            gemm_fwd, gemm_bwd = gemm_fwd + expert, gemm_bwd + 2.0 * expert
+        # GEMMs outside the linears' shapes (the output projection, MLA's einsums): large,
+        # at the table's plateau
+        covered = 2.0 * _seq_tokens(layer) * sum(k * n for k, n in layer.linear_shapes)
+        rest = max(0.0, layer.fwd_flops - layer.attn_flops - layer.expert_flops - covered)
+        gemm_fwd += rest * scale / rate
+        gemm_bwd += 2.0 * rest * scale / rate
+    else:
+        grouped = {"float8": hw.float8_rowwise_speedup, "mx": hw.mx_speedup}.get(
+            features.grouped_mm, 1.0)
+        dense = layer.fwd_flops - layer.attn_flops - layer.expert_flops
+        gemm_fwd = (dense / gemm_speedup(layer, mesh, strategy, hw, features)
+                    + layer.expert_flops / grouped) * scale / hw.flops_per_s
+        gemm_bwd = 2.0 * gemm_fwd
+        attn_fwd = layer.attn_flops * scale / hw.attention_flops_per_s
+        attn_bwd = hw.attention_backward_factor * attn_fwd
     stream = cast_fwd = cast_bwd = 0.0
     if hw.hbm_gbps > 0:
         # traffic was measured in a bf16 forward (io_bytes: fp32); compiled, the residual
@@ -139,10 +243,28 @@ def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
         if features.linear != "none":
             elements = layer.linear_input_elements * scale
             fwd_b, bwd_b = FLOAT8_CAST_BYTES[features.compile]
+            if features.linear.startswith("float8_rowwise"):
+                # rowwise scales run along each GEMM's reduction dim: every operand is cast
+                # twice (row- and column-wise), and weights too (no float8 all-gather)
+                fwd_b, bwd_b = fwd_b * 2, bwd_b * 2
             cast_fwd = elements * fwd_b / (hw.hbm_gbps * 1e9)
             cast_bwd = elements * bwd_b / (hw.hbm_gbps * 1e9)
-    fwd = gemm + attn + stream + cast_fwd
-    bwd = 2.0 * gemm + hw.attention_backward_factor * attn + 2.0 * stream + cast_bwd
+            if hw.gemm_table:
+                # each cast / amax is a kernel of its own with a launch-bound floor
+                fwd_k, bwd_k = FLOAT8_CAST_KERNELS[features.linear.startswith("float8_rowwise")]
+                launch = len(layer.linear_shapes) * hw.kernel_launch_us * 1e-6
+                cast_fwd += fwd_k * launch
+                cast_bwd += bwd_k * launch
+    loss_fwd = loss_bwd = 0.0
+    if layer.kind == "output" and hw.hbm_gbps > 0 and hw.gemm_table:
+        # the eager cross-entropy on fp32 logits (saved_bytes: one sequence's fp32 logits):
+        # upcast (2 B read, 4 B written), log-softmax (max, sum and output passes: 12 B),
+        # and in backward its gradient (8 B read, 4 B written) and the downcast (4 + 2 B)
+        logits = layer.saved_bytes / 4 * scale
+        loss_fwd = logits * LOSS_FWD_BYTES / (hw.hbm_gbps * 1e9)
+        loss_bwd = logits * LOSS_BWD_BYTES / (hw.hbm_gbps * 1e9)
+    fwd = gemm_fwd + attn_fwd + stream + cast_fwd + loss_fwd
+    bwd = gemm_bwd + attn_bwd + 2.0 * stream + cast_bwd + loss_bwd
     return fwd, fwd + bwd + recompute_frac * fwd
 
 
@@ -173,8 +295,13 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
             # TorchTitan's float8 TP styles all-gather in float8: half of the collectives
             # (the all-gathers, forward and backward) move 1 byte per element, not 2
             tp_comm *= 0.5 + 0.5 * (1.0 / prec.param_bytes)
-        if features.async_tp:
-            # micro-pipelined: the collectives run in chunks under the neighbouring GEMMs
+        if features.async_tp and hw.gemm_table:
+            # micro-pipelined (copy engines, no SMs): each chunk's transfer hides under the
+            # previous chunk's GEMM (the GEMMs, run in tp chunks, are costed in compute); the
+            # first chunk and what outlasts the GEMMs stay exposed
+            gemm_fwd, gemm_bwd = gemm_times(layer, mesh, strategy, microbatch, hw, features)
+            tp_comm = max(tp_comm / mesh.tp, tp_comm - gemm_fwd - gemm_bwd)
+        elif features.async_tp:
             tp_comm *= 1.0 - hw.async_tp_overlap
     elif strategy.tp_mode == "dp":
         # residual stream sequence-shard <-> batch-shard: one all-to-all at entry and exit,
@@ -219,9 +346,15 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     for n_params, split, group in groups:
         gathered_bytes = (1.0 - low) * prec.param_bytes + low * 1.0
         pb, gb = n_params * gathered_bytes / split, n_params * prec.reduce_bytes / split
-        ag += collective_s("all_gather", pb, group, ds_nodes, hw)
-        rs += collective_s("reduce_scatter", gb, group, ds_nodes, hw)
-        ar += collective_s("all_reduce", gb / group, mesh.dp_replicate, rep_nodes, hw)
+        # members of the group on one node (ranks are node-major; the group is strided by
+        # the dims inside it)
+        rails = max(1, min(group, gpus_per_node * group // max(mesh.dp_shard * mesh.cp
+                                                                * mesh.tp, 1)))
+        rep_rails = max(1, gpus_per_node // (mesh.dp_shard * mesh.cp * mesh.tp))
+        ag += collective_s("all_gather", pb, group, ds_nodes, hw, rails)
+        rs += collective_s("reduce_scatter", gb, group, ds_nodes, hw, rails)
+        ar += collective_s("all_reduce", gb / group, mesh.dp_replicate, rep_nodes, hw,
+                           rep_rails)
         unsharded += pb
         gbytes += gb
         if group > 1:
@@ -231,6 +364,12 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     fwd_comm = ag
     bwd_comm = (ag if strategy.reshard_after_forward else 0.0) + rs + ar
     copy_s = copied / (hw.host_copy_gbps * 1e9) if hw.host_copy_gbps > 0 else 0.0
+    if hw.gemm_table and hw.hbm_gbps > 0:
+        # FSDP2's copy-out / cast / copy-in kernels run on the device between the blocks
+        # (4 B per parameter per gather of FSDP_COPY_BYTES_PER_PARAM, the rest per reduce)
+        per_param = FSDP_COPY_BYTES_PER_PARAM - 4.0 + 4.0 * gathers
+        copy_s += sum(n * per_param / split for n, split, group in groups if group > 1) / (
+            hw.hbm_gbps * 1e9)
     if features.cpu_offload and hw.pcie_gbps > 0:
         # sharded parameters come from host memory for every all-gather, reduced gradient
         # shards go back (FSDP's CPUOffloadPolicy), on the training stream
@@ -243,6 +382,10 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     exposed = max(0.0, fwd_comm - hw.comm_overlap * fwd) + max(
         0.0, bwd_comm - hw.comm_overlap * (compute - fwd)
     )
+    # while a collective runs beside compute, NCCL's kernels hold SMs: the overlapped compute
+    # runs on the rest of the device
+    compute += hw.nccl_sm_fraction * (min(fwd_comm, hw.comm_overlap * fwd)
+                                      + min(bwd_comm, hw.comm_overlap * (compute - fwd)))
     if layer.num_experts and not (hw.grouped_mm and grouped_experts):
         # one GEMM per local expert and projection: 3 forward, 6 backward (+3 recomputed)
         local = layer.num_experts // (mesh.ep if ep > 1 else 1)

@@ -1,0 +1,110 @@
+"""The kernel-level cost model against the kernel data it is built from (held-out shapes) and
+against kernel data it never saw (torchao's float8 linear micro-benchmarks), and the profiles'
+provenance."""
+
+import csv
+import statistics
+from pathlib import Path
+
+import pytest
+
+from torchtitan_autoparallel.cost import kernels
+from torchtitan_autoparallel.cost.hardware import available_profiles, load_profile
+from torchtitan_autoparallel.cost.model import Precision, compute_s
+from torchtitan_autoparallel.errors import UserError
+from torchtitan_autoparallel.features import Features
+from torchtitan_autoparallel.graph.layer_graph import Layer
+from torchtitan_autoparallel.plan import Mesh
+from torchtitan_autoparallel.strategies import BlockStrategy
+
+KERNELS = kernels.KERNEL_DIR
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path) as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+@pytest.mark.parametrize("axis", ["m", "n", "k"])
+def test_gemm_interpolation_predicts_held_out_shapes(tmp_path, axis):
+    """Drop every shape whose ``axis`` is 2048 (a fifth of the table) from the measured sm_90 table and
+    predict those shapes from the rest: median error within 10 %."""
+    rows = [r for r in _rows(KERNELS / "gemm_sm_90.csv") if r["b"] == "1" and r["dtype"] == "bf16"]
+    held = [r for r in rows if r[axis] == "2048"]
+    kept = [r for r in rows if r[axis] != "2048"]
+    path = tmp_path / f"held_out_{axis}.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(kept[0]))
+        writer.writeheader()
+        writer.writerows(kept)
+    name = str(path)
+    errors = [abs(kernels.table_flops(name, "bf16", int(r["m"]), int(r["n"]), int(r["k"]))
+                  / float(r["flops_per_s"]) - 1) for r in held]
+    assert len(held) == 25 and statistics.median(errors) <= 0.10, statistics.median(errors)
+
+
+def _linear_layer(m: int, k: int, n: int) -> Layer:
+    """One linear (k -> n) over m tokens, as the layer graph describes a block."""
+    return Layer(fqn="x", kind="block", params=k * n, fwd_flops=2.0 * m * k * n,
+                 saved_bytes=0.0, io_bytes=4.0 * m * k, signature="x",
+                 gemm_io_bytes=2.0 * m * (k + n), linear_shapes=((k, n),),
+                 linear_input_elements=float(m * k))
+
+
+def _float8_speedup(m: int, k: int, n: int, recipe: str, hw) -> float:
+    layer, mesh = _linear_layer(m, k, n), Mesh(1, 1, 1)
+    strategy, prec = BlockStrategy("none", False), Precision(2, 4)
+    bf16 = compute_s(layer, mesh, strategy, 1, hw, prec, Features(compile=True))[1]
+    f8 = compute_s(layer, mesh, strategy, 1, hw, prec,
+                   Features(compile=True, linear=f"float8_{recipe}"))[1]
+    return bf16 / f8
+
+
+def test_float8_rowwise_loses_on_small_linears_and_wins_on_large_ones():
+    """torchao's float8 rowwise micro-benchmark on H100 (never used to build the model): where
+    it measured a clear loss (< 0.9x) the model predicts a loss, where it measured a clear win
+    (> 1.1x) the model predicts a win, on at least 75 % of those shapes (77 % now: the
+    model is optimistic for rowwise where N <= 2048)."""
+    hw = load_profile("h100_sxm")
+    rows = _rows(KERNELS / "float8_rowwise_torchao_h100.csv")
+    clear = [r for r in rows if abs(float(r["speedup_vs_bf16"]) - 1) > 0.1]
+    agree = [(float(r["speedup_vs_bf16"]) > 1) == (
+        _float8_speedup(int(r["M"]), int(r["K"]), int(r["N"]), "rowwise", hw) > 1)
+        for r in clear]
+    assert len(clear) >= 100 and sum(agree) / len(agree) >= 0.75, sum(agree) / len(agree)
+
+
+def test_float8_tensorwise_has_a_crossover():
+    """Small GEMMs lose under float8 (casts and launch-bound GEMMs), large ones win."""
+    hw = load_profile("h100_sxm")
+    assert _float8_speedup(1024, 1024, 1024, "tensorwise", hw) < 1.0
+    assert _float8_speedup(16384, 8192, 8192, "tensorwise", hw) > 1.2
+    assert (_float8_speedup(16384, 8192, 8192, "rowwise", hw)
+            < _float8_speedup(16384, 8192, 8192, "tensorwise", hw))
+
+
+@pytest.mark.parametrize("name", available_profiles())
+def test_every_profile_constant_has_a_provenance(name):
+    hw = load_profile(name)
+    kinds = {v.split(":", 1)[0] for _, v in hw.provenance}
+    assert kinds <= {"datasheet", "measured", "fitted", "assumed"}
+    assert len(hw.provenance) >= 15
+
+
+def test_gpu_profiles_run_one_model():
+    """Every GPU profile sets the same kernel-level fields (no feature free on one of them)."""
+    gpu = [load_profile(n) for n in available_profiles() if n != "cpu"]
+    assert {p.name for p in gpu} >= {"h100_sxm", "h100_grand_teton", "h200_sxm", "a100_sxm",
+                                     "b200"}
+    fields = {frozenset(k for k, _ in p.provenance) for p in gpu}
+    assert len(fields) == 1
+    assert all(p.gemm_table and p.attention_fwd_tflops and p.hbm_gbps for p in gpu)
+
+
+def test_profile_without_provenance_is_refused(tmp_path):
+    text = (KERNELS.parent / "h100_sxm.toml").read_text()
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("hbm_gbps = \""))
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(UserError, match="hbm_gbps has no provenance"):
+        load_profile(str(path))
