@@ -90,19 +90,19 @@ def test_refitted_cpu_profile_predicts_unseen_sweeps_at_least_as_well() -> None:
 
 
 def test_fit_on_the_h200_runs_reproduces_their_accuracy() -> None:
-    """The single-H200 runs: the fit gives back the committed h200_sxm compute constants
-    (fitted to them by hand) and its in-sample accuracy (h200_model.md: second sweep Spearman
-    1.000, median error 3.6 %; first 0.943, 5.3 %)."""
+    """The single-H200 runs (experiments/results/h200_model.md): fitting the sustained clock
+    and the per-micro-batch host time to them ranks both sweeps right and reaches a median
+    error within 5 %. (The shipped h200_sxm profile is not fitted: its kernel constants
+    predict these runs within 12-17 % median.)"""
     base = load_profile("h200_sxm")
     sweeps = [load_runs(RESULTS / name / "sweep.csv", base) for name in ("h200", "h200_memory")]
     result = fit_profile([r for runs in sweeps for r in runs], base,
-                         ["matmul_efficiency", "block_overhead_us"])
-    assert result.profile.matmul_efficiency == pytest.approx(0.49, rel=0.03)
-    assert result.profile.block_overhead_us == pytest.approx(1500, rel=0.10)
+                         ["clock_scale", "block_overhead_us"])
+    assert not result.unidentified
     first, second = (accuracy(predicted_times(runs, result.profile),
                               [r.measured_s for r in runs]) for runs in sweeps)
-    assert second[0] == pytest.approx(1.0) and second[1] <= 0.036 + 0.003
-    assert first[0] >= 0.94 and first[1] <= 0.053 + 0.003
+    assert second[0] == pytest.approx(1.0) and second[1] <= 0.035
+    assert first[0] >= 0.94 and first[1] <= 0.05
 
 
 def _csv(tmp_path: Path, header: str, rows: list[str]) -> str:
@@ -182,23 +182,3 @@ def test_merged_rounds_are_one_run_at_their_median(tmp_path: Path) -> None:
     rows = [f"{_plan('llama3_ws2_b16_s256.ddp2')},{t}" for t in (1.0, 3.0, 1.5)]
     runs = load_runs(_csv(tmp_path, "plan,step_time_s", rows), load_profile("cpu"))
     assert len(runs) == 1 and runs[0].measured_s == statistics.median([1.0, 3.0, 1.5])
-
-
-def test_published_table_fit_gives_back_the_committed_constants() -> None:
-    """experiments/published.py fits h100_grand_teton's two efficiencies through fit_profile:
-    on the two FIT rows it gives back the values committed in the profile."""
-    import importlib.util
-    import sys
-
-    path = RESULTS.parent / "published.py"
-    spec = importlib.util.spec_from_file_location("published", path)
-    published = importlib.util.module_from_spec(spec)
-    sys.modules["published"] = published
-    spec.loader.exec_module(published)
-    # the published rows ship in shared/ beside the checkout (as in CI): never skipped
-    assert published.ANCHORS.is_file(), f"published rows not found at {published.ANCHORS}"
-    register()
-    values = published.fit(published.published_rows())
-    profile = load_profile("h100_grand_teton")
-    for name, value in values.items():
-        assert value == pytest.approx(getattr(profile, name), abs=2e-4), name

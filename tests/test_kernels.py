@@ -27,9 +27,10 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 @pytest.mark.parametrize("axis", ["m", "n", "k"])
 def test_gemm_interpolation_predicts_held_out_shapes(tmp_path, axis):
-    """Drop every shape whose ``axis`` is 2048 (a fifth of the table) from the measured sm_90 table and
+    """Drop every shape whose ``axis`` is 2048 (a fifth of the measured sm_90 table) and
     predict those shapes from the rest: median error within 10 %."""
-    rows = [r for r in _rows(KERNELS / "gemm_sm_90.csv") if r["b"] == "1" and r["dtype"] == "bf16"]
+    rows = [r for r in _rows(KERNELS / "gemm_sm_90.csv")
+            if r["b"] == "1" and r["dtype"] == "bf16"]
     held = [r for r in rows if r[axis] == "2048"]
     kept = [r for r in rows if r[axis] != "2048"]
     path = tmp_path / f"held_out_{axis}.csv"
@@ -101,10 +102,16 @@ def test_gpu_profiles_run_one_model():
     assert all(p.gemm_table and p.attention_fwd_tflops and p.hbm_gbps for p in gpu)
 
 
-def test_profile_without_provenance_is_refused(tmp_path):
+def test_profile_provenance_gaps(tmp_path):
+    """A user file may leave a field out of [provenance] (it counts as assumed); a shipped
+    profile may not, and no file may give a source of an unknown kind."""
     text = (KERNELS.parent / "h100_sxm.toml").read_text()
     text = "\n".join(line for line in text.splitlines() if not line.startswith("hbm_gbps = \""))
     path = tmp_path / "p.toml"
     path.write_text(text)
-    with pytest.raises(UserError, match="hbm_gbps has no provenance"):
+    assert load_profile(str(path)).source("hbm_gbps").startswith("assumed: p.toml does not say")
+    path.write_text(text.replace('clock_scale = "assumed:', 'clock_scale = "guessed:'))
+    with pytest.raises(UserError, match="clock_scale has no provenance"):
         load_profile(str(path))
+    for name in available_profiles():
+        assert not any("does not say" in v for _, v in load_profile(name).provenance), name

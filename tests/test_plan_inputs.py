@@ -22,7 +22,7 @@ def own_profile_plan(tmp_path_factory):
     profile = folder / "my_profile.toml"
     text = (REPO / "torchtitan_autoparallel/profiles/cpu.toml").read_text()
     lines = [("name = \"my_profile\"" if line.startswith("name") else
-              "intra_node_gbps = 0.05" if line.startswith("intra_node_gbps") else line)
+              "intra_node_gbps = 0.05" if line.startswith("intra_node_gbps = 0") else line)
              for line in text.splitlines()]
     profile.write_text("\n".join(lines) + "\n")
     out = folder / "plan.json"

@@ -307,16 +307,12 @@ def test_peak_memory_matches_one_h200(planning, local, ac, measured_gib):
 def test_one_h200_plans_few_large_micro_batches(planning):
     """Measured on one H200 (experiments/results/h200_model.md): each micro-batch costs ~1.5 ms
     per layer, so llama3 1B at global batch 8 x 4096 tokens runs fastest as one micro-batch of
-    8; the plan used to be 8 micro-batches of 1 (a predicted tie), 0.75-0.85x TorchTitan's
-    recipe. Without AC, 8 sequences do not fit the 118 GiB budget (121.5 GiB measured): the
-    plan checkpoints just enough blocks."""
+    8 without AC (0.628 s, the fastest arm measured; 121.5 GiB of the 139.8 GiB device); the
+    plan used to be 8 micro-batches of 1 (a predicted tie), 0.75-0.85x TorchTitan's recipe."""
     plan = planning("llama3_1b_auto.toml", 1, "--training.global_batch_size=8",
                     "--training.seq_len=4096")
     assert plan.local_batch_size == 8 and plan.gradient_accumulation_steps == 1
-    acs = [layer.ac for layer in plan.layers if layer.kind == "block"]
-    assert 0 < len(acs) - acs.count("none") < len(acs) // 2
-    # the measured peak of this job without AC (121.5 GiB) is above the budget: AC is needed
-    assert plan.predicted["budget_gib"] < 121.5
+    assert plan.predicted["peak_memory_gib"] <= plan.predicted["budget_gib"] < 139.8
     assert "single" in plan.table() and "fsdp" not in plan.table().split("layers", 1)[1]
 
 
@@ -364,7 +360,7 @@ def test_solver_rejects_non_finite_costs_and_time_outs_without_a_plan():
     hw = load_profile("h100_sxm")
     mesh = enumerate_meshes(graph, 2, 8, Constraints())[0]
     args = (graph, mesh, 1, 2 * mesh.dp)
-    bad = dataclasses.replace(hw, peak_tflops=float("nan"))
+    bad = dataclasses.replace(hw, clock_scale=float("nan"))
     cand = build_candidate(*args, bad, Precision(4, 4), 8, Constraints())
     with pytest.raises(UserError, match="non-finite"):
         search(graph, 2, 2 * mesh.dp, bad, Precision(4, 4), 8, 1e15, Constraints(), [mesh],
@@ -402,8 +398,9 @@ def test_embedding_and_output_are_costed_as_applied():
 
     graph = random_graph(random.Random(7))
     hw = dataclasses.replace(
-        load_profile("h100_sxm"), peak_tflops=1e12, intra_node_latency_us=0.0,
-        inter_node_latency_us=0.0, comm_overlap=0.0, host_copy_gbps=0.0,
+        load_profile("h100_sxm"), peak_tflops=1e12, gemm_table="", hbm_gbps=0.0,
+        intra_node_latency_us=0.0, inter_node_latency_us=0.0, intra_node_half_mib=0.0,
+        comm_overlap=0.0, nccl_sm_fraction=0.0, host_copy_gbps=0.0,
         block_overhead_us=0.0, host_cores=0)
     bw = hw.intra_node_gbps * 1e9
     emb, out = graph.layers[0].params * 4, graph.layers[-1].params * 4

@@ -42,7 +42,7 @@ def test_out_of_sample_throughput_within_targets(rows):
     assert not any(r.fit for r in rows) and len(rows) >= 12
     errors = {r.label(): r.tps / float(r.fields["tps_per_gpu"]) - 1 for r in rows}
     assert statistics.median(abs(e) for e in errors.values()) <= 0.15
-    one_d = [e for r, e in zip(rows, errors.values())
+    one_d = [e for r, e in zip(rows, errors.values(), strict=True)
              if r.fields["table"] in ("1", "3")]
     assert len(one_d) == 6 and max(abs(e) for e in one_d) <= 0.16, errors
 

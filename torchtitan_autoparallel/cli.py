@@ -128,9 +128,12 @@ def _calibrate(args: argparse.Namespace) -> int:
     from .cost.profile_file import write_profile
 
     profile, notes = calibrate(args.ngpu, args.name, args.gpus_per_node or 0, quick=args.quick)
-    text = write_profile(args.out, profile, [
-        f"measured by `python -m torchtitan_autoparallel calibrate` on "
-        f"{platform.node() or 'this machine'} with {args.ngpu} ranks"] + notes)
+    where = (f"measured by `python -m torchtitan_autoparallel calibrate` on "
+             f"{platform.node() or 'this machine'} with {args.ngpu} ranks")
+    measured = ("peak_tflops", "memory_gib", "intra_node_gbps", "inter_node_gbps",
+                "intra_node_latency_us", "inter_node_latency_us")
+    text = write_profile(args.out, profile, [where] + notes,
+                         {name: f"measured: {where}" for name in measured})
     print(text, end="")
     print(f"profile written to {args.out}; use it with --hardware {args.out}")
     return 0

@@ -210,7 +210,8 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
         "gpus_per_node": gpus_per_node,
         "hardware": hw.name,
         "hardware_hash": hashlib.sha256(
-            json.dumps(dataclasses.asdict(hw), sort_keys=True).encode()).hexdigest()[:16],
+            json.dumps({k: v for k, v in hw.to_dict().items() if k != "provenance"},
+                       sort_keys=True).encode()).hexdigest()[:16],
         "memory_budget_gib": round(budget / 2**30, 6),
         "mixed_precision_param": training.mixed_precision_param,
         "mixed_precision_reduce": training.mixed_precision_reduce,
@@ -473,7 +474,7 @@ def inputs_record(inputs: JobInputs) -> dict[str, Any]:
         "model": fp["model"], "flavor": fp["flavor"], "seq_len": inputs.graph.seq_len,
         "world_size": inputs.world, "global_batch_size": inputs.global_batch,
         "gpus_per_node": inputs.gpus_per_node, "budget_bytes": inputs.budget_bytes,
-        "hardware": dataclasses.asdict(inputs.hw),
+        "hardware": inputs.hw.to_dict(),
         "precision": dataclasses.asdict(inputs.precision),
         "constraints": {key: list(value) if isinstance(value, tuple) else value
                         for key, value in dataclasses.asdict(inputs.constraints).items()},

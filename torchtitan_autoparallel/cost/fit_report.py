@@ -99,7 +99,9 @@ def fit_command(args: argparse.Namespace) -> int:
     notes += summary(runs, result, left_out)
     notes += [f"not identifiable, kept from the base: {n} ({why})"
               for n, why in result.unidentified.items()] + result.notes
-    write_profile(args.out, result.profile, notes)
+    write_profile(args.out, result.profile, notes,
+                  {name: f"fitted: {notes[0]}" for name in result.free
+                   if name not in result.unidentified})
     if args.json:
         print(json.dumps({
             "profile": dataclasses.asdict(result.profile), "fitted": result.free,

@@ -1,5 +1,6 @@
 """Hardware profiles: every machine constant the cost model uses, kept in TOML files."""
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +131,12 @@ class HardwareProfile:
         pairs = self.provenance.items() if isinstance(self.provenance, dict) else self.provenance
         object.__setattr__(self, "provenance", tuple((str(k), str(v)) for k, v in pairs))
 
+    def to_dict(self) -> dict:
+        """The profile as plain data (provenance as a field -> source table)."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["provenance"] = dict(self.provenance)
+        return data
+
     def source(self, name: str) -> str:
         """Where the constant ``name`` comes from ("" if the profile does not say)."""
         return dict(self.provenance).get(name, "")
@@ -183,11 +190,20 @@ PROVENANCE_KINDS = ("datasheet", "measured", "fitted", "assumed")
 
 
 def check_provenance(data: dict, source: str) -> None:
-    """Every constant of a profile file has a ``[provenance]`` entry saying where it comes
-    from: ``datasheet: ...``, ``measured: ...``, ``fitted: ...`` or ``assumed: ...``."""
-    sources = data.get("provenance", {})
+    """Every constant of a profile file says where it comes from in its ``[provenance]``
+    table: ``datasheet: ...``, ``measured: ...``, ``fitted: ...`` or ``assumed: ...``. The
+    profiles shipped with the package must say it for every field; a user's file may leave
+    fields out, which then count as assumed (and ``explain`` lists them)."""
+    sources = data.setdefault("provenance", {})
+    if not isinstance(sources, dict):
+        raise UserError(f"hardware profile {source}: [provenance] must be a table of "
+                        "field = \"kind: where it comes from\"")
+    shipped = Path(source).resolve().parent == PROFILE_DIR
     for key in sorted(set(data) - {"name", "provenance"}):
-        text = sources.get(key, "")
+        text = sources.get(key)
+        if text is None and not shipped:
+            sources[key] = f"assumed: {Path(source).name} does not say where it comes from"
+            continue
         if not isinstance(text, str) or text.split(":", 1)[0].strip() not in PROVENANCE_KINDS:
             raise UserError(
                 f"hardware profile {source}: {key} has no provenance; add "

@@ -8,10 +8,15 @@ from ..errors import atomic_write
 from .hardware import HardwareProfile
 
 
-def to_toml(profile: HardwareProfile, notes: list[str]) -> str:
-    """The profile's fields as TOML, ``notes`` as leading comments."""
+def to_toml(profile: HardwareProfile, notes: list[str],
+            sources: dict[str, str] | None = None) -> str:
+    """The profile's fields as TOML, ``notes`` as leading comments, and a ``[provenance]``
+    table: ``sources`` for the fields this write determined, the profile's own for the rest."""
     lines = [f"# {line}" for n in notes for line in n.splitlines()]
+    provenance = {**dict(profile.provenance), **(sources or {})}
     for key, value in asdict(profile).items():
+        if key == "provenance":
+            continue
         if isinstance(value, bool):
             text = "true" if value else "false"
         elif isinstance(value, str):
@@ -19,12 +24,22 @@ def to_toml(profile: HardwareProfile, notes: list[str]) -> str:
         else:
             text = repr(round(value, 6)) if isinstance(value, float) else str(value)
         lines.append(f"{key} = {text}")
+    lines += ["", "[provenance]"]
+    for key in asdict(profile):
+        if key not in ("name", "provenance"):
+            text = provenance.get(key, "assumed: the default of the profile schema")
+            lines.append(f"{key} = {_quoted(text)}")
     return "\n".join(lines) + "\n"
 
 
-def write_profile(path: str, profile: HardwareProfile, notes: list[str]) -> str:
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_profile(path: str, profile: HardwareProfile, notes: list[str],
+                  sources: dict[str, str] | None = None) -> str:
     """Write ``profile`` to ``path`` atomically (``errors.atomic_write``: never half a file,
     nothing left behind on failure) and return the text."""
-    text = to_toml(profile, notes)
+    text = to_toml(profile, notes, sources)
     atomic_write(path, text, "profile")
     return text
