@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+import torchtitan_autoparallel.job_config as job_config_module
 from torchtitan_autoparallel.cost import kernels
-from torchtitan_autoparallel.cost.hardware import available_profiles, load_profile
+from torchtitan_autoparallel.cost.hardware import Device, available_profiles, load_profile
 from torchtitan_autoparallel.cost.model import Precision, compute_s
 from torchtitan_autoparallel.errors import UserError
 from torchtitan_autoparallel.features import Features
@@ -18,6 +19,7 @@ from torchtitan_autoparallel.plan import Mesh
 from torchtitan_autoparallel.strategies import BlockStrategy
 
 KERNELS = kernels.KERNEL_DIR
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -115,3 +117,52 @@ def test_profile_provenance_gaps(tmp_path):
         load_profile(str(path))
     for name in available_profiles():
         assert not any("does not say" in v for _, v in load_profile(name).provenance), name
+
+
+@pytest.mark.parametrize("reported,memory,profile", [
+    ("NVIDIA H100 80GB HBM3", 79.1, "h100_sxm"), ("NVIDIA H100", 95.0, "h100_grand_teton"),
+    ("NVIDIA H200", 139.8, "h200_sxm"), ("NVIDIA A100-SXM4-80GB", 79.2, "a100_sxm"),
+    ("NVIDIA B200", 178.0, "b200"),
+])
+def test_gpu_job_uses_the_profile_of_its_device(monkeypatch, reported, memory, profile):
+    """A job whose TOML names no hardware takes the profile of the GPU CUDA reports (faked)."""
+    job = _job_without_hardware()
+    monkeypatch.setattr(job_config_module, "device",
+                        lambda: Device(reported, (9, 0), memory))
+    monkeypatch.setattr(job_config_module, "device_capability", lambda: (9, 0))
+    job_config_module.check_config(job, cpu=False, dry_run=False)
+    assert job.autoparallel.hardware == profile
+
+
+def test_gpu_without_a_profile_stops_in_one_line(monkeypatch):
+    job = _job_without_hardware()
+    monkeypatch.setattr(job_config_module, "device",
+                        lambda: Device("NVIDIA H100 PCIe", (9, 0), 79.6))
+    monkeypatch.setattr(job_config_module, "device_capability", lambda: (9, 0))
+    with pytest.raises(UserError) as err:
+        job_config_module.check_config(job, cpu=False, dry_run=False)
+    text = str(err.value)
+    assert "\n" not in text and "H100 PCIe" in text and "autoparallel.hardware" in text
+
+
+def test_offline_plan_without_hardware_says_which_profile_in_its_first_line(tmp_path, capsys):
+    from torchtitan_autoparallel.cli import main
+
+    config = REPO / "train_configs" / "llama3_debug_auto.toml"
+    text = config.read_text().replace('hardware = "cpu"\n', "")
+    path = tmp_path / "no_hardware.toml"
+    path.write_text(text)
+    assert main(["predict", "--config", str(path), "--ngpu", "2"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("note: no hardware profile chosen") and "'cpu'" in first
+
+
+def _job_without_hardware():
+    from torchtitan_autoparallel.job_config import parse_config
+    from torchtitan_autoparallel.registry import register
+
+    register()
+    job = parse_config(["--job.config_file", str(REPO / "train_configs/llama3_debug_auto.toml"),
+                        "--parallelism.auto"])
+    job.autoparallel.hardware = ""
+    return job

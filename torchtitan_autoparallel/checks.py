@@ -47,6 +47,19 @@ def device_capability() -> tuple[int, int] | None:
     return tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
 
 
+def device() -> Any:
+    """What CUDA reports of this machine's first GPU (``cost.hardware.Device``), None without
+    one."""
+    import torch
+
+    from .cost.hardware import Device
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return Device(props.name, (props.major, props.minor), props.total_memory / 2**30)
+
+
 AC_MODES = ("none", "selective", "full")
 """``activation_checkpoint.mode`` values auto accepts (the plan picks per block among them)."""
 

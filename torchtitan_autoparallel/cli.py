@@ -38,6 +38,12 @@ def _job(args: argparse.Namespace, auto: bool) -> Any:
         overrides.append(f"--autoparallel.memory_gib={args.memory_gib}")
     job = parse_config(overrides)
     import_custom_module(job)
+    if not job.autoparallel.hardware:
+        # offline: no device to match, so say which profile the numbers are for
+        print("note: no hardware profile chosen (--hardware or [autoparallel] hardware): "
+              "planned for 'cpu'; pass --hardware h100_sxm (or h200_sxm, h100_grand_teton, "
+              "a100_sxm, b200, a .toml) for a GPU job",
+              file=sys.stderr if getattr(args, "json", False) else sys.stdout)
     return job
 
 

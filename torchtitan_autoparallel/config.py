@@ -20,9 +20,11 @@ class Parallelism:
 
 @dataclass
 class Autoparallel:
-    hardware: str = "cpu"
-    """Hardware profile: a name under torchtitan_autoparallel/profiles (h100_sxm, a100_sxm, cpu)
-    or a path to a profile .toml."""
+    hardware: str = ""
+    """Hardware profile: a name under torchtitan_autoparallel/profiles (h100_sxm, h200_sxm,
+    h100_grand_teton, a100_sxm, b200, cpu) or a path to a profile .toml. Unset: a job on a GPU
+    uses the profile that names its device (or stops in one line), a CPU job ``cpu``; offline
+    ``plan`` / ``predict`` plan for ``cpu`` and say so in their first line."""
     gpus_per_node: int = 0
     """Devices per node; 0 takes the profile's value. TP stays inside a node."""
     memory_gib: float = 0.0

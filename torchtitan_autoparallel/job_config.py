@@ -11,6 +11,7 @@ from .checks import (
     check_auto_settings,
     check_plan_features,
     check_torchao,
+    device,
     device_capability,
 )
 from .config import CONFIG_MODULE
@@ -106,6 +107,17 @@ def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
             raise UserError(problems[0])
     if not dry_run:
         check_device(features, device_capability())
+    ap = getattr(job_config, "autoparallel", None)
+    if ap is not None and not ap.hardware:
+        # the job's own device picks the profile (a GPU no profile names stops here)
+        from torchtitan.tools.logging import logger
+
+        from .cost.hardware import profile_for_device
+
+        found = None if dry_run else device()
+        ap.hardware = profile_for_device(found)
+        logger.info(f"hardware profile {ap.hardware!r}"
+                    + (f" for {found.name}" if found else " (no GPU)"))
 
 
 def world_size(job_config: Any) -> int:

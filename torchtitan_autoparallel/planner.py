@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import __version__
-from .cost.hardware import HardwareProfile, load_profile
+from .cost.hardware import CPU_PROFILE, HardwareProfile, load_profile
 from .cost.model import Precision
 from .errors import UserError
 from .exclusions import exclusion_notes, without_excluded
@@ -180,7 +180,8 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
     check_job_options(job_config)
     features = features or features_from_config(job_config)
     constraints = constraints_from_config(job_config, features)
-    hw = ap.hardware if isinstance(ap.hardware, HardwareProfile) else load_profile(ap.hardware)
+    hw = (ap.hardware if isinstance(ap.hardware, HardwareProfile)
+          else load_profile(ap.hardware or CPU_PROFILE))
     imbalance = getattr(ap, "moe_load_imbalance", 0.0)
     if imbalance:
         hw = dataclasses.replace(hw, moe_load_imbalance=float(imbalance))

@@ -164,6 +164,7 @@ PROFILE_RULES: dict[str, Rule] = {
     "inter_node_half_mib": Rule(float, ge=0),
     "nccl_sm_fraction": Rule(float, ge=0, le=0.9),
     "provenance": Rule(dict),
+    "device_names": Rule(list, item=str),
 }
 """Hardware profile fields (cost/hardware.py). Fields without a row: finite and >= 0."""
 
@@ -231,9 +232,6 @@ def check_job_options(job_config: Any) -> None:
     if isinstance(values.get("hardware"), HardwareProfile):
         values.pop("hardware")  # a loaded profile handed in by recost / the profile fitter
     check_fields("autoparallel.", values, Autoparallel, AUTOPARALLEL_RULES)
-    if not ap.hardware:
-        raise UserError("autoparallel.hardware is empty: name a profile (cpu, h100_sxm, ...) or "
-                        "a profile .toml path")
     training = job_config.training
     for key, rule in TRAINING_RULES.items():
         if hasattr(training, key):

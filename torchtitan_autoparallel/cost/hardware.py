@@ -123,11 +123,15 @@ class HardwareProfile:
     """The same across nodes."""
     nccl_sm_fraction: float = 0.0
     """Fraction of the device's SMs NCCL's kernels hold while a collective overlaps compute."""
+    device_names: tuple[str, ...] = ()
+    """Substrings of the name CUDA reports for this device (``torch.cuda.get_device_name``):
+    how a job on a GPU finds its profile when ``autoparallel.hardware`` is not set."""
     provenance: tuple[tuple[str, str], ...] = ()
     """Where each constant comes from: (field, "datasheet: ..." / "measured: ..." /
     "fitted: ..." / "assumed: ...")."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "device_names", tuple(self.device_names))
         pairs = self.provenance.items() if isinstance(self.provenance, dict) else self.provenance
         object.__setattr__(self, "provenance", tuple((str(k), str(v)) for k, v in pairs))
 
@@ -208,3 +212,48 @@ def check_provenance(data: dict, source: str) -> None:
             raise UserError(
                 f"hardware profile {source}: {key} has no provenance; add "
                 f"provenance.{key} = \"datasheet|measured|fitted|assumed: where it comes from\"")
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """What CUDA reports of a job's GPU."""
+
+    name: str
+    capability: tuple[int, int]
+    memory_gib: float
+
+
+CPU_PROFILE = "cpu"
+
+
+OTHER_FORMS = {"pcie", "nvl"}
+"""Words of a reported name that make it another board (power, memory, links) than the one a
+profile describes, unless the profile's entry names them too."""
+
+
+def _tokens(name: str) -> set[str]:
+    return {t for t in name.lower().replace("-", " ").split() if t}
+
+
+def _names_device(entry: str, reported: str) -> bool:
+    """Every word of ``entry`` is in the reported name, and the name adds no other form."""
+    want, got = _tokens(entry), _tokens(reported)
+    return want <= got and not (got - want) & OTHER_FORMS
+
+
+def profile_for_device(device: Device | None) -> str:
+    """The shipped profile of ``device`` (``cpu`` without a GPU): among the profiles whose
+    ``device_names`` occur in the reported name, the one whose memory is closest. A GPU no
+    profile names stops the job in one line."""
+    if device is None:
+        return CPU_PROFILE
+    matches = [p for p in (load_profile(n) for n in available_profiles())
+               if any(_names_device(entry, device.name) for entry in p.device_names)]
+    if not matches:
+        gpus = [n for n in available_profiles() if n != CPU_PROFILE]
+        raise UserError(
+            f"no hardware profile matches this GPU ({shown(device.name, 80)}, "
+            f"SM{device.capability[0]}{device.capability[1]}, {device.memory_gib:.1f} GiB): "
+            f"set autoparallel.hardware to one of {gpus} or to a profile .toml "
+            "(python -m torchtitan_autoparallel calibrate writes one)")
+    return min(matches, key=lambda p: abs(p.memory_gib - device.memory_gib)).name
