@@ -166,3 +166,21 @@ def _job_without_hardware():
                         "--parallelism.auto"])
     job.autoparallel.hardware = ""
     return job
+
+
+def test_plan_and_explain_give_the_margin_and_the_assumptions(tmp_path, capsys):
+    """`plan` sets the predicted gain over TorchTitan's recipe beside the model's measured error
+    on the hardware, and `explain` names the assumed constants the step time depends on."""
+    from torchtitan_autoparallel.cli import main
+
+    out = tmp_path / "plan.json"
+    config = str(REPO / "train_configs" / "llama3_debug_auto.toml")
+    assert main(["plan", "--config", config, "--ngpu", "2", "--hardware", "h100_grand_teton",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "over TorchTitan's recipe for this job" in text
+    assert "median |error| on 'h100_grand_teton' is" in text
+    assert main(["explain", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "model: the predicted step time depends on assumed constants" in text
+    assert "measured error on 'h100_grand_teton': median" in text

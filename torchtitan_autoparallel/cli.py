@@ -64,10 +64,41 @@ def _emit(args: argparse.Namespace, plan: Any) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .planner import plan_job
+    from .explain import model_lines
+    from .planner import plan_job, reusing_layer_graphs
 
-    _emit(args, plan_job(_job(args, auto=True), args.ngpu))
+    job = _job(args, auto=True)
+    with reusing_layer_graphs():
+        plan = plan_job(job, args.ngpu)
+        margin = _recipe_margin(job, plan, args.ngpu)
+        lines = model_lines(plan)
+    if margin:
+        plan.notes.append(margin)
+    plan.notes.extend(f"model: {line}" for line in lines)
+    _emit(args, plan)
     return 0
+
+
+def _recipe_margin(job: Any, plan: Any, world: int) -> str:
+    """The plan's predicted gain over TorchTitan's own recipe for the same job, beside the
+    model's measured error ("" where the recipe cannot run this job)."""
+    import copy
+
+    from .expert import expert_plan
+    from .explain import margin_note
+
+    recipe_job = copy.deepcopy(job)
+    recipe_job.parallelism.auto = False
+    try:
+        recipe = expert_plan(recipe_job, world)
+    except UserError:
+        return ""
+    if recipe.predicted["peak_memory_gib"] > recipe.predicted["budget_gib"]:
+        return (f"TorchTitan's recipe for this job ({recipe.mesh}) is predicted to run out of "
+                "memory")
+    hw = plan.inputs["hardware"]["name"] if plan.inputs else plan.fingerprint["hardware"]
+    return margin_note(plan.predicted["tokens_per_s"], recipe.predicted["tokens_per_s"],
+                       str(recipe.mesh), hw)
 
 
 def _predict(args: argparse.Namespace) -> int:
@@ -91,15 +122,17 @@ def _load(path: str) -> Any:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from .explain import explain_rows, explain_text, snippet
+    from .explain import explain_rows, explain_text, model_lines, snippet
 
     plan = _load(args.plan)
-    rows = explain_rows(plan)
+    cache: dict[str, Any] = {}
+    rows = explain_rows(plan, cache)
+    model = model_lines(plan, cache)
     if args.json:
-        print(json.dumps({"plan": plan.to_dict(), "blocks": rows, "torchtitan": snippet(plan)},
-                         indent=1, sort_keys=True))
+        print(json.dumps({"plan": plan.to_dict(), "blocks": rows, "torchtitan": snippet(plan),
+                          "model": model}, indent=1, sort_keys=True))
     else:
-        print(explain_text(plan, rows))
+        print(explain_text(plan, rows, model))
     return 0
 
 

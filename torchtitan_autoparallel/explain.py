@@ -3,7 +3,13 @@ the equivalent TorchTitan ``[parallelism]`` settings where a plan is uniform."""
 
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 from .plan import Plan
 from .planner import block_counts, candidate_for, inputs_from_plan
@@ -11,10 +17,11 @@ from .strategies import BlockStrategy
 from .validate import check_plan_for_job
 
 
-def explain_rows(plan: Plan) -> list[dict[str, Any]]:
+def explain_rows(plan: Plan, cache: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Per block: the chosen strategy's cost breakdown, and the runner-up (the fastest other
-    strategy for that block on the same mesh and micro-batch) with its time and memory deltas."""
-    inputs = inputs_from_plan(plan)
+    strategy for that block on the same mesh and micro-batch) with its time and memory deltas.
+    ``cache`` keeps the layer graph for later re-costing."""
+    inputs = inputs_from_plan(plan, cache)
     check_plan_for_job(plan, plan.fingerprint["world_size"],
                        [(layer.fqn, layer.kind) for layer in inputs.graph.layers], "to explain")
     if plan.pipeline is not None:
@@ -125,7 +132,74 @@ def schedule_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def explain_text(plan: Plan, rows: list[dict[str, Any]]) -> str:
+VALIDATION = Path(__file__).resolve().parent / "profiles" / "validation" / "model_error.toml"
+"""The cost model's measured error per hardware profile: median and max |error| of predicted
+tokens/s against measured runs (written by experiments/published.py and by hand from
+experiments/repredict.py, each entry naming its source)."""
+
+
+def model_error(profile: str) -> dict[str, Any] | None:
+    """The measured error of the cost model on ``profile``'s hardware, None if never measured."""
+    with open(VALIDATION, "rb") as f:
+        return tomllib.load(f).get(profile)
+
+
+def margin_note(auto_tps: float, recipe_tps: float, recipe: str, profile: str) -> str:
+    """The predicted gain over TorchTitan's recipe beside the model's measured error."""
+    gain = auto_tps / recipe_tps - 1
+    err = model_error(profile)
+    text = (f"predicted {gain:+.1%} tokens/s over TorchTitan's recipe for this job ({recipe}: "
+            f"{recipe_tps:.4g} tokens/s)")
+    if err is None:
+        return text + f"; the cost model's error on {profile!r} was never measured"
+    verdict = ("within it: the two are a tie as far as the model can tell"
+               if abs(gain) <= err["median_error"] else "beyond it")
+    return (text + f"; the model's median |error| on {profile!r} is {err['median_error']:.0%} "
+            f"({err['source']}): {verdict}")
+
+
+def assumed_lines(plan: Plan, inputs: Any, cache: dict[str, Any]) -> list[str]:
+    """The assumed constants of the plan's profile that its predicted step time depends on:
+    each moved by +-20 % and the plan re-costed; those that move it by 1 % or more."""
+    from .planner import recost
+
+    hw, base = inputs.hw, plan.predicted["step_time_s"]
+    swings = []
+    for name in hw.assumed():
+        value = getattr(hw, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value:
+            continue
+        moved = [recost(plan, dataclasses.replace(hw, **{name: type(value)(value * f)}),
+                        cache).predicted["step_time_s"] for f in (0.8, 1.2)]
+        swing = max(abs(t - base) for t in moved) / base
+        if swing >= 0.01:
+            swings.append((swing, name))
+    lines = [f"the predicted step time depends on assumed constants of {hw.name!r} (+-20 % -> "
+             "step time): " + ", ".join(f"{n} {s:.1%}" for s, n in sorted(swings, reverse=True))
+             if swings else f"assumed constants of {hw.name!r}: none moves the predicted step "
+             "time by 1 % when moved by 20 %"]
+    peak, budget = plan.predicted["peak_memory_gib"], plan.predicted["budget_gib"]
+    if "usable_memory_fraction" in hw.assumed() and peak > 0.8 * budget:
+        lines.append(f"the plan fits only if usable_memory_fraction = "
+                     f"{hw.usable_memory_fraction:g} (assumed) holds: peak {peak:.3g} GiB of a "
+                     f"{budget:.3g} GiB budget")
+    return lines
+
+
+def model_lines(plan: Plan, cache: dict[str, Any] | None = None) -> list[str]:
+    """How far to trust the plan's numbers: the assumed constants its step time depends on and
+    the model's measured error on its hardware."""
+    cache = {} if cache is None else cache
+    inputs = inputs_from_plan(plan, cache)
+    lines = assumed_lines(plan, inputs, cache)
+    err = model_error(inputs.hw.name)
+    lines.append(f"the cost model's measured error on {inputs.hw.name!r}: " + (
+        f"median {err['median_error']:.0%}, max {err['max_error']:.0%} of tokens/s "
+        f"({err['source']})" if err else "never measured"))
+    return lines
+
+
+def explain_text(plan: Plan, rows: list[dict[str, Any]], extra: list[str] = ()) -> str:
     lines = [plan.table(), "", "per block (per micro-batch): chosen vs runner-up",
              f"  {'layers':<20}{'strategy':<26}{'compute ms':>11}{'comm ms':>9}{'kept MiB':>10}"
              f"  runner-up (delta time ms, delta kept MiB)"]
@@ -152,6 +226,7 @@ def explain_text(plan: Plan, rows: list[dict[str, Any]]) -> str:
         lines += ["", *schedule_lines(plan)]
     lines += ["", snippet(plan)]
     lines += [f"note: {n}" for n in plan.untabled_notes]
+    lines += [f"model: {line}" for line in extra]
     return "\n".join(lines)
 
 

@@ -4,12 +4,13 @@ Offline: no process group, no device. ``plan_job`` is what the entrypoint (every
 one-process preflight) and the CLI call.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,9 +133,27 @@ def layer_graph_for(job_config: Any) -> LayerGraph:
     return graph
 
 
+_REUSED_GRAPHS: dict[tuple[str, str, int], LayerGraph] | None = None
+
+
+@contextlib.contextmanager
+def reusing_layer_graphs() -> Iterator[None]:
+    """Inside the block, each model, flavor and length is captured once (a plan, then its
+    recipe and its re-costings, in one command)."""
+    global _REUSED_GRAPHS
+    _REUSED_GRAPHS = {}
+    try:
+        yield
+    finally:
+        _REUSED_GRAPHS = None
+
+
 def model_layer_graph(name: str, flavor: str, seq_len: int) -> LayerGraph:
     """The layer graph of a registered model flavor at ``seq_len`` (no job config)."""
     from .registry import train_spec_of
+
+    if _REUSED_GRAPHS is not None and (name, flavor, seq_len) in _REUSED_GRAPHS:
+        return _REUSED_GRAPHS[(name, flavor, seq_len)]
 
     spec = train_spec_of(name)
     if flavor not in spec.model_args:
@@ -144,6 +163,8 @@ def model_layer_graph(name: str, flavor: str, seq_len: int) -> LayerGraph:
     if spec.pipelining_fn is None:
         graph = dataclasses.replace(graph, excluded=tuple(sorted((*graph.excluded, (
             "pp", f"train spec {name!r} has no pipelining function")))))
+    if _REUSED_GRAPHS is not None:
+        _REUSED_GRAPHS[(name, flavor, seq_len)] = graph
     return graph
 
 

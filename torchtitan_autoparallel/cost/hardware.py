@@ -139,6 +139,7 @@ class HardwareProfile:
         """The profile as plain data (provenance as a field -> source table)."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["provenance"] = dict(self.provenance)
+        data["device_names"] = list(self.device_names)
         return data
 
     def source(self, name: str) -> str:
