@@ -71,12 +71,21 @@ class Config:
     flavor: str = "bench"
     hardware: str = "cpu"
     """Hardware profile the planner and the experts' predictions use."""
+    features: tuple[str, ...] = ()
+    """TorchTitan overrides every arm runs with (compile, float8, ...)."""
 
     @property
     def id(self) -> str:
         mem = f"_m{self.memory_gib:g}" if self.memory_gib else ""
         flavor = "" if self.flavor == "bench" else f"_{self.flavor}"
-        return f"{self.family}{flavor}_ws{self.ngpu}_b{self.global_batch}_s{self.seq_len}{mem}"
+        feats = "".join(FEATURE_TAGS.get(f, "") for f in self.features)
+        return (f"{self.family}{flavor}_ws{self.ngpu}_b{self.global_batch}_s{self.seq_len}{mem}"
+                f"{'_' + feats if feats else ''}")
+
+
+FEATURE_TAGS = {"--compile.enable": "c", "--model.converters=quantize.linear.float8": "f8",
+                "--quantize.linear.float8.recipe_name=rowwise": "r"}
+"""Short tags of feature overrides in config ids."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +164,7 @@ def load_grid(path: str | Path) -> Grid:
     seen = set()
     for block in blocks:
         unknown = set(block) - set(axes) - {"recipes", "expert_ac", "expert_local_batch",
-                                            "flavor", "hardware"}
+                                            "flavor", "hardware", "features"}
         if unknown:
             raise ValueError(f"{path}: unknown config keys {sorted(unknown)}")
         if "family" not in block or "ngpu" not in block:
@@ -167,7 +176,8 @@ def load_grid(path: str | Path) -> Grid:
                          expert_ac=tuple(_as_list(block.get("expert_ac", "none"))),
                          expert_local_batch=tuple(_as_list(block.get("expert_local_batch", 0))),
                          flavor=block.get("flavor", "bench"),
-                         hardware=block.get("hardware", "cpu"))
+                         hardware=block.get("hardware", "cpu"),
+                         features=tuple(block.get("features", ())))
             if cfg.id not in seen:
                 seen.add(cfg.id)
                 grid.configs.append(cfg)
@@ -230,7 +240,8 @@ def config_file(cfg: Config, auto: bool) -> Path:
 
 def common_overrides(cfg: Config) -> list[str]:
     out = [f"--training.global_batch_size={cfg.global_batch}",
-           f"--training.seq_len={cfg.seq_len}", f"--autoparallel.hardware={cfg.hardware}"]
+           f"--training.seq_len={cfg.seq_len}", f"--autoparallel.hardware={cfg.hardware}",
+           *cfg.features]
     if cfg.memory_gib:
         out.append(f"--autoparallel.memory_gib={cfg.memory_gib}")
     return out

@@ -1,0 +1,228 @@
+"""One command on one GPU: kernel micro-benchmarks for the shapes the planner costs, then auto
+against TorchTitan's recipe on llama3 1B / 3B with compile and float8, predicted vs measured.
+
+    python experiments/gpu_check.py [--out experiments/results/gpu_check] [--skip-runs]
+
+Part 1 (about 2 minutes) measures, on the first GPU:
+- GEMMs by (m, n, k): bf16 (``torch.mm``), float8 tensorwise and rowwise (``torch._scaled_mm``,
+  e4m3 operands, bf16 output), written as ``gemm_<device>.csv`` in the format of
+  ``profiles/kernels/gemm_*.csv`` (a profile's ``gemm_table`` can name the file);
+- flash attention (``F.scaled_dot_product_attention``, causal, head dim 128) forward and
+  backward by sequence length, ``attention_<device>.csv``;
+- streaming bandwidth (an elementwise add and a copy of 1 GiB) and the fused / foreach AdamW
+  step, ``streaming_<device>.csv``;
+each beside what the device's profile predicts for it (``kernels.md``). Part 2 (about 5
+minutes) runs ``experiments/grids/gpu_check.toml`` through ``experiments/sweep.py`` with the
+device's profile and writes its report. Everything lands under ``--out/<device>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+GEMM_SHAPES = [
+    # square sweep: the table's grid
+    *[(s, s, s) for s in (256, 512, 1024, 2048, 4096, 8192)],
+    # llama3 1B / 3B / 8B linears at 4k-16k tokens: (tokens, out, in)
+    *[(m, n, k) for m in (4096, 16384) for n, k in (
+        (2048, 2048), (512, 2048), (8192, 2048), (2048, 8192),
+        (3072, 3072), (1024, 3072), (8192, 3072), (3072, 8192),
+        (4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336))],
+]
+SEQS = (1024, 2048, 4096, 8192, 16384)
+
+
+def timed(fn, *args, warmup: int = 3, reps: int = 10, **kwargs) -> float:
+    """Median seconds of ``fn(*args, **kwargs)`` on the current CUDA stream (events around
+    each call)."""
+    import torch
+
+    for _ in range(warmup):
+        fn(*args, **kwargs)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*args, **kwargs)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def gemm_rows(arch: str) -> list[dict[str, object]]:
+    import torch
+
+    rows = []
+    f8 = torch.float8_e4m3fn
+    for m, n, k in GEMM_SHAPES:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        flops = 2.0 * m * n * k
+        t = timed(torch.mm, a, b)
+        rows.append(dict(arch=arch, b=1, m=m, n=n, k=k, dtype="bf16", flops_per_s=flops / t))
+        a8, b8 = a.to(f8), b.t().contiguous().to(f8).t()  # B column-major, as cuBLAS wants
+        one = torch.ones((), device="cuda")
+        try:
+            t = timed(torch._scaled_mm, a8, b8, one, one, out_dtype=torch.bfloat16)
+            rows.append(dict(arch=arch, b=1, m=m, n=n, k=k, dtype="f8_tensorwise",
+                             flops_per_s=flops / t))
+            sa = torch.ones(m, 1, device="cuda")
+            sb = torch.ones(1, n, device="cuda")
+            t = timed(torch._scaled_mm, a8, b8, sa, sb, out_dtype=torch.bfloat16)
+            rows.append(dict(arch=arch, b=1, m=m, n=n, k=k, dtype="f8_rowwise",
+                             flops_per_s=flops / t))
+        except RuntimeError as exc:  # no float8 GEMMs on this device
+            print(f"float8 GEMM skipped at {m}x{n}x{k}: {str(exc).splitlines()[0]}")
+    return rows
+
+
+def _attention_fwd_bwd(q, k, v, grad) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v),
+                        grad)
+
+
+def attention_rows() -> list[dict[str, object]]:
+    import torch
+    import torch.nn.functional as F
+
+    rows = []
+    heads, dim = 32, 128
+    for seq in SEQS:
+        batch = max(1, 16384 // seq)
+        q, k, v = (torch.randn(batch, heads, seq, dim, device="cuda", dtype=torch.bfloat16,
+                               requires_grad=True) for _ in range(3))
+        flops = 4.0 * batch * heads * seq * seq * dim * 0.5  # causal
+        fwd = timed(F.scaled_dot_product_attention, q, k, v, is_causal=True)
+        grad = torch.randn_like(q)
+        both = timed(_attention_fwd_bwd, q, k, v, grad)
+        rows.append(dict(seq_len=seq, head_dim=dim, causal=True, direction="fwd",
+                         tflops=flops / fwd / 1e12))
+        rows.append(dict(seq_len=seq, head_dim=dim, causal=True, direction="bwd",
+                         tflops=2.5 * flops / max(both - fwd, 1e-9) / 1e12))
+    return rows
+
+
+def streaming_rows() -> list[dict[str, object]]:
+    import torch
+
+    n = 2**29  # 1 GiB of bf16
+    x = torch.empty(n, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    rows = [dict(kernel="add", gbps=3 * 2 * n / timed(torch.add, x, y, out=x) / 1e9),
+            dict(kernel="copy", gbps=2 * 2 * n / timed(y.copy_, x) / 1e9)]
+    params = [torch.nn.Parameter(torch.randn(2**24, device="cuda")) for _ in range(8)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    for kind in ("fused", "foreach"):
+        opt = torch.optim.AdamW(params, lr=1e-4, **{kind: True})
+        t = timed(opt.step, warmup=2, reps=5)
+        # fp32 param, grad, exp_avg, exp_avg_sq: 16 B read, 12 B written per parameter
+        rows.append(dict(kernel=f"adamw_{kind}", gbps=28 * 2**27 / t / 1e9))
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict[str, object]], header: list[str]) -> None:
+    with open(path, "w", newline="") as f:
+        for line in header:
+            f.write(f"# {line}\n")
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def compare(profile, gemms: list[dict], attention: list[dict], stream: list[dict]) -> list[str]:
+    """What the profile predicts for each measured kernel, and the ratio."""
+    from torchtitan_autoparallel.cost import kernels
+
+    lines = [f"# Kernels measured against profile {profile.name!r}", "",
+             "| kernel | measured | profile | measured / profile |", "|---|---:|---:|---:|"]
+    for r in gemms:
+        if r["dtype"] != "bf16":
+            continue
+        pred = kernels.table_flops(profile.gemm_table, "bf16", r["m"], r["n"], r["k"]) \
+            * profile.clock_scale
+        lines.append(f"| GEMM bf16 {r['m']}x{r['n']}x{r['k']} | {r['flops_per_s'] / 1e12:.0f} "
+                     f"TFLOP/s | {pred / 1e12:.0f} | {r['flops_per_s'] / pred:.2f} |")
+    by = {(r["m"], r["n"], r["k"], r["dtype"]): r["flops_per_s"] for r in gemms}
+    for (m, n, k, dtype), value in by.items():
+        if dtype.startswith("f8") and (m, n, k, "bf16") in by:
+            large = (profile.float8_gemm_speedup if dtype == "f8_tensorwise"
+                     else profile.float8_rowwise_gemm_speedup)
+            lines.append(f"| {dtype} / bf16 at {m}x{n}x{k} | "
+                         f"{value / by[(m, n, k, 'bf16')]:.2f} | {large:.2f} (large shapes) | |")
+    for r in attention:
+        peak = (profile.attention_fwd_tflops if r["direction"] == "fwd"
+                else profile.attention_bwd_tflops)
+        pred = peak * profile.clock_scale * r["seq_len"] / (r["seq_len"]
+                                                             + profile.attention_half_seq)
+        lines.append(f"| SDPA {r['direction']} seq {r['seq_len']} | {r['tflops']:.0f} TFLOP/s | "
+                     f"{pred:.0f} | {r['tflops'] / pred:.2f} |")
+    for r in stream:
+        lines.append(f"| {r['kernel']} | {r['gbps']:.0f} GB/s | {profile.hbm_gbps:.0f} | "
+                     f"{r['gbps'] / profile.hbm_gbps:.2f} |")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(REPO / "experiments" / "results" / "gpu_check"))
+    parser.add_argument("--skip-runs", action="store_true", help="kernel benchmarks only")
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: experiments/gpu_check.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from torchtitan_autoparallel.checks import device
+    from torchtitan_autoparallel.cost.hardware import load_profile, profile_for_device
+
+    found = device()
+    name = profile_for_device(found)
+    profile = load_profile(name)
+    slug = found.name.replace("NVIDIA ", "").replace(" ", "_").lower()
+    out = Path(args.out) / slug
+    out.mkdir(parents=True, exist_ok=True)
+    arch = f"sm_{found.capability[0]}{found.capability[1]}"
+    header = [f"measured by experiments/gpu_check.py on {found.name} ({arch}, "
+              f"{found.memory_gib:.1f} GiB), torch {torch.__version__}, "
+              f"{time.strftime('%Y-%m-%d')}"]
+    start = time.time()
+    gemms = gemm_rows(arch)
+    write_csv(out / f"gemm_{slug}.csv", gemms, header)
+    attention = attention_rows()
+    write_csv(out / f"attention_{slug}.csv", attention, header)
+    stream = streaming_rows()
+    write_csv(out / f"streaming_{slug}.csv", stream, header)
+    report = compare(profile, gemms, attention, stream)
+    (out / "kernels.md").write_text("\n".join(report) + "\n")
+    print("\n".join(report))
+    print(f"kernels: {time.time() - start:.0f} s")
+    if args.skip_runs:
+        return 0
+    grid = (REPO / "experiments" / "grids" / "gpu_check.toml").read_text()
+    grid_path = out / "grid.toml"
+    grid_path.write_text(grid.replace('hardware = "h100_sxm"', f'hardware = "{name}"'))
+    code = subprocess.call([sys.executable, str(REPO / "experiments" / "sweep.py"),
+                            str(grid_path), "--out", str(out)])
+    if code == 0:
+        code = subprocess.call([sys.executable, str(REPO / "experiments" / "sweep_report.py"),
+                                str(out / "sweep.csv")])
+    print(f"gpu_check: {time.time() - start:.0f} s, results in {out}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
