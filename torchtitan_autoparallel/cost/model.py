@@ -291,6 +291,12 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         # in backward, and again for a full recompute.
         tp_one = collective_s("all_gather", act, mesh.tp, tp_nodes, hw)
         tp_comm = tp_one * (8 + (4 if full_ac else 0))
+        if microbatch > 1 and hw.gemm_table and hw.hbm_gbps > 0 and not features.async_tp:
+            # SP gathers and scatters along the sequence dim (dim 1): with more than one
+            # sequence per micro-batch the functional collectives concatenate the chunks
+            # (torch.cat after the all-gather, before the reduce-scatter), one more read and
+            # write of the full activation per collective
+            tp_comm += (8 + (4 if full_ac else 0)) * 2 * act / (hw.hbm_gbps * 1e9)
         if features.linear == "float8_tensorwise":
             # TorchTitan's float8 TP styles all-gather in float8: half of the collectives
             # (the all-gathers, forward and backward) move 1 byte per element, not 2
