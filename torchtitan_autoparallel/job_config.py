@@ -38,7 +38,7 @@ def _check_toml(path: str) -> None:
     """The config file exists and is TOML (TorchTitan would print a traceback first)."""
     import tomllib
 
-    from .validate import shown
+    from .errors import shown
 
     if not os.path.isfile(path):
         raise UserError(f"config file not found: {shown(path)} (set CONFIG_FILE to an existing "
@@ -57,7 +57,7 @@ def parse_config(argv: list[str]) -> Any:
     """Parse TorchTitan's config (TOML + CLI) with the project's extension merged in."""
     from torchtitan.config import ConfigManager
 
-    from .validate import shown
+    from .errors import shown
 
     path = _config_path(argv)
     if path is not None:

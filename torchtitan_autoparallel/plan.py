@@ -6,8 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import UserError, atomic_write
-from .validate import shown
+from .errors import UserError, atomic_write, shown
 
 SCHEMA_VERSION = 2
 """2: the plan stores its resolved planning inputs (``Plan.inputs``). 1 is still read (the
