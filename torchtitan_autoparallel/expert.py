@@ -70,9 +70,9 @@ def _pipeline_recipe_plan(job_config: Any, inputs: Any, mesh: Mesh, local: int,
 
     from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
 
-    from .cost.pipeline import SCHEDULES, SINGLE_STAGE
     from .pipeline_plan import pipeline_candidate_of, plan_from_stages
     from .plan import Pipeline
+    from .schedules import SCHEDULES, SINGLE_STAGE
 
     par = job_config.parallelism
     schedule = par.pipeline_parallel_schedule

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import UserError, atomic_write, shown
+from .schedules import V_SCHEDULES
 
 SCHEMA_VERSION = 2
 """2: the plan stores its resolved planning inputs (``Plan.inputs``). 1 is still read (the
@@ -185,10 +186,6 @@ class Pipeline:
         if self.style == "v" and stage >= pp:
             return 2 * pp - 1 - stage
         return stage % pp
-
-
-V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
-"""Schedules whose two stages per rank form a V (first and last stage on rank 0)."""
 
 
 @dataclass

@@ -72,7 +72,7 @@ def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[
     degree when not 1, the schedule when not TorchTitan's default (else
     ``autoparallel.pp_schedules``), the micro-batch size when not 1. The stage split is the
     planner's: keys that would set it are errors, as are schedules the job cannot run."""
-    from .cost.pipeline import SCHEDULES, ZERO_BUBBLE
+    from .schedules import SCHEDULES, ZERO_BUBBLE
 
     par = job_config.parallelism
     pp = par.pipeline_parallel_degree

@@ -41,9 +41,6 @@ from .cost.model import (
     edge_cost,
 )
 from .cost.pipeline import (
-    MOE_ONLY,
-    SCHEDULES,
-    ZERO_BUBBLE,
     Split,
     StageBlockCost,
     backward_split,
@@ -51,16 +48,22 @@ from .cost.pipeline import (
     boundary_tensors,
     bubble,
     in_flight,
-    microbatch_ok,
     p2p_s,
     stage_block_cost,
-    stage_options,
 )
 from .errors import UserError
 from .features import EAGER, Features
 from .graph.layer_graph import LayerGraph
 from .pins import Pin
-from .plan import V_SCHEDULES, Mesh
+from .plan import Mesh
+from .schedules import (
+    MOE_ONLY,
+    SCHEDULES,
+    V_SCHEDULES,
+    ZERO_BUBBLE,
+    microbatch_ok,
+    stage_options,
+)
 from .solver import SolveTimeout, _new_highs, block_classes
 from .strategies import AC_MODES, BlockStrategy, Constraints, pinned_strategies
 

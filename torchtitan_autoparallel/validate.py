@@ -205,8 +205,7 @@ def pipeline_problem(plan: Any) -> str:
     """Why the plan's pipeline cannot run as TorchTitan 0.2.2 builds it (empty if it can):
     schedule rules, micro-batch arithmetic, and stages of consecutive layers that cover the
     model once, the first with the embedding and the last with the output."""
-    from .cost.pipeline import SCHEDULES, SINGLE_STAGE, microbatch_ok
-    from .plan import V_SCHEDULES
+    from .schedules import SCHEDULES, SINGLE_STAGE, V_SCHEDULES, microbatch_ok
 
     m, pipe = plan.mesh, plan.pipeline
     if pipe is None:
