@@ -5,10 +5,10 @@ import dataclasses
 from typing import Any
 
 from .errors import UserError
+from .layout import BlockStrategy, Mesh
 from .pins import recipe_from_config, recipe_of
-from .plan import Mesh, Plan
+from .plan import Plan
 from .planner import build_plan, candidate_for, job_inputs, with_global_batch
-from .strategies import BlockStrategy
 
 
 def expert_plan(job_config: Any, world: int) -> Plan:

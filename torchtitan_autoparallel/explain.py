@@ -5,9 +5,9 @@ import dataclasses
 import json
 from typing import Any
 
+from .layout import BlockStrategy
 from .plan import Plan
 from .planner import block_counts, candidate_for, inputs_from_plan
-from .strategies import BlockStrategy
 from .validate import check_plan_for_job
 
 

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from .cost.model import STATE_BYTES_PER_PARAM, STEP_BYTES_PER_PARAM
 from .graph.adapters import get_adapter
+from .layout import BlockStrategy
 from .plan import Pipeline, Plan
 from .solver import block_classes
 from .solver_pipeline import PipelineCandidate, PipelineSolution, build_pipeline_candidate
-from .strategies import BlockStrategy
 
 if TYPE_CHECKING:
     from .planner import JobInputs

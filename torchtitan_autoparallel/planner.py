@@ -21,18 +21,13 @@ from .exclusions import exclusion_notes, without_excluded
 from .features import Features, features_from_config
 from .graph.adapters import get_adapter
 from .graph.layer_graph import LayerGraph, build_layer_graph
+from .layout import TECHNIQUES, BlockStrategy, Mesh, edge_strategy
 from .pins import Pin, recipe_from_config, recipe_of, resolve_pins
 from .pipeline_plan import build_pipeline_plan, recost_pipeline
-from .plan import LayerPlan, Mesh, Pipeline, Plan
+from .plan import LayerPlan, Pipeline, Plan
 from .solver import Candidate, Solution, block_classes, build_candidate, search
 from .solver_pipeline import PipelineSolution, prefix_classes, search_pipeline
-from .strategies import (
-    TECHNIQUES,
-    BlockStrategy,
-    Constraints,
-    edge_strategy,
-    enumerate_meshes,
-)
+from .strategies import Constraints, enumerate_meshes
 from .validate import check_job_options
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

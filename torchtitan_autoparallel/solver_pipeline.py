@@ -54,8 +54,8 @@ from .cost.pipeline import (
 from .errors import UserError
 from .features import EAGER, Features
 from .graph.layer_graph import LayerGraph
+from .layout import AC_MODES, BlockStrategy, Mesh
 from .pins import Pin
-from .plan import Mesh
 from .schedules import (
     MOE_ONLY,
     SCHEDULES,
@@ -65,7 +65,7 @@ from .schedules import (
     stage_options,
 )
 from .solver import SolveTimeout, _new_highs, block_classes
-from .strategies import AC_MODES, BlockStrategy, Constraints, pinned_strategies
+from .strategies import Constraints, pinned_strategies
 
 
 @dataclass(frozen=True)

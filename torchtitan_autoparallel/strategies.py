@@ -4,40 +4,8 @@ from dataclasses import dataclass
 
 from .errors import UserError
 from .graph.layer_graph import LayerGraph
+from .layout import AC_MODES, TECHNIQUES, TP_MODES, BlockStrategy, Mesh
 from .pins import Pin
-from .plan import LayerPlan, Mesh, strategy_label
-
-TECHNIQUES = ("fsdp", "hsdp", "ddp", "tp", "tp_dp", "cp", "ep", "ac", "pp")
-"""fsdp: shard over dp_shard; hsdp: replicate x shard; ddp: replicate only (gradients
-all-reduced, parameters whole on every rank; tp = cp = 1); tp: tensor + sequence parallel; tp_dp: a
-block may use the tp dim as extra data parallel (dense models); cp: context parallel (ring
-attention); ep: expert parallel for routed experts (MoE models); ac: activation checkpointing;
-pp: pipeline parallel (schedule, stages per rank, micro-batches and the stage split searched)."""
-TP_MODES = ("sp", "dp")
-"""Per block on a mesh with tp > 1: "sp" = TorchTitan's TP + sequence-parallel plan; "dp" = the
-block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split the micro-batch
-(entry/exit all-to-all between the sequence-sharded residual stream and a batch shard)."""
-AC_MODES = ("none", "selective", "full")
-
-
-@dataclass(frozen=True, order=True)
-class BlockStrategy:
-    """How one transformer block runs: activation checkpointing, FSDP resharding, and what the
-    tp mesh dim does for it ("none" when tp = 1, else one of TP_MODES)."""
-
-    ac: str
-    reshard_after_forward: bool
-    tp_mode: str = "none"
-
-    @classmethod
-    def of(cls, layer: LayerPlan) -> "BlockStrategy":
-        """The strategy a planned block runs (its plan-file fields)."""
-        return cls(layer.ac, layer.reshard_after_forward, layer.tp_mode)
-
-    def describe(self, ep: int = 1, unsharded: str = "") -> str:
-        """Label of this strategy for a block with experts on ``ep`` ranks (``strategy_label``)."""
-        return strategy_label(self.ac, self.reshard_after_forward, self.tp_mode, ep,
-                              unsharded=unsharded)
 
 
 @dataclass(frozen=True)
@@ -236,13 +204,6 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
             for reshard in reshards:
                 out.append(BlockStrategy(ac, reshard, mode))
     return out
-
-
-def edge_strategy(kind: str, mesh: Mesh) -> BlockStrategy:
-    """How the embedding and the norm + output are applied (and so costed): the embedding
-    reshards after forward, the output keeps its parameters for the backward that follows at
-    once; vocab-parallel with loss parallel when tp > 1."""
-    return BlockStrategy("none", kind == "embedding", "sp" if mesh.tp > 1 else "none")
 
 
 def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe_model: bool,

@@ -39,9 +39,8 @@ from dataclasses import dataclass
 
 from ..features import EAGER, Features
 from ..graph.layer_graph import Layer, LayerGraph
-from ..plan import Mesh
+from ..layout import BlockStrategy, Mesh
 from ..schedules import SINGLE_STAGE
-from ..strategies import BlockStrategy
 from .hardware import HardwareProfile
 from .model import (
     AC_EFFECT,
