@@ -6,9 +6,8 @@ import json
 from typing import Any
 
 from .layout import BlockStrategy
-from .plan import Plan
+from .plan import Plan, check_plan_for_job
 from .planner import block_counts, candidate_for, inputs_from_plan
-from .validate import check_plan_for_job
 
 
 def explain_rows(plan: Plan) -> list[dict[str, Any]]:

@@ -118,9 +118,8 @@ def resolve_plan(job_config: Any, world: int) -> Any:
     """The job's plan: the plan file (validated against the job) or a fresh solve."""
     from torchtitan.tools.logging import logger
 
-    from .plan import Plan
+    from .plan import Plan, check_plan_for_job
     from .planner import fingerprint_diff, job_inputs, plan_job
-    from .validate import check_plan_for_job
 
     ap = job_config.autoparallel
     if not ap.plan_file:
