@@ -4,11 +4,12 @@ and compared with auto plans on the same cost model."""
 import dataclasses
 from typing import Any
 
+from .assembly import build_plan
 from .errors import UserError
 from .layout import BlockStrategy, Mesh
 from .pins import recipe_from_config, recipe_of
 from .plan import Plan
-from .planner import build_plan, candidate_for, job_inputs, with_global_batch
+from .planner import candidate_for, job_inputs, with_global_batch
 
 
 def expert_plan(job_config: Any, world: int) -> Plan:

@@ -4,17 +4,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .assembly import JobInputs, layer_plans, plan_of
 from .cost.model import STATE_BYTES_PER_PARAM, STEP_BYTES_PER_PARAM
 from .graph.adapters import get_adapter
 from .layout import BlockStrategy
 from .plan import Pipeline, Plan
 from .solver import block_classes
 from .solver_pipeline import PipelineCandidate, PipelineSolution, build_pipeline_candidate
-
-if TYPE_CHECKING:
-    from .planner import JobInputs
 
 
 def stage_sizes(blocks: int, stages: int, first_at_least: int = 0) -> list[int]:
@@ -88,8 +86,6 @@ def plan_from_stages(inputs: JobInputs, cand: PipelineCandidate, stages: list[li
                      strategies: list[BlockStrategy], solver: dict[str, Any]) -> Plan:
     """Cost ``stages`` (module fqns per stage, in stage order) with one strategy per block on
     ``cand`` and write the Plan: per-layer, per-rank and whole-step predictions."""
-    from .planner import layer_plans, plan_of
-
     graph = inputs.graph
     pp = cand.mesh.pp
     shape = Pipeline(cand.schedule, cand.stages_per_rank, cand.microbatches, cand.microbatch,

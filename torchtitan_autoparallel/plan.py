@@ -110,7 +110,7 @@ class Plan:
     """Schedule, micro-batches and stage split when ``mesh.pp > 1`` (None otherwise)."""
     inputs: dict[str, Any] | None = None
     """The resolved planning inputs (hardware profile contents, budget, precision, constraints,
-    features, pins, ...: ``planner.inputs_record``), so the plan can be explained, compared
+    features, pins, ...: ``assembly.inputs_record``), so the plan can be explained, compared
     and costed again without its config or profile file. None in version-1 files."""
 
     def to_dict(self) -> dict[str, Any]:
