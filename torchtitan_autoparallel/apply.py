@@ -17,7 +17,8 @@ import torch.nn as nn
 
 from .errors import UserError
 from .features import features_from_config
-from .graph.adapters import ModelAdapter, get_adapter, submodule_or_none
+from .graph.adapters import ModelAdapter, submodule_or_none
+from .graph.discover import get_adapter
 from .plan import Plan
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -8,7 +8,6 @@ from typing import Any
 
 from .assembly import JobInputs, layer_plans, plan_of
 from .cost.model import STATE_BYTES_PER_PARAM, STEP_BYTES_PER_PARAM
-from .graph.adapters import get_adapter
 from .layout import BlockStrategy
 from .plan import Pipeline, Plan
 from .solver import block_classes
@@ -28,7 +27,7 @@ def stage_sizes(blocks: int, stages: int, first_at_least: int = 0) -> list[int]:
 def head_modules(inputs: JobInputs) -> tuple[str, list[str]]:
     """The embedding's fqn, and the final norm's and output's (the last stage's tail)."""
     graph = inputs.graph
-    adapter = get_adapter(graph.family)
+    adapter = graph.adapter
     embedding = next(layer.fqn for layer in graph.layers if layer.kind == "embedding")
     head = [name for name in (adapter.final_norm,) if name] + [
         layer.fqn for layer in graph.layers if layer.kind == "output"]

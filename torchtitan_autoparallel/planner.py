@@ -18,7 +18,6 @@ from .cost.model import Precision
 from .errors import UserError
 from .exclusions import without_excluded
 from .features import Features, features_from_config
-from .graph.adapters import get_adapter
 from .graph.layer_graph import LayerGraph, build_layer_graph
 from .layout import TECHNIQUES, BlockStrategy, Mesh
 from .pins import Pin, recipe_from_config, recipe_of, resolve_pins
@@ -173,7 +172,7 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
     constraints = without_excluded(constraints, graph, world)
     recipe = recipe_from_config(job_config)
     globs = list(getattr(ap, "pin", []))
-    pins = resolve_pins(graph, globs, get_adapter(graph.family).default_pins, recipe_of(recipe))
+    pins = resolve_pins(graph, globs, graph.adapter.default_pins, recipe_of(recipe))
     layers_text = json.dumps([dataclasses.astuple(layer) for layer in graph.layers])
     fingerprint = {
         "model": job_config.model.name,
@@ -419,7 +418,7 @@ def record_from_fingerprint(fp: dict[str, Any], graph: LayerGraph,
                              or hw.moe_load_imbalance)
     recipe = {"ac_mode": "none", "selective_ac_option": "op",
               "fsdp_reshard_after_forward": reshard, **fp.get("pin_recipe", {})}
-    pins = resolve_pins(graph, list(fp.get("pin", [])), get_adapter(graph.family).default_pins,
+    pins = resolve_pins(graph, list(fp.get("pin", [])), graph.adapter.default_pins,
                         recipe_of(recipe))
     features = Features(**fp.get("features", {}))
     constraints = without_excluded(Constraints(
