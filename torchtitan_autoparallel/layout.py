@@ -145,6 +145,14 @@ class BlockStrategy:
                               unsharded=unsharded)
 
 
+def fsdp_sharded(mesh: Mesh, tp_mode: str = "none", experts: bool = False) -> bool:
+    """Whether FSDP shards a layer's parameters on ``mesh`` (what resharding after forward, the
+    per-step all-gathers and the unreduced gradients apply to): over dp_shard x cp, over
+    dp_shard x tp where the tp dim acts as data parallel (``tp_mode`` "dp"), and, for a block
+    with routed ``experts`` under expert parallelism, its experts over ``efsdp``."""
+    return mesh.dp_shard * mesh.cp > 1 or tp_mode == "dp" or (experts and mesh.ep > 1)
+
+
 def edge_strategy(kind: str, mesh: Mesh) -> BlockStrategy:
     """How the embedding and the norm + output are applied (and so costed): the embedding
     reshards after forward, the output keeps its parameters for the backward that follows at

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from .errors import UserError
 from .graph.layer_graph import LayerGraph
-from .layout import AC_MODES, TECHNIQUES, TP_MODES, BlockStrategy, Mesh
+from .layout import AC_MODES, TECHNIQUES, TP_MODES, BlockStrategy, Mesh, fsdp_sharded
 from .pins import Pin
 
 
@@ -197,7 +197,7 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
         tp_modes = TP_MODES if dp_ok else ("sp",)
     out = []
     for mode in tp_modes:
-        sharded = mesh.dp_shard * mesh.cp > 1 or mode == "dp"
+        sharded = fsdp_sharded(mesh, mode)
         reshards = {"default": (True, False), "always": (True,), "never": (False,)}[
             constraints.reshard_after_forward] if sharded else (False,)
         for ac in acs:
@@ -211,7 +211,7 @@ def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe
     """Strategies a block may take given its pin: TorchTitan's recipe only (whole block
     pinned), no tp-as-dp (a region inside pinned), or all of them."""
     if pin is not None and pin.whole:
-        sharded = mesh.dp_shard * mesh.cp > 1
+        sharded = fsdp_sharded(mesh)
         return [BlockStrategy(pin.recipe_ac, pin.recipe_reshard and sharded,
                               "sp" if mesh.tp > 1 else "none")]
     free = block_strategies(mesh, microbatch, constraints, moe_model)

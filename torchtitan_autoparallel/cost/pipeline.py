@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from ..features import EAGER, Features
 from ..graph.layer_graph import Layer, LayerGraph
-from ..layout import BlockStrategy, Mesh
+from ..layout import BlockStrategy, Mesh, fsdp_sharded
 from ..schedules import SINGLE_STAGE
 from .hardware import HardwareProfile
 from .model import (
@@ -169,7 +169,7 @@ def stage_block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbat
         per_mb -= share * min(parts.get("ep all-to-all", 0.0), cost.compute_s)
     tp_like = cost.exposed_comm_s - fsdp_exposed
     fsdp_comm = max(0.0, cost.comm_s - tp_like)
-    sharded = mesh.dp_shard * mesh.cp > 1 or (layer.expert_params and mesh.ep > 1)
+    sharded = fsdp_sharded(mesh, strategy.tp_mode, bool(layer.expert_params))
     per_param = cost.state_bytes / STATE_BYTES_PER_PARAM
     resident = per_param * (FWD_BWD_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM)
     transient = cost.transient_bytes
