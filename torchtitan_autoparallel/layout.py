@@ -153,6 +153,24 @@ def fsdp_sharded(mesh: Mesh, tp_mode: str = "none", experts: bool = False) -> bo
     return mesh.dp_shard * mesh.cp > 1 or tp_mode == "dp" or (experts and mesh.ep > 1)
 
 
+def tp_as_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block") -> str:
+    """Why the tp dim cannot act as data parallel (tp mode "dp") for a ``kind`` layer on
+    ``mesh`` with a local batch of ``microbatch`` sequences; empty if it can. It needs tp > 1, no
+    pipeline parallelism, a block, one FSDP mesh over dp_shard x tp (dp_shard > 1,
+    dp_replicate = 1, cp = 1) and a batch the tp ranks split evenly."""
+    if mesh.tp == 1:
+        return "tp_mode 'dp' needs tp > 1"
+    if mesh.pp > 1:
+        return "tp_mode 'dp' is not planned with pipeline parallelism; use 'sp'"
+    if kind != "block":
+        return "tp_mode 'dp' applies to blocks only; use 'sp'"
+    if mesh.dp_shard == 1 or mesh.dp_replicate > 1 or mesh.cp > 1:
+        return "tp_mode 'dp' needs dp_shard > 1, dp_replicate = 1 and cp = 1; use 'sp'"
+    if microbatch % mesh.tp:
+        return f"tp_mode 'dp' needs local_batch_size divisible by tp ({mesh.tp}); use 'sp'"
+    return ""
+
+
 def edge_strategy(kind: str, mesh: Mesh) -> BlockStrategy:
     """How the embedding and the norm + output are applied (and so costed): the embedding
     reshards after forward, the output keeps its parameters for the backward that follows at

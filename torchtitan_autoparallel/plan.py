@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import Rule, UserError, atomic_write, check_fields, check_value, shown
-from .layout import AC_MODES, TP_MODES, Mesh, strategy_label, strategy_parts
+from .layout import AC_MODES, TP_MODES, Mesh, strategy_label, strategy_parts, tp_as_dp_problem
 from .schedules import SCHEDULES, SINGLE_STAGE, V_SCHEDULES, microbatch_ok
 
 SCHEMA_VERSION = 2
@@ -445,18 +445,11 @@ def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
         return f"ep {layer.ep} must be 1 or the mesh's ep ({m.ep})"
     if m.tp == 1:
         return "" if layer.tp_mode == "none" else f"tp_mode {layer.tp_mode!r} needs tp > 1"
-    if layer.tp_mode == "dp" and m.pp > 1:
-        return "tp_mode 'dp' is not planned with pipeline parallelism; use 'sp'"
     if layer.tp_mode == "none":
         return ("tp_mode 'none' on a tp mesh leaves its parameters plain tensors next to "
                 "DTensors (the optimizer step fails): use 'sp' or 'dp'")
     if layer.tp_mode == "dp":
-        if layer.kind != "block":
-            return "tp_mode 'dp' applies to blocks only; use 'sp'"
-        if m.dp_shard == 1 or m.dp_replicate > 1 or m.cp > 1:
-            return "tp_mode 'dp' needs dp_shard > 1, dp_replicate = 1 and cp = 1; use 'sp'"
-        if microbatch % m.tp:
-            return f"tp_mode 'dp' needs local_batch_size divisible by tp ({m.tp}); use 'sp'"
+        return tp_as_dp_problem(m, microbatch, layer.kind)
     return ""
 
 

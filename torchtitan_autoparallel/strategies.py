@@ -4,7 +4,15 @@ from dataclasses import dataclass
 
 from .errors import UserError
 from .graph.layer_graph import LayerGraph
-from .layout import AC_MODES, TECHNIQUES, TP_MODES, BlockStrategy, Mesh, fsdp_sharded
+from .layout import (
+    AC_MODES,
+    TECHNIQUES,
+    TP_MODES,
+    BlockStrategy,
+    Mesh,
+    fsdp_sharded,
+    tp_as_dp_problem,
+)
 from .pins import Pin
 
 
@@ -190,10 +198,8 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
     acs = constraints.ac_modes if "ac" in constraints.techniques else ("none",)
     tp_modes: tuple[str, ...] = ("none",)
     if mesh.tp > 1:
-        # tp as data parallel needs an FSDP mesh over dp_shard x tp (dp_shard > 1)
-        dp_ok = ("tp_dp" in constraints.techniques and microbatch % mesh.tp == 0
-                 and mesh.dp_shard > 1 and mesh.dp_replicate == 1 and mesh.cp == 1
-                 and not moe_model)
+        dp_ok = ("tp_dp" in constraints.techniques and not moe_model
+                 and not tp_as_dp_problem(mesh, microbatch))
         tp_modes = TP_MODES if dp_ok else ("sp",)
     out = []
     for mode in tp_modes:
