@@ -135,7 +135,7 @@ class BlockStrategy:
     tp_mode: str = "none"
 
     @classmethod
-    def of(cls, layer: "StrategyFields") -> "BlockStrategy":
+    def of(cls, layer: StrategyFields) -> "BlockStrategy":
         """The strategy a planned block runs (its plan-file fields)."""
         return cls(layer.ac, layer.reshard_after_forward, layer.tp_mode)
 
