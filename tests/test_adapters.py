@@ -24,10 +24,7 @@ AUTO = "tests/configs/pocket_lm_auto.toml"
 @pytest.fixture(autouse=True)
 def fresh_adapters(monkeypatch):
     """Each test registers into copies of the registry."""
-    from torchtitan_autoparallel.graph import families  # noqa: F401
-
     monkeypatch.setattr(adapters, "_ADAPTERS", dict(adapters._ADAPTERS))
-    monkeypatch.setattr(adapters, "_DISCOVERED", {})
 
 
 def _job(*overrides: str, config: str = AUTO):
@@ -78,8 +75,10 @@ def test_discovery_finds_what_the_builtin_registrations_say(family, flavor):
 
 
 def test_discovery_reads_the_test_model():
+    from torchtitan_autoparallel.planner import job_inputs
+
     plan = _plan(2)
-    found = adapters.get_adapter("pocket_lm")
+    found = job_inputs(_job(), 2).graph.adapter
     assert (found.blocks, found.embedding, found.final_norm, found.output) == (
         "stack", "wte", "ln_out", "head")
     assert found.tp_fn is None and found.op_sac_save_list is None and found.block_args == 2
@@ -88,6 +87,17 @@ def test_discovery_reads_the_test_model():
     assert "excluded tp: no TP plan for this family; register one to enable " \
         "(ModelAdapter.tp_fn)" in plan.notes
     assert all(layer.ac != "selective" for layer in plan.layers)
+
+
+def test_adapter_without_a_model_is_the_registered_one():
+    """No state carries over from a layer graph built earlier: without the model, a family
+    without a registration has no adapter, and a registered one is returned as registered."""
+    from torchtitan_autoparallel.graph.discover import get_adapter
+
+    _plan(2)  # discovers pocket_lm's adapter from its model
+    with pytest.raises(UserError, match="no adapter registered for model 'pocket_lm'"):
+        get_adapter("pocket_lm")
+    assert get_adapter("llama3") is adapters._ADAPTERS["llama3"]
 
 
 @pytest.mark.parametrize("field,value", [("blocks", "cells"), ("embedding", "tokens"),

@@ -126,7 +126,8 @@ def test_replayed_plan_trains_identically(tmp_path):
 def test_unsharded_meshes_are_labelled_ddp_or_single() -> None:
     """On a pure data-parallel mesh or one device nothing is sharded: tables say ddp / single,
     not fsdp / fsdp-keep."""
-    from torchtitan_autoparallel.plan import LayerPlan, Mesh
+    from torchtitan_autoparallel.layout import Mesh
+    from torchtitan_autoparallel.plan import LayerPlan
 
     assert Mesh(2, 1, 1, 1).replicate_only and not Mesh(2, 2, 1, 1).replicate_only
     assert not Mesh(1, 1, 1, 1).replicate_only and not Mesh(2, 1, 2, 1).replicate_only

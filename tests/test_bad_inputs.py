@@ -205,9 +205,12 @@ def test_every_profile_field_is_checked():
     field rejects NaN."""
     import dataclasses
 
-    from torchtitan_autoparallel.cost.hardware import HardwareProfile, available_profiles
+    from torchtitan_autoparallel.cost.hardware import (
+        HardwareProfile,
+        available_profiles,
+        check_profile_data,
+    )
     from torchtitan_autoparallel.errors import UserError
-    from torchtitan_autoparallel.validate import check_profile_data
 
     for name in available_profiles():
         text = (REPO / "torchtitan_autoparallel" / "profiles" / f"{name}.toml").read_text()

@@ -3,8 +3,9 @@ expert parallel as artifacts (JSON round trip, explain)."""
 
 import pytest
 
+from torchtitan_autoparallel.layout import Mesh
 from torchtitan_autoparallel.pins import Pin, recipe_block_ac
-from torchtitan_autoparallel.plan import Mesh, Plan
+from torchtitan_autoparallel.plan import Plan
 from torchtitan_autoparallel.strategies import Constraints, legal_ep, pinned_strategies
 
 
@@ -105,7 +106,7 @@ def test_looped_experts_cost_a_kernel_per_expert_and_ep_splits_them():
     from torchtitan_autoparallel.cost.hardware import load_profile
     from torchtitan_autoparallel.cost.model import Precision, block_cost
     from torchtitan_autoparallel.graph.layer_graph import Layer
-    from torchtitan_autoparallel.strategies import BlockStrategy
+    from torchtitan_autoparallel.layout import BlockStrategy
 
     layer = Layer("layers.1", "block", 10**8, 1e12, 1e8, 4096 * 1024 * 4, "moe", 0.0, 0.0,
                   expert_params=9 * 10**7, num_experts=64, top_k=2, expert_flops=5e11)

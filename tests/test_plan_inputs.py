@@ -63,7 +63,8 @@ def test_explain_and_diff_after_the_profile_file_is_deleted(own_profile_plan, tm
 
 
 def test_recost_from_the_plan_alone_reproduces_its_prediction(own_profile_plan):
-    from torchtitan_autoparallel.planner import inputs_from_plan, inputs_record, recost
+    from torchtitan_autoparallel.assembly import inputs_record
+    from torchtitan_autoparallel.planner import inputs_from_plan, recost
 
     plan = Plan.load(str(own_profile_plan))
     assert inputs_record(inputs_from_plan(plan)) == plan.inputs

@@ -245,7 +245,7 @@ def test_memory_terms_measured_on_one_gpu():
     gradients stay resident while accumulating; under autocast (one device / DDP, bf16) the
     cached bf16 weight copies and fp32 residual activations; bf16 logits beside the fp32 ones."""
     from torchtitan_autoparallel.cost.model import fixed_cost
-    from torchtitan_autoparallel.plan import Mesh
+    from torchtitan_autoparallel.layout import Mesh
 
     graph = random_graph(random.Random(3))
     hw = load_profile("h200_sxm")
@@ -394,7 +394,7 @@ def test_embedding_and_output_are_costed_as_applied():
     B / 2 / bandwidth: the embedding all-gathers twice and reduce-scatters once, the output
     all-gathers once and reduce-scatters once."""
     from torchtitan_autoparallel.cost.model import fixed_cost
-    from torchtitan_autoparallel.plan import Mesh
+    from torchtitan_autoparallel.layout import Mesh
 
     graph = random_graph(random.Random(7))
     hw = dataclasses.replace(

@@ -196,7 +196,7 @@ def test_host_time_stretches_oversubscribed_ranks() -> None:
 
     from torchtitan_autoparallel.cost.hardware import load_profile
     from torchtitan_autoparallel.cost.model import host_profile, host_time_s
-    from torchtitan_autoparallel.plan import Mesh
+    from torchtitan_autoparallel.layout import Mesh
 
     hw = dataclasses.replace(load_profile("cpu"), host_cores=2, block_overhead_us=1000.0)
     assert host_time_s(1.0, Mesh(1, 2, 1, 1), hw, 8) == pytest.approx(1.001)
@@ -218,8 +218,7 @@ def test_host_copies_make_sharded_data_parallel_cost_more_than_replication() -> 
     from torchtitan_autoparallel.cost.hardware import load_profile
     from torchtitan_autoparallel.cost.model import Precision, block_cost
     from torchtitan_autoparallel.graph.layer_graph import Layer
-    from torchtitan_autoparallel.plan import Mesh
-    from torchtitan_autoparallel.strategies import BlockStrategy
+    from torchtitan_autoparallel.layout import BlockStrategy, Mesh
 
     layer = Layer("layers.0", "block", 10**6, 1e9, 1e6, 1e5, "b")
     hw = dataclasses.replace(load_profile("cpu"), host_copy_gbps=0.0)

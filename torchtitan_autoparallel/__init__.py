@@ -3,6 +3,7 @@
 Public API for bringing a model: ``ModelAdapter`` and ``register_adapter`` (see
 ``graph/adapters.py`` and the README section "Your own model")."""
 
+from .graph import families  # noqa: F401  (registers TorchTitan's families)
 from .graph.adapters import ModelAdapter, register_adapter
 
 __version__ = "0.1.0"

@@ -17,7 +17,9 @@ import torch.nn as nn
 
 from .errors import UserError
 from .features import features_from_config
-from .graph.adapters import ModelAdapter, get_adapter, submodule_or_none
+from .graph.adapters import ModelAdapter, submodule_or_none
+from .graph.discover import get_adapter
+from .layout import tp_as_dp_problem
 from .plan import Plan
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -74,13 +76,13 @@ def _batch_split_over_tp(block: nn.Module, tp_mesh: Any, n_args: int) -> None:
         output_layouts=Shard(0), desired_output_layouts=Shard(1), use_local_output=True))
 
 
-def _dp_over_tp_mesh(parallel_dims: Any) -> Any:
-    """1-D mesh over dp_shard x tp (or tp alone): FSDP mesh of blocks that use tp as data
-    parallel. TorchTitan keeps its own flattened ``efsdp`` mesh fake unless EP is on."""
-    if parallel_dims.dp_replicate_enabled:
-        raise UserError("tp used as data parallel is not supported together with dp_replicate")
-    if not parallel_dims.dp_shard_enabled:
-        return parallel_dims.get_mesh("tp")
+def _dp_over_tp_mesh(parallel_dims: Any, plan: Plan) -> Any:
+    """1-D mesh over dp_shard x tp: FSDP mesh of blocks that use tp as data parallel (where
+    ``layout.tp_as_dp_problem`` allows it). TorchTitan keeps its own flattened ``efsdp`` mesh
+    fake unless EP is on."""
+    problem = tp_as_dp_problem(plan.mesh, plan.local_batch_size)
+    if problem:
+        raise UserError(problem)
     return parallel_dims.get_mesh(["fsdp", "tp"])._flatten("fsdp_tp")
 
 
@@ -289,7 +291,7 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
         layer = by_fqn[f"{adapter.blocks}.{name}"]
         group = fsdp
         if layer.tp_mode == "dp":
-            dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims)
+            dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims, plan)
             group = {**fsdp, "mesh": dp_over_tp}
         if name in moe_blocks and plan.mesh.ep > 1:
             _shard_routed_experts(adapter.routed_experts(moe_blocks[name]), parallel_dims, plan,

@@ -8,6 +8,8 @@ as for any built-in option.
 
 from dataclasses import dataclass, field
 
+from .layout import TECHNIQUES
+
 CONFIG_MODULE = "torchtitan_autoparallel.config"
 
 
@@ -30,7 +32,7 @@ class Autoparallel:
     memory_gib: float = 0.0
     """Memory budget per device in GiB; 0 takes the profile's usable memory."""
     techniques: list[str] = field(
-        default_factory=lambda: ["fsdp", "hsdp", "ddp", "tp", "tp_dp", "cp", "ep", "ac", "pp"]
+        default_factory=lambda: list(TECHNIQUES)
     )
     """Techniques the search may use (restrict it to compare or to debug): fsdp, hsdp, ddp
     (replicate only, gradients all-reduced), tp

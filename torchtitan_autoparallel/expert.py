@@ -4,11 +4,12 @@ and compared with auto plans on the same cost model."""
 import dataclasses
 from typing import Any
 
+from .assembly import build_plan
 from .errors import UserError
+from .layout import BlockStrategy, Mesh, fsdp_sharded
 from .pins import recipe_from_config, recipe_of
-from .plan import Mesh, Plan
-from .planner import build_plan, candidate_for, job_inputs, with_global_batch
-from .strategies import BlockStrategy
+from .plan import Plan
+from .planner import candidate_for, job_inputs, with_global_batch
 
 
 def expert_plan(job_config: Any, world: int) -> Plan:
@@ -37,13 +38,13 @@ def expert_plan(job_config: Any, world: int) -> Plan:
                         f"x data-parallel degree {mesh.dp}")
     inputs = dataclasses.replace(with_global_batch(inputs, global_batch), pins={})
     recipe = recipe_of(recipe_from_config(job_config))  # what a pinned block runs, too
-    sharded = mesh.dp_shard * mesh.cp > 1
     # TorchTitan's "default" resharding keeps parameters after forward under pp
     keep = pp > 1 and par.fsdp_reshard_after_forward == "default"
     mode = "sp" if tp > 1 else "none"
     strategies = []
-    for i in range(len(inputs.graph.blocks)):
+    for i, block in enumerate(inputs.graph.blocks):
         ac, reshard = recipe(i)
+        sharded = fsdp_sharded(mesh, mode, bool(block.expert_params))
         strategies.append(BlockStrategy(ac, reshard and sharded and not keep, mode))
     solver = {"status": "expert recipe", "gap": 0.0, "candidates": 1, "milps_solved": 0,
               "variables": 0, "constraints": 0}
@@ -70,9 +71,9 @@ def _pipeline_recipe_plan(job_config: Any, inputs: Any, mesh: Mesh, local: int,
 
     from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
 
-    from .cost.pipeline import SCHEDULES, SINGLE_STAGE
     from .pipeline_plan import pipeline_candidate_of, plan_from_stages
     from .plan import Pipeline
+    from .schedules import SCHEDULES, SINGLE_STAGE
 
     par = job_config.parallelism
     schedule = par.pipeline_parallel_schedule

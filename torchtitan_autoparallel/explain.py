@@ -11,10 +11,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from .plan import Plan
+from .layout import BlockStrategy
+from .plan import Plan, check_plan_for_job
 from .planner import block_counts, candidate_for, inputs_from_plan
-from .strategies import BlockStrategy
-from .validate import check_plan_for_job
 
 
 def explain_rows(plan: Plan, cache: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -39,7 +39,7 @@ def _check_toml(path: str) -> None:
     """The config file exists and is TOML (TorchTitan would print a traceback first)."""
     import tomllib
 
-    from .validate import shown
+    from .errors import shown
 
     if not os.path.isfile(path):
         raise UserError(f"config file not found: {shown(path)} (set CONFIG_FILE to an existing "
@@ -58,7 +58,7 @@ def parse_config(argv: list[str]) -> Any:
     """Parse TorchTitan's config (TOML + CLI) with the project's extension merged in."""
     from torchtitan.config import ConfigManager
 
-    from .validate import shown
+    from .errors import shown
 
     path = _config_path(argv)
     if path is not None:
@@ -130,9 +130,8 @@ def resolve_plan(job_config: Any, world: int) -> Any:
     """The job's plan: the plan file (validated against the job) or a fresh solve."""
     from torchtitan.tools.logging import logger
 
-    from .plan import Plan
+    from .plan import Plan, check_plan_for_job
     from .planner import fingerprint_diff, job_inputs, plan_job
-    from .validate import check_plan_for_job
 
     ap = job_config.autoparallel
     if not ap.plan_file:

@@ -14,9 +14,8 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UserError
+from .errors import UserError, shown
 from .graph.layer_graph import LayerGraph
-from .validate import shown
 
 
 @dataclass(frozen=True)

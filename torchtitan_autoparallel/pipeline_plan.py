@@ -4,17 +4,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .assembly import JobInputs, layer_plans, plan_of
 from .cost.model import STATE_BYTES_PER_PARAM, STEP_BYTES_PER_PARAM
-from .graph.adapters import get_adapter
+from .layout import BlockStrategy
 from .plan import Pipeline, Plan
 from .solver import block_classes
 from .solver_pipeline import PipelineCandidate, PipelineSolution, build_pipeline_candidate
-from .strategies import BlockStrategy
-
-if TYPE_CHECKING:
-    from .planner import JobInputs
 
 
 def stage_sizes(blocks: int, stages: int, first_at_least: int = 0) -> list[int]:
@@ -30,7 +27,7 @@ def stage_sizes(blocks: int, stages: int, first_at_least: int = 0) -> list[int]:
 def head_modules(inputs: JobInputs) -> tuple[str, list[str]]:
     """The embedding's fqn, and the final norm's and output's (the last stage's tail)."""
     graph = inputs.graph
-    adapter = get_adapter(graph.family)
+    adapter = graph.adapter
     embedding = next(layer.fqn for layer in graph.layers if layer.kind == "embedding")
     head = [name for name in (adapter.final_norm,) if name] + [
         layer.fqn for layer in graph.layers if layer.kind == "output"]
@@ -88,8 +85,6 @@ def plan_from_stages(inputs: JobInputs, cand: PipelineCandidate, stages: list[li
                      strategies: list[BlockStrategy], solver: dict[str, Any]) -> Plan:
     """Cost ``stages`` (module fqns per stage, in stage order) with one strategy per block on
     ``cand`` and write the Plan: per-layer, per-rank and whole-step predictions."""
-    from .planner import layer_plans, plan_of
-
     graph = inputs.graph
     pp = cand.mesh.pp
     shape = Pipeline(cand.schedule, cand.stages_per_rank, cand.microbatches, cand.microbatch,

@@ -1,4 +1,5 @@
-"""The Plan: plain, versioned data that says how to parallelize one job; JSON in and out."""
+"""The Plan: plain, versioned data that says how to parallelize one job; JSON in and out, and
+the checks every plan passes when it is read or saved (schema, consistency, legality)."""
 
 import dataclasses
 import hashlib
@@ -6,8 +7,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import UserError, atomic_write
-from .validate import shown
+from .errors import Rule, UserError, atomic_write, check_fields, check_value, shown
+from .layout import AC_MODES, TP_MODES, Mesh, strategy_label, strategy_parts, tp_as_dp_problem
+from .schedules import SCHEDULES, SINGLE_STAGE, V_SCHEDULES, microbatch_ok
 
 SCHEMA_VERSION = 2
 """2: the plan stores its resolved planning inputs (``Plan.inputs``). 1 is still read (the
@@ -54,103 +56,6 @@ class LayerPlan:
                               self.pinned, unsharded)
 
 
-def strategy_parts(ac: str, reshard_after_forward: bool, tp_mode: str, ep: int = 1,
-                   pinned: bool = False, unsharded: str = "") -> dict[str, str]:
-    """The one vocabulary of a strategy, by aspect (tables, explain, diff and pictures):
-    params "fsdp" / "fsdp-keep" (reshard after forward or not; ``unsharded``: the mesh's label
-    when it shards nothing, "ddp" / "single", see ``Mesh.unsharded_label``), tp "tp+sp" /
-    "tp-as-dp", ep "ep<k>", ac "ac:<mode>", pinned "pinned"; absent aspects are left out."""
-    parts = {"params": unsharded or ("fsdp" if reshard_after_forward else "fsdp-keep")}
-    if tp_mode == "sp":
-        parts["tp"] = "tp+sp"
-    elif tp_mode == "dp":
-        parts["tp"] = "tp-as-dp"
-    if ep > 1:
-        parts["ep"] = f"ep{ep}"
-    if ac != "none":
-        parts["ac"] = f"ac:{ac}"
-    if pinned:
-        parts["pinned"] = "pinned"
-    return parts
-
-
-def strategy_label(ac: str, reshard_after_forward: bool, tp_mode: str, ep: int = 1,
-                   pinned: bool = False, unsharded: str = "") -> str:
-    """A strategy as one string: its ``strategy_parts`` joined by "+"."""
-    return "+".join(strategy_parts(ac, reshard_after_forward, tp_mode, ep, pinned,
-                                   unsharded).values())
-
-
-@dataclass(frozen=True, order=True)
-class Mesh:
-    """pp x dp_replicate x dp_shard x cp x tp = world size (TorchTitan's mesh order: pp
-    outermost, tp innermost).
-
-    ``ep`` / ``etp`` follow TorchTitan's rules for routed experts: with ``etp = tp`` the ep ranks
-    come from dp_shard x cp; with ``etp = 1`` they also take all of tp (ep a multiple of tp).
-    Experts are FSDP-sharded over the remaining ``efsdp`` ranks."""
-
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-    cp: int = 1
-    ep: int = 1
-    etp: int = 1
-    pp: int = 1
-    """Pipeline stages across ranks (1: no pipeline parallelism)."""
-
-    @property
-    def world(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
-
-    @property
-    def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def replicate_only(self) -> bool:
-        """Pure data parallel (DDP): replicas only, nothing sharded."""
-        return self.dp_replicate > 1 and self.unsharded
-
-    @property
-    def unsharded(self) -> bool:
-        """No dim splits parameters or sequences (one device, or replicas only)."""
-        return self.dp_shard * self.cp * self.tp == 1
-
-    @property
-    def unsharded_label(self) -> str:
-        """"ddp" for pure data parallel, "single" for one device, "" when something is
-        sharded."""
-        return "ddp" if self.replicate_only else "single" if self.world == self.pp else ""
-
-    @property
-    def efsdp(self) -> int:
-        """FSDP degree of routed experts when ep > 1."""
-        return self.dp_shard * self.cp * self.tp // (self.ep * self.etp)
-
-    def spans_nodes(self, dim: str, gpus_per_node: int) -> bool:
-        """Whether the process groups of ``dim`` cross node boundaries (ranks are node-major)."""
-        if dim == "tp":
-            inner = self.tp
-        elif dim == "cp":
-            inner = self.cp * self.tp
-        elif dim == "dp_shard":
-            inner = self.dp_shard * self.cp * self.tp
-        elif dim == "ep":
-            inner = self.ep * self.etp
-        elif dim == "dp_replicate":
-            inner = self.world // self.pp
-        else:  # pp: neighbouring stages are world / pp ranks apart
-            inner = self.world
-        return inner > gpus_per_node
-
-    def __str__(self) -> str:
-        text = (f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} cp={self.cp} "
-                f"tp={self.tp}")
-        text = (f"pp={self.pp} " if self.pp > 1 else "") + text
-        return text + (f" ep={self.ep} etp={self.etp}" if self.ep > 1 else "")
-
-
 @dataclass
 class Pipeline:
     """How a pipeline-parallel plan runs (``Plan.pipeline``; None without pp): TorchTitan's
@@ -188,10 +93,6 @@ class Pipeline:
         return stage % pp
 
 
-V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
-"""Schedules whose two stages per rank form a V (first and last stage on rank 0)."""
-
-
 @dataclass
 class Plan:
     fingerprint: dict[str, Any]
@@ -209,7 +110,7 @@ class Plan:
     """Schedule, micro-batches and stage split when ``mesh.pp > 1`` (None otherwise)."""
     inputs: dict[str, Any] | None = None
     """The resolved planning inputs (hardware profile contents, budget, precision, constraints,
-    features, pins, ...: ``planner.inputs_record``), so the plan can be explained, compared
+    features, pins, ...: ``assembly.inputs_record``), so the plan can be explained, compared
     and costed again without its config or profile file. None in version-1 files."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -237,8 +138,6 @@ class Plan:
     @classmethod
     def from_dict(cls, data: Any, source: str = "data") -> "Plan":
         """Build a plan from JSON data, validated (schema, types, ranges, consistency)."""
-        from .validate import check_plan, check_plan_data
-
         if isinstance(data, dict) and data.get("version") not in READABLE_VERSIONS:
             raise UserError(
                 f"plan schema version {shown(data.get('version'))} is not supported (this "
@@ -271,8 +170,6 @@ class Plan:
     def save(self, path: str) -> None:
         """Validate, then write atomically: a temp file in the target's folder renamed over
         it, removed on any failure, so nothing half-written is ever left behind."""
-        from .validate import check_plan
-
         check_plan(self, path)
         atomic_write(path, self.to_json(), "plan")
 
@@ -373,3 +270,198 @@ def _runs(layers: list[LayerPlan]) -> list[list[LayerPlan]]:
         else:
             runs.append([layer])
     return runs
+
+
+# ---------------------------------------------------------------------------------------------
+# plan files
+
+PLAN_FIX = "re-plan the job (python -m torchtitan_autoparallel plan ... --out PLAN)"
+
+PLAN_RULES: dict[str, Rule] = {
+    "version": Rule(int),
+    "fingerprint": Rule(dict),
+    "mesh": Rule(dict),
+    "global_batch_size": Rule(int, ge=1),
+    "local_batch_size": Rule(int, ge=1),
+    "gradient_accumulation_steps": Rule(int, ge=1),
+    "seq_len": Rule(int, ge=1),
+    "layers": Rule(list, item=dict),
+    "predicted": Rule(dict),
+    "solver": Rule(dict),
+    "notes": Rule(list, item=str),
+    "inputs": Rule(dict, optional=True),
+    "pipeline": Rule(dict, optional=True),
+}
+MESH_RULES: dict[str, Rule] = {k: Rule(int, ge=1)
+                               for k in ("dp_replicate", "dp_shard", "tp", "cp", "ep", "etp",
+                                         "pp")}
+PIPELINE_RULES: dict[str, Rule] = {
+    "schedule": Rule(str),
+    "stages_per_rank": Rule(int, ge=1),
+    "microbatches": Rule(int, ge=1),
+    "microbatch_size": Rule(int, ge=1),
+    "stages": Rule(list, item=list),
+    "bubble_fraction": Rule(float, ge=0, le=1),
+    "rank_time_ms": Rule(list, item=float),
+    "rank_memory_gib": Rule(list, item=float),
+    "rank_state_gib": Rule(list, item=float),
+}
+LAYER_RULES: dict[str, Rule] = {
+    "fqn": Rule(str),
+    "kind": Rule(str, choices=("embedding", "block", "output")),
+    "ac": Rule(str, choices=AC_MODES),
+    "reshard_after_forward": Rule(bool),
+    "tp_mode": Rule(str, choices=("none", *TP_MODES)),
+    "ep": Rule(int, ge=1),
+    "pinned": Rule(bool),
+}
+PREDICTED_KEYS = ("step_time_s", "tokens_per_s", "peak_memory_gib", "state_memory_gib",
+                  "budget_gib")
+SOLVER_KEYS = ("status", "gap", "milps_solved", "candidates", "variables", "constraints")
+FINGERPRINT_KEYS = ("model", "flavor", "seq_len", "global_batch_size", "world_size")
+
+
+def check_plan_data(data: Any, source: str) -> None:
+    """Schema, types and ranges of a plan's JSON data (before a Plan is built from it)."""
+    where = f"plan {source}: "
+    if not isinstance(data, dict):
+        raise UserError(f"{where}not a plan (a JSON object is expected, got "
+                        f"{type(data).__name__}); {PLAN_FIX}")
+    missing = [f.name for f in dataclasses.fields(Plan)
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+               and f.name not in data]
+    if missing:
+        raise UserError(f"{where}missing field {missing[0]!r}; {PLAN_FIX}")
+    check_fields(where, data, Plan, PLAN_RULES, PLAN_FIX)
+    check_fields(f"{where}mesh.", data["mesh"], Mesh, MESH_RULES, PLAN_FIX)
+    if data.get("pipeline") is not None:
+        pipe = data["pipeline"]
+        missing = [f.name for f in dataclasses.fields(Pipeline)
+                   if f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING and f.name not in pipe]
+        if missing:
+            raise UserError(f"{where}pipeline lacks {missing[0]!r}; {PLAN_FIX}")
+        check_fields(f"{where}pipeline.", pipe, Pipeline, PIPELINE_RULES, PLAN_FIX)
+        if not all(isinstance(f, str) for stage in pipe["stages"] for f in stage):
+            raise UserError(f"{where}pipeline.stages must be lists of module names; {PLAN_FIX}")
+    if not data["layers"]:
+        raise UserError(f"{where}has no layers; {PLAN_FIX}")
+    for i, layer in enumerate(data["layers"]):
+        if "fqn" not in layer or "kind" not in layer:
+            raise UserError(f"{where}layers[{i}] lacks 'fqn' or 'kind'; {PLAN_FIX}")
+        check_fields(f"{where}layers[{i}].", layer, LayerPlan, LAYER_RULES, PLAN_FIX)
+    for key in PREDICTED_KEYS:
+        check_value(f"{where}predicted.", key, data["predicted"].get(key), Rule(float, ge=0),
+                    PLAN_FIX)
+    for key in SOLVER_KEYS:
+        if key not in data["solver"]:
+            raise UserError(f"{where}solver lacks {key!r}; {PLAN_FIX}")
+    for key in FINGERPRINT_KEYS:
+        if key not in data["fingerprint"]:
+            raise UserError(f"{where}fingerprint lacks {key!r}; {PLAN_FIX}")
+
+
+def check_plan(plan: Any, source: str) -> None:
+    """A plan's own consistency: batch arithmetic, unique layers, strategies legal on its
+    mesh (what ``apply_plan`` and the optimizer step accept)."""
+    where = f"plan {source}: "
+    m = plan.mesh
+    if m.world != plan.fingerprint.get("world_size"):
+        raise UserError(f"{where}mesh {m} multiplies to {m.world}, not the world size "
+                        f"{plan.fingerprint.get('world_size')} it was made for; {PLAN_FIX}")
+    if plan.global_batch_size != plan.local_batch_size * m.dp * plan.gradient_accumulation_steps:
+        raise UserError(
+            f"{where}global_batch_size {plan.global_batch_size} != local_batch_size "
+            f"{plan.local_batch_size} x dp {m.dp} x gradient_accumulation_steps "
+            f"{plan.gradient_accumulation_steps}; {PLAN_FIX}")
+    if plan.seq_len != plan.fingerprint.get("seq_len"):
+        raise UserError(f"{where}seq_len {plan.seq_len} differs from its fingerprint's "
+                        f"{plan.fingerprint.get('seq_len')}; {PLAN_FIX}")
+    fqns = [layer.fqn for layer in plan.layers]
+    dup = next((f for f in fqns if fqns.count(f) > 1), None)
+    if dup is not None:
+        raise UserError(f"{where}layer {shown(dup)} appears more than once; {PLAN_FIX}")
+    for problem in mesh_problems(m):
+        raise UserError(f"{where}mesh {m}: {problem}; {PLAN_FIX}")
+    problem = pipeline_problem(plan)
+    if problem:
+        raise UserError(f"{where}{problem}; {PLAN_FIX}")
+    for layer in plan.layers:
+        problem = layer_problem(layer, m, plan.local_batch_size)
+        if problem:
+            raise UserError(f"{where}{layer.fqn}: {problem}; {PLAN_FIX}")
+
+
+def pipeline_problem(plan: Any) -> str:
+    """Why the plan's pipeline cannot run as TorchTitan 0.2.2 builds it (empty if it can):
+    schedule rules, micro-batch arithmetic, and stages of consecutive layers that cover the
+    model once, the first with the embedding and the last with the output."""
+    m, pipe = plan.mesh, plan.pipeline
+    if pipe is None:
+        return "mesh pp > 1 needs a pipeline section" if m.pp > 1 else ""
+    if m.pp == 1:
+        return "a pipeline section needs mesh pp > 1"
+    if pipe.schedule not in SCHEDULES:
+        return f"pipeline.schedule {shown(pipe.schedule)} is not one of {list(SCHEDULES)}"
+    v = pipe.stages_per_rank
+    if (pipe.schedule in SINGLE_STAGE and v != 1) or (pipe.schedule in V_SCHEDULES and v != 2) \
+            or (pipe.schedule not in SINGLE_STAGE and v < 2):
+        return f"pipeline.stages_per_rank {v} does not suit schedule {pipe.schedule}"
+    if not microbatch_ok(pipe.schedule, m.pp, v, pipe.microbatches):
+        return (f"pipeline.microbatches {pipe.microbatches} does not suit {pipe.schedule} on "
+                f"pp {m.pp} (at least pp; a multiple of pp when interleaved; 2 pp for V shapes)")
+    if plan.local_batch_size != pipe.microbatches * pipe.microbatch_size:
+        return (f"local_batch_size {plan.local_batch_size} != pipeline.microbatches "
+                f"{pipe.microbatches} x microbatch_size {pipe.microbatch_size}")
+    if len(pipe.stages) != m.pp * v:
+        return f"pipeline.stages has {len(pipe.stages)} stages, not pp x stages_per_rank"
+    if any(not stage for stage in pipe.stages):
+        return "pipeline.stages has an empty stage"
+    order = [layer.fqn for layer in plan.layers]
+    flat = [fqn for stage in pipe.stages for fqn in stage if fqn in order]
+    if flat != order:
+        return "pipeline.stages must hold every planned layer once, in model order"
+    kinds = {layer.fqn: layer.kind for layer in plan.layers}
+    if kinds[pipe.stages[0][0]] != "embedding" or kinds.get(pipe.stages[-1][-1]) != "output":
+        return "pipeline.stages must start with the embedding and end with the output"
+    return ""
+
+
+def mesh_problems(m: Any) -> list[str]:
+    """Why TorchTitan 0.2.2 cannot build ``m`` (empty if it can)."""
+    out = []
+    if m.etp not in (1, m.tp):
+        out.append(f"etp {m.etp} must be 1 or tp ({m.tp})")
+    if m.ep == 1 and m.etp != 1:
+        out.append("etp > 1 needs ep > 1")
+    if m.ep > 1 and (m.dp_shard * m.cp * m.tp) % (m.ep * m.etp):
+        out.append(f"ep x etp ({m.ep} x {m.etp}) must divide dp_shard x cp x tp")
+    return out
+
+
+def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
+    """Why ``layer``'s strategy is illegal on mesh ``m`` (empty if it is legal)."""
+    if layer.ep not in (1, m.ep):
+        return f"ep {layer.ep} must be 1 or the mesh's ep ({m.ep})"
+    if m.tp == 1:
+        return "" if layer.tp_mode == "none" else f"tp_mode {layer.tp_mode!r} needs tp > 1"
+    if layer.tp_mode == "none":
+        return ("tp_mode 'none' on a tp mesh leaves its parameters plain tensors next to "
+                "DTensors (the optimizer step fails): use 'sp' or 'dp'")
+    if layer.tp_mode == "dp":
+        return tp_as_dp_problem(m, microbatch, layer.kind)
+    return ""
+
+
+def check_plan_for_job(plan: Any, world: int, layers: list[tuple[str, str]],
+                       source: str) -> None:
+    """The plan against the job: mesh x world, and its layers = the model's (fqn, kind)."""
+    if plan.mesh.world != world:
+        raise UserError(f"plan {source}: mesh {plan.mesh} multiplies to {plan.mesh.world}, the "
+                        f"job has {world} ranks; {PLAN_FIX}")
+    have = [(layer.fqn, layer.kind) for layer in plan.layers]
+    if have != layers:
+        extra = [x for x in have if x not in layers] + [x for x in layers if x not in have]
+        detail = f"e.g. {shown(extra[0])}" if extra else "in another order"
+        raise UserError(f"plan {source}: its layers are not the model's ({len(have)} planned, "
+                        f"{len(layers)} in the model; {detail}); {PLAN_FIX}")

@@ -10,30 +10,24 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 from . import __version__
+from .assembly import JobInputs, build_plan, inputs_record
 from .cost.hardware import CPU_PROFILE, HardwareProfile, load_profile
 from .cost.model import Precision
 from .errors import UserError
-from .exclusions import exclusion_notes, without_excluded
+from .exclusions import without_excluded
 from .features import Features, features_from_config
-from .graph.adapters import get_adapter
 from .graph.layer_graph import LayerGraph, build_layer_graph
+from .layout import TECHNIQUES, BlockStrategy, Mesh
 from .pins import Pin, recipe_from_config, recipe_of, resolve_pins
 from .pipeline_plan import build_pipeline_plan, recost_pipeline
-from .plan import LayerPlan, Mesh, Pipeline, Plan
+from .plan import Plan
 from .solver import Candidate, Solution, block_classes, build_candidate, search
 from .solver_pipeline import PipelineSolution, prefix_classes, search_pipeline
-from .strategies import (
-    TECHNIQUES,
-    BlockStrategy,
-    Constraints,
-    edge_strategy,
-    enumerate_meshes,
-)
+from .strategies import Constraints, enumerate_meshes
 from .validate import check_job_options
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -73,7 +67,7 @@ def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[
     degree when not 1, the schedule when not TorchTitan's default (else
     ``autoparallel.pp_schedules``), the micro-batch size when not 1. The stage split is the
     planner's: keys that would set it are errors, as are schedules the job cannot run."""
-    from .cost.pipeline import SCHEDULES, ZERO_BUBBLE
+    from .schedules import SCHEDULES, ZERO_BUBBLE
 
     par = job_config.parallelism
     pp = par.pipeline_parallel_degree
@@ -168,25 +162,6 @@ def model_layer_graph(name: str, flavor: str, seq_len: int) -> LayerGraph:
     return graph
 
 
-@dataclass(frozen=True)
-class JobInputs:
-    """Everything planning reads from a job, resolved (profile loaded, defaults applied)."""
-
-    graph: LayerGraph
-    constraints: Constraints
-    hw: HardwareProfile
-    gpus_per_node: int
-    budget_bytes: float
-    global_batch: int
-    precision: Precision
-    world: int
-    fingerprint: dict[str, Any]
-    pins: dict[str, Pin] = dataclasses.field(default_factory=dict)
-    """What ``autoparallel.pin`` (and the family's default pins) fix, per block fqn."""
-    features: Features = Features()
-    """Compile, float8 / MX, async TP, CPU offload and the resharding policy of the job."""
-
-
 def job_inputs(job_config: Any, world: int, features: Features | None = None, dp: int = 0
                ) -> JobInputs:
     """Resolve the planning inputs of ``job_config`` on ``world`` devices (validating them).
@@ -220,7 +195,7 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
     constraints = without_excluded(constraints, graph, world)
     recipe = recipe_from_config(job_config)
     globs = list(getattr(ap, "pin", []))
-    pins = resolve_pins(graph, globs, get_adapter(graph.family).default_pins, recipe_of(recipe))
+    pins = resolve_pins(graph, globs, graph.adapter.default_pins, recipe_of(recipe))
     layers_text = json.dumps([dataclasses.astuple(layer) for layer in graph.layers])
     fingerprint = {
         "model": job_config.model.name,
@@ -366,74 +341,6 @@ def plan_job(job_config: Any, world: int) -> Plan:
     return build_plan(job, sol.candidate, _assign(job, sol), stats)
 
 
-def layer_plans(inputs: JobInputs, mesh: Mesh, strategies: list[BlockStrategy],
-                predicted: Callable[[str, BlockStrategy], dict[str, float]]) -> list[LayerPlan]:
-    """One LayerPlan per layer: edges as ``mesh`` runs them, blocks with ``strategies`` (in
-    block order) and the per-layer predictions ``predicted(block class, strategy)`` gives."""
-    assigned = iter(zip(block_classes(inputs.graph, inputs.pins), strategies, strict=True))
-    layers = []
-    for layer in inputs.graph.layers:
-        if layer.kind != "block":
-            edge = edge_strategy(layer.kind, mesh)
-            layers.append(LayerPlan(layer.fqn, layer.kind, edge.ac, edge.reshard_after_forward,
-                                    edge.tp_mode))
-            continue
-        cls, strategy = next(assigned)
-        pin = inputs.pins.get(layer.fqn)
-        layers.append(LayerPlan(
-            layer.fqn, "block", strategy.ac, strategy.reshard_after_forward, strategy.tp_mode,
-            **predicted(cls, strategy),
-            ep=mesh.ep if layer.expert_params else 1,
-            pinned=bool(pin and pin.whole),
-        ))
-    return layers
-
-
-def plan_of(inputs: JobInputs, mesh: Mesh, local_batch: int, accum: int,
-            layers: list[LayerPlan], step: float, peak_bytes: float, state_bytes: float,
-            solver: dict[str, Any], pipeline: Pipeline | None = None) -> Plan:
-    """The Plan record of a costed layout (step time in s, memory in bytes)."""
-    return Plan(
-        fingerprint=inputs.fingerprint,
-        mesh=mesh,
-        global_batch_size=inputs.global_batch,
-        local_batch_size=local_batch,
-        gradient_accumulation_steps=accum,
-        seq_len=inputs.graph.seq_len,
-        layers=layers,
-        predicted={
-            "step_time_s": step,
-            "tokens_per_s": inputs.global_batch * inputs.graph.seq_len / step,
-            "peak_memory_gib": peak_bytes / 2**30,
-            "state_memory_gib": state_bytes / 2**30,
-            "budget_gib": inputs.budget_bytes / 2**30,
-        },
-        solver={**solver, "objective": step},
-        pipeline=pipeline,
-        inputs=inputs_record(inputs),
-        notes=exclusion_notes(inputs.graph),
-    )
-
-
-def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrategy],
-               solver: dict[str, Any]) -> Plan:
-    """The Plan for running ``cand`` (mesh, micro-batch) with ``strategies`` for the blocks, in
-    block order, with its predicted step time and memory."""
-    counts: dict[tuple[str, BlockStrategy], int] = {}
-    for key in zip(block_classes(inputs.graph, inputs.pins), strategies, strict=True):
-        counts[key] = counts.get(key, 0) + 1
-
-    def predicted(cls: str, strategy: BlockStrategy) -> dict[str, float]:
-        cost = cand.costs[(cls, strategy)]
-        return {"time_ms": round(cost.time_s * 1e3, 6),
-                "comm_ms": round(cost.exposed_comm_s * 1e3, 6),
-                "memory_mib": round((cost.kept_bytes + cost.state_bytes) / 2**20, 6)}
-
-    return plan_of(inputs, cand.mesh, cand.microbatch, cand.accum,
-                   layer_plans(inputs, cand.mesh, strategies, predicted),
-                   cand.step_time(counts), cand.memory(counts), cand.state_bytes, solver)
-
-
 def candidate_for(inputs: JobInputs, mesh: Mesh, microbatch: int) -> Candidate:
     """Per-strategy costs of every block class for one (mesh, micro-batch) of the job."""
     return build_candidate(inputs.graph, mesh, microbatch, inputs.global_batch, inputs.hw,
@@ -489,23 +396,6 @@ def recost(plan: Plan, hw: HardwareProfile | None = None,
     return build_plan(inputs, cand, strategies, {})
 
 
-def inputs_record(inputs: JobInputs) -> dict[str, Any]:
-    """The resolved planning inputs as plain data (stored in the plan as ``Plan.inputs``)."""
-    fp = inputs.fingerprint
-    return {
-        "model": fp["model"], "flavor": fp["flavor"], "seq_len": inputs.graph.seq_len,
-        "world_size": inputs.world, "global_batch_size": inputs.global_batch,
-        "gpus_per_node": inputs.gpus_per_node, "budget_bytes": inputs.budget_bytes,
-        "hardware": inputs.hw.to_dict(),
-        "precision": dataclasses.asdict(inputs.precision),
-        "constraints": {key: list(value) if isinstance(value, tuple) else value
-                        for key, value in dataclasses.asdict(inputs.constraints).items()},
-        "features": inputs.features.to_dict(),
-        "pins": {fqn: {"recipe_ac": pin.recipe_ac, "recipe_reshard": pin.recipe_reshard,
-                       "regions": list(pin.regions)} for fqn, pin in sorted(inputs.pins.items())},
-    }
-
-
 def inputs_from_plan(plan: Plan, cache: dict[str, Any] | None = None,
                      hw: HardwareProfile | None = None) -> JobInputs:
     """The planning inputs ``plan`` was made from, rebuilt from the plan alone (its stored
@@ -552,7 +442,7 @@ def record_from_fingerprint(fp: dict[str, Any], graph: LayerGraph,
                              or hw.moe_load_imbalance)
     recipe = {"ac_mode": "none", "selective_ac_option": "op",
               "fsdp_reshard_after_forward": reshard, **fp.get("pin_recipe", {})}
-    pins = resolve_pins(graph, list(fp.get("pin", [])), get_adapter(graph.family).default_pins,
+    pins = resolve_pins(graph, list(fp.get("pin", [])), graph.adapter.default_pins,
                         recipe_of(recipe))
     features = Features(**fp.get("features", {}))
     constraints = without_excluded(Constraints(

@@ -18,7 +18,7 @@ from .plan import Plan
 from .planner import block_counts, candidate_for, inputs_from_plan
 
 ASPECTS = ("params", "tp", "ep", "cp", "ac", "pinned")
-"""Columns of the layer table: the aspects of ``plan.strategy_parts`` plus the mesh's cp."""
+"""Columns of the layer table: the aspects of ``layout.strategy_parts`` plus the mesh's cp."""
 COLOURS = {
     "fsdp": "#4c72b0", "fsdp-keep": "#8fa8d8", "ddp": "#55a868", "single": "#937860",
     "tp+sp": "#dd8452", "tp-as-dp": "#da8bc3", "ep": "#c44e52", "cp": "#64b5cd",

@@ -37,9 +37,9 @@ from .cost.model import (
 from .errors import UserError
 from .features import EAGER, Features
 from .graph.layer_graph import LayerGraph
+from .layout import BlockStrategy, Mesh
 from .pins import Pin
-from .plan import Mesh
-from .strategies import BlockStrategy, Constraints, microbatch_sizes, pinned_strategies
+from .strategies import Constraints, microbatch_sizes, pinned_strategies
 
 
 @dataclass(frozen=True)

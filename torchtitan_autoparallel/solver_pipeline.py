@@ -41,9 +41,6 @@ from .cost.model import (
     edge_cost,
 )
 from .cost.pipeline import (
-    MOE_ONLY,
-    SCHEDULES,
-    ZERO_BUBBLE,
     Split,
     StageBlockCost,
     backward_split,
@@ -51,18 +48,24 @@ from .cost.pipeline import (
     boundary_tensors,
     bubble,
     in_flight,
-    microbatch_ok,
     p2p_s,
     stage_block_cost,
-    stage_options,
 )
 from .errors import UserError
 from .features import EAGER, Features
 from .graph.layer_graph import LayerGraph
+from .layout import AC_MODES, BlockStrategy, Mesh, fsdp_sharded
 from .pins import Pin
-from .plan import V_SCHEDULES, Mesh
+from .schedules import (
+    MOE_ONLY,
+    SCHEDULES,
+    V_SCHEDULES,
+    ZERO_BUBBLE,
+    microbatch_ok,
+    stage_options,
+)
 from .solver import SolveTimeout, _new_highs, block_classes
-from .strategies import AC_MODES, BlockStrategy, Constraints, pinned_strategies
+from .strategies import Constraints, pinned_strategies
 
 
 @dataclass(frozen=True)
@@ -317,7 +320,7 @@ def _block_costs(graph: LayerGraph, block_class: list[str], mesh: Mesh, microbat
             continue
         cost = edge_cost(graph, layer, mesh, microbatch, hw, prec, gpus_per_node, features)
         per_param = cost.state_bytes / STATE_BYTES_PER_PARAM
-        sharded = mesh.dp_shard * mesh.cp > 1
+        sharded = fsdp_sharded(mesh)
         edges[layer.kind] = EdgeCost(
             cost.time_s,
             per_param * (FWD_BWD_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM)
@@ -551,12 +554,11 @@ def _memory_floor(graph: LayerGraph, mesh: Mesh, prec: Precision) -> float:
     parameters, gradients and AdamW state, and under FSDP the stage's parameters gathered (1
     byte each at least) and their unreduced gradients."""
     shards = mesh.dp_shard * mesh.cp * mesh.tp
-    sharded = mesh.dp_shard * mesh.cp > 1
     total = 0.0
     for layer in graph.layers:
         experts = layer.expert_params if mesh.ep > 1 else 0
         total += layer.params * STATE_BYTES_PER_PARAM / shards
-        if sharded:
+        if fsdp_sharded(mesh, experts=bool(layer.expert_params)):
             split = (layer.params - experts) / mesh.tp + experts / (mesh.ep * mesh.etp)
             total += split * (1 + prec.reduce_bytes)
     return total / mesh.pp

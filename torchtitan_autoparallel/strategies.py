@@ -4,40 +4,16 @@ from dataclasses import dataclass
 
 from .errors import UserError
 from .graph.layer_graph import LayerGraph
+from .layout import (
+    AC_MODES,
+    TECHNIQUES,
+    TP_MODES,
+    BlockStrategy,
+    Mesh,
+    fsdp_sharded,
+    tp_as_dp_problem,
+)
 from .pins import Pin
-from .plan import LayerPlan, Mesh, strategy_label
-
-TECHNIQUES = ("fsdp", "hsdp", "ddp", "tp", "tp_dp", "cp", "ep", "ac", "pp")
-"""fsdp: shard over dp_shard; hsdp: replicate x shard; ddp: replicate only (gradients
-all-reduced, parameters whole on every rank; tp = cp = 1); tp: tensor + sequence parallel; tp_dp: a
-block may use the tp dim as extra data parallel (dense models); cp: context parallel (ring
-attention); ep: expert parallel for routed experts (MoE models); ac: activation checkpointing;
-pp: pipeline parallel (schedule, stages per rank, micro-batches and the stage split searched)."""
-TP_MODES = ("sp", "dp")
-"""Per block on a mesh with tp > 1: "sp" = TorchTitan's TP + sequence-parallel plan; "dp" = the
-block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split the micro-batch
-(entry/exit all-to-all between the sequence-sharded residual stream and a batch shard)."""
-AC_MODES = ("none", "selective", "full")
-
-
-@dataclass(frozen=True, order=True)
-class BlockStrategy:
-    """How one transformer block runs: activation checkpointing, FSDP resharding, and what the
-    tp mesh dim does for it ("none" when tp = 1, else one of TP_MODES)."""
-
-    ac: str
-    reshard_after_forward: bool
-    tp_mode: str = "none"
-
-    @classmethod
-    def of(cls, layer: LayerPlan) -> "BlockStrategy":
-        """The strategy a planned block runs (its plan-file fields)."""
-        return cls(layer.ac, layer.reshard_after_forward, layer.tp_mode)
-
-    def describe(self, ep: int = 1, unsharded: str = "") -> str:
-        """Label of this strategy for a block with experts on ``ep`` ranks (``strategy_label``)."""
-        return strategy_label(self.ac, self.reshard_after_forward, self.tp_mode, ep,
-                              unsharded=unsharded)
 
 
 @dataclass(frozen=True)
@@ -222,14 +198,12 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
     acs = constraints.ac_modes if "ac" in constraints.techniques else ("none",)
     tp_modes: tuple[str, ...] = ("none",)
     if mesh.tp > 1:
-        # tp as data parallel needs an FSDP mesh over dp_shard x tp (dp_shard > 1)
-        dp_ok = ("tp_dp" in constraints.techniques and microbatch % mesh.tp == 0
-                 and mesh.dp_shard > 1 and mesh.dp_replicate == 1 and mesh.cp == 1
-                 and not moe_model)
+        dp_ok = ("tp_dp" in constraints.techniques and not moe_model
+                 and not tp_as_dp_problem(mesh, microbatch))
         tp_modes = TP_MODES if dp_ok else ("sp",)
     out = []
     for mode in tp_modes:
-        sharded = mesh.dp_shard * mesh.cp > 1 or mode == "dp"
+        sharded = fsdp_sharded(mesh, mode)
         reshards = {"default": (True, False), "always": (True,), "never": (False,)}[
             constraints.reshard_after_forward] if sharded else (False,)
         for ac in acs:
@@ -238,19 +212,12 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
     return out
 
 
-def edge_strategy(kind: str, mesh: Mesh) -> BlockStrategy:
-    """How the embedding and the norm + output are applied (and so costed): the embedding
-    reshards after forward, the output keeps its parameters for the backward that follows at
-    once; vocab-parallel with loss parallel when tp > 1."""
-    return BlockStrategy("none", kind == "embedding", "sp" if mesh.tp > 1 else "none")
-
-
 def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe_model: bool,
                       pin: Pin | None) -> list[BlockStrategy]:
     """Strategies a block may take given its pin: TorchTitan's recipe only (whole block
     pinned), no tp-as-dp (a region inside pinned), or all of them."""
     if pin is not None and pin.whole:
-        sharded = mesh.dp_shard * mesh.cp > 1
+        sharded = fsdp_sharded(mesh)
         return [BlockStrategy(pin.recipe_ac, pin.recipe_reshard and sharded,
                               "sp" if mesh.tp > 1 else "none")]
     free = block_strategies(mesh, microbatch, constraints, moe_model)

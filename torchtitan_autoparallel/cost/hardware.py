@@ -10,8 +10,10 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from ..errors import UserError
-from ..validate import check_profile_data, shown
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import Rule, UserError, check_fields, shown
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -258,3 +260,64 @@ def profile_for_device(device: Device | None) -> str:
             f"set autoparallel.hardware to one of {gpus} or to a profile .toml "
             "(python -m torchtitan_autoparallel calibrate writes one)")
     return min(matches, key=lambda p: abs(p.memory_gib - device.memory_gib)).name
+# ---------------------------------------------------------------------------------------------
+# hardware profiles
+
+PROFILE_RULES: dict[str, Rule] = {
+    "name": Rule(str),
+    "peak_tflops": Rule(float, gt=0),
+    "matmul_efficiency": Rule(float, gt=0, le=1),
+    "memory_gib": Rule(float, gt=0),
+    "usable_memory_fraction": Rule(float, gt=0, le=1),
+    "gpus_per_node": Rule(int, ge=1),
+    "intra_node_gbps": Rule(float, gt=0),
+    "inter_node_gbps": Rule(float, gt=0),
+    "intra_node_latency_us": Rule(float, ge=0),
+    "inter_node_latency_us": Rule(float, ge=0),
+    "comm_overlap": Rule(float, ge=0, le=1),
+    "grouped_mm": Rule(bool),
+    "kernel_launch_us": Rule(float, ge=0),
+    "moe_load_imbalance": Rule(float, ge=1),
+    "host_cores": Rule(int, ge=0),
+    "oversubscribed_latency_us": Rule(float, ge=0),
+    "block_overhead_us": Rule(float, ge=0),
+    "host_copy_gbps": Rule(float, ge=0),
+    "attention_efficiency": Rule(float, ge=0, le=1),
+    "attention_backward_factor": Rule(float, gt=0),
+    "hbm_gbps": Rule(float, ge=0),
+    "compile_saved_fraction": Rule(float, gt=0, le=1),
+    "float8_speedup": Rule(float, gt=0),
+    "float8_rowwise_speedup": Rule(float, gt=0),
+    "float8_full_speed_dim": Rule(int, ge=0),
+    "mx_speedup": Rule(float, gt=0),
+    "async_tp_overlap": Rule(float, ge=0, le=1),
+    "reserved_gradients": Rule(bool),
+    "reserved_logits": Rule(bool),
+    "recompute_grad_factor": Rule(float, ge=0),
+    "pcie_gbps": Rule(float, ge=0),
+    "host_optimizer_gbps": Rule(float, ge=0),
+    "gemm_table": Rule(str),
+    "clock_scale": Rule(float, gt=0, le=2),
+    "float8_gemm_speedup": Rule(float, gt=0, le=4),
+    "float8_rowwise_gemm_speedup": Rule(float, gt=0, le=4),
+    "attention_fwd_tflops": Rule(float, ge=0),
+    "attention_bwd_tflops": Rule(float, ge=0),
+    "attention_half_seq": Rule(float, ge=0),
+    "intra_node_half_mib": Rule(float, ge=0),
+    "inter_node_half_mib": Rule(float, ge=0),
+    "nccl_sm_fraction": Rule(float, ge=0, le=0.9),
+    "provenance": Rule(dict),
+    "device_names": Rule(list, item=str),
+}
+"""Hardware profile fields. Fields without a row: finite and >= 0."""
+
+
+def check_profile_data(data: Mapping[str, Any], source: str) -> None:
+    """A profile TOML's keys and values, before the profile is built."""
+    missing = [f.name for f in dataclasses.fields(HardwareProfile)
+               if f.default is dataclasses.MISSING and f.name not in data]
+    if missing:
+        raise UserError(f"hardware profile {source}: missing key {missing[0]!r}; add it (see "
+                        "torchtitan_autoparallel/profiles/*.toml)")
+    check_fields(f"hardware profile {source}: ", data, HardwareProfile, PROFILE_RULES,
+                 "fix the profile file")

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 from ..features import EAGER, Features
 from ..graph.layer_graph import Layer, LayerGraph
-from ..plan import Mesh
-from ..strategies import BlockStrategy, edge_strategy
+from ..layout import BlockStrategy, Mesh, edge_strategy
 from . import kernels
 from .hardware import HardwareProfile
 

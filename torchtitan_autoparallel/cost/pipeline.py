@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 from ..features import EAGER, Features
 from ..graph.layer_graph import Layer, LayerGraph
-from ..plan import V_SCHEDULES, Mesh
-from ..strategies import BlockStrategy
+from ..layout import BlockStrategy, Mesh, fsdp_sharded
+from ..schedules import SINGLE_STAGE
 from .hardware import HardwareProfile
 from .model import (
     AC_EFFECT,
@@ -52,42 +52,6 @@ from .model import (
     block_cost,
     core_share,
 )
-
-SCHEDULES = ("1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble", "ZBVZeroBubble",
-             "DualPipeV")
-"""TorchTitan 0.2.2's pipeline schedules (``parallelism.pipeline_parallel_schedule``)."""
-SINGLE_STAGE = ("1F1B", "GPipe")
-"""Schedules with one stage per rank; the others need at least two (V schedules exactly 2)."""
-ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-"""Schedules that split the backward into input and weight gradients: they cannot run
-compiled blocks (torch.compile fuses the backward TorchTitan would split)."""
-MOE_ONLY = ("DualPipeV",)
-"""Offered to MoE models only (its point is hiding the expert all-to-all)."""
-
-
-def stage_options(schedule: str, pp: int, n_blocks: int) -> list[int]:
-    """Stages per rank ``schedule`` can run with ``pp`` ranks and ``n_blocks`` blocks (every
-    stage holds at least one block)."""
-    if schedule in SINGLE_STAGE:
-        options = [1]
-    elif schedule in V_SCHEDULES:
-        options = [2]
-    else:
-        options = [2, 3, 4]
-    return [v for v in options if pp * v <= n_blocks]
-
-
-def microbatch_ok(schedule: str, pp: int, v: int, m: int) -> bool:
-    """Whether TorchTitan 0.2.2 / PyTorch run ``schedule`` with ``m`` micro-batches: at least
-    pp (fewer hangs TorchTitan's 1F1B), V schedules at least their 2 pp stages, interleaved
-    ones a multiple of pp (PyTorch's rounds)."""
-    if m < pp:
-        return False
-    if schedule in V_SCHEDULES:
-        return m >= 2 * pp
-    if schedule not in SINGLE_STAGE:
-        return m % pp == 0
-    return True
 
 
 @dataclass(frozen=True)
@@ -205,7 +169,7 @@ def stage_block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbat
         per_mb -= share * min(parts.get("ep all-to-all", 0.0), cost.compute_s)
     tp_like = cost.exposed_comm_s - fsdp_exposed
     fsdp_comm = max(0.0, cost.comm_s - tp_like)
-    sharded = mesh.dp_shard * mesh.cp > 1 or (layer.expert_params and mesh.ep > 1)
+    sharded = fsdp_sharded(mesh, strategy.tp_mode, bool(layer.expert_params))
     per_param = cost.state_bytes / STATE_BYTES_PER_PARAM
     resident = per_param * (FWD_BWD_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM)
     transient = cost.transient_bytes

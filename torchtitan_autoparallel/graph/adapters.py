@@ -209,7 +209,6 @@ def _set_submodule(root: Any, fqn: str, module: Any) -> None:
 
 
 _ADAPTERS: dict[str, ModelAdapter] = {}
-_DISCOVERED: dict[str, ModelAdapter] = {}
 
 
 def register_adapter(name: str, adapter: ModelAdapter, replace: bool = False) -> None:
@@ -222,19 +221,9 @@ def register_adapter(name: str, adapter: ModelAdapter, replace: bool = False) ->
         raise UserError(f"an adapter for {name!r} is already registered: pass replace=True to "
                         "register_adapter to override it")
     _ADAPTERS[name] = adapter
-    _DISCOVERED.pop(name, None)
 
 
-def get_adapter(name: str, model: Any = None) -> ModelAdapter:
-    """The complete adapter of train spec ``name``: the registered one with its ``None``
-    fields discovered from ``model`` (its train spec's model, on meta); without ``model``, the
-    one completed last for ``name``."""
-    from . import families  # noqa: F401  (registers the built-in families)
-
-    if model is not None:
-        from .discover import discover_adapter
-
-        _DISCOVERED[name] = discover_adapter(name, model, _ADAPTERS.get(name, ModelAdapter()))
-    if name not in _DISCOVERED:
-        raise UserError(f"no adapter for model {name!r}: build the layer graph first")
-    return _DISCOVERED[name]
+def registered_adapter(name: str) -> ModelAdapter | None:
+    """The adapter registered for train spec ``name`` (TorchTitan's families are registered
+    when the package is imported), or None."""
+    return _ADAPTERS.get(name)

@@ -21,7 +21,7 @@ from typing import Any
 import torch.nn as nn
 
 from ..errors import UserError
-from .adapters import ModelAdapter, submodule_or_none
+from .adapters import ModelAdapter, registered_adapter, submodule_or_none
 
 _TP_FUNCTIONS = ("apply_non_moe_tp", "apply_tp")
 
@@ -87,6 +87,20 @@ def _moe_module(blocks: nn.Module) -> str | None:
             if isinstance(m, MoE):
                 return name
     return None
+
+
+def get_adapter(name: str, model: nn.Module | None = None) -> ModelAdapter:
+    """The adapter of train spec ``name``: the registered one with its ``None`` fields
+    discovered from ``model`` (its train spec's model, on meta). Without ``model``: the
+    registered adapter as registered (complete for TorchTitan's families); a family without
+    one needs its model."""
+    given = registered_adapter(name)
+    if model is not None:
+        return discover_adapter(name, model, given or ModelAdapter())
+    if given is None:
+        raise UserError(f"no adapter registered for model {name!r}: its adapter is discovered "
+                        "from the model (the layer graph carries it: LayerGraph.adapter)")
+    return given
 
 
 def discover_adapter(family: str, model: nn.Module, given: ModelAdapter) -> ModelAdapter:

@@ -11,7 +11,7 @@ the counter has no formula for it.
 import copy
 import logging
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,8 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import UserError
-from .adapters import ModelAdapter, get_adapter
-from .discover import check_adapter, heads_of, required_args
+from .adapters import ModelAdapter
+from .discover import check_adapter, get_adapter, heads_of, required_args
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,9 @@ class LayerGraph:
     uses grouped GEMMs only where the hardware has them (profile ``grouped_mm``)."""
     excluded: tuple[tuple[str, str], ...] = ()
     """(technique, reason) the family's adapter cannot apply (left out of the search)."""
+    adapter: ModelAdapter = field(default_factory=ModelAdapter, compare=False, repr=False)
+    """The family's adapter as the graph was read with it (registered, completed by
+    discovery from the model)."""
 
     @property
     def blocks(self) -> list[Layer]:
@@ -371,4 +374,4 @@ def build_layer_graph(
                       tuple(layers), attn_type,
                       tuple(name for name, _ in model.named_modules() if name),
                       tuple(name for name, _ in model.named_parameters()),
-                      adapter.cp_attention, grouped, tuple(sorted(excluded.items())))
+                      adapter.cp_attention, grouped, tuple(sorted(excluded.items())), adapter)

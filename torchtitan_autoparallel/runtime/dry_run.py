@@ -98,9 +98,10 @@ def dry_run_report(trainer: Any) -> str:
     import json
 
     from ..built import block_features
-    from ..graph.adapters import get_adapter
 
-    blocks = get_adapter(trainer.job_config.model.name).blocks if plan is not None else "layers"
+    # the blocks' container: a planned block's fqn is "<container>.<name>"
+    blocks = (next(layer.fqn for layer in plan.layers if layer.kind == "block").rpartition(".")[0]
+              if plan is not None else "layers")
     features = {}
     for model in trainer.model_parts:
         features.update(block_features(model, blocks))

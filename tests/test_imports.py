@@ -1,0 +1,187 @@
+"""The package's import graph is a DAG; the leaf vocabulary modules import nothing of the package.
+
+Every ``import`` counts: module level and inside functions, absolute and relative. An edge
+``a -> b`` means module ``a`` names module ``b`` (or a name defined in ``b``) in an import
+statement. The implicit import of a parent package (``import pkg.sub`` runs ``pkg/__init__``) is
+not an edge: ``__init__`` files are facades over their submodules.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import torchtitan_autoparallel
+
+PACKAGE = "torchtitan_autoparallel"
+ROOT = Path(torchtitan_autoparallel.__file__).resolve().parent
+
+# Vocabulary every layer may import; each imports nothing of the package.
+LEAVES = (
+    f"{PACKAGE}.errors",
+    f"{PACKAGE}.layout",
+    f"{PACKAGE}.schedules",
+)
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` file of the package."""
+    modules = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join([PACKAGE, *parts])] = path
+    return modules
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The longest package module that ``name`` (a module or a name inside one) lies in."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Package modules that ``module`` imports anywhere in its file."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                # a package's own __init__ is level-1 relative to itself
+                drop = node.level - 1 if is_package else node.level
+                base = base[: len(base) - drop]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            # ``from pkg import sub`` names the submodule; ``from mod import f`` names mod
+            targets = [f"{stem}.{alias.name}" for alias in node.names] + [stem]
+            targets = [t for t in targets[:-1] if t in modules] or [stem]
+        for target in targets:
+            resolved = _resolve(target, modules)
+            if resolved is not None and resolved != module:
+                found.add(resolved)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One concrete cycle per strongly connected component with more than one module."""
+    return [_cycle_in(graph, set(c)) for c in components(graph)]
+
+
+def _cycle_in(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """A concrete cycle through the component's first module, as a path back to itself."""
+    start = min(component)
+    parents: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & component):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(parents[path[-1]])
+                    return [*reversed(path), start]
+                if w not in parents:
+                    parents[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    return sorted(component)
+
+
+def _short(name: str) -> str:
+    return name.removeprefix(f"{PACKAGE}.")
+
+
+def test_walk_sees_every_kind_of_import(tmp_path):
+    graph = import_graph()
+    assert len(graph) > 20
+    assert f"{PACKAGE}.graph.adapters" in graph[PACKAGE]  # a package's own relative import
+    modules = module_files()
+    top = tmp_path / "top.py"
+    top.write_text(
+        "import os\n"
+        f"import {PACKAGE}.errors\n"
+        "from typing import TYPE_CHECKING\n"
+        "from .layout import Mesh\n"
+        "from . import schedules\n"
+        "from .cost import model\n"
+        "if TYPE_CHECKING:\n"
+        "    from .plan import Plan\n"
+        "def f():\n"
+        "    from .graph.adapters import ModelAdapter\n"
+    )
+    assert imports_of(f"{PACKAGE}.top", top, modules) == {
+        f"{PACKAGE}.{name}"
+        for name in ("errors", "layout", "schedules", "cost.model", "plan", "graph.adapters")}
+    inner = tmp_path / "inner.py"
+    inner.write_text("def f():\n    from ..errors import UserError\n")
+    assert imports_of(f"{PACKAGE}.graph.inner", inner, modules) == {f"{PACKAGE}.errors"}
+    # the test helpers find a cycle when there is one
+    toy = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycles(toy) == [["a", "b", "c", "a"]]
+
+
+def test_import_graph_has_no_cycles():
+    graph = import_graph()
+    lines = [
+        " -> ".join(map(_short, _cycle_in(graph, set(c))))
+        + f"  (all of: {', '.join(map(_short, c))})"
+        for c in components(graph)
+    ]
+    assert not lines, "import cycles:\n" + "\n".join(lines)
+
+
+def test_leaf_modules_import_nothing_of_the_package():
+    graph = import_graph()
+    for leaf in LEAVES:
+        assert leaf in graph, f"{_short(leaf)} is missing"
+        assert not graph[leaf], f"{_short(leaf)} imports {sorted(map(_short, graph[leaf]))}"

@@ -1,0 +1,122 @@
+"""Plan assembly: the job's resolved planning inputs, and a costed layout of the job (mesh,
+batch split, one strategy per block) written as a Plan with its predictions."""
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .cost.hardware import HardwareProfile
+from .cost.model import Precision
+from .exclusions import exclusion_notes
+from .features import Features
+from .graph.layer_graph import LayerGraph
+from .layout import BlockStrategy, Mesh, edge_strategy
+from .pins import Pin
+from .plan import LayerPlan, Pipeline, Plan
+from .solver import Candidate, block_classes
+from .strategies import Constraints
+
+
+@dataclass(frozen=True)
+class JobInputs:
+    """Everything planning reads from a job, resolved (profile loaded, defaults applied)."""
+
+    graph: LayerGraph
+    constraints: Constraints
+    hw: HardwareProfile
+    gpus_per_node: int
+    budget_bytes: float
+    global_batch: int
+    precision: Precision
+    world: int
+    fingerprint: dict[str, Any]
+    pins: dict[str, Pin] = dataclasses.field(default_factory=dict)
+    """What ``autoparallel.pin`` (and the family's default pins) fix, per block fqn."""
+    features: Features = Features()
+    """Compile, float8 / MX, async TP, CPU offload and the resharding policy of the job."""
+
+
+def inputs_record(inputs: JobInputs) -> dict[str, Any]:
+    """The resolved planning inputs as plain data (stored in the plan as ``Plan.inputs``)."""
+    fp = inputs.fingerprint
+    return {
+        "model": fp["model"], "flavor": fp["flavor"], "seq_len": inputs.graph.seq_len,
+        "world_size": inputs.world, "global_batch_size": inputs.global_batch,
+        "gpus_per_node": inputs.gpus_per_node, "budget_bytes": inputs.budget_bytes,
+        "hardware": inputs.hw.to_dict(),
+        "precision": dataclasses.asdict(inputs.precision),
+        "constraints": {key: list(value) if isinstance(value, tuple) else value
+                        for key, value in dataclasses.asdict(inputs.constraints).items()},
+        "features": inputs.features.to_dict(),
+        "pins": {fqn: {"recipe_ac": pin.recipe_ac, "recipe_reshard": pin.recipe_reshard,
+                       "regions": list(pin.regions)} for fqn, pin in sorted(inputs.pins.items())},
+    }
+
+
+def layer_plans(inputs: JobInputs, mesh: Mesh, strategies: list[BlockStrategy],
+                predicted: Callable[[str, BlockStrategy], dict[str, float]]) -> list[LayerPlan]:
+    """One LayerPlan per layer: edges as ``mesh`` runs them, blocks with ``strategies`` (in
+    block order) and the per-layer predictions ``predicted(block class, strategy)`` gives."""
+    assigned = iter(zip(block_classes(inputs.graph, inputs.pins), strategies, strict=True))
+    layers = []
+    for layer in inputs.graph.layers:
+        if layer.kind != "block":
+            edge = edge_strategy(layer.kind, mesh)
+            layers.append(LayerPlan(layer.fqn, layer.kind, edge.ac, edge.reshard_after_forward,
+                                    edge.tp_mode))
+            continue
+        cls, strategy = next(assigned)
+        pin = inputs.pins.get(layer.fqn)
+        layers.append(LayerPlan(
+            layer.fqn, "block", strategy.ac, strategy.reshard_after_forward, strategy.tp_mode,
+            **predicted(cls, strategy),
+            ep=mesh.ep if layer.expert_params else 1,
+            pinned=bool(pin and pin.whole),
+        ))
+    return layers
+
+
+def plan_of(inputs: JobInputs, mesh: Mesh, local_batch: int, accum: int,
+            layers: list[LayerPlan], step: float, peak_bytes: float, state_bytes: float,
+            solver: dict[str, Any], pipeline: Pipeline | None = None) -> Plan:
+    """The Plan record of a costed layout (step time in s, memory in bytes)."""
+    return Plan(
+        fingerprint=inputs.fingerprint,
+        mesh=mesh,
+        global_batch_size=inputs.global_batch,
+        local_batch_size=local_batch,
+        gradient_accumulation_steps=accum,
+        seq_len=inputs.graph.seq_len,
+        layers=layers,
+        predicted={
+            "step_time_s": step,
+            "tokens_per_s": inputs.global_batch * inputs.graph.seq_len / step,
+            "peak_memory_gib": peak_bytes / 2**30,
+            "state_memory_gib": state_bytes / 2**30,
+            "budget_gib": inputs.budget_bytes / 2**30,
+        },
+        solver={**solver, "objective": step},
+        pipeline=pipeline,
+        inputs=inputs_record(inputs),
+        notes=exclusion_notes(inputs.graph),
+    )
+
+
+def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrategy],
+               solver: dict[str, Any]) -> Plan:
+    """The Plan for running ``cand`` (mesh, micro-batch) with ``strategies`` for the blocks, in
+    block order, with its predicted step time and memory."""
+    counts: dict[tuple[str, BlockStrategy], int] = {}
+    for key in zip(block_classes(inputs.graph, inputs.pins), strategies, strict=True):
+        counts[key] = counts.get(key, 0) + 1
+
+    def predicted(cls: str, strategy: BlockStrategy) -> dict[str, float]:
+        cost = cand.costs[(cls, strategy)]
+        return {"time_ms": round(cost.time_s * 1e3, 6),
+                "comm_ms": round(cost.exposed_comm_s * 1e3, 6),
+                "memory_mib": round((cost.kept_bytes + cost.state_bytes) / 2**20, 6)}
+
+    return plan_of(inputs, cand.mesh, cand.microbatch, cand.accum,
+                   layer_plans(inputs, cand.mesh, strategies, predicted),
+                   cand.step_time(counts), cand.memory(counts), cand.state_bytes, solver)

@@ -1,0 +1,178 @@
+"""The layout vocabulary every layer shares: the device mesh, a block's strategy on it, the
+modes and techniques they are made of, and how a strategy is named. Imports nothing of the
+package."""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+TECHNIQUES = ("fsdp", "hsdp", "ddp", "tp", "tp_dp", "cp", "ep", "ac", "pp")
+"""fsdp: shard over dp_shard; hsdp: replicate x shard; ddp: replicate only (gradients
+all-reduced, parameters whole on every rank; tp = cp = 1); tp: tensor + sequence parallel; tp_dp: a
+block may use the tp dim as extra data parallel (dense models); cp: context parallel (ring
+attention); ep: expert parallel for routed experts (MoE models); ac: activation checkpointing;
+pp: pipeline parallel (schedule, stages per rank, micro-batches and the stage split searched)."""
+TP_MODES = ("sp", "dp")
+"""Per block on a mesh with tp > 1: "sp" = TorchTitan's TP + sequence-parallel plan; "dp" = the
+block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split the micro-batch
+(entry/exit all-to-all between the sequence-sharded residual stream and a batch shard)."""
+AC_MODES = ("none", "selective", "full")
+"""Activation checkpointing of a block (also the ``activation_checkpoint.mode`` values a
+planned job accepts: the plan picks per block among them)."""
+
+
+def strategy_parts(ac: str, reshard_after_forward: bool, tp_mode: str, ep: int = 1,
+                   pinned: bool = False, unsharded: str = "") -> dict[str, str]:
+    """The one vocabulary of a strategy, by aspect (tables, explain, diff and pictures):
+    params "fsdp" / "fsdp-keep" (reshard after forward or not; ``unsharded``: the mesh's label
+    when it shards nothing, "ddp" / "single", see ``Mesh.unsharded_label``), tp "tp+sp" /
+    "tp-as-dp", ep "ep<k>", ac "ac:<mode>", pinned "pinned"; absent aspects are left out."""
+    parts = {"params": unsharded or ("fsdp" if reshard_after_forward else "fsdp-keep")}
+    if tp_mode == "sp":
+        parts["tp"] = "tp+sp"
+    elif tp_mode == "dp":
+        parts["tp"] = "tp-as-dp"
+    if ep > 1:
+        parts["ep"] = f"ep{ep}"
+    if ac != "none":
+        parts["ac"] = f"ac:{ac}"
+    if pinned:
+        parts["pinned"] = "pinned"
+    return parts
+
+
+def strategy_label(ac: str, reshard_after_forward: bool, tp_mode: str, ep: int = 1,
+                   pinned: bool = False, unsharded: str = "") -> str:
+    """A strategy as one string: its ``strategy_parts`` joined by "+"."""
+    return "+".join(strategy_parts(ac, reshard_after_forward, tp_mode, ep, pinned,
+                                   unsharded).values())
+
+
+@dataclass(frozen=True, order=True)
+class Mesh:
+    """pp x dp_replicate x dp_shard x cp x tp = world size (TorchTitan's mesh order: pp
+    outermost, tp innermost).
+
+    ``ep`` / ``etp`` follow TorchTitan's rules for routed experts: with ``etp = tp`` the ep ranks
+    come from dp_shard x cp; with ``etp = 1`` they also take all of tp (ep a multiple of tp).
+    Experts are FSDP-sharded over the remaining ``efsdp`` ranks."""
+
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    pp: int = 1
+    """Pipeline stages across ranks (1: no pipeline parallelism)."""
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def replicate_only(self) -> bool:
+        """Pure data parallel (DDP): replicas only, nothing sharded."""
+        return self.dp_replicate > 1 and self.unsharded
+
+    @property
+    def unsharded(self) -> bool:
+        """No dim splits parameters or sequences (one device, or replicas only)."""
+        return self.dp_shard * self.cp * self.tp == 1
+
+    @property
+    def unsharded_label(self) -> str:
+        """"ddp" for pure data parallel, "single" for one device, "" when something is
+        sharded."""
+        return "ddp" if self.replicate_only else "single" if self.world == self.pp else ""
+
+    @property
+    def efsdp(self) -> int:
+        """FSDP degree of routed experts when ep > 1."""
+        return self.dp_shard * self.cp * self.tp // (self.ep * self.etp)
+
+    def spans_nodes(self, dim: str, gpus_per_node: int) -> bool:
+        """Whether the process groups of ``dim`` cross node boundaries (ranks are node-major)."""
+        if dim == "tp":
+            inner = self.tp
+        elif dim == "cp":
+            inner = self.cp * self.tp
+        elif dim == "dp_shard":
+            inner = self.dp_shard * self.cp * self.tp
+        elif dim == "ep":
+            inner = self.ep * self.etp
+        elif dim == "dp_replicate":
+            inner = self.world // self.pp
+        else:  # pp: neighbouring stages are world / pp ranks apart
+            inner = self.world
+        return inner > gpus_per_node
+
+    def __str__(self) -> str:
+        text = (f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} cp={self.cp} "
+                f"tp={self.tp}")
+        text = (f"pp={self.pp} " if self.pp > 1 else "") + text
+        return text + (f" ep={self.ep} etp={self.etp}" if self.ep > 1 else "")
+
+
+class StrategyFields(Protocol):
+    """What a planned layer records of its strategy (``plan.LayerPlan``)."""
+
+    ac: str
+    reshard_after_forward: bool
+    tp_mode: str
+
+
+@dataclass(frozen=True, order=True)
+class BlockStrategy:
+    """How one transformer block runs: activation checkpointing, FSDP resharding, and what the
+    tp mesh dim does for it ("none" when tp = 1, else one of TP_MODES)."""
+
+    ac: str
+    reshard_after_forward: bool
+    tp_mode: str = "none"
+
+    @classmethod
+    def of(cls, layer: StrategyFields) -> "BlockStrategy":
+        """The strategy a planned block runs (its plan-file fields)."""
+        return cls(layer.ac, layer.reshard_after_forward, layer.tp_mode)
+
+    def describe(self, ep: int = 1, unsharded: str = "") -> str:
+        """Label of this strategy for a block with experts on ``ep`` ranks (``strategy_label``)."""
+        return strategy_label(self.ac, self.reshard_after_forward, self.tp_mode, ep,
+                              unsharded=unsharded)
+
+
+def fsdp_sharded(mesh: Mesh, tp_mode: str = "none", experts: bool = False) -> bool:
+    """Whether FSDP shards a layer's parameters on ``mesh`` (what resharding after forward, the
+    per-step all-gathers and the unreduced gradients apply to): over dp_shard x cp, over
+    dp_shard x tp where the tp dim acts as data parallel (``tp_mode`` "dp"), and, for a block
+    with routed ``experts`` under expert parallelism, its experts over ``efsdp``."""
+    return mesh.dp_shard * mesh.cp > 1 or tp_mode == "dp" or (experts and mesh.ep > 1)
+
+
+def tp_as_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block") -> str:
+    """Why the tp dim cannot act as data parallel (tp mode "dp") for a ``kind`` layer on
+    ``mesh`` with a local batch of ``microbatch`` sequences; empty if it can. It needs tp > 1, no
+    pipeline parallelism, a block, one FSDP mesh over dp_shard x tp (dp_shard > 1,
+    dp_replicate = 1, cp = 1) and a batch the tp ranks split evenly."""
+    if mesh.tp == 1:
+        return "tp_mode 'dp' needs tp > 1"
+    if mesh.pp > 1:
+        return "tp_mode 'dp' is not planned with pipeline parallelism; use 'sp'"
+    if kind != "block":
+        return "tp_mode 'dp' applies to blocks only; use 'sp'"
+    if mesh.dp_shard == 1 or mesh.dp_replicate > 1 or mesh.cp > 1:
+        return "tp_mode 'dp' needs dp_shard > 1, dp_replicate = 1 and cp = 1; use 'sp'"
+    if microbatch % mesh.tp:
+        return f"tp_mode 'dp' needs local_batch_size divisible by tp ({mesh.tp}); use 'sp'"
+    return ""
+
+
+def edge_strategy(kind: str, mesh: Mesh) -> BlockStrategy:
+    """How the embedding and the norm + output are applied (and so costed): the embedding
+    reshards after forward, the output keeps its parameters for the backward that follows at
+    once; vocab-parallel with loss parallel when tp > 1."""
+    return BlockStrategy("none", kind == "embedding", "sp" if mesh.tp > 1 else "none")
