@@ -5,6 +5,7 @@ follow its plan (mesh degrees, local batch, the ``autoparallel`` converter)."""
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from .checks import (
@@ -34,8 +35,9 @@ def _config_path(argv: list[str]) -> str | None:
     return None
 
 
-def _check_toml(path: str) -> None:
-    """The config file exists and is TOML (TorchTitan would print a traceback first)."""
+def _check_toml(path: str) -> dict[str, Any]:
+    """The config file's data; one line if it is missing or not TOML (TorchTitan would print a
+    traceback first)."""
     import tomllib
 
     from .validate import shown
@@ -45,7 +47,7 @@ def _check_toml(path: str) -> None:
                         ".toml)")
     try:
         with open(path, "rb") as f:
-            tomllib.load(f)
+            return tomllib.load(f)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"config {shown(path)} is not valid TOML: {shown(exc, 200)}; fix the "
                         "file") from exc
@@ -54,20 +56,115 @@ def _check_toml(path: str) -> None:
 
 
 def parse_config(argv: list[str]) -> Any:
-    """Parse TorchTitan's config (TOML + CLI) with the project's extension merged in."""
+    """Parse TorchTitan's config (TOML + CLI) with the project's extension merged in; the keys
+    the TOML file or the command line set are recorded (``explicit_keys``)."""
+    import contextlib
+    import io
+
     from torchtitan.config import ConfigManager
 
     from .validate import shown
 
     path = _config_path(argv)
-    if path is not None:
-        _check_toml(path)
+    toml = _check_toml(path) if path is not None else {}
+    usage = io.StringIO()
     try:
-        return ConfigManager().parse_args(_with_config_module(argv))
-    except SystemExit as exc:  # tyro prints its own message for unknown flags
-        raise UserError("invalid command-line override (see the message above)") from exc
+        with contextlib.redirect_stderr(usage):
+            job = ConfigManager().parse_args(_with_config_module(argv))
+    except SystemExit as exc:  # tyro's usage error (a box on stderr): one line instead
+        message = tyro_message(usage.getvalue())
+        raise UserError("invalid command-line override" + (f": {message}" if message else "")
+                        ) from exc
     except Exception as exc:  # TOML syntax errors and the like
         raise UserError(f"cannot read config {path}: {shown(exc, 200)}") from exc
+    sys.stderr.write(usage.getvalue())
+    fields = field_paths(type(job))
+    setattr(job, EXPLICIT_ATTR, frozenset(
+        (set(_toml_keys(toml)) | cli_keys(argv, fields)) & fields))
+    return job
+
+
+EXPLICIT_ATTR = "_autoparallel_explicit_keys"
+
+
+def tyro_message(text: str, limit: int = 400) -> str:
+    """The text of tyro's boxed usage error on one line (title, rules and the help hint
+    dropped), cut to ``limit`` characters."""
+    parts = []
+    for raw in text.splitlines():
+        line = raw.strip().strip("│").strip()
+        if (not line or line[0] in "╭╰" or set(line) <= set("─- ")
+                or line.startswith("For full helptext")):
+            continue
+        parts.append(" ".join(line.split()))
+    message = " ".join(parts)
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def field_paths(cls: Any, prefix: str = "") -> set[str]:
+    """Every leaf key of a (merged) JobConfig class as ``section.key``."""
+    import dataclasses
+
+    out: set[str] = set()
+    for f in dataclasses.fields(cls):
+        name = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(f.type):
+            out |= field_paths(f.type, name + ".")
+        else:
+            out.add(name)
+    return out
+
+
+def _toml_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out += _toml_keys(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def cli_keys(argv: list[str], fields: set[str]) -> set[str]:
+    """The keys ``--section.key[=value]`` flags of ``argv`` set (dashes or underscores;
+    ``--section.no-key`` for booleans)."""
+    out = set()
+    for arg in argv:
+        if not arg.startswith("--"):
+            continue
+        key = arg[2:].split("=", 1)[0].replace("-", "_")
+        section, _, name = key.rpartition(".")
+        if key not in fields and name.startswith("no_"):
+            key = f"{section}.{name[3:]}"
+        if key in fields:
+            out.add(key)
+    return out
+
+
+def explicit_keys(job_config: Any) -> frozenset[str]:
+    """Keys the user set (TOML or command line), whatever their value. A config not built by
+    ``parse_config`` records none: then every key whose value differs from TorchTitan's
+    default counts as set."""
+    recorded = getattr(job_config, EXPLICIT_ATTR, None)
+    if recorded is not None:
+        return recorded
+    default = type(job_config)()
+    return frozenset(key for key in field_paths(type(job_config))
+                     if _get(job_config, key) != _get(default, key))
+
+
+def user_set(job_config: Any, key: str) -> bool:
+    """Whether ``key`` (``section.key``) is the user's: set in the TOML or on the command line
+    (even to TorchTitan's default value), or changed from the default since parsing."""
+    if key in explicit_keys(job_config):
+        return True
+    return _get(job_config, key) != _get(type(job_config)(), key)
+
+
+def _get(obj: Any, key: str) -> Any:
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
