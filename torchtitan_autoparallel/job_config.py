@@ -93,8 +93,9 @@ def tyro_message(text: str, limit: int = 400) -> str:
     parts = []
     for raw in text.splitlines():
         line = raw.strip().strip("│").strip()
-        if (not line or line[0] in "╭╰" or set(line) <= set("─- ")
-                or line.startswith("For full helptext")):
+        if line.startswith("For full helptext"):
+            break  # the last part (it may wrap)
+        if not line or line[0] in "╭╰" or set(line) <= set("─- "):
             continue
         parts.append(" ".join(line.split()))
     message = " ".join(parts)
