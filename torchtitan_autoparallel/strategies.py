@@ -152,8 +152,8 @@ def _mesh_refusal(graph: LayerGraph, gpus_per_node: int, allowed: set[str], pp: 
     if cp > 1 and "cp" not in allowed:
         return "technique cp is not allowed (autoparallel.techniques or the model's attention)"
     if cp > 1 and graph.seq_len % (2 * cp * tp):
-        return (f"cp {cp} x tp {tp} needs seq_len % (2 x cp x tp) == 0 (seq_len "
-                f"{graph.seq_len}, ring attention with load balancing)")
+        return (f"cp needs seq_len % (2 x cp x tp) == 0 (ring attention with load "
+                f"balancing): cp {cp} x tp {tp}, seq_len {graph.seq_len}")
     sharded = dp_shard * cp > 1
     if dp_replicate > 1 and sharded and "hsdp" not in allowed:
         return "technique hsdp is not allowed (autoparallel.techniques)"
