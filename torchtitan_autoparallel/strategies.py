@@ -176,7 +176,8 @@ def pipeline_degrees(graph: LayerGraph, world: int, constraints: Constraints,
         if world % constraints.pp:
             raise UserError(
                 f"parallelism.pipeline_parallel_degree = {constraints.pp} does not divide the "
-                f"world size {world}: choose one of {_divisors(world)[1:]} or 1 (searched)")
+                f"world size {world}: choose one of {_divisors(world)[1:]}, 1 (no pipeline) "
+                "or leave it unset (searched)")
         if constraints.pp > len(graph.blocks):
             raise UserError(
                 f"parallelism.pipeline_parallel_degree = {constraints.pp} exceeds the "
