@@ -31,7 +31,7 @@ def _job(args: argparse.Namespace, auto: bool) -> Any:
 
     register()
     for arg in args.overrides:
-        if arg.split("=", 1)[0].replace("-", "_") == "--job.config_file":
+        if arg.split("=", 1)[0][2:].replace("-", "_") == "job.config_file":
             raise UserError("name the config with --config, not --job.config_file")
     overrides = ["--job.config_file", args.config, *args.overrides]
     if auto:

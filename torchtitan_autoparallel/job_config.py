@@ -88,14 +88,15 @@ EXPLICIT_ATTR = "_autoparallel_explicit_keys"
 
 
 def tyro_message(text: str, limit: int = 400) -> str:
-    """The text of tyro's boxed usage error on one line (title, rules and the help hint
-    dropped), cut to ``limit`` characters."""
+    """The text of tyro's usage error (boxed on a terminal, plain otherwise) on one line: its
+    title, rules and help hint dropped, cut to ``limit`` characters."""
+    lines = [raw.strip().strip("│").strip() for raw in text.splitlines()]
+    lines = [line for line in lines if line][1:]  # the first is the title
     parts = []
-    for raw in text.splitlines():
-        line = raw.strip().strip("│").strip()
+    for line in lines:
         if line.startswith("For full helptext"):
             break  # the last part (it may wrap)
-        if not line or line[0] in "╭╰" or set(line) <= set("─- "):
+        if line[0] in "╭╰" or set(line) <= set("─- "):
             continue
         parts.append(" ".join(line.split()))
     message = " ".join(parts)
