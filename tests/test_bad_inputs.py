@@ -232,6 +232,18 @@ def test_bad_override_through_the_command_line():
     assert proc.stdout == ""
 
 
+@pytest.mark.parametrize("ngpu", ["1", "2"])
+def test_smallest_budget_named_is_enough(capsys, ngpu):
+    """The budget an out-of-memory refusal names works as written (it is rounded up)."""
+    line = one_line_error(*cli(capsys, "plan", "--config", str(DEBUG_AUTO), "--ngpu", ngpu,
+                               "--memory-gib", "0.001"))
+    smallest = line.split("the smallest budget that works is ")[1].split()[0]
+    assert cli_main(["plan", "--config", str(DEBUG_AUTO), "--ngpu", ngpu, "--memory-gib",
+                     smallest, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["predicted"]["peak_memory_gib"] <= float(smallest)
+
+
 def test_config_file_override_is_refused(capsys):
     line = one_line_error(*cli(capsys, "plan", "--config", str(DEBUG_AUTO), "--ngpu", "2",
                                "--job.config_file", str(LLAMA3_8B_AUTO)))

@@ -401,9 +401,10 @@ def plan_job(job_config: Any, world: int) -> Plan:
     if best is None:
         # the plain search's smallest budget is achievable; the pipeline search only knows a
         # floor (no split it costed fits below it)
-        smallest = (f"the smallest budget that works is {min_feasible / 2**30:.3g} GiB"
+        smallest = (f"the smallest budget that works is {gib_up(min_feasible)} GiB"
                     if math.isfinite(min_feasible) else
-                    f"pipeline plans need at least {min_pipeline / 2**30:.3g} GiB")
+                    f"pipeline plans need at least {gib_up(min_pipeline)} GiB"
+                    if math.isfinite(min_pipeline) else "no plan could be costed")
         raise UserError(
             f"no plan fits the memory budget of {inputs.budget_bytes / 2**30:.3g} GiB per "
             f"device; {smallest} (raise autoparallel.memory_gib, lower the batch or sequence "
@@ -419,6 +420,16 @@ def plan_job(job_config: Any, world: int) -> Plan:
     if keys:
         plan.notes.append(f"constraints (set by you): {', '.join(keys)}")
     return plan
+
+
+def gib_up(size_bytes: float, digits: int = 3) -> str:
+    """``size_bytes`` in GiB to ``digits`` significant digits, rounded up: a budget that
+    large is enough."""
+    gib = size_bytes / 2**30
+    if gib <= 0:
+        return "0"
+    scale = 10 ** (digits - 1 - math.floor(math.log10(gib)))
+    return f"{math.ceil(gib * scale * (1 - 1e-12)) / scale:g}"
 
 
 def layer_plans(inputs: JobInputs, mesh: Mesh, strategies: list[BlockStrategy],
