@@ -11,7 +11,8 @@ import pytest
 import tomllib
 from test_bad_inputs import toml_text
 
-from torchtitan_autoparallel.job_config import explicit_keys, parse_config, user_set
+from torchtitan_autoparallel.explicit import explicit_keys, user_set
+from torchtitan_autoparallel.job_config import parse_config
 from torchtitan_autoparallel.planner import constraint_keys, plan_job
 from torchtitan_autoparallel.registry import register
 
@@ -124,3 +125,20 @@ def test_shipped_auto_configs_leave_the_search_free(config):
     parallelism = tomllib.loads(path.read_text())["parallelism"]
     assert set(parallelism) - {"auto", "data_parallel_shard_degree"} == set(), parallelism
     assert parallelism.get("data_parallel_shard_degree", -1) == -1
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_reshard_policy_default_set_is_torchtitans(pp):
+    """``fsdp_reshard_after_forward = "default"`` written out: TorchTitan's policy (reshard after
+    forward unless pipelined) on every sharded block, where the search keeps parameters."""
+    mesh = ("--parallelism.data_parallel_shard_degree=4",) if pp == 1 else (
+        "--parallelism.pipeline_parallel_degree=2", "--parallelism.data_parallel_shard_degree=2")
+
+    def reshards(*extra: str) -> set[bool]:
+        plan = plan_job(job(*mesh, *extra), 4)
+        assert plan.mesh.pp == pp and plan.mesh.dp_shard > 1
+        return {layer.reshard_after_forward for layer in plan.layers if layer.kind == "block"}
+
+    if pp == 1:
+        assert reshards() == {False}  # searched: keeping parameters wins here
+    assert reshards("--parallelism.fsdp_reshard_after_forward", "default") == {pp == 1}

@@ -16,6 +16,7 @@ from .checks import (
 )
 from .config import CONFIG_MODULE
 from .errors import UserError
+from .explicit import record_explicit
 from .features import check_device, features_from_config
 
 
@@ -78,13 +79,8 @@ def parse_config(argv: list[str]) -> Any:
     except Exception as exc:  # TOML syntax errors and the like
         raise UserError(f"cannot read config {path}: {shown(exc, 200)}") from exc
     sys.stderr.write(usage.getvalue())
-    fields = field_paths(type(job))
-    setattr(job, EXPLICIT_ATTR, frozenset(
-        (set(_toml_keys(toml)) | cli_keys(argv, fields)) & fields))
+    record_explicit(job, toml, argv)
     return job
-
-
-EXPLICIT_ATTR = "_autoparallel_explicit_keys"
 
 
 def tyro_message(text: str, limit: int = 400) -> str:
@@ -101,72 +97,6 @@ def tyro_message(text: str, limit: int = 400) -> str:
         parts.append(" ".join(line.split()))
     message = " ".join(parts)
     return message if len(message) <= limit else message[: limit - 3] + "..."
-
-
-def field_paths(cls: Any, prefix: str = "") -> set[str]:
-    """Every leaf key of a (merged) JobConfig class as ``section.key``."""
-    import dataclasses
-
-    out: set[str] = set()
-    for f in dataclasses.fields(cls):
-        name = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(f.type):
-            out |= field_paths(f.type, name + ".")
-        else:
-            out.add(name)
-    return out
-
-
-def _toml_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
-    out = []
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out += _toml_keys(value, f"{prefix}{key}.")
-        else:
-            out.append(f"{prefix}{key}")
-    return out
-
-
-def cli_keys(argv: list[str], fields: set[str]) -> set[str]:
-    """The keys ``--section.key[=value]`` flags of ``argv`` set (dashes or underscores;
-    ``--section.no-key`` for booleans)."""
-    out = set()
-    for arg in argv:
-        if not arg.startswith("--"):
-            continue
-        key = arg[2:].split("=", 1)[0].replace("-", "_")
-        section, _, name = key.rpartition(".")
-        if key not in fields and name.startswith("no_"):
-            key = f"{section}.{name[3:]}"
-        if key in fields:
-            out.add(key)
-    return out
-
-
-def explicit_keys(job_config: Any) -> frozenset[str]:
-    """Keys the user set (TOML or command line), whatever their value. A config not built by
-    ``parse_config`` records none: then every key whose value differs from TorchTitan's
-    default counts as set."""
-    recorded = getattr(job_config, EXPLICIT_ATTR, None)
-    if recorded is not None:
-        return recorded
-    default = type(job_config)()
-    return frozenset(key for key in field_paths(type(job_config))
-                     if _get(job_config, key) != _get(default, key))
-
-
-def user_set(job_config: Any, key: str) -> bool:
-    """Whether ``key`` (``section.key``) is the user's: set in the TOML or on the command line
-    (even to TorchTitan's default value), or changed from the default since parsing."""
-    if key in explicit_keys(job_config):
-        return True
-    return _get(job_config, key) != _get(type(job_config)(), key)
-
-
-def _get(obj: Any, key: str) -> Any:
-    for part in key.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -18,6 +18,7 @@ from .cost.hardware import HardwareProfile, load_profile
 from .cost.model import Precision
 from .errors import UserError
 from .exclusions import exclusion_notes, without_excluded
+from .explicit import user_set
 from .features import Features, features_from_config
 from .graph.adapters import get_adapter
 from .graph.layer_graph import LayerGraph, build_layer_graph
@@ -53,8 +54,6 @@ DEGREE_KEYS = {"dp_replicate": "data_parallel_replicate_degree",
 def _fixed(job_config: Any, key: str) -> bool:
     """Whether ``parallelism.<key>`` is a constraint: the user set it (TOML or command line),
     whatever its value; an unset key is searched."""
-    from .job_config import user_set
-
     return user_set(job_config, f"parallelism.{key}")
 
 

@@ -55,7 +55,8 @@ class Constraints:
     """AC modes the model's adapter can apply (selective needs its op list)."""
     reshard_after_forward: str = "default"
     """parallelism.fsdp_reshard_after_forward: "default" = chosen per block, "always" /
-    "never" = every FSDP-sharded block reshards / keeps its parameters after forward."""
+    "never" = every FSDP-sharded block reshards / keeps its parameters after forward,
+    "torchtitan" = TorchTitan's "default" set by the user (always, never under pp)."""
     pp: int = 0
     pp_schedules: tuple[str, ...] = ()
     """Pipeline schedules the search may use (empty: all of TorchTitan's)."""
@@ -258,7 +259,8 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
     out = []
     for mode in tp_modes:
         sharded = mesh.dp_shard * mesh.cp > 1 or mode == "dp"
-        reshards = {"default": (True, False), "always": (True,), "never": (False,)}[
+        reshards = {"default": (True, False), "always": (True,), "never": (False,),
+                    "torchtitan": (mesh.pp == 1,)}[
             constraints.reshard_after_forward] if sharded else (False,)
         for ac in acs:
             for reshard in reshards:
