@@ -33,6 +33,8 @@ ANCHORS = REPO.parent / "shared" / "anchors" / "torchtitan_h100_202412.csv"
 PROFILE = REPO / "torchtitan_autoparallel" / "profiles" / "h100_grand_teton.toml"
 OUT = REPO / "experiments" / "results" / "published.md"
 CONFIGS = {"llama3_8b": "llama3_8b_fsdp.toml", "llama3_70b": "llama3_70b_fsdp_tp.toml"}
+AUTO_CONFIGS = {"llama3_8b": "llama3_8b_auto.toml", "llama3_70b": "llama3_70b_auto.toml"}
+"""Under auto a degree set in the TOML is a constraint: the auto jobs start from these."""
 AUTO_TABLES = ("1", "3")
 """Jobs also planned with ``auto = true`` (same model, GPUs, global batch and features)."""
 FIT_ROWS: dict[tuple[str, ...], str] = {}
@@ -125,6 +127,8 @@ def auto_overrides(f: dict[str, str], hardware: str) -> list[str]:
     keep = [o for o in overrides(f, hardware) if not o.startswith(
         ("--parallelism.data_parallel", "--parallelism.tensor", "--parallelism.context",
          "--activation_checkpoint", "--training.local_batch_size"))]
+    keep[keep.index("--job.config_file") + 1] = str(REPO / "train_configs" /
+                                                    AUTO_CONFIGS[f["model"]])
     return [*keep, "--parallelism.auto"]
 
 

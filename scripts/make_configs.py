@@ -93,6 +93,8 @@ def cpu_config(family: str, flavor: str, recipe: str) -> str:
         "pipeline_parallel_degree": 1,
         **RECIPES[recipe]["degrees"],
     }
+    if recipe == "auto":  # a key set under auto is a constraint: the degrees stay unset
+        parallelism = dict(RECIPES[recipe]["degrees"])
     what = "auto-parallel plan" if recipe == "auto" else f"TorchTitan expert recipe '{recipe}'"
     header = (
         f"{family} {flavor}, {what}, CPU (gloo), fp32.\n"
@@ -157,11 +159,8 @@ def large_config(family: str, flavor: str, recipe: str, s: dict) -> str:
         s = {**s, "converters": [], "float8_fsdp": False}
         sections["model"]["converters"] = []
         sections["compile"]["enable"] = False
-        sections["parallelism"]["enable_async_tensor_parallel"] = False
-        sections["parallelism"]["auto"] = True
-        sections["parallelism"]["tensor_parallel_degree"] = 1
-        sections["parallelism"]["expert_parallel_degree"] = 1
-        sections["parallelism"]["expert_tensor_parallel_degree"] = 1
+        # a key set under auto is a constraint: the degrees stay unset (searched)
+        sections["parallelism"] = {"auto": True}
         sections["activation_checkpoint"] = {"mode": "none"}
         sections["autoparallel"] = {"hardware": AUTO_HARDWARE.get(flavor, "h100_sxm"),
                                     "gpus_per_node": 8}

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,90 @@ def test_bad_command_line(tmp_path, capsys):
         line = one_line_error(*cli(capsys, "plan", "--config", config, *argv))
         assert message in line, line
         assert files_under(tmp_path) == before
+
+
+LLAMA3_8B_AUTO = REPO / "train_configs" / "llama3_8b_auto.toml"
+
+
+def test_plan_and_predict_take_torchtitan_overrides(capsys):
+    """``--section.key value`` after the command's own flags, as run_train.sh passes them."""
+    def planned(command: str, config: Path, ngpu: str, *extra: str) -> dict:
+        assert cli_main([command, "--config", str(config), "--ngpu", ngpu, "--json",
+                         *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    short = planned("plan", LLAMA3_8B_AUTO, "8", "--hardware", "h100_sxm")
+    assert short["seq_len"] == 8192 and short["mesh"]["cp"] == 1
+    long = planned("plan", LLAMA3_8B_AUTO, "8", "--training.seq_len", "131072", "--hardware",
+                   "h100_sxm")
+    assert long["seq_len"] == 131072 and long["mesh"]["cp"] > 1
+    both = planned("plan", DEBUG_AUTO, "4", "--training.global_batch_size=8",
+                   "--parallelism.tensor-parallel-degree", "2")
+    assert both["global_batch_size"] == 8 and both["mesh"]["tp"] == 2
+    expert = planned("predict", REPO / "train_configs" / "llama3_debug_fsdp.toml", "4",
+                     "--training.seq_len", "512")
+    assert expert["seq_len"] == 512
+
+
+def test_plan_from_the_command_line_with_an_override():
+    """The README's what-if, as a user types it: a plan with CP, exit 0."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchtitan_autoparallel", "plan", "--config",
+         "train_configs/llama3_8b_auto.toml", "--ngpu", "8", "--training.seq_len", "131072",
+         "--hardware", "h100_sxm"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    mesh = proc.stdout.splitlines()[0]
+    assert "seq 131072" in proc.stdout and " cp=1 " not in mesh and " cp=" in mesh, mesh
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--training.seq_lenn", "131072"],
+     "invalid command-line override: Unrecognized options: --training.seq_lenn, 131072"),
+    (["--training.seq_len", "abc"], "Error parsing --training.seq-len"),
+    (["--training.seq_len"], "Missing value for argument '--training.seq-len'"),
+    (["--parallelism.auto", "maybe"], "Unrecognized options: maybe"),
+])
+def test_bad_override_is_torchtitans_one_line(tmp_path, capsys, monkeypatch, argv, message):
+    """plan, predict and run_train.sh's preflight parse with TorchTitan's ConfigManager: the same
+    line from each, exit 2, no traceback, no usage box."""
+    plan = one_line_error(*cli(capsys, "plan", "--config", str(DEBUG_AUTO), "--ngpu", "2",
+                               "--out", str(tmp_path / "p.json"), *argv))
+    assert message in plan, plan
+    assert "\u2502" not in plan and "For full helptext" not in plan
+    predict = one_line_error(*cli(capsys, "predict", "--config", str(DEBUG_AUTO), "--ngpu",
+                                  "2", *argv))
+    launcher = one_line_error(*preflight(capsys, monkeypatch, 2, "--job.config_file",
+                                         str(DEBUG_AUTO), *argv))
+    assert plan == predict == launcher
+    assert files_under(tmp_path) == set()
+
+
+def test_bad_override_through_the_command_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchtitan_autoparallel", "plan", "--config",
+         "train_configs/llama3_8b_auto.toml", "--ngpu", "8", "--training.bogus", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    line = one_line_error(proc.returncode, proc.stderr)
+    assert "Unrecognized options: --training.bogus, 1" in line, line
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("ngpu", ["1", "2"])
+def test_smallest_budget_named_is_enough(capsys, ngpu):
+    """The budget an out-of-memory refusal names works as written (it is rounded up)."""
+    line = one_line_error(*cli(capsys, "plan", "--config", str(DEBUG_AUTO), "--ngpu", ngpu,
+                               "--memory-gib", "0.001"))
+    smallest = line.split("the smallest budget that works is ")[1].split()[0]
+    assert cli_main(["plan", "--config", str(DEBUG_AUTO), "--ngpu", ngpu, "--memory-gib",
+                     smallest, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["predicted"]["peak_memory_gib"] <= float(smallest)
+
+
+def test_config_file_override_is_refused(capsys):
+    line = one_line_error(*cli(capsys, "plan", "--config", str(DEBUG_AUTO), "--ngpu", "2",
+                               "--job.config_file", str(LLAMA3_8B_AUTO)))
+    assert "--config" in line
 
 
 # ------------------------------------------------------------------------------ profiles
@@ -377,6 +462,30 @@ PIPELINE_CASES = [
     ({"parallelism": {"pipeline_parallel_layers_per_stage": 2}}, "chooses the stage split"),
     ({"parallelism": {"pipeline_parallel_degree": 2, "fsdp_reshard_after_forward": "always"}},
      "keep parameters across micro-batches"),
+    # the real cause, not "too few micro-batches" (16 here): 4 ranks x 2 stages need 8 blocks,
+    # llama3 debugmodel has 6
+    ({"parallelism": {"pipeline_parallel_degree": 4,
+                      "pipeline_parallel_schedule": "Interleaved1F1B"}},
+     "runs at least 2 stages per rank: pipeline_parallel_degree = 4 x 2 = 8 stages"),
+    ({"parallelism": {"pipeline_parallel_degree": 4,
+                      "pipeline_parallel_schedule": "InterleavedZeroBubble"}}, "has 6 blocks"),
+    ({"parallelism": {"pipeline_parallel_degree": 2, "pipeline_parallel_schedule": "1F1B",
+                      "pipeline_parallel_layers_per_stage": 2}},
+     "1F1B runs one stage per rank; parallelism.pipeline_parallel_layers_per_stage = 2 makes 4"),
+    ({"parallelism": {"pipeline_parallel_degree": 2, "pipeline_parallel_schedule": "1F1B"},
+      "autoparallel": {"pp_stages_per_rank": 2}},
+     "pp_stages_per_rank = 2 cannot be run: 1F1B runs one stage per rank"),
+    ({"parallelism": {"pipeline_parallel_degree": 2, "pipeline_parallel_schedule": "GPipe"},
+      "autoparallel": {"pp_schedules": ["1F1B"]}}, "is not among autoparallel.pp_schedules"),
+    ({"parallelism": {"pipeline_parallel_degree": 2,
+                      "pipeline_parallel_schedule": "DualPipeV"}}, "is for MoE models"),
+    ({"parallelism": {"pipeline_parallel_degree": 2, "pipeline_parallel_schedule": "ZBVZeroBubble",
+                      "pipeline_parallel_microbatch_size": 2},
+      "training": {"global_batch_size": 4}},
+     "needs at least 4 micro-batches per step (at least 4 for ZBVZeroBubble): global batch 4 "
+     "over the data-parallel ranks in micro-batches of 2 gives 1 or 2"),
+    ({"parallelism": {"data_parallel_replicate_degree": 2, "tensor_parallel_degree": 2,
+                      "data_parallel_shard_degree": 1}}, "TorchTitan's DDP, which runs with tp"),
 ]
 
 
@@ -388,3 +497,22 @@ def test_bad_pipeline_settings_before_ranks_start(tmp_path, capsys, monkeypatch,
     config = config_with(tmp_path, **sections)
     line = one_line_error(*preflight(capsys, monkeypatch, 4, "--job.config_file", str(config)))
     assert message in line, line
+    if "stages" in message or "blocks" in message:
+        assert "micro-batches" not in line, line
+
+
+def test_hsdp_over_cp_without_dp_shard_is_planned(tmp_path, capsys, monkeypatch):
+    """TorchTitan's hsdp+cp_without_dp_shard: dp_replicate 2 x cp 2 with dp_shard 1 on 4 ranks
+    shards over cp and replicates over dp_replicate; auto plans that mesh."""
+    from torchtitan_autoparallel.planner import plan_job
+
+    degrees = ("--parallelism.data_parallel_replicate_degree=2",
+               "--parallelism.data_parallel_shard_degree=1",
+               "--parallelism.context_parallel_degree=2")
+    code, err = preflight(capsys, monkeypatch, 4, "--job.config_file", str(DEBUG_AUTO), *degrees)
+    assert code == 0, err
+    plan = plan_job(train.parse_config(["--job.config_file", str(DEBUG_AUTO), *degrees]), 4)
+    m = plan.mesh
+    assert (m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp) == (1, 2, 1, 2, 1)
+    assert all(layer.describe(m.unsharded_label).startswith("fsdp")
+               for layer in plan.layers if layer.kind == "block")

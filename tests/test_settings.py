@@ -111,18 +111,20 @@ def test_pipeline_expert_overlap_is_costed():
     assert on.predicted["step_time_s"] < off.predicted["step_time_s"]
 
 
-@pytest.mark.parametrize("policy", ["always", "never", "default"])
+@pytest.mark.parametrize("policy", ["always", "never", "default", None])
 def test_fsdp_reshard_after_forward(policy):
-    """always / never: a constraint on every FSDP-sharded block; default: chosen per block.
-    Either way every FSDP group reshards as its plan entry says."""
-    model, _, plan = build(LLAMA, *FSDP, f"--parallelism.fsdp_reshard_after_forward={policy}")
+    """always / never: a constraint on every FSDP-sharded block; default, set: TorchTitan's
+    policy (reshard, no pp here), a constraint too; unset: chosen per block. Either way every
+    FSDP group reshards as its plan entry says."""
+    extra = (f"--parallelism.fsdp_reshard_after_forward={policy}",) if policy else ()
+    model, _, plan = build(LLAMA, *FSDP, *extra)
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
     built = block_features(model)
     for layer in blocks:
         assert built[layer.fqn.split(".")[-1]]["reshard_after_forward"] == \
             layer.reshard_after_forward
-    if policy != "default":
-        assert {layer.reshard_after_forward for layer in blocks} == {policy == "always"}
+    if policy:
+        assert {layer.reshard_after_forward for layer in blocks} == {policy != "never"}
     by_fqn = {layer.fqn: layer for layer in plan.layers}
     assert fsdp_group(model.tok_embeddings)["reshard_after_forward"] == \
         by_fqn["tok_embeddings"].reshard_after_forward

@@ -1,16 +1,19 @@
 """Command line, offline (no process group, no GPU): ``python -m torchtitan_autoparallel``.
 
     plan     --config X.toml --ngpu N [--gpus-per-node G] [--hardware H] [--memory-gib M]
-             [--out P]                  plan a job, print the table, write the JSON
+             [--out P] [--section.key value ...]   plan a job, print the table, write the JSON
     explain  P                          per block: strategy, cost breakdown, runner-up
     diff     A B [--out D.png]          what differs and the predicted effect (exit 1 if any);
                                         --out / --html draw the two plans side by side
     show     P --out P.png [--html P.html]   the plan as a picture (mesh, layers, memory, time)
-    predict  --config X.toml --ngpu N   an expert (non-auto) config as a plan, same cost model
+    predict  --config X.toml --ngpu N [--section.key value ...]
+                                        an expert (non-auto) config as a plan, same cost model
     calibrate --ngpu N --out P.toml     measure matmuls and collectives, write a profile
     fit      RUNS.csv --base H --out P.toml   fit a profile to measured runs (cost/runs.py)
 
-Tables by default, ``--json`` for machines. Exit codes: 0 ok, 1 plans differ (diff), 2 a user
+``plan`` and ``predict`` take TorchTitan's ``--section.key value`` overrides as run_train.sh does
+(TorchTitan's ConfigManager parses them, with the same errors). Tables by default, ``--json``
+for machines. Exit codes: 0 ok, 1 plans differ (diff), 2 a user
 error (one line on stderr).
 """
 
@@ -27,7 +30,10 @@ def _job(args: argparse.Namespace, auto: bool) -> Any:
     from .registry import import_custom_module, register
 
     register()
-    overrides = ["--job.config_file", args.config]
+    for arg in args.overrides:
+        if arg.split("=", 1)[0][2:].replace("-", "_") == "job.config_file":
+            raise UserError("name the config with --config, not --job.config_file")
+    overrides = ["--job.config_file", args.config, *args.overrides]
     if auto:
         overrides.append("--parallelism.auto")
     if args.hardware:
@@ -198,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--memory-gib", type=float, default=None, help="budget per device")
         p.add_argument("--out", default="", help="write the plan JSON here")
         p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        p.epilog = ("Other --section.key value arguments are TorchTitan config overrides, as "
+                    "for run_train.sh (e.g. --training.seq_len 131072).")
         p.set_defaults(func=func)
     p = sub.add_parser("calibrate", help="measure this machine and write a hardware profile")
     p.add_argument("--ngpu", type=int, default=2, help="ranks for the collective measurements")
@@ -242,8 +250,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+OVERRIDABLE = ("plan", "predict")
+"""Commands that pass the arguments they do not know to TorchTitan's config parser."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, overrides = parser.parse_known_args(argv)
+    if overrides and args.command not in OVERRIDABLE:
+        parser.parse_args(argv)  # argparse's own error for the unknown arguments
+    args.overrides = overrides
     if getattr(args, "ngpu", 1) < 1:
         raise UserError(f"--ngpu must be a positive integer, got {args.ngpu}")
     return args.func(args)

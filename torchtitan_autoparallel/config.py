@@ -16,8 +16,8 @@ CONFIG_MODULE = "torchtitan_autoparallel.config"
 @dataclass
 class Parallelism:
     auto: bool = False
-    """Let the planner choose the mesh and per-layer placements (TorchTitan degrees become
-    constraints)."""
+    """Let the planner choose the mesh and per-layer placements (TorchTitan degrees set in the
+    TOML or on the command line, at any value, become constraints; unset ones are searched)."""
 
 
 @dataclass
@@ -42,8 +42,8 @@ class Autoparallel:
     pp_schedules: list[str] = field(default_factory=list)
     """Pipeline schedules the search may choose from (empty: all of TorchTitan's: 1F1B,
     Interleaved1F1B, GPipe, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV for MoE models). A
-    ``parallelism.pipeline_parallel_schedule`` other than TorchTitan's default (1F1B) fixes the
-    schedule instead."""
+    ``parallelism.pipeline_parallel_schedule`` set in the TOML or on the command line (1F1B
+    included) fixes the schedule instead."""
     pp_stages_per_rank: int = 0
     """Pipeline stages per pp rank (0: searched; 1 for 1F1B / GPipe, 2 for the V schedules,
     2-4 for the interleaved ones)."""

@@ -11,8 +11,9 @@ One place decides what each setting means under ``auto`` (see the README's setti
   constraint on the search).
 - ``parallelism.enable_async_tensor_parallel``: async TP on the tp mesh (needs compile).
 - ``training.enable_cpu_offload``: FSDP's CPU offload policy on every sharded module.
-- ``parallelism.fsdp_reshard_after_forward``: "default" lets the planner choose per block;
-  "always" / "never" fix it for every sharded block (a constraint on the search).
+- ``parallelism.fsdp_reshard_after_forward``: unset, the planner chooses per block; "always" /
+  "never" fix it for every sharded block (a constraint on the search), and so does "default"
+  when set: TorchTitan's own policy, reshard unless pipelined.
 
 Planning reads no device: ``check_device`` is called by the entrypoint with the device's
 compute capability before any rank starts.
@@ -22,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .errors import UserError
+from .explicit import user_set
 
 FLOAT8_LINEAR = "quantize.linear.float8"
 FLOAT8_GROUPED = "quantize.grouped_mm.float8"
@@ -51,7 +53,8 @@ class Features:
     cpu_offload: bool = False
     """FSDP keeps sharded parameters, gradients and optimizer state in host memory."""
     reshard_after_forward: str = "default"
-    """"default": the planner chooses per block; "always" / "never": fixed for all blocks."""
+    """"default": the planner chooses per block; "always" / "never": fixed for all blocks;
+    "torchtitan": TorchTitan's "default" set by the user (always, never under pp)."""
 
     @property
     def float8(self) -> bool:
@@ -109,6 +112,8 @@ def features_from_config(job_config: Any) -> Features:
     if policy not in RESHARD_POLICIES:
         raise UserError(f"parallelism.fsdp_reshard_after_forward = {policy!r}: use one of "
                         f"{list(RESHARD_POLICIES)}")
+    if policy == "default" and user_set(job_config, "parallelism.fsdp_reshard_after_forward"):
+        policy = "torchtitan"  # asked for TorchTitan's policy: a constraint, as any set key
     return Features(
         compile=compiled,
         compile_backend=str(compile_cfg.backend) if compiled else "inductor",

@@ -5,6 +5,7 @@ follow its plan (mesh degrees, local batch, the ``autoparallel`` converter)."""
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from .checks import (
@@ -16,6 +17,7 @@ from .checks import (
 )
 from .config import CONFIG_MODULE
 from .errors import UserError
+from .explicit import record_explicit
 from .features import check_device, features_from_config
 
 
@@ -35,8 +37,9 @@ def _config_path(argv: list[str]) -> str | None:
     return None
 
 
-def _check_toml(path: str) -> None:
-    """The config file exists and is TOML (TorchTitan would print a traceback first)."""
+def _check_toml(path: str) -> dict[str, Any]:
+    """The config file's data; one line if it is missing or not TOML (TorchTitan would print a
+    traceback first)."""
     import tomllib
 
     from .errors import shown
@@ -46,7 +49,7 @@ def _check_toml(path: str) -> None:
                         ".toml)")
     try:
         with open(path, "rb") as f:
-            tomllib.load(f)
+            return tomllib.load(f)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"config {shown(path)} is not valid TOML: {shown(exc, 200)}; fix the "
                         "file") from exc
@@ -55,20 +58,46 @@ def _check_toml(path: str) -> None:
 
 
 def parse_config(argv: list[str]) -> Any:
-    """Parse TorchTitan's config (TOML + CLI) with the project's extension merged in."""
+    """Parse TorchTitan's config (TOML + CLI) with the project's extension merged in; the keys
+    the TOML file or the command line set are recorded (``explicit_keys``)."""
+    import contextlib
+    import io
+
     from torchtitan.config import ConfigManager
 
     from .errors import shown
 
     path = _config_path(argv)
-    if path is not None:
-        _check_toml(path)
+    toml = _check_toml(path) if path is not None else {}
+    usage = io.StringIO()
     try:
-        return ConfigManager().parse_args(_with_config_module(argv))
-    except SystemExit as exc:  # tyro prints its own message for unknown flags
-        raise UserError("invalid command-line override (see the message above)") from exc
+        with contextlib.redirect_stderr(usage):
+            job = ConfigManager().parse_args(_with_config_module(argv))
+    except SystemExit as exc:  # tyro's usage error (a box on stderr): one line instead
+        message = tyro_message(usage.getvalue())
+        raise UserError("invalid command-line override" + (f": {message}" if message else "")
+                        ) from exc
     except Exception as exc:  # TOML syntax errors and the like
         raise UserError(f"cannot read config {path}: {shown(exc, 200)}") from exc
+    sys.stderr.write(usage.getvalue())
+    record_explicit(job, toml, argv)
+    return job
+
+
+def tyro_message(text: str, limit: int = 400) -> str:
+    """The text of tyro's usage error (boxed on a terminal, plain otherwise) on one line: its
+    title, rules and help hint dropped, cut to ``limit`` characters."""
+    lines = [raw.strip().strip("│").strip() for raw in text.splitlines()]
+    lines = [line for line in lines if line][1:]  # the first is the title
+    parts = []
+    for line in lines:
+        if line.startswith("For full helptext"):
+            break  # the last part (it may wrap)
+        if line[0] in "╭╰" or set(line) <= set("─- "):
+            continue
+        parts.append(" ".join(line.split()))
+    message = " ".join(parts)
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

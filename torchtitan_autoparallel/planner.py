@@ -19,6 +19,7 @@ from .cost.hardware import CPU_PROFILE, HardwareProfile, load_profile
 from .cost.model import Precision
 from .errors import UserError
 from .exclusions import without_excluded
+from .explicit import user_set
 from .features import Features, features_from_config
 from .graph.layer_graph import LayerGraph, build_layer_graph
 from .layout import TECHNIQUES, BlockStrategy, Mesh
@@ -26,16 +27,45 @@ from .pins import Pin, recipe_from_config, recipe_of, resolve_pins
 from .pipeline_plan import build_pipeline_plan, recost_pipeline
 from .plan import Plan
 from .solver import Candidate, Solution, block_classes, build_candidate, search
-from .solver_pipeline import PipelineSolution, prefix_classes, search_pipeline
+from .solver_pipeline import (
+    PipelineSolution,
+    no_pipeline_reason,
+    prefix_classes,
+    search_pipeline,
+)
 from .strategies import Constraints, enumerate_meshes
 from .validate import check_job_options
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+DEGREE_KEYS = {"dp_replicate": "data_parallel_replicate_degree",
+               "dp_shard": "data_parallel_shard_degree", "tp": "tensor_parallel_degree",
+               "cp": "context_parallel_degree", "ep": "expert_parallel_degree",
+               "etp": "expert_tensor_parallel_degree", "pp": "pipeline_parallel_degree"}
+"""Mesh dims (``Constraints`` fields) and their ``[parallelism]`` keys."""
+
+
+def _fixed(job_config: Any, key: str) -> bool:
+    """Whether ``parallelism.<key>`` is a constraint: the user set it (TOML or command line),
+    whatever its value; an unset key is searched."""
+    return user_set(job_config, f"parallelism.{key}")
+
+
+def constraint_keys(job_config: Any) -> list[str]:
+    """The ``[parallelism]`` keys the search takes as constraints, as ``key = value``."""
+    par = job_config.parallelism
+    keys = [*DEGREE_KEYS.values(), "pipeline_parallel_schedule",
+            "pipeline_parallel_microbatch_size", "fsdp_reshard_after_forward"]
+    return [f"parallelism.{key} = {getattr(par, key)!r}" for key in keys
+            if _fixed(job_config, key)
+            and not (key == "data_parallel_shard_degree" and getattr(par, key) == -1)]
+
+
 def constraints_from_config(job_config: Any, features: Features) -> Constraints:
-    """Degrees the user set in [parallelism] become constraints (and what the job's
-    ``features`` require of the mesh); unsupported ones are errors."""
+    """Degrees the user set in [parallelism] become constraints, even at TorchTitan's default
+    value (and what the job's ``features`` require of the mesh); unset ones are searched;
+    unsupported ones are errors."""
     par = job_config.parallelism
     techniques = tuple(job_config.autoparallel.techniques)
     unknown = sorted(set(techniques) - set(TECHNIQUES))
@@ -45,17 +75,14 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
         )
     if par.data_parallel_shard_degree not in (-1,) and par.data_parallel_shard_degree < 1:
         raise UserError("parallelism.data_parallel_shard_degree must be -1 (free) or >= 1")
-    cp = par.context_parallel_degree if par.context_parallel_degree != 1 else 0
+    degrees = {dim: getattr(par, key) if _fixed(job_config, key) else 0
+               for dim, key in DEGREE_KEYS.items() if dim != "pp"}
+    if degrees["dp_shard"] == -1:
+        degrees["dp_shard"] = 0  # TorchTitan's "the remaining ranks": searched
     if features.grouped_mm != "none":
-        cp = 1  # TorchTitan's low-precision grouped GEMMs run with cp = 1 only
+        degrees["cp"] = 1  # TorchTitan's low-precision grouped GEMMs run with cp = 1 only
     return Constraints(
-        dp_replicate=par.data_parallel_replicate_degree
-        if par.data_parallel_replicate_degree != 1 else 0,
-        dp_shard=par.data_parallel_shard_degree if par.data_parallel_shard_degree != -1 else 0,
-        tp=par.tensor_parallel_degree if par.tensor_parallel_degree != 1 else 0,
-        cp=cp,
-        ep=par.expert_parallel_degree if par.expert_parallel_degree != 1 else 0,
-        etp=par.expert_tensor_parallel_degree if par.expert_tensor_parallel_degree != 1 else 0,
+        **degrees,
         reshard_after_forward=features.reshard_after_forward,
         **pipeline_constraints(job_config, features, techniques),
     )
@@ -64,31 +91,34 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
 def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[str, ...]
                          ) -> dict[str, Any]:
     """What ``[parallelism]``'s pipeline keys fix under auto (``Constraints`` fields): the
-    degree when not 1, the schedule when not TorchTitan's default (else
-    ``autoparallel.pp_schedules``), the micro-batch size when not 1. The stage split is the
-    planner's: keys that would set it are errors, as are schedules the job cannot run."""
-    from .schedules import SCHEDULES, ZERO_BUBBLE
+    degree, the schedule (else ``autoparallel.pp_schedules``) and the micro-batch size when
+    the user set them. The stage split is the planner's: keys that would set it are errors, as
+    are schedules the job cannot run."""
+    from .schedules import SCHEDULES, ZERO_BUBBLE, schedule_stages
 
-    par = job_config.parallelism
+    par, ap = job_config.parallelism, job_config.autoparallel
     pp = par.pipeline_parallel_degree
     if pp < 1:
-        raise UserError(f"parallelism.pipeline_parallel_degree = {pp} is invalid: use 1 (pp "
-                        "searched under auto) or a degree that divides the world size")
-    for key, default in (("module_fqns_per_model_part", None),
-                         ("pipeline_parallel_layers_per_stage", None),
-                         ("pipeline_parallel_first_stage_less_layers", 1),
-                         ("pipeline_parallel_last_stage_less_layers", 1),
-                         ("pipeline_parallel_schedule_csv", "")):
-        if getattr(par, key, default) != default and par.auto:
-            raise UserError(f"parallelism.{key} is set with auto = true: the planner chooses "
-                            "the stage split; remove it or set parallelism.auto = false")
-    schedules = tuple(job_config.autoparallel.pp_schedules)
-    if par.pipeline_parallel_schedule != "1F1B":
-        schedules = (par.pipeline_parallel_schedule,)
+        raise UserError(f"parallelism.pipeline_parallel_degree = {pp} is invalid: use 1 (no "
+                        "pipeline) or a degree that divides the world size, or leave it unset "
+                        "(searched under auto)")
+    schedules = tuple(ap.pp_schedules)
+    if _fixed(job_config, "pipeline_parallel_schedule"):
+        schedule = par.pipeline_parallel_schedule
+        if schedules and schedule not in schedules:
+            raise UserError(f"parallelism.pipeline_parallel_schedule = {schedule!r} is not "
+                            f"among autoparallel.pp_schedules {list(schedules)}: drop one")
+        schedules = (schedule,)
     unknown = [s for s in schedules if s not in SCHEDULES]
     if unknown:
         raise UserError(f"pipeline schedule {unknown[0]!r} is not one of TorchTitan's "
                         f"{list(SCHEDULES)}")
+    v = ap.pp_stages_per_rank
+    if v and schedules and all(v not in schedule_stages(s) for s in schedules):
+        runs = "; ".join(f"{s} runs {_stages_text(schedule_stages(s))} per rank"
+                         for s in schedules)
+        raise UserError(f"autoparallel.pp_stages_per_rank = {v} cannot be run: {runs}; "
+                        "change one or the other")
     if features.compile and schedules and all(s in ZERO_BUBBLE for s in schedules):
         raise UserError(f"pipeline schedule {schedules[0]} splits the backward, which compiled "
                         "blocks cannot: set compile.enable = false or choose 1F1B, GPipe or "
@@ -106,13 +136,59 @@ def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[
     mb = par.pipeline_parallel_microbatch_size
     if mb < 1:
         raise UserError(f"parallelism.pipeline_parallel_microbatch_size = {mb} is invalid: use "
-                        "1 (searched under auto) or more sequences")
-    v = job_config.autoparallel.pp_stages_per_rank
-    return {"pp": pp if pp > 1 else 0, "pp_schedules": schedules,
-            "pp_microbatch": mb if mb > 1 else 0, "pp_stages_per_rank": v,
+                        "1 or more sequences, or leave it unset (searched under auto)")
+    return {"pp": pp if _fixed(job_config, "pipeline_parallel_degree") else 0,
+            "pp_schedules": schedules,
+            "pp_microbatch": mb if _fixed(job_config, "pipeline_parallel_microbatch_size")
+            else 0,
+            "pp_stages_per_rank": v,
             "pp_ep_overlap": bool(par.pipeline_parallel_expert_parallel_overlap),
             "techniques": tuple(t for t in techniques if t != "pp" or (
                 features.reshard_after_forward != "always"))}
+
+
+STAGE_SPLIT_KEYS = ("module_fqns_per_model_part", "pipeline_parallel_layers_per_stage",
+                    "pipeline_parallel_first_stage_less_layers",
+                    "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_schedule_csv")
+"""``[parallelism]`` keys that set TorchTitan's stage split (the planner's choice under auto)."""
+
+
+def check_stage_split_keys(job_config: Any, graph: LayerGraph, constraints: Constraints
+                           ) -> None:
+    """Stage-split keys set under auto are errors; where the fixed schedule could not run the
+    split they ask for either, that is the reason given (as TorchTitan's ``pipeline_llm``
+    computes it: ceil((blocks + first + last stage less layers) / layers per stage) stages)."""
+    from .schedules import schedule_stages
+
+    par = job_config.parallelism
+    if not par.auto:
+        return
+    layers = par.pipeline_parallel_layers_per_stage
+    if (constraints.pp > 1 and len(constraints.pp_schedules) == 1 and layers
+            and _fixed(job_config, "pipeline_parallel_layers_per_stage")):
+        schedule = constraints.pp_schedules[0]
+        stages = math.ceil((len(graph.blocks) + par.pipeline_parallel_first_stage_less_layers
+                            + par.pipeline_parallel_last_stage_less_layers) / layers)
+        per_rank = stages / constraints.pp
+        if per_rank not in schedule_stages(schedule):
+            raise UserError(
+                f"pipeline schedule {schedule} runs {_stages_text(schedule_stages(schedule))} "
+                f"per rank; parallelism.pipeline_parallel_layers_per_stage = {layers} makes "
+                f"{stages} stages of {graph.family} {graph.flavor}'s {len(graph.blocks)} blocks "
+                f"over pipeline_parallel_degree = {constraints.pp} ({per_rank:g} per rank). "
+                "Under auto the planner chooses the stage split: remove "
+                "pipeline_parallel_layers_per_stage (autoparallel.pp_stages_per_rank fixes "
+                "stages per rank)")
+    for key in STAGE_SPLIT_KEYS:
+        if _fixed(job_config, key):
+            raise UserError(f"parallelism.{key} is set with auto = true: the planner chooses "
+                            "the stage split; remove it or set parallelism.auto = false")
+
+
+def _stages_text(options: tuple[int, ...]) -> str:
+    if len(options) == 1:
+        return "one stage" if options[0] == 1 else f"{options[0]} stages"
+    return f"{options[0]}-{options[-1]} stages"
 
 
 def layer_graph_for(job_config: Any) -> LayerGraph:
@@ -192,6 +268,7 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
     except KeyError as exc:
         raise UserError(f"unsupported mixed precision dtype {exc}") from exc
     graph = layer_graph_for(job_config)
+    check_stage_split_keys(job_config, graph, constraints)
     constraints = without_excluded(constraints, graph, world)
     recipe = recipe_from_config(job_config)
     globs = list(getattr(ap, "pin", []))
@@ -316,19 +393,15 @@ def plan_job(job_config: Any, world: int) -> Plan:
             if best is None or rate > best[0]:
                 best = (rate, job, sol, stats)
     if best is None and not pipeline_options and inputs.constraints.pp > 1:
-        c = inputs.constraints
-        raise UserError(
-            f"parallelism.pipeline_parallel_degree = {c.pp} needs at least {c.pp} micro-batches "
-            f"per step (more for interleaved and V schedules): global batch "
-            f"{inputs.global_batch} over the data-parallel ranks in micro-batches of "
-            f"{c.pp_microbatch or 1} gives fewer; raise training.global_batch_size or lower "
-            "parallelism.pipeline_parallel_microbatch_size")
+        raise UserError(no_pipeline_reason(inputs.graph, inputs.global_batch, inputs.constraints,
+                                           inputs.features, [m for m in meshes if m.pp > 1]))
     if best is None:
         # the plain search's smallest budget is achievable; the pipeline search only knows a
         # floor (no split it costed fits below it)
-        smallest = (f"the smallest budget that works is {min_feasible / 2**30:.3g} GiB"
+        smallest = (f"the smallest budget that works is {gib_up(min_feasible)} GiB"
                     if math.isfinite(min_feasible) else
-                    f"pipeline plans need at least {min_pipeline / 2**30:.3g} GiB")
+                    f"pipeline plans need at least {gib_up(min_pipeline)} GiB"
+                    if math.isfinite(min_pipeline) else "no plan could be costed")
         raise UserError(
             f"no plan fits the memory budget of {inputs.budget_bytes / 2**30:.3g} GiB per "
             f"device; {smallest} (raise autoparallel.memory_gib, lower the batch or sequence "
@@ -337,8 +410,23 @@ def plan_job(job_config: Any, world: int) -> Plan:
     _, job, sol, stats = best
     stats["planning_time_s"] = time.perf_counter() - start
     if isinstance(sol, PipelineSolution):
-        return build_pipeline_plan(job, sol, stats)
-    return build_plan(job, sol.candidate, _assign(job, sol), stats)
+        plan = build_pipeline_plan(job, sol, stats)
+    else:
+        plan = build_plan(job, sol.candidate, _assign(job, sol), stats)
+    keys = constraint_keys(job_config)
+    if keys:
+        plan.notes.append(f"constraints (set by you): {', '.join(keys)}")
+    return plan
+
+
+def gib_up(size_bytes: float, digits: int = 3) -> str:
+    """``size_bytes`` in GiB to ``digits`` significant digits, rounded up: a budget that
+    large is enough."""
+    gib = size_bytes / 2**30
+    if gib <= 0:
+        return "0"
+    scale = 10 ** (digits - 1 - math.floor(math.log10(gib)))
+    return f"{math.ceil(gib * scale * (1 - 1e-12)) / scale:g}"
 
 
 def candidate_for(inputs: JobInputs, mesh: Mesh, microbatch: int) -> Candidate:

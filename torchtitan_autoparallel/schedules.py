@@ -15,16 +15,20 @@ V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 """Schedules whose two stages per rank form a V (first and last stage on rank 0)."""
 
 
+def schedule_stages(schedule: str) -> tuple[int, ...]:
+    """Stages per rank ``schedule`` runs: one (1F1B, GPipe), two (V schedules) or 2-4
+    (interleaved)."""
+    if schedule in SINGLE_STAGE:
+        return (1,)
+    if schedule in V_SCHEDULES:
+        return (2,)
+    return (2, 3, 4)
+
+
 def stage_options(schedule: str, pp: int, n_blocks: int) -> list[int]:
     """Stages per rank ``schedule`` can run with ``pp`` ranks and ``n_blocks`` blocks (every
     stage holds at least one block)."""
-    if schedule in SINGLE_STAGE:
-        options = [1]
-    elif schedule in V_SCHEDULES:
-        options = [2]
-    else:
-        options = [2, 3, 4]
-    return [v for v in options if pp * v <= n_blocks]
+    return [v for v in schedule_stages(schedule) if pp * v <= n_blocks]
 
 
 def microbatch_ok(schedule: str, pp: int, v: int, m: int) -> bool:

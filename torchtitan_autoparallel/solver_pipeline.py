@@ -59,9 +59,11 @@ from .pins import Pin
 from .schedules import (
     MOE_ONLY,
     SCHEDULES,
+    SINGLE_STAGE,
     V_SCHEDULES,
     ZERO_BUBBLE,
     microbatch_ok,
+    schedule_stages,
     stage_options,
 )
 from .solver import SolveTimeout, _new_highs, block_classes
@@ -458,6 +460,49 @@ def schedules_for(graph: LayerGraph, constraints: Constraints, features: Feature
         # same bubble as 1F1B with every micro-batch's activations held: never better
         out.remove("GPipe")
     return out
+
+
+def no_pipeline_reason(graph: LayerGraph, global_batch: int, constraints: Constraints,
+                       features: Features, meshes: list[Mesh]) -> str:
+    """Why ``search_pipeline`` has no candidate for the fixed pp degree on ``meshes``: no
+    schedule left, too few blocks for the stages a schedule runs, or too few micro-batches
+    (the conditions it applies, in that order)."""
+    pp, n = constraints.pp, len(graph.blocks)
+    name = f"{graph.family} {graph.flavor}"
+    asked = constraints.pp_schedules or SCHEDULES
+    schedules = schedules_for(graph, constraints, features)
+    if not schedules:
+        moe = [s for s in asked if s in MOE_ONLY and not graph.num_experts]
+        if moe:
+            return (f"pipeline schedule {moe[0]} is for MoE models (it hides the expert "
+                    f"all-to-all); {name} has no routed experts: choose another schedule")
+        return (f"pipeline schedules {list(asked)} split the backward, which compiled blocks "
+                "cannot: set compile.enable = false or choose 1F1B, GPipe or Interleaved1F1B")
+    fixed_v = constraints.pp_stages_per_rank
+    shapes = [(s, v) for s in schedules for v in stage_options(s, pp, n)
+              if not fixed_v or v == fixed_v]
+    if not shapes:
+        need = min(v for s in schedules for v in schedule_stages(s) if not fixed_v or v == fixed_v)
+        return (f"pipeline schedule {' / '.join(schedules)} runs at least {need} stages per "
+                f"rank: pipeline_parallel_degree = {pp} x {need} = {pp * need} stages of at "
+                f"least one block each, but {name} has {n} blocks: lower "
+                f"pipeline_parallel_degree to {n // need} or less"
+                + ("" if any(s in SINGLE_STAGE for s in schedules) else
+                   ", or choose a schedule with one stage per rank (1F1B, GPipe)"))
+    mb = constraints.pp_microbatch or 1
+    have = sorted({global_batch // m.dp // mb for m in meshes
+                   if global_batch % m.dp == 0 and (global_batch // m.dp) % mb == 0})
+    rules: dict[str, list[str]] = {}
+    for schedule in dict.fromkeys(s for s, _ in shapes):
+        rule = (f"at least {2 * pp}" if schedule in V_SCHEDULES else f"at least {pp}"
+                if schedule in SINGLE_STAGE else f"a multiple of {pp}")
+        rules.setdefault(rule, []).append(schedule)
+    need = min(2 * pp if s in V_SCHEDULES else pp for s, _ in shapes)
+    why = "; ".join(f"{rule} for {' / '.join(ss)}" for rule, ss in rules.items())
+    return (f"parallelism.pipeline_parallel_degree = {pp} needs at least {need} micro-batches "
+            f"per step ({why}): global batch {global_batch} over the data-parallel ranks in "
+            f"micro-batches of {mb} gives {' or '.join(map(str, have)) or 'no even split'}; raise "
+            "training.global_batch_size or lower parallelism.pipeline_parallel_microbatch_size")
 
 
 @dataclass

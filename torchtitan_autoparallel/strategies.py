@@ -31,7 +31,8 @@ class Constraints:
     """AC modes the model's adapter can apply (selective needs its op list)."""
     reshard_after_forward: str = "default"
     """parallelism.fsdp_reshard_after_forward: "default" = chosen per block, "always" /
-    "never" = every FSDP-sharded block reshards / keeps its parameters after forward."""
+    "never" = every FSDP-sharded block reshards / keeps its parameters after forward,
+    "torchtitan" = TorchTitan's "default" set by the user (always, never under pp)."""
     pp: int = 0
     pp_schedules: tuple[str, ...] = ()
     """Pipeline schedules the search may use (empty: all of TorchTitan's)."""
@@ -73,31 +74,24 @@ def enumerate_meshes(
             )
         allowed.discard("cp")
     check_expert_constraints(graph, world, constraints)
+    fixed = {"dp_replicate": constraints.dp_replicate, "dp_shard": constraints.dp_shard,
+             "tp": constraints.tp, "cp": constraints.cp}
     meshes = []
+    refused: dict[str, None] = {}  # why the meshes with the fixed degrees are illegal
     for pp in pipeline_degrees(graph, world, constraints, allowed):
         dense = world // pp
         for tp in _divisors(dense):
-            if tp > 1 and "tp" not in allowed:
-                continue
-            if not legal_tp(graph, tp, gpus_per_node):
-                continue
             for cp in _divisors(dense // tp):
-                # ring attention with head-tail load balancing: seq_len % (2 * cp * tp) == 0
-                if cp > 1 and ("cp" not in allowed or graph.seq_len % (2 * cp * tp)):
-                    continue
                 for dp_replicate in _divisors(dense // tp // cp):
                     dp_shard = dense // tp // cp // dp_replicate
-                    if dp_replicate > 1 and dp_shard > 1 and "hsdp" not in allowed:
+                    values = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp,
+                              "cp": cp}
+                    if any(f and f != values[k] for k, f in fixed.items()):
                         continue
-                    if dp_replicate > 1 and dp_shard == 1 and (
-                            "ddp" not in allowed or tp > 1 or cp > 1 or pp > 1):
-                        continue  # pure replication: data parallel alone (TorchTitan's DDP)
-                    if dp_shard > 1 and "fsdp" not in allowed and "hsdp" not in allowed:
-                        continue
-                    fixed = (constraints.dp_replicate, constraints.dp_shard, constraints.tp,
-                             constraints.cp)
-                    values = (dp_replicate, dp_shard, tp, cp)
-                    if any(f and f != v for f, v in zip(fixed, values, strict=True)):
+                    why = _mesh_refusal(graph, gpus_per_node, allowed, pp, dp_replicate,
+                                        dp_shard, cp, tp)
+                    if why:
+                        refused[why] = None
                         continue
                     meshes.extend(
                         Mesh(dp_replicate, dp_shard, tp, cp, ep, etp, pp)
@@ -105,17 +99,50 @@ def enumerate_meshes(
                                                       allowed)
                     )
     if not meshes:
-        raise UserError(
-            f"no legal mesh for world size {world}: tp must divide the heads "
-            f"({graph.n_heads} query / {graph.n_kv_heads} kv), the sequence length and be "
-            f"<= gpus_per_node ({gpus_per_node}); fixed degrees "
-            f"pp={constraints.pp or 'free'} "
-            f"dp_replicate={constraints.dp_replicate or 'free'} "
-            f"dp_shard={constraints.dp_shard or 'free'} tp={constraints.tp or 'free'} "
-            f"cp={constraints.cp or 'free'} (cp needs seq_len % (2 x cp x tp) == 0) and "
-            f"techniques {list(constraints.techniques)} must multiply to {world}"
-        )
+        degrees = (f"pp={constraints.pp or 'free'} "
+                   f"dp_replicate={constraints.dp_replicate or 'free'} "
+                   f"dp_shard={constraints.dp_shard or 'free'} tp={constraints.tp or 'free'} "
+                   f"cp={constraints.cp or 'free'}")
+        if refused and any(fixed.values()):
+            raise UserError(f"no legal mesh for world size {world} with the fixed degrees "
+                            f"{degrees}: {'; '.join(list(refused)[:3])}")
+        if refused:
+            raise UserError(f"no legal mesh for world size {world} with techniques "
+                            f"{list(constraints.techniques)}: {'; '.join(list(refused)[:3])}")
+        raise UserError(f"no legal mesh for world size {world}: the fixed degrees {degrees} "
+                        f"must multiply to a divisor of {world} (to {world} when all are "
+                        "fixed); the free dims take the remaining ranks")
     return meshes
+
+
+def _mesh_refusal(graph: LayerGraph, gpus_per_node: int, allowed: set[str], pp: int,
+                  dp_replicate: int, dp_shard: int, cp: int, tp: int) -> str:
+    """Why the mesh pp x dp_replicate x dp_shard x cp x tp cannot run this model ("" when it
+    can). TorchTitan shards over dp_shard x cp (HSDP with dp_replicate > 1); replicas alone
+    are its DDP, which runs with nothing else."""
+    if tp > 1 and "tp" not in allowed:
+        return "technique tp is not allowed (autoparallel.techniques)"
+    if not legal_tp(graph, tp, gpus_per_node):
+        return (f"tp {tp} must divide the heads ({graph.n_heads} query / {graph.n_kv_heads} kv), "
+                f"the model dim {graph.dim} and seq_len {graph.seq_len} and be <= "
+                f"gpus_per_node ({gpus_per_node})")
+    if cp > 1 and "cp" not in allowed:
+        return "technique cp is not allowed (autoparallel.techniques or the model's attention)"
+    if cp > 1 and graph.seq_len % (2 * cp * tp):
+        return (f"cp needs seq_len % (2 x cp x tp) == 0 (ring attention with load "
+                f"balancing): cp {cp} x tp {tp}, seq_len {graph.seq_len}")
+    sharded = dp_shard * cp > 1
+    if dp_replicate > 1 and sharded and "hsdp" not in allowed:
+        return "technique hsdp is not allowed (autoparallel.techniques)"
+    if dp_replicate > 1 and not sharded:
+        if "ddp" not in allowed:
+            return "technique ddp is not allowed (autoparallel.techniques)"
+        if tp > 1 or pp > 1:
+            return (f"dp_replicate {dp_replicate} with dp_shard = cp = 1 is TorchTitan's DDP, "
+                    "which runs with tp = pp = 1 only: shard over dp_shard or cp too (HSDP)")
+    if dp_shard > 1 and "fsdp" not in allowed and "hsdp" not in allowed:
+        return "techniques fsdp and hsdp are not allowed (autoparallel.techniques)"
+    return ""
 
 
 def pipeline_degrees(graph: LayerGraph, world: int, constraints: Constraints,
@@ -126,7 +153,8 @@ def pipeline_degrees(graph: LayerGraph, world: int, constraints: Constraints,
         if world % constraints.pp:
             raise UserError(
                 f"parallelism.pipeline_parallel_degree = {constraints.pp} does not divide the "
-                f"world size {world}: choose one of {_divisors(world)[1:]} or 1 (searched)")
+                f"world size {world}: choose one of {_divisors(world)[1:]}, 1 (no pipeline) "
+                "or leave it unset (searched)")
         if constraints.pp > len(graph.blocks):
             raise UserError(
                 f"parallelism.pipeline_parallel_degree = {constraints.pp} exceeds the "
@@ -159,9 +187,10 @@ def expert_degrees(graph: LayerGraph, dp_shard: int, cp: int, tp: int,
     options = [(1, 1)]
     if graph.num_experts and "ep" in allowed:
         options += legal_ep(graph.num_experts, dp_shard, cp, tp)
+    # a fixed etp applies to routed experts only: etp = 1 also allows ep = 1
     return [(ep, etp) for ep, etp in options
             if (not constraints.ep or constraints.ep == ep)
-            and (not constraints.etp or ep > 1 and constraints.etp == etp)]
+            and (not constraints.etp or constraints.etp == etp and (ep > 1 or etp == 1))]
 
 
 def check_expert_constraints(graph: LayerGraph, world: int, constraints: Constraints) -> None:
@@ -204,7 +233,8 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
     out = []
     for mode in tp_modes:
         sharded = fsdp_sharded(mesh, mode)
-        reshards = {"default": (True, False), "always": (True,), "never": (False,)}[
+        reshards = {"default": (True, False), "always": (True,), "never": (False,),
+                    "torchtitan": (mesh.pp == 1,)}[
             constraints.reshard_after_forward] if sharded else (False,)
         for ac in acs:
             for reshard in reshards:
