@@ -306,6 +306,12 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
             # first chunk and what outlasts the GEMMs stay exposed
             gemm_fwd, gemm_bwd = gemm_times(layer, mesh, strategy, microbatch, hw, features)
             tp_comm = max(tp_comm / mesh.tp, tp_comm - gemm_fwd - gemm_bwd)
+            if hw.hbm_gbps > 0:
+                # the fused matmul + reduce-scatter sums the tp partial products it gathered
+                # after the last chunk (torch.sum over the stacked partials): the full
+                # activation read, a tp-th written, on the compute stream
+                scatters = 4 + (2 if full_ac else 0)
+                tp_comm += scatters * act * (1 + 1 / mesh.tp) / (hw.hbm_gbps * 1e9)
         elif features.async_tp:
             tp_comm *= 1.0 - hw.async_tp_overlap
     elif strategy.tp_mode == "dp":
