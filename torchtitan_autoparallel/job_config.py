@@ -13,15 +13,19 @@ from .checks import (
     check_torchao,
     device_capability,
 )
-from .config import CONFIG_MODULE
 from .errors import UserError
 from .features import check_device, features_from_config
 
 
-def _with_config_module(argv: list[str]) -> list[str]:
-    if any(a.startswith("--job.custom_config_module") for a in argv):
-        return argv
-    return [*argv, f"--job.custom_config_module={CONFIG_MODULE}"]
+def _config_manager() -> Any:
+    """TorchTitan's ConfigManager over its JobConfig with the project's sections already merged
+    in, so the ``job.custom_config_module`` a user names (CLI or TOML, e.g. the HF backend's
+    ``[hf_transformers]``) is merged on top of both instead of replacing the project's."""
+    from torchtitan.config import ConfigManager, JobConfig
+
+    from .config import JobConfig as Extension
+
+    return ConfigManager(ConfigManager._merge_configs(JobConfig, Extension))
 
 
 def _config_path(argv: list[str]) -> str | None:
@@ -55,15 +59,13 @@ def _check_toml(path: str) -> None:
 
 def parse_config(argv: list[str]) -> Any:
     """Parse TorchTitan's config (TOML + CLI) with the project's extension merged in."""
-    from torchtitan.config import ConfigManager
-
     from .validate import shown
 
     path = _config_path(argv)
     if path is not None:
         _check_toml(path)
     try:
-        return ConfigManager().parse_args(_with_config_module(argv))
+        return _config_manager().parse_args(argv)
     except SystemExit as exc:  # tyro prints its own message for unknown flags
         raise UserError("invalid command-line override (see the message above)") from exc
     except Exception as exc:  # TOML syntax errors and the like

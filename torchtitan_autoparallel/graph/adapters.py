@@ -189,11 +189,15 @@ class ModelAdapter:
 
 
 def submodule_or_none(module: Any, name: str) -> Any:
-    """``module.get_submodule(name)``, or None where there is no such module."""
+    """``module.get_submodule(name)``, or None where there is no such module (or only the
+    ``nn.Identity`` a pipeline stage of TorchTitan's HF backend leaves in its place)."""
+    import torch.nn as nn
+
     try:
-        return module.get_submodule(name)
+        found = module.get_submodule(name)
     except AttributeError:
         return None
+    return None if isinstance(found, nn.Identity) else found
 
 
 def _set_submodule(root: Any, fqn: str, module: Any) -> None:
