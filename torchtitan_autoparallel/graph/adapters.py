@@ -149,8 +149,17 @@ class ModelAdapter:
                 _set_submodule(view, name, module)
         blocks = model.get_submodule(self.blocks)
         chosen = [blocks.get_submodule(n) for n in block_names]
-        _set_submodule(view, self.blocks, nn.ModuleList(chosen) if isinstance(
-            blocks, nn.ModuleList) else nn.ModuleDict(dict(zip(block_names, chosen, strict=True))))
+        if isinstance(blocks, nn.ModuleList):
+            container: nn.Module = nn.ModuleList(chosen)
+        else:
+            # the model's own dict type: TorchTitan's HF backend iterates its blocks' values
+            # (``SliceableModuleDict``), a plain ModuleDict would yield their names
+            by_name = dict(zip(block_names, chosen, strict=True))
+            try:
+                container = type(blocks)(by_name)
+            except TypeError:
+                container = nn.ModuleDict(by_name)
+        _set_submodule(view, self.blocks, container)
         view.model_args = getattr(model, "model_args", None)
         fn = resolve(self.tp_fn)
         accepted = inspect.signature(fn).parameters
