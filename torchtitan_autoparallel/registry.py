@@ -157,9 +157,11 @@ def make_plannable(name: str) -> None:
         return
     changes: dict[str, Any] = {}
     if name == HF_BACKEND:
-        from .runtime.hf import with_rotary_reset
+        from .runtime.hf import with_rotary_in_every_stage, with_rotary_reset
 
         changes["model_cls"] = with_rotary_reset(spec.model_cls)
+        if spec.pipelining_fn is not None:
+            changes["pipelining_fn"] = with_rotary_in_every_stage(spec.pipelining_fn)
     # TorchTitan's register_train_spec refuses a second registration of a name
     ts._extra_train_specs[name] = _plannable(spec, **changes)
 

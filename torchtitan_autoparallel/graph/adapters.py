@@ -94,6 +94,9 @@ class ModelAdapter:
     function; else, on an MoE model, expert parallel and TP are excluded."""
     default_pins: tuple[str, ...] | None = None
     """Module globs always left to TorchTitan's code. Discovered: the MoE router."""
+    excluded: dict[str, str] = field(default_factory=dict)
+    """Techniques the family cannot run whatever is found, with the reason the plan table
+    shows (e.g. ``{"cp": "..."}``)."""
 
     def routed_experts(self, block: Any) -> Any:
         """The block's routed experts module, or None for a dense block."""
@@ -128,6 +131,9 @@ class ModelAdapter:
         if self.op_sac_save_list is None:
             out["selective_ac"] = ("no selective-AC op list for this family; register one to "
                                    "enable (ModelAdapter.op_sac_save_list)")
+        out.update(self.excluded)
+        if "tp" in self.excluded:
+            out.setdefault("tp_dp", "needs tp (see above)")
         return out
 
     def apply_tp(self, model: Any, tp_mesh: Any, loss_parallel: bool,

@@ -12,6 +12,8 @@
   uninitialised memory (values ~1e-38, or NaN with deterministic fills), and a checkpoint never
   restores it (non-persistent). Recomputed here from the model's config after
   ``init_weights``. Tested by tests/test_hf_backend.py::test_rotary_buffers_after_meta_init.
+* ``with_rotary_in_every_stage``: the backend's pipeline split drops ``rotary_emb`` from stages
+  given in the config (see there).
 """
 
 from __future__ import annotations
@@ -68,3 +70,29 @@ def with_rotary_reset(model_cls: type) -> type:
             reset_rotary_buffers(self)
 
     return HFModelWithRotaryReset
+
+
+ROTARY = "rotary_emb"
+
+
+def with_rotary_in_every_stage(pipelining_fn: Any) -> Any:
+    """The backend's ``pipeline_hf_transformers`` with ``rotary_emb`` kept in every stage.
+
+    Upstream (TorchTitan 0.2.2's HF backend): its pipeline split replaces every top-level
+    module a stage's ``module_fqns_per_model_part`` does not name by ``nn.Identity``; its own
+    split names ``rotary_emb`` in every stage, but a split given in the config (TorchTitan's
+    convention: ``tok_embeddings``, ``layers.N``, ``norm``, ``output``, as the planner writes
+    it) does not, and every stage then runs without its rotary embedding and fails. Tested by
+    tests/test_hf_backend.py::test_pipeline_parity."""
+
+    def pipeline(model: nn.Module, parallel_dims: Any, job_config: Any, *args: Any,
+                 **kwargs: Any) -> Any:
+        par = job_config.parallelism
+        if par.module_fqns_per_model_part:
+            par.module_fqns_per_model_part = [
+                list(stage) if ROTARY in stage else [*stage, ROTARY]
+                for stage in par.module_fqns_per_model_part]
+        return pipelining_fn(model, parallel_dims, job_config, *args, **kwargs)
+
+    pipeline.__wrapped__ = pipelining_fn  # type: ignore[attr-defined]
+    return pipeline
