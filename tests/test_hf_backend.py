@@ -152,6 +152,13 @@ def test_plan_offers_and_names_every_technique(tmp_path, capsys):
     assert identity["sections"] == {"hf_transformers": {"model": str(tmp_path / "hf_model")}}
     assert len(identity["hf_config_sha256"]) == 16
     assert cli.main(["explain", str(out)]) == 0
+    # long module names (HF's own, e.g. model.model.layers.10) keep the columns apart
+    for layer in plan.layers:
+        layer.fqn = f"model.model.{layer.fqn}"
+    lines = plan.table().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("layers "))
+    column = lines[header].index("strategy")
+    assert all(line[column - 2:column] == "  " for line in lines[header + 1:])
 
 
 def test_fingerprint_follows_the_config_json(tmp_path):
@@ -231,3 +238,30 @@ def test_pipeline_parity(hf_reference, tmp_path):
     """The planner's stage split through the backend's pipeline function (pp 2)."""
     plan = _auto_parity(hf_reference, tmp_path, 2, "--parallelism.pipeline_parallel_degree=2")
     assert plan.mesh.pp == 2 and plan.pipeline is not None
+
+
+@pytest.mark.slow  # measured passing
+def test_mixed_plan_parity(hf_reference, tmp_path):
+    """A plan (edited, then replayed from its file) whose blocks mix TP + SP, the tp dim used
+    as data parallel, selective and full AC, on fsdp 2 x tp 2."""
+    from torchtitan_autoparallel.planner import plan_job
+
+    auto, seed, reference = hf_reference
+    techniques = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,ac"
+    plan = plan_job(_job(auto, "--parallelism.tensor_parallel_degree=2", techniques), 4)
+    assert (plan.mesh.tp, plan.mesh.dp_shard) == (2, 2)
+    plan.local_batch_size = 2  # the tp ranks split it
+    plan.gradient_accumulation_steps = plan.global_batch_size // (2 * plan.mesh.dp)
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    for i, layer in enumerate(blocks):
+        layer.tp_mode = "dp" if i % 2 else "sp"
+    blocks[0].ac, blocks[1].ac = "selective", "full"
+    path = tmp_path / "mixed.json"
+    plan.save(str(path))
+    result = run_job(auto, 4, tmp_path / "run",
+                     [f"--autoparallel.plan_file={path}",
+                      "--parallelism.tensor_parallel_degree=2", techniques],
+                     seed_checkpoint=seed)
+    assert "tp-as-dp" in result.output and "ac:selective" in result.output, \
+        result.output[-3000:]
+    assert_parity(reference, result)
