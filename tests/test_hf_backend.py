@@ -35,6 +35,10 @@ LLAMA = {
     "tie_word_embeddings": False,
 }
 
+QWEN2 = {**LLAMA, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "use_sliding_window": False}
+"""Qwen2: biased q / k / v projections."""
+
 # the README's example, with the test's tiny flavor
 TOML = """\
 [job]
@@ -200,14 +204,17 @@ def test_rotary_buffers_after_meta_init(tmp_path):
     torch.testing.assert_close(model.rotary_emb.inv_freq, expected)
 
 
-@pytest.fixture(scope="module")
-def hf_reference(tmp_path_factory):
+def _reference(tmp: Path, config: dict) -> tuple:
     """Seed checkpoint and TorchTitan's own (non-auto) 1-rank recipe for the backend, through
     run_train.sh; and the auto config of the same job."""
-    tmp = tmp_path_factory.mktemp("hf")
-    recipe, auto = write_job(tmp, auto=False), write_job(tmp, auto=True)
+    recipe, auto = write_job(tmp, False, config), write_job(tmp, True, config)
     seed = make_seed_checkpoint(recipe, tmp)
     return auto, seed, run_job(recipe, 1, tmp / "ref", seed_checkpoint=seed)
+
+
+@pytest.fixture(scope="module")
+def hf_reference(tmp_path_factory):
+    return _reference(tmp_path_factory.mktemp("hf"), LLAMA)
 
 
 def _auto_parity(hf_reference, tmp_path, ngpu: int, *overrides: str) -> Plan:
@@ -265,3 +272,11 @@ def test_mixed_plan_parity(hf_reference, tmp_path):
     assert "tp-as-dp" in result.output and "ac:selective" in result.output, \
         result.output[-3000:]
     assert_parity(reference, result)
+
+
+@pytest.mark.slow  # measured passing
+def test_qwen2_tensor_parallel_parity(tmp_path):
+    """A Qwen2-architecture config.json (biased q / k / v) at tp 2."""
+    reference = _reference(tmp_path / "ref", QWEN2)
+    plan = _auto_parity(reference, tmp_path, 2, "--parallelism.tensor_parallel_degree=2")
+    assert plan.mesh.tp == 2

@@ -140,8 +140,7 @@ def train_spec_of(name: str) -> Any:
     except ImportError as exc:  # an experiment whose optional packages are missing
         from .validate import shown
 
-        extra = (" (pip install -e '.[hf]')" if name == "transformers_modeling_backend"
-                 else "")
+        extra = " (pip install -e '.[hf]')" if name == HF_BACKEND else ""
         raise UserError(f"model.name {name!r} cannot be imported: {shown(exc, 200)}; install "
                         f"what it needs{extra}") from None
 
