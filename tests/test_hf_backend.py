@@ -109,6 +109,20 @@ def test_model_name_from_experiments():
         check_model_name("no_such_model")
 
 
+def test_missing_packages_are_one_line(monkeypatch):
+    from torchtitan.protocols import train_spec
+
+    from torchtitan_autoparallel.registry import train_spec_of
+
+    def missing(name):
+        raise ImportError("No module named 'transformers'")
+
+    monkeypatch.setattr(train_spec, "get_train_spec", missing)
+    with pytest.raises(UserError, match=r"cannot be imported: No module named 'transformers'; "
+                       r"install what it needs \(pip install -e '\.\[hf\]'\)"):
+        train_spec_of(BACKEND)
+
+
 def test_custom_config_module_keeps_the_projects_sections(tmp_path):
     """The backend's ``[hf_transformers]`` and the project's ``[autoparallel]`` / ``auto``
     parse together, whether the module is named in the TOML or on the command line."""
