@@ -10,6 +10,7 @@ from typing import Any
 import torch.nn as nn
 
 from .errors import UserError
+from .graph.adapters import submodule_or_none
 from .plan import Plan
 
 NAME = "autoparallel"
@@ -34,8 +35,8 @@ class AutoparallelConverter:
 
     def convert(self, model: nn.Module) -> None:
         plan_blocks = sum(1 for layer in self.plan.layers if layer.kind == "block")
-        fqns = {name for name, _ in model.named_modules()}
-        missing = [layer.fqn for layer in self.plan.layers if layer.fqn not in fqns]
+        missing = [layer.fqn for layer in self.plan.layers
+                   if submodule_or_none(model, layer.fqn) is None]
         if missing:
             raise UserError(
                 f"the plan names modules this model does not have ({missing[:3]}...; "

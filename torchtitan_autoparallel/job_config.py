@@ -15,16 +15,20 @@ from .checks import (
     device,
     device_capability,
 )
-from .config import CONFIG_MODULE
 from .errors import UserError
 from .explicit import record_explicit
 from .features import check_device, features_from_config
 
 
-def _with_config_module(argv: list[str]) -> list[str]:
-    if any(a.startswith("--job.custom_config_module") for a in argv):
-        return argv
-    return [*argv, f"--job.custom_config_module={CONFIG_MODULE}"]
+def _config_manager() -> Any:
+    """TorchTitan's ConfigManager over its JobConfig with the project's sections already merged
+    in, so the ``job.custom_config_module`` a user names (CLI or TOML, e.g. the HF backend's
+    ``[hf_transformers]``) is merged on top of both instead of replacing the project's."""
+    from torchtitan.config import ConfigManager, JobConfig
+
+    from .config import JobConfig as Extension
+
+    return ConfigManager(ConfigManager._merge_configs(JobConfig, Extension))
 
 
 def _config_path(argv: list[str]) -> str | None:
@@ -63,8 +67,6 @@ def parse_config(argv: list[str]) -> Any:
     import contextlib
     import io
 
-    from torchtitan.config import ConfigManager
-
     from .errors import shown
 
     path = _config_path(argv)
@@ -72,7 +74,7 @@ def parse_config(argv: list[str]) -> Any:
     usage = io.StringIO()
     try:
         with contextlib.redirect_stderr(usage):
-            job = ConfigManager().parse_args(_with_config_module(argv))
+            job = _config_manager().parse_args(argv)
     except SystemExit as exc:  # tyro's usage error (a box on stderr): one line instead
         message = tyro_message(usage.getvalue())
         raise UserError("invalid command-line override" + (f": {message}" if message else "")

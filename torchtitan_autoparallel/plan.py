@@ -196,16 +196,22 @@ class Plan:
             f"planning {_planning_time(self.solver)}",
             *self._pipeline_lines(),
             *(f"  {note}" for note in self.notes if note not in self.untabled_notes),
-            f"  {'layers':<24}{'strategy':<26}{'time/mb ms':>12}{'exposed comm ms':>17}"
-            f"{'memory MiB':>12}",
         ]
+        rows = []
         for group in _runs(self.layers):
             first, last = group[0], group[-1]
             name = first.fqn if first is last else f"{first.fqn}..{last.fqn.split('.')[-1]}"
-            label = first.describe(self.mesh.unsharded_label)
+            rows.append((name, first.describe(self.mesh.unsharded_label), first, len(group)))
+        # columns widen for long module names (HF models: model.model.layers.10..27)
+        wide = max([24, *(len(name) + 2 for name, *_ in rows)])
+        label_wide = max([26, *(len(label) + 2 for _, label, *_ in rows)])
+        lines.append(f"  {'layers':<{wide}}{'strategy':<{label_wide}}{'time/mb ms':>12}"
+                     f"{'exposed comm ms':>17}{'memory MiB':>12}")
+        for name, label, first, n in rows:
             lines.append(
-                f"  {name:<24}{label:<26}{first.time_ms:>12.4g}{first.comm_ms:>17.4g}"
-                f"{first.memory_mib:>12.4g}" + (f"  x{len(group)}" if len(group) > 1 else "")
+                f"  {name:<{wide}}{label:<{label_wide}}{first.time_ms:>12.4g}"
+                f"{first.comm_ms:>17.4g}{first.memory_mib:>12.4g}"
+                + (f"  x{n}" if n > 1 else "")
             )
         return "\n".join(lines)
 

@@ -23,6 +23,13 @@ from .explicit import user_set
 from .features import Features, features_from_config
 from .graph.layer_graph import LayerGraph, build_layer_graph
 from .layout import TECHNIQUES, BlockStrategy, Mesh
+from .model_config import (
+    ModelConfig,
+    config_identity,
+    graph_job_config,
+    model_config_from_fingerprint,
+    model_config_of,
+)
 from .pins import Pin, recipe_from_config, recipe_of, resolve_pins
 from .pipeline_plan import build_pipeline_plan, recost_pipeline
 from .plan import Plan
@@ -193,7 +200,9 @@ def _stages_text(options: tuple[int, ...]) -> str:
 
 def layer_graph_for(job_config: Any) -> LayerGraph:
     name, flavor = job_config.model.name, job_config.model.flavor
-    graph = model_layer_graph(name, flavor, job_config.training.seq_len)
+    model_config = model_config_of(job_config)
+    config_identity(model_config)  # a missing HF config.json: one line before the model builds
+    graph = model_layer_graph(name, flavor, job_config.training.seq_len, model_config)
     cp_attention = graph.cp_attention
     if job_config.parallelism.context_parallel_degree > 1 and graph.attn_type not in cp_attention:
         raise UserError(
@@ -203,7 +212,7 @@ def layer_graph_for(job_config: Any) -> LayerGraph:
     return graph
 
 
-_REUSED_GRAPHS: dict[tuple[str, str, int], LayerGraph] | None = None
+_REUSED_GRAPHS: dict[tuple[str, str, int, str], LayerGraph] | None = None
 
 
 @contextlib.contextmanager
@@ -218,23 +227,29 @@ def reusing_layer_graphs() -> Iterator[None]:
         _REUSED_GRAPHS = None
 
 
-def model_layer_graph(name: str, flavor: str, seq_len: int) -> LayerGraph:
-    """The layer graph of a registered model flavor at ``seq_len`` (no job config)."""
+def model_layer_graph(name: str, flavor: str, seq_len: int,
+                      model_config: ModelConfig | None = None) -> LayerGraph:
+    """The layer graph of a registered model flavor at ``seq_len``; ``model_config``: the job's
+    custom config sections the model args read (e.g. the HF backend's ``[hf_transformers]``)."""
     from .registry import train_spec_of
 
-    if _REUSED_GRAPHS is not None and (name, flavor, seq_len) in _REUSED_GRAPHS:
-        return _REUSED_GRAPHS[(name, flavor, seq_len)]
+    key = (name, flavor, seq_len, repr(model_config))
+    if _REUSED_GRAPHS is not None and key in _REUSED_GRAPHS:
+        return _REUSED_GRAPHS[key]
 
     spec = train_spec_of(name)
     if flavor not in spec.model_args:
         raise UserError(f"unknown flavor {flavor!r} for {name}: choose one of "
                         f"{sorted(spec.model_args)}")
-    graph = build_layer_graph(name, flavor, spec.model_args[flavor], spec.model_cls, seq_len)
+    job = graph_job_config(model_config, seq_len) if model_config and model_config.sections \
+        else None
+    graph = build_layer_graph(name, flavor, spec.model_args[flavor], spec.model_cls, seq_len,
+                              job)
     if spec.pipelining_fn is None:
         graph = dataclasses.replace(graph, excluded=tuple(sorted((*graph.excluded, (
             "pp", f"train spec {name!r} has no pipelining function")))))
     if _REUSED_GRAPHS is not None:
-        _REUSED_GRAPHS[(name, flavor, seq_len)] = graph
+        _REUSED_GRAPHS[key] = graph
     return graph
 
 
@@ -311,6 +326,9 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
         "versions": {"torchtitan_autoparallel": __version__, "torch": torch.__version__,
                      "torchtitan": getattr(torchtitan, "__version__", "0.2.2")},
     }
+    identity = config_identity(model_config_of(job_config))
+    if identity:  # the custom config sections the model read (the HF config.json's hash)
+        fingerprint["model_config"] = identity
     custom = getattr(getattr(job_config, "experimental", None), "custom_import", "")
     if custom:  # the user's module with the train spec and adapter (explain / diff import it)
         fingerprint["custom_import"] = custom
@@ -495,13 +513,16 @@ def inputs_from_plan(plan: Plan, cache: dict[str, Any] | None = None,
 
     fp = plan.fingerprint
     cache = {} if cache is None else cache
+    model_config = model_config_from_fingerprint(fp)
     key = f"{fp['model']}/{fp['flavor']}/{fp['seq_len']}"
+    if model_config is not None:
+        key += f"/{model_config.key}"
     if key not in cache:
         register()
         if fp.get("custom_import"):  # the user's train spec and adapter
             import_custom_module(SimpleNamespace(
                 experimental=SimpleNamespace(custom_import=fp["custom_import"])))
-        cache[key] = model_layer_graph(fp["model"], fp["flavor"], fp["seq_len"])
+        cache[key] = model_layer_graph(fp["model"], fp["flavor"], fp["seq_len"], model_config)
     graph = cache[key]
     record = plan.inputs or record_from_fingerprint(fp, graph, hw)
     known = {f.name for f in dataclasses.fields(HardwareProfile)}

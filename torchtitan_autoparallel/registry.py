@@ -20,6 +20,8 @@ from typing import Any
 import torch.nn as nn
 
 FAMILIES = ("llama3", "qwen3", "llama4", "deepseek_v3")
+HF_BACKEND = "transformers_modeling_backend"
+"""TorchTitan's Hugging Face backend (``torchtitan.experiments``): any HF causal LM."""
 
 # Overrides applied to each family's ``debugmodel`` args to make its ``bench`` flavor.
 BENCH_OVERRIDES: dict[str, dict[str, Any]] = {
@@ -135,6 +137,12 @@ def train_spec_of(name: str) -> Any:
         raise UserError(f"model.name {name!r} has no train spec: register one with "
                         "register_train_spec in the module experimental.custom_import names"
                         ) from exc
+    except ImportError as exc:  # an experiment whose optional packages are missing
+        from .errors import shown
+
+        extra = " (pip install -e '.[hf]')" if name == HF_BACKEND else ""
+        raise UserError(f"model.name {name!r} cannot be imported: {shown(exc, 200)}; install "
+                        f"what it needs{extra}") from None
 
 
 def make_plannable(name: str) -> None:
@@ -146,8 +154,15 @@ def make_plannable(name: str) -> None:
     spec = train_spec_of(name)
     if getattr(spec.parallelize_fn, "applies_plans", False):
         return
+    changes: dict[str, Any] = {}
+    if name == HF_BACKEND:
+        from .runtime.hf import with_rotary_in_every_stage, with_rotary_reset
+
+        changes["model_cls"] = with_rotary_reset(spec.model_cls)
+        if spec.pipelining_fn is not None:
+            changes["pipelining_fn"] = with_rotary_in_every_stage(spec.pipelining_fn)
     # TorchTitan's register_train_spec refuses a second registration of a name
-    ts._extra_train_specs[name] = _plannable(spec)
+    ts._extra_train_specs[name] = _plannable(spec, **changes)
 
 
 def import_custom_module(job_config: Any) -> None:

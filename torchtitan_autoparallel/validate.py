@@ -41,11 +41,14 @@ TRAINING_RULES: dict[str, Rule] = {
 
 
 def check_model_name(name: Any) -> None:
-    """``model.name`` names a registered TorchTitan train spec."""
+    """``model.name`` names a train spec TorchTitan's ``get_train_spec`` resolves: a model of
+    ``torchtitan.models``, an experiment of ``torchtitan.experiments`` or a registered one."""
+    from torchtitan.experiments import _supported_experiments
     from torchtitan.models import _supported_models
     from torchtitan.protocols import train_spec
 
-    names = sorted(set(_supported_models) | set(train_spec._extra_train_specs))
+    names = sorted(set(_supported_models) | set(_supported_experiments)
+                   | set(train_spec._extra_train_specs))
     if not isinstance(name, str) or name not in names:
         raise UserError(f"model.name = {shown(name)} is not a registered model: use one of "
                         f"{names}")

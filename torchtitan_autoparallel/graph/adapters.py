@@ -94,6 +94,9 @@ class ModelAdapter:
     function; else, on an MoE model, expert parallel and TP are excluded."""
     default_pins: tuple[str, ...] | None = None
     """Module globs always left to TorchTitan's code. Discovered: the MoE router."""
+    excluded: dict[str, str] = field(default_factory=dict)
+    """Techniques the family cannot run whatever is found, with the reason the plan table
+    shows (e.g. ``{"cp": "..."}``)."""
 
     def routed_experts(self, block: Any) -> Any:
         """The block's routed experts module, or None for a dense block."""
@@ -128,6 +131,9 @@ class ModelAdapter:
         if self.op_sac_save_list is None:
             out["selective_ac"] = ("no selective-AC op list for this family; register one to "
                                    "enable (ModelAdapter.op_sac_save_list)")
+        out.update(self.excluded)
+        if "tp" in self.excluded:
+            out.setdefault("tp_dp", "needs tp (see above)")
         return out
 
     def apply_tp(self, model: Any, tp_mesh: Any, loss_parallel: bool,
@@ -149,8 +155,17 @@ class ModelAdapter:
                 _set_submodule(view, name, module)
         blocks = model.get_submodule(self.blocks)
         chosen = [blocks.get_submodule(n) for n in block_names]
-        _set_submodule(view, self.blocks, nn.ModuleList(chosen) if isinstance(
-            blocks, nn.ModuleList) else nn.ModuleDict(dict(zip(block_names, chosen, strict=True))))
+        if isinstance(blocks, nn.ModuleList):
+            container: nn.Module = nn.ModuleList(chosen)
+        else:
+            # the model's own dict type: TorchTitan's HF backend iterates its blocks' values
+            # (``SliceableModuleDict``), a plain ModuleDict would yield their names
+            by_name = dict(zip(block_names, chosen, strict=True))
+            try:
+                container = type(blocks)(by_name)
+            except TypeError:
+                container = nn.ModuleDict(by_name)
+        _set_submodule(view, self.blocks, container)
         view.model_args = getattr(model, "model_args", None)
         fn = resolve(self.tp_fn)
         accepted = inspect.signature(fn).parameters
@@ -189,11 +204,15 @@ class ModelAdapter:
 
 
 def submodule_or_none(module: Any, name: str) -> Any:
-    """``module.get_submodule(name)``, or None where there is no such module."""
+    """``module.get_submodule(name)``, or None where there is no such module (or only the
+    ``nn.Identity`` a pipeline stage of TorchTitan's HF backend leaves in its place)."""
+    import torch.nn as nn
+
     try:
-        return module.get_submodule(name)
+        found = module.get_submodule(name)
     except AttributeError:
         return None
+    return None if isinstance(found, nn.Identity) else found
 
 
 def _set_submodule(root: Any, fqn: str, module: Any) -> None:

@@ -37,8 +37,41 @@ def required_args(module: nn.Module) -> list[str]:
             and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
+def view_modules(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
+    """Every module of ``model`` with its fqn as the model presents itself: walked through
+    ``named_children``, which a model may override (TorchTitan's HF backend shows HF's
+    ``model.model.layers`` as ``layers``, the names its TP and pipeline functions use); for
+    other models the same as ``named_modules``. Each module once, at its first name."""
+    out: list[tuple[str, nn.Module]] = []
+    seen: set[int] = set()
+
+    def walk(module: nn.Module, fqn: str) -> None:
+        if id(module) in seen:
+            return
+        seen.add(id(module))
+        out.append((fqn, module))
+        for name, child in module.named_children():
+            if child is not None:
+                walk(child, f"{fqn}.{name}" if fqn else name)
+
+    walk(model, prefix)
+    return out
+
+
+def view_parameters(model: nn.Module) -> list[str]:
+    """Every parameter's fqn as ``view_modules`` names its module (each parameter once)."""
+    out: list[str] = []
+    seen: set[int] = set()
+    for fqn, module in view_modules(model):
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) not in seen:
+                seen.add(id(param))
+                out.append(f"{fqn}.{name}" if fqn else name)
+    return out
+
+
 def _containers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [(name, m) for name, m in model.named_modules()
+    return [(name, m) for name, m in view_modules(model)
             if name and isinstance(m, (nn.ModuleDict, nn.ModuleList)) and len(m) > 0]
 
 
@@ -113,7 +146,7 @@ def discover_adapter(family: str, model: nn.Module, given: ModelAdapter) -> Mode
         return dataclasses.replace(given, **found)  # check_adapter names the field
     named = (given.embedding, given.output, given.final_norm)
     outside = [] if None not in named else [
-        (n, m) for n, m in model.named_modules() if n and _outside(n, blocks)]
+        (n, m) for n, m in view_modules(model) if n and _outside(n, blocks)]
     if given.embedding is None:
         found["embedding"] = next((n for n, m in outside if isinstance(m, nn.Embedding)), None)
         if found["embedding"] is None:

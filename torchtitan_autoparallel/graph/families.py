@@ -57,5 +57,20 @@ BUILTIN: dict[str, ModelAdapter] = {
                            heads=_mla_heads, cp_attention=("sdpa",)),
 }
 
+_HF = "torchtitan.experiments.transformers_modeling_backend"
+
+# TorchTitan's HF backend (any HF causal LM): its model presents HF's ``model.model.layers`` /
+# ``embed_tokens`` / ``norm`` / ``lm_head`` under TorchTitan's names (``named_children`` and
+# properties), which its TP function and pipeline split use; blocks take keyword inputs
+# (``position_embeddings``), captured on meta
+BUILTIN["transformers_modeling_backend"] = ModelAdapter(
+    blocks="layers", embedding="tok_embeddings", final_norm="norm", output="output",
+    tp_fn=f"{_HF}.infra.parallelize.apply_non_moe_tp",
+    # the same aten ops (mm, SDPA) as TorchTitan's dense models: their save list
+    op_sac_save_list=_titan("llama3", "_op_sac_save_list"),
+    excluded={"cp": "HF attention is a function inside each attention module, not a module "
+                    "ring attention can wrap (the backend's CP only shifts position ids)"},
+)
+
 for _name, _adapter in BUILTIN.items():
     register_adapter(_name, _adapter)

@@ -21,8 +21,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import UserError
+from ..runtime.hf import meta_autocast
 from .adapters import ModelAdapter
-from .discover import check_adapter, get_adapter, heads_of, required_args
+from .discover import (
+    check_adapter,
+    get_adapter,
+    heads_of,
+    required_args,
+    view_modules,
+    view_parameters,
+)
 
 
 @dataclass(frozen=True)
@@ -263,7 +271,9 @@ def block_inputs(family: str, model: torch.nn.Module, adapter: ModelAdapter, seq
     handle = first.register_forward_pre_hook(capture, with_kwargs=True)
     extra = required_args(model)[1:]
     try:
-        model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"), *[None] * len(extra))
+        with meta_autocast():  # HF rotary embeddings open an autocast on the input's device
+            model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"),
+                  *[None] * len(extra))
     except _Captured:
         pass
     except Exception as exc:
@@ -281,10 +291,11 @@ def _signature(module: torch.nn.Module) -> str:
     return f"{type(module).__name__}[{shapes}]"
 
 
-def _measurable_args(model_args: Any, seq_len: int) -> tuple[Any, str]:
+def _measurable_args(model_args: Any, seq_len: int, job: Any = None) -> tuple[Any, str]:
     """A private copy of the model args for ``seq_len``, set up as TorchTitan's trainer does
-    (``update_from_config``), with attention measured as causal SDPA: flex / varlen kernels with
-    document masks do at most the causal work. Returns (args, the model's own attention)."""
+    (``update_from_config`` with ``job``, default TorchTitan's default job config), with
+    attention measured as causal SDPA: flex / varlen kernels with document masks do at most the
+    causal work. Returns (args, the model's own attention)."""
     from torchtitan.config import JobConfig
 
     args = copy.deepcopy(model_args)
@@ -293,7 +304,7 @@ def _measurable_args(model_args: Any, seq_len: int) -> tuple[Any, str]:
         args.attn_type = "sdpa"
     if hasattr(args, "attn_mask_type"):
         args.attn_mask_type = "causal"
-    job = JobConfig()
+    job = JobConfig() if job is None else job
     job.training.seq_len = seq_len
     # quiet: TorchTitan warns about this machine's kernels (grouped mm), not the job's
     root = logging.getLogger()
@@ -308,11 +319,14 @@ def _measurable_args(model_args: Any, seq_len: int) -> tuple[Any, str]:
 
 
 def build_layer_graph(
-    family: str, flavor: str, model_args: Any, model_cls: type, seq_len: int
+    family: str, flavor: str, model_args: Any, model_cls: type, seq_len: int,
+    job_config: Any = None,
 ) -> LayerGraph:
-    """Read the model (built on meta) into a LayerGraph for sequences of ``seq_len`` tokens."""
+    """Read the model (built on meta) into a LayerGraph for sequences of ``seq_len`` tokens.
+    ``job_config``: what the model args' ``update_from_config`` reads (default: TorchTitan's
+    default job config)."""
     grouped = bool(getattr(getattr(model_args, "moe_args", None), "use_grouped_mm", True))
-    args, attn_type = _measurable_args(model_args, seq_len)
+    args, attn_type = _measurable_args(model_args, seq_len, job_config)
     with torch.device("meta"):
         model = model_cls(args)
     adapter = get_adapter(family, model)
@@ -372,6 +386,6 @@ def build_layer_graph(
     excluded = adapter.exclusions(moe_model, heads is not None)
     return LayerGraph(family, flavor, seq_len, dim, vocab, n_heads, n_kv_heads, head_dim,
                       tuple(layers), attn_type,
-                      tuple(name for name, _ in model.named_modules() if name),
-                      tuple(name for name, _ in model.named_parameters()),
+                      tuple(name for name, _ in view_modules(model) if name),
+                      tuple(view_parameters(model)),
                       adapter.cp_attention, grouped, tuple(sorted(excluded.items())), adapter)

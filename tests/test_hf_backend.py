@@ -1,0 +1,296 @@
+"""TorchTitan's HF backend (``torchtitan.experiments.transformers_modeling_backend``) as a
+first-class model under auto: a Llama-architecture ``config.json`` written here, the README's
+config (4 layers, dim 64 through the ``tiny`` flavor of tests/hf_tiny.py), planned offline and
+trained at 2 ranks with losses and gradient norms equal to TorchTitan's own 1-rank recipe for
+the backend (seed checkpoint, fp32). Skipped without the ``[hf]`` extra."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchtitan.experiments.transformers_modeling_backend",
+                    exc_type=ImportError)
+
+from torchtitan_autoparallel.errors import UserError  # noqa: E402
+from torchtitan_autoparallel.plan import Plan  # noqa: E402
+
+from parity import assert_parity, make_seed_checkpoint, run_job  # noqa: E402
+
+BACKEND = "transformers_modeling_backend"
+
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
+
+QWEN2 = {**LLAMA, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "use_sliding_window": False}
+"""Qwen2: biased q / k / v projections."""
+
+# the README's example, with the test's tiny flavor
+TOML = """\
+[job]
+dump_folder = "./outputs"
+custom_config_module = "torchtitan.experiments.transformers_modeling_backend.job_config"
+
+[experimental]
+custom_import = "tests.hf_tiny"
+
+[hf_transformers]
+model = "{model}"
+
+[model]
+name = "transformers_modeling_backend"
+flavor = "tiny"
+hf_assets_path = "./assets/tokenizer"
+
+[optimizer]
+name = "AdamW"
+lr = 0.0008
+
+[lr_scheduler]
+warmup_steps = 2
+
+[training]
+local_batch_size = 2
+global_batch_size = 4
+seq_len = 128
+steps = 5
+max_norm = 1.0
+dataset = "autoparallel_text"
+mixed_precision_param = "float32"
+mixed_precision_reduce = "float32"
+
+[parallelism]
+{auto}
+
+[autoparallel]
+hardware = "cpu"
+"""
+
+
+def write_job(folder: Path, auto: bool, config: dict | None = None) -> str:
+    """A local HF model folder (config.json) and a TorchTitan config naming it."""
+    model = folder / "hf_model"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text(json.dumps(config or LLAMA, indent=1))
+    path = folder / ("auto.toml" if auto else "recipe.toml")
+    path.write_text(TOML.format(model=model, auto="auto = true" if auto else ""))
+    return str(path)
+
+
+def _job(config: str, *overrides: str):
+    from torchtitan_autoparallel.job_config import parse_config
+    from torchtitan_autoparallel.registry import import_custom_module, register
+
+    register()
+    job = parse_config(["--job.config_file", config, *overrides])
+    import_custom_module(job)
+    return job
+
+
+def test_model_name_from_experiments():
+    from torchtitan_autoparallel.validate import check_model_name
+
+    check_model_name(BACKEND)  # TorchTitan's get_train_spec resolves it
+    with pytest.raises(UserError, match="not a registered model"):
+        check_model_name("no_such_model")
+
+
+def test_missing_packages_are_one_line(monkeypatch):
+    from torchtitan.protocols import train_spec
+
+    from torchtitan_autoparallel.registry import train_spec_of
+
+    def missing(name):
+        raise ImportError("No module named 'transformers'")
+
+    monkeypatch.setattr(train_spec, "get_train_spec", missing)
+    with pytest.raises(UserError, match=r"cannot be imported: No module named 'transformers'; "
+                       r"install what it needs \(pip install -e '\.\[hf\]'\)"):
+        train_spec_of(BACKEND)
+
+
+def test_custom_config_module_keeps_the_projects_sections(tmp_path):
+    """The backend's ``[hf_transformers]`` and the project's ``[autoparallel]`` / ``auto``
+    parse together, whether the module is named in the TOML or on the command line."""
+    config = write_job(tmp_path, auto=True)
+    job = _job(config)
+    assert job.hf_transformers.model == str(tmp_path / "hf_model")
+    assert job.parallelism.auto and job.autoparallel.hardware == "cpu"
+    cli = _job(config, "--job.custom_config_module="
+               "torchtitan.experiments.transformers_modeling_backend.job_config",
+               "--hf_transformers.model=elsewhere")
+    assert cli.hf_transformers.model == "elsewhere" and cli.parallelism.auto
+
+
+def test_layer_graph_of_hf_model(tmp_path):
+    """Blocks captured on meta (HF's rotary autocast, keyword ``position_embeddings``), named
+    as TorchTitan's backend names them; sizes from the flavor over the config.json."""
+    from torchtitan_autoparallel.planner import layer_graph_for
+
+    graph = layer_graph_for(_job(write_job(tmp_path, auto=True)))
+    assert [layer.fqn for layer in graph.layers] == [
+        "tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "output"]
+    assert (graph.dim, graph.vocab_size, graph.n_heads, graph.n_kv_heads, graph.head_dim) == (
+        64, 2048, 4, 2, 16)
+    assert all(b.fwd_flops > b.attn_flops > 0 for b in graph.blocks)
+    assert "layers.0.self_attn.q_proj" in graph.module_names
+    assert dict(graph.excluded).keys() == {"cp"}
+
+
+def test_plan_offers_and_names_every_technique(tmp_path, capsys):
+    """``plan`` on 8 devices: TP, PP and selective AC offered (not excluded), CP excluded with
+    its reason; the fingerprint names the HF config, and ``explain`` rebuilds the graph from
+    the plan file alone."""
+    from torchtitan_autoparallel import cli
+
+    config = write_job(tmp_path, auto=True)
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", "--config", config, "--ngpu", "8", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "excluded cp: HF attention is a function" in table
+    for technique in ("tp", "pp", "selective_ac"):
+        assert f"excluded {technique}" not in table
+    assert "tok_embeddings" in table and "layers.0" in table
+    plan = Plan.load(str(out))
+    identity = plan.fingerprint["model_config"]
+    assert identity["sections"] == {"hf_transformers": {"model": str(tmp_path / "hf_model")}}
+    assert len(identity["hf_config_sha256"]) == 16
+    assert cli.main(["explain", str(out)]) == 0
+    # long module names (HF's own, e.g. model.model.layers.10) keep the columns apart
+    for layer in plan.layers:
+        layer.fqn = f"model.model.{layer.fqn}"
+    lines = plan.table().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("layers "))
+    column = lines[header].index("strategy")
+    assert all(line[column - 2:column] == "  " for line in lines[header + 1:])
+
+
+def test_fingerprint_follows_the_config_json(tmp_path):
+    """Editing config.json changes the fingerprint (a plan made from the old one is refused);
+    a folder without config.json is one line."""
+    from torchtitan_autoparallel.planner import fingerprint_diff, job_inputs
+
+    config = write_job(tmp_path, auto=True)
+    before = job_inputs(_job(config), 2).fingerprint
+    write_job(tmp_path, auto=True, config={**LLAMA, "rope_theta": 500000.0})
+    after = job_inputs(_job(config), 2).fingerprint
+    assert any(line.startswith("model_config:") for line in fingerprint_diff(before, after))
+    (tmp_path / "hf_model" / "config.json").unlink()
+    with pytest.raises(UserError, match="has no config.json"):
+        job_inputs(_job(config), 2)
+
+
+def test_rotary_buffers_after_meta_init(tmp_path):
+    """TorchTitan's meta init leaves HF's non-persistent ``inv_freq`` uninitialised; the
+    project's train spec recomputes it (runtime/hf.py)."""
+    import copy
+
+    import torch
+
+    from torchtitan_autoparallel.model_config import graph_job_config, model_config_of
+    from torchtitan_autoparallel.registry import make_plannable, train_spec_of
+
+    job = _job(write_job(tmp_path, auto=True))
+    make_plannable(BACKEND)
+    spec = train_spec_of(BACKEND)
+    args = copy.deepcopy(spec.model_args["tiny"])
+    args.update_from_config(graph_job_config(model_config_of(job), 128))
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    expected = 1.0 / 10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16)
+    torch.testing.assert_close(model.rotary_emb.inv_freq, expected)
+
+
+def _reference(tmp: Path, config: dict) -> tuple:
+    """Seed checkpoint and TorchTitan's own (non-auto) 1-rank recipe for the backend, through
+    run_train.sh; and the auto config of the same job."""
+    recipe, auto = write_job(tmp, False, config), write_job(tmp, True, config)
+    seed = make_seed_checkpoint(recipe, tmp)
+    return auto, seed, run_job(recipe, 1, tmp / "ref", seed_checkpoint=seed)
+
+
+@pytest.fixture(scope="module")
+def hf_reference(tmp_path_factory):
+    return _reference(tmp_path_factory.mktemp("hf"), LLAMA)
+
+
+def _auto_parity(hf_reference, tmp_path, ngpu: int, *overrides: str) -> Plan:
+    auto, seed, reference = hf_reference
+    path = tmp_path / "plan.json"
+    result = run_job(auto, ngpu, tmp_path / "run",
+                     [f"--autoparallel.save_plan={path}", *overrides], seed_checkpoint=seed)
+    assert path.exists(), result.output[-3000:]
+    assert_parity(reference, result)
+    return Plan.load(str(path))
+
+
+def test_fsdp_parity(hf_reference, tmp_path):
+    plan = _auto_parity(hf_reference, tmp_path, 2, "--autoparallel.techniques=fsdp,ac")
+    assert (plan.mesh.dp_shard, plan.mesh.world) == (2, 2)
+
+
+@pytest.mark.slow  # measured passing
+def test_tensor_parallel_parity(hf_reference, tmp_path):
+    """The backend's own TP function on the planned blocks (tp 2, sequence parallel)."""
+    plan = _auto_parity(hf_reference, tmp_path, 2, "--parallelism.tensor_parallel_degree=2")
+    assert plan.mesh.tp == 2
+    assert {layer.tp_mode for layer in plan.layers} == {"sp"}
+
+
+@pytest.mark.slow  # measured passing
+def test_pipeline_parity(hf_reference, tmp_path):
+    """The planner's stage split through the backend's pipeline function (pp 2)."""
+    plan = _auto_parity(hf_reference, tmp_path, 2, "--parallelism.pipeline_parallel_degree=2")
+    assert plan.mesh.pp == 2 and plan.pipeline is not None
+
+
+@pytest.mark.slow  # measured passing
+def test_mixed_plan_parity(hf_reference, tmp_path):
+    """A plan (edited, then replayed from its file) whose blocks mix TP + SP, the tp dim used
+    as data parallel, selective and full AC, on fsdp 2 x tp 2."""
+    from torchtitan_autoparallel.planner import plan_job
+
+    auto, seed, reference = hf_reference
+    techniques = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,ac"
+    plan = plan_job(_job(auto, "--parallelism.tensor_parallel_degree=2", techniques), 4)
+    assert (plan.mesh.tp, plan.mesh.dp_shard) == (2, 2)
+    plan.local_batch_size = 2  # the tp ranks split it
+    plan.gradient_accumulation_steps = plan.global_batch_size // (2 * plan.mesh.dp)
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    for i, layer in enumerate(blocks):
+        layer.tp_mode = "dp" if i % 2 else "sp"
+    blocks[0].ac, blocks[1].ac = "selective", "full"
+    path = tmp_path / "mixed.json"
+    plan.save(str(path))
+    result = run_job(auto, 4, tmp_path / "run",
+                     [f"--autoparallel.plan_file={path}",
+                      "--parallelism.tensor_parallel_degree=2", techniques],
+                     seed_checkpoint=seed)
+    assert "tp-as-dp" in result.output and "ac:selective" in result.output, \
+        result.output[-3000:]
+    assert_parity(reference, result)
+
+
+@pytest.mark.slow  # measured passing
+def test_qwen2_tensor_parallel_parity(tmp_path):
+    """A Qwen2-architecture config.json (biased q / k / v) at tp 2."""
+    reference = _reference(tmp_path / "ref", QWEN2)
+    plan = _auto_parity(reference, tmp_path, 2, "--parallelism.tensor_parallel_degree=2")
+    assert plan.mesh.tp == 2

@@ -1,0 +1,138 @@
+"""The job-config sections a model's args read besides TorchTitan's own (a user's
+``job.custom_config_module``, e.g. TorchTitan's HF backend and its ``[hf_transformers]``), and
+the identity of the model config they name (the HF ``config.json``) for plan fingerprints.
+
+The layer graph gets a default job config with these sections set (``graph_job_config``), as
+TorchTitan's trainer hands ``update_from_config`` the real one; a plan records them so that
+``explain`` / ``diff`` / ``show`` rebuild the same graph from the plan alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import os
+from typing import Any
+
+from .errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A custom config module and the values of the sections it adds."""
+
+    module: str = ""
+    sections: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """Stable text of the whole record (cache keys)."""
+        import json
+
+        return json.dumps([self.module, self.sections], sort_keys=True, default=str)
+
+
+def _known_sections() -> set[str]:
+    from torchtitan.config import JobConfig
+
+    from .config import JobConfig as Extension
+
+    return ({f.name for f in dataclasses.fields(JobConfig)}
+            | {f.name for f in dataclasses.fields(Extension)})
+
+
+def model_config_of(job_config: Any) -> ModelConfig:
+    """The sections of ``job_config`` that its ``job.custom_config_module`` adds (neither
+    TorchTitan's nor the project's), as plain data."""
+    module = getattr(getattr(job_config, "job", None), "custom_config_module", "") or ""
+    if not dataclasses.is_dataclass(job_config):
+        return ModelConfig()
+    known = _known_sections()
+    sections = {}
+    for f in dataclasses.fields(job_config):
+        if f.name not in known:
+            value = getattr(job_config, f.name)
+            sections[f.name] = (dataclasses.asdict(value) if dataclasses.is_dataclass(value)
+                                else value)
+    return ModelConfig(module if sections else "", sections)
+
+
+def _assign(target: Any, values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        current = getattr(target, key, None)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            _assign(current, value)
+        else:
+            setattr(target, key, value)
+
+
+def graph_job_config(model_config: ModelConfig | None, seq_len: int) -> Any:
+    """A default TorchTitan job config (merged with ``model_config.module``'s sections, set to
+    its values) for ``seq_len``: what the layer graph hands ``update_from_config``."""
+    from torchtitan.config import ConfigManager, JobConfig
+
+    cls: Any = JobConfig
+    if model_config is not None and model_config.module:
+        try:
+            extension = importlib.import_module(model_config.module).JobConfig
+        except (ImportError, AttributeError) as exc:
+            raise UserError(f"job.custom_config_module = {model_config.module!r} cannot be "
+                            f"imported ({exc}); install what it needs") from None
+        cls = ConfigManager._merge_configs(JobConfig, extension)
+    job = cls()
+    if model_config is not None:
+        _assign(job, model_config.sections)
+    job.training.seq_len = seq_len
+    return job
+
+
+def hf_config_file(model: str) -> str:
+    """The ``config.json`` that ``hf_transformers.model`` names: a local folder's, a local
+    file, or a Hub id's (from the local Hugging Face cache, or downloaded)."""
+    if os.path.isdir(model):
+        path = os.path.join(model, "config.json")
+        if os.path.isfile(path):
+            return path
+        raise UserError(f"hf_transformers.model = {model!r} has no config.json: put the model's "
+                        "Hugging Face config.json in that folder")
+    if os.path.isfile(model):
+        return model
+    try:
+        from transformers.utils import cached_file
+
+        path = cached_file(model, "config.json")
+    except Exception as exc:  # offline, unknown id, gated repo
+        from .errors import shown
+
+        raise UserError(f"hf_transformers.model = {model!r}: no config.json found "
+                        f"({shown(exc, 160)}); name a local folder holding config.json or a "
+                        "Hugging Face model id") from None
+    if not path:
+        raise UserError(f"hf_transformers.model = {model!r}: no config.json found")
+    return str(path)
+
+
+def config_identity(model_config: ModelConfig) -> dict[str, Any]:
+    """What identifies the model config the sections name (for the plan fingerprint): the
+    sections, and the SHA-256 of the HF ``config.json`` (so editing it makes plans made from
+    the old one refuse to replay). Empty for jobs without custom sections."""
+    if not model_config.sections:
+        return {}
+    out: dict[str, Any] = {"module": model_config.module, "sections": model_config.sections}
+    hf = model_config.sections.get("hf_transformers")
+    if isinstance(hf, dict):
+        if not hf.get("model"):
+            raise UserError("hf_transformers.model is empty: name a folder holding a Hugging "
+                            "Face config.json (or a Hugging Face model id)")
+        with open(hf_config_file(str(hf["model"])), "rb") as f:
+            out["hf_config_sha256"] = hashlib.sha256(f.read()).hexdigest()[:16]
+    return out
+
+
+def model_config_from_fingerprint(fingerprint: dict[str, Any]) -> ModelConfig | None:
+    """The ``ModelConfig`` a plan's fingerprint records (None for plans without one)."""
+    record = fingerprint.get("model_config")
+    if not record:
+        return None
+    return ModelConfig(record.get("module", ""), dict(record.get("sections", {})))
