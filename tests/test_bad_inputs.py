@@ -92,7 +92,6 @@ TOML_CASES = [
     ({"autoparallel": {"gpus_per_node": "8"}}, "autoparallel.gpus_per_node = '8'"),
     ({"autoparallel": {"gpus_per_node": 2.5}}, "autoparallel.gpus_per_node = 2.5"),
     ({"autoparallel": {"hardware": 5}}, "autoparallel.hardware = 5"),
-    ({"autoparallel": {"hardware": ""}}, "autoparallel.hardware is empty"),
     ({"autoparallel": {"hardware": "tpu_v9"}}, "unknown hardware profile 'tpu_v9'"),
     ({"autoparallel": {"techniques": "fsdp"}}, "autoparallel.techniques = 'fsdp'"),
     ({"autoparallel": {"techniques": ["fsdp", "magic"]}}, "unknown entries ['magic']"),
