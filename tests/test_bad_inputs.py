@@ -515,3 +515,18 @@ def test_hsdp_over_cp_without_dp_shard_is_planned(tmp_path, capsys, monkeypatch)
     assert (m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp) == (1, 2, 1, 2, 1)
     assert all(layer.describe(m.unsharded_label).startswith("fsdp")
                for layer in plan.layers if layer.kind == "block")
+
+
+@pytest.mark.slow
+def test_hsdp_over_cp_without_dp_shard_trains_as_torchtitan(tmp_path):
+    """The same mesh under auto and under TorchTitan's own recipe: the same losses (the same
+    sharding initialises the same weights)."""
+    from parity import assert_parity, run_job
+
+    degrees = ["--parallelism.data_parallel_replicate_degree=2",
+               "--parallelism.data_parallel_shard_degree=1",
+               "--parallelism.context_parallel_degree=2"]
+    recipe = run_job("llama3_debug_fsdp.toml", 4, tmp_path / "recipe", degrees)
+    auto = run_job("llama3_debug_auto.toml", 4, tmp_path / "auto", degrees)
+    assert "mesh dp_replicate=2 dp_shard=1 cp=2 tp=1" in auto.output
+    assert_parity(recipe, auto, rtol=1e-6)
