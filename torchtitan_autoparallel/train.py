@@ -42,7 +42,12 @@ def _gathered(value: float) -> list[float]:
 
 
 def _make_trainer_class() -> type:
+    import torchtitan.train as torchtitan_train
     from torchtitan.train import Trainer
+
+    # every rank logs the last stage's loss (``record`` below): TorchTitan's advice to add the
+    # last stage's rank to LOG_RANK no longer applies
+    torchtitan_train.ensure_pp_loss_visible = lambda *args, **kwargs: None
 
     class AutoparallelTrainer(Trainer):
         """TorchTitan's Trainer plus an optional per-step JSON-lines metrics file."""
@@ -57,9 +62,13 @@ def _make_trainer_class() -> type:
                 # read the step's memory peaks before TorchTitan's log resets them
                 from .runtime.pipeline import last_stage_loss
 
+                # under PP only the last stage holds the loss (the others a negative
+                # placeholder, summed over data parallel): every rank logs the real one
+                loss = last_stage_loss(float(loss), self.parallel_dims)
+                max_loss = last_stage_loss(float(max_loss), self.parallel_dims)
                 peak = self.metrics_processor.device_memory_monitor.get_peak_stats()
                 self._last_metrics = {
-                    "loss": last_stage_loss(float(loss), self.parallel_dims),
+                    "loss": loss,
                     "grad_norm": float(grad_norm),
                     "peak_memory_gib": peak.max_reserved_gib,
                     # bytes held by tensors (torch.cuda.max_memory_allocated on GPUs)
