@@ -66,6 +66,37 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
     )
 
 
+EARLY_STEP_EXCLUDES = ("ddp", "pp", "ep")
+"""Techniques ``optimizer.early_step_in_backward`` rules out: DDP all-reduces a gradient after
+the optimizer has stepped on it; TorchTitan refuses optimizers in backward with PP and EP."""
+
+
+def early_step_constraints(job_config: Any, constraints: Constraints, world: int
+                           ) -> Constraints:
+    """``optimizer.early_step_in_backward`` steps each parameter as soon as its gradient is
+    ready, so the gradient must be final then: no pure data-parallel replication (DDP), no
+    gradient accumulation (the local batch is the micro-batch), no PP or EP (TorchTitan refuses
+    both). A constraint on the search; fixed degrees that need one of them are errors."""
+    if not job_config.optimizer.early_step_in_backward:
+        return constraints
+    why = ("optimizer.early_step_in_backward = true steps each parameter when its gradient is "
+           "ready")
+    for key, degree, name in (("pipeline_parallel_degree", constraints.pp, "PP"),
+                              ("expert_parallel_degree", constraints.ep, "EP")):
+        if degree > 1:
+            raise UserError(f"{why}, which TorchTitan does not support with {name}: set "
+                            f"parallelism.{key} = 1 or early_step_in_backward = false")
+    replicate = constraints.dp_replicate
+    if replicate > 1 and (constraints.dp_shard == 1 or world == replicate):
+        raise UserError(f"{why}, before DDP all-reduces it: parallelism."
+                        f"data_parallel_replicate_degree = {replicate} on {world} ranks leaves "
+                        "only DDP; let dp_shard be > 1 (HSDP) or set early_step_in_backward = "
+                        "false")
+    return dataclasses.replace(
+        constraints, accumulation=False,
+        techniques=tuple(t for t in constraints.techniques if t not in EARLY_STEP_EXCLUDES))
+
+
 def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[str, ...]
                          ) -> dict[str, Any]:
     """What ``[parallelism]``'s pipeline keys fix under auto (``Constraints`` fields): the
@@ -179,7 +210,8 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
     ap = job_config.autoparallel
     check_job_options(job_config)
     features = features or features_from_config(job_config)
-    constraints = constraints_from_config(job_config, features)
+    constraints = early_step_constraints(
+        job_config, constraints_from_config(job_config, features), world)
     hw = ap.hardware if isinstance(ap.hardware, HardwareProfile) else load_profile(ap.hardware)
     imbalance = getattr(ap, "moe_load_imbalance", 0.0)
     if imbalance:
@@ -220,6 +252,7 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
                         "techniques": sorted(constraints.techniques),
                         **({"reshard_after_forward": constraints.reshard_after_forward}
                            if constraints.reshard_after_forward != "default" else {}),
+                        **({"accumulation": False} if not constraints.accumulation else {}),
                         # pipeline constraints only when set: other plans keep their digests
                         **{key: list(value) if isinstance(value, tuple) else value
                            for key, value in (("pp", constraints.pp),
@@ -331,6 +364,9 @@ def plan_job(job_config: Any, world: int) -> Plan:
         smallest = (f"the smallest budget that works is {min_feasible / 2**30:.3g} GiB"
                     if math.isfinite(min_feasible) else
                     f"pipeline plans need at least {min_pipeline / 2**30:.3g} GiB")
+        if not inputs.constraints.accumulation:
+            smallest += (" without gradient accumulation, which optimizer."
+                         "early_step_in_backward rules out")
         raise UserError(
             f"no plan fits the memory budget of {inputs.budget_bytes / 2**30:.3g} GiB per "
             f"device; {smallest} (raise autoparallel.memory_gib, lower the batch or sequence "
@@ -388,7 +424,9 @@ def plan_of(inputs: JobInputs, mesh: Mesh, local_batch: int, accum: int,
         solver={**solver, "objective": step},
         pipeline=pipeline,
         inputs=inputs_record(inputs),
-        notes=exclusion_notes(inputs.graph),
+        notes=exclusion_notes(inputs.graph) + ([] if inputs.constraints.accumulation else [
+            "optimizer.early_step_in_backward: no DDP, PP, EP or gradient accumulation "
+            "(gradients are final when each parameter steps)"]),
     )
 
 

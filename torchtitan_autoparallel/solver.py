@@ -266,7 +266,8 @@ def search(graph: LayerGraph, world: int, global_batch: int, hw: HardwareProfile
     cands = [
         build_candidate(graph, mesh, mb, global_batch, hw, prec, gpus_per_node, constraints,
                         pins, features)
-        for mesh in meshes for mb in microbatch_sizes(global_batch, mesh)
+        for mesh in meshes
+        for mb in microbatch_sizes(global_batch, mesh, constraints.accumulation)
     ]
     min_feasible = min((c.min_memory() for c in cands), default=float("inf"))
     cands.sort(key=lambda c: (c.time_lower_bound(), c.mesh, c.microbatch))

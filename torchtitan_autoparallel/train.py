@@ -54,6 +54,9 @@ def _make_trainer_class() -> type:
 
         def __init__(self, job_config: Any) -> None:
             super().__init__(job_config)
+            from .runtime import early_step
+
+            early_step.install(self.model_parts, job_config)
             self._last_metrics: dict[str, float] = {}
             self._microbatch = 0
             log = self.metrics_processor.log
