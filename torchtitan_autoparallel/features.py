@@ -13,6 +13,7 @@ One place decides what each setting means under ``auto`` (see the README's setti
 - ``training.enable_cpu_offload``: FSDP's CPU offload policy on every sharded module.
 - ``parallelism.fsdp_reshard_after_forward``: "default" lets the planner choose per block;
   "always" / "never" fix it for every sharded block (a constraint on the search).
+- ``optimizer.implementation``: what the optimizer step allocates besides its state.
 
 Planning reads no device: ``check_device`` is called by the entrypoint with the device's
 compute capability before any rank starts.
@@ -52,6 +53,9 @@ class Features:
     """FSDP keeps sharded parameters, gradients and optimizer state in host memory."""
     reshard_after_forward: str = "default"
     """"default": the planner chooses per block; "always" / "never": fixed for all blocks."""
+    optimizer: str = "fused"
+    """``optimizer.implementation`` (TorchTitan's default: fused): the optimizer step's
+    temporaries."""
 
     @property
     def float8(self) -> bool:
@@ -119,6 +123,7 @@ def features_from_config(job_config: Any) -> Features:
         async_tp=async_tp,
         cpu_offload=bool(job_config.training.enable_cpu_offload),
         reshard_after_forward=policy,
+        optimizer=str(job_config.optimizer.implementation),
     )
 
 

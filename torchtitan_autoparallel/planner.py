@@ -97,6 +97,29 @@ def early_step_constraints(job_config: Any, constraints: Constraints, world: int
         techniques=tuple(t for t in constraints.techniques if t not in EARLY_STEP_EXCLUDES))
 
 
+def validation_constraints(job_config: Any, constraints: Constraints) -> Constraints:
+    """``validation.enable``: TorchTitan's validator runs the training's pipeline schedule
+    (its micro-batches) and CP buffers on the validation batches. The search leaves out PP
+    (a fixed pp is checked against the plan: ``checks.check_plan_features``), and CP too when
+    ``validation.seq_len`` differs from ``training.seq_len`` (fixed: an error)."""
+    val = job_config.validation
+    if not val.enable:
+        return constraints
+    seq, val_seq = job_config.training.seq_len, val.seq_len
+    if val_seq != seq:
+        for key, degree in (("context_parallel_degree", constraints.cp),
+                            ("pipeline_parallel_degree", constraints.pp)):
+            if degree > 1:
+                raise UserError(
+                    f"validation.enable with parallelism.{key} = {degree}: TorchTitan's "
+                    f"validator runs the training's {key.split('_')[0].upper()} layout, which "
+                    f"needs validation.seq_len = training.seq_len ({val_seq} != {seq}); set "
+                    f"validation.seq_len = {seq} or {key} = 1")
+    excluded = {"pp"} | ({"cp"} if val_seq != seq else set())
+    return dataclasses.replace(
+        constraints, techniques=tuple(t for t in constraints.techniques if t not in excluded))
+
+
 def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[str, ...]
                          ) -> dict[str, Any]:
     """What ``[parallelism]``'s pipeline keys fix under auto (``Constraints`` fields): the
@@ -210,10 +233,12 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
     ap = job_config.autoparallel
     check_job_options(job_config)
     features = features or features_from_config(job_config)
-    constraints = early_step_constraints(
-        job_config, constraints_from_config(job_config, features), world)
+    constraints = validation_constraints(job_config, early_step_constraints(
+        job_config, constraints_from_config(job_config, features), world))
     hw = ap.hardware if isinstance(ap.hardware, HardwareProfile) else load_profile(ap.hardware)
     imbalance = getattr(ap, "moe_load_imbalance", 0.0)
+    if job_config.debug.moe_force_load_balance:
+        imbalance = 1.0  # TorchTitan routes tokens evenly over the experts
     if imbalance:
         hw = dataclasses.replace(hw, moe_load_imbalance=float(imbalance))
     gpus_per_node = ap.gpus_per_node or hw.gpus_per_node
