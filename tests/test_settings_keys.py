@@ -68,7 +68,8 @@ def test_validation_keeps_pp_and_cp_out_of_the_search():
 
     extra = ("--autoparallel.techniques=cp,pp,fsdp",)
     assert searched(_plan(8, "llama3_debug_auto.toml", *extra)) == {"cp", "pp"}
-    plan = _plan(8, "llama3_debug_auto.toml", *extra, "--validation.enable")
+    plan = _plan(8, "llama3_debug_auto.toml", *extra, "--validation.enable",
+                 "--validation.seq_len=128")
     assert searched(plan) == set() and plan.mesh.pp == plan.mesh.cp == 1, plan.mesh
     same = _plan(8, "llama3_debug_auto.toml", *extra, "--validation.enable",
                  "--validation.seq_len=256")
@@ -99,3 +100,14 @@ def test_optimizer_implementation_is_costed(implementation, bytes_per_param):
     inputs = job_inputs(job, 1)
     cand = candidate_for(inputs, Mesh(1, 1, 1, 1), 2)
     assert cand.step_bytes == pytest.approx(cand.state_bytes * bytes_per_param / 16)
+
+
+def test_validation_runs_under_a_plan(tmp_path):
+    """TorchTitan's validator between steps of a planned job (2 ranks, its own batch)."""
+    from parity import run_job
+
+    result = run_job("llama3_debug_auto.toml", 2, tmp_path, [
+        "--validation.enable", "--validation.dataset=autoparallel_text", "--validation.freq=2",
+        "--validation.steps=1", "--validation.seq_len=64", "--training.steps=2"])
+    assert result.returncode == 0, result.output[-3000:]
+    assert "validate step:  2" in result.output.replace("\x1b[32m", ""), result.output[-3000:]

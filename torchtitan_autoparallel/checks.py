@@ -100,6 +100,11 @@ def check_job_keys(job_config: Any) -> None:
         if name not in known:
             raise UserError(f"model.converters has {shown(name)}, which is no registered "
                             f"converter: use some of {known}")
+    val, seq = job_config.validation, job_config.training.seq_len
+    if val.enable and val.seq_len > seq:
+        raise UserError(f"validation.seq_len = {val.seq_len} exceeds training.seq_len = {seq}: "
+                        "TorchTitan sizes the model's RoPE cache to training.seq_len; set "
+                        f"validation.seq_len <= {seq}")
     if job_config.optimizer.name not in OPTIMIZERS:
         raise UserError(f"optimizer.name = {shown(job_config.optimizer.name)}: TorchTitan "
                         f"0.2.2 builds {list(OPTIMIZERS)}; use one of them")

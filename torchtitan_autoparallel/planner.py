@@ -107,12 +107,12 @@ def validation_constraints(job_config: Any, constraints: Constraints) -> Constra
         return constraints
     seq, val_seq = job_config.training.seq_len, val.seq_len
     if val_seq != seq:
-        for key, degree in (("context_parallel_degree", constraints.cp),
-                            ("pipeline_parallel_degree", constraints.pp)):
+        for key, degree, name in (("context_parallel_degree", constraints.cp, "CP"),
+                                  ("pipeline_parallel_degree", constraints.pp, "PP")):
             if degree > 1:
                 raise UserError(
                     f"validation.enable with parallelism.{key} = {degree}: TorchTitan's "
-                    f"validator runs the training's {key.split('_')[0].upper()} layout, which "
+                    f"validator runs the training's {name} layout, which "
                     f"needs validation.seq_len = training.seq_len ({val_seq} != {seq}); set "
                     f"validation.seq_len = {seq} or {key} = 1")
     excluded = {"pp"} | ({"cp"} if val_seq != seq else set())
