@@ -42,12 +42,11 @@ def _gathered(value: float) -> list[float]:
 
 
 def _make_trainer_class() -> type:
-    import torchtitan.train as torchtitan_train
     from torchtitan.train import Trainer
 
-    # every rank logs the last stage's loss (``record`` below): TorchTitan's advice to add the
-    # last stage's rank to LOG_RANK no longer applies
-    torchtitan_train.ensure_pp_loss_visible = lambda *args, **kwargs: None
+    from .runtime.pipeline import drop_loss_visibility_warning
+
+    drop_loss_visibility_warning()
 
     class AutoparallelTrainer(Trainer):
         """TorchTitan's Trainer plus an optional per-step JSON-lines metrics file."""
