@@ -530,3 +530,61 @@ def test_hsdp_over_cp_without_dp_shard_trains_as_torchtitan(tmp_path):
     auto = run_job("llama3_debug_auto.toml", 4, tmp_path / "auto", degrees)
     assert "mesh dp_replicate=2 dp_shard=1 cp=2 tp=1" in auto.output
     assert_parity(recipe, auto, rtol=1e-6)
+
+
+# -------------------------------------------------------------- TorchTitan keys auto refuses
+
+SETTINGS_CASES = [
+    # (ranks, sections, message)
+    (2, {"profiling": {"enable_profiling": True}}, "profiling.enable_profiling needs a GPU"),
+    (2, {"profiling": {"enable_memory_snapshot": True}}, "enable_memory_snapshot records CUDA"),
+    (4, {"training": {"enable_cpu_offload": True}, "optimizer": {"early_step_in_backward": True},
+         "parallelism": {"tensor_parallel_degree": 2, "context_parallel_degree": 2}},
+     "training.enable_cpu_offload moves FSDP state"),
+    (8, {"validation": {"enable": True},
+         "parallelism": {"tensor_parallel_degree": 2, "context_parallel_degree": 2,
+                         "pipeline_parallel_degree": 2}},
+     "validation.seq_len = 2048 exceeds training.seq_len = 256"),
+    (8, {"validation": {"enable": True, "seq_len": 128},
+         "parallelism": {"tensor_parallel_degree": 2, "context_parallel_degree": 2,
+                         "pipeline_parallel_degree": 2}},
+     "validation.enable with parallelism.context_parallel_degree = 2"),
+    (4, {"validation": {"enable": True, "seq_len": 256, "local_batch_size": 3},
+         "parallelism": {"pipeline_parallel_degree": 2}},
+     "validation batches need the training's shape"),
+    (2, {"checkpoint": {"async_mode": "async_with_pinned_mem"}}, "pinned CUDA host memory"),
+    (2, {"fault_tolerance": {"enable": True}}, "fault_tolerance.enable with auto = true"),
+    (2, {"memory_estimation": {"enable": True}}, "memory_estimation.enable with auto = true"),
+    (2, {"model": {"converters": ["quantize.linear.fp4"]}}, "no registered converter"),
+    (2, {"optimizer": {"name": "SGD"}}, "optimizer.name = 'SGD'"),
+    (2, {"training.dataloader": {"num_workers": 2}}, "training.dataloader.num_workers = 2"),
+    (2, {"training.dataloader": {"pin_memory": True}}, "training.dataloader.pin_memory = True"),
+    (4, {"optimizer": {"early_step_in_backward": True},
+         "parallelism": {"pipeline_parallel_degree": 2}}, "does not support with PP"),
+    (4, {"optimizer": {"early_step_in_backward": True},
+         "parallelism": {"data_parallel_replicate_degree": 4}}, "leaves only DDP"),
+]
+
+
+@pytest.mark.parametrize("ngpu,sections,message", SETTINGS_CASES,
+                         ids=[f"settings-{i}" for i in range(len(SETTINGS_CASES))])
+def test_settings_refused_before_ranks_start(tmp_path, capsys, monkeypatch, ngpu, sections,
+                                             message):
+    """What run_train.sh checks in one process before torchrun starts the ranks (each of
+    these failed after the ranks started, or trained something else, without the check)."""
+    config = config_with(tmp_path, **sections)
+    line = one_line_error(*preflight(capsys, monkeypatch, ngpu, "--job.config_file",
+                                     str(config)))
+    assert message in line, line
+
+
+def test_profiling_refused_through_the_launcher(tmp_path):
+    """run_train.sh itself: one line, exit 2, no rank started."""
+    config = config_with(tmp_path, profiling={"enable_profiling": True})
+    env = {**os.environ, "NGPU": "2", "CONFIG_FILE": str(config), "PREFLIGHT": "1",
+           "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([str(REPO / "run_train.sh")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    line = one_line_error(proc.returncode, proc.stderr)
+    assert "profiling.enable_profiling needs a GPU" in line
+    assert "torchrun" not in proc.stdout + proc.stderr

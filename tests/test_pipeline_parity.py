@@ -10,6 +10,7 @@ from parity import assert_parity, run_job
 
 PLAN_RE = re.compile(r"autoparallel plan \w+: mesh (.*) \(world")
 SCHEDULE_RE = re.compile(r"pipeline: (\w+), (\d+) ranks x (\d+) stages")
+LOGGED_LOSS_RE = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*(-?[\d.]+)")
 
 CASES = {
     # name: (ranks, overrides, mesh text expected, schedule, stages per rank)
@@ -44,6 +45,17 @@ def test_pipeline_auto_parity(case, references, tmp_path):
     if schedule is not None:
         assert (planned.group(1), int(planned.group(3))) == (schedule, stages)
     assert_parity(reference, result)
+    assert_console_loss(result)
+
+
+def assert_console_loss(result) -> None:
+    """The default log rank (0, a first-stage rank) prints the step's real loss, not the
+    placeholder the other stages hold."""
+    logged = {int(step): float(loss) for step, loss in LOGGED_LOSS_RE.findall(result.output)}
+    assert sorted(logged) == [row["step"] for row in result.rows], result.output[-3000:]
+    for row in result.rows:
+        assert abs(logged[row["step"]] - row["loss"]) <= 1e-5 * row["loss"], (
+            f"step {row['step']}: console loss {logged[row['step']]} vs {row['loss']}")
 
 
 def test_pipeline_memory_measured(tmp_path):

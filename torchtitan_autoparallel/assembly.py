@@ -99,7 +99,9 @@ def plan_of(inputs: JobInputs, mesh: Mesh, local_batch: int, accum: int,
         solver={**solver, "objective": step},
         pipeline=pipeline,
         inputs=inputs_record(inputs),
-        notes=exclusion_notes(inputs.graph),
+        notes=exclusion_notes(inputs.graph) + ([] if inputs.constraints.accumulation else [
+            "optimizer.early_step_in_backward: no DDP, PP, EP or gradient accumulation "
+            "(gradients are final when each parameter steps)"]),
     )
 
 

@@ -77,6 +77,17 @@ def check_auto_settings(job_config: Any) -> None:
             "\"float32\" (mixed_precision_param = \"bfloat16\" computes in bf16) or "
             "parallelism.auto = false"
         )
+    if job_config.fault_tolerance.enable:
+        raise UserError(
+            "fault_tolerance.enable with auto = true: TorchFT's replica groups change what "
+            "data_parallel_replicate_degree means, which the planner does not model (and "
+            "torchft is not installed here); set fault_tolerance.enable = false or "
+            "parallelism.auto = false")
+    if job_config.memory_estimation.enable:
+        raise UserError(
+            "memory_estimation.enable with auto = true: TorchTitan 0.2.2 reads it nowhere; the "
+            "plan predicts each device's memory (python -m torchtitan_autoparallel plan / "
+            "predict); set memory_estimation.enable = false")
     if job_config.activation_checkpoint.mode not in AC_MODES:
         raise UserError(
             f"activation_checkpoint.mode = {job_config.activation_checkpoint.mode!r} with auto "
@@ -85,9 +96,59 @@ def check_auto_settings(job_config: Any) -> None:
         )
 
 
+def check_job_keys(job_config: Any) -> None:
+    """TorchTitan keys whose values would fail after the ranks started (or be ignored): any
+    job, planned or not."""
+    import torchtitan.components.quantization  # noqa: F401  (registers TorchTitan's converters)
+    from torchtitan.protocols.model_converter import _registry_model_converter_cls
+
+    from .data import DATASET_NAMES
+    from .errors import shown
+
+    known = sorted(_registry_model_converter_cls)
+    for name in job_config.model.converters or []:
+        if name not in known:
+            raise UserError(f"model.converters has {shown(name)}, which is no registered "
+                            f"converter: use some of {known}")
+    val, seq = job_config.validation, job_config.training.seq_len
+    if val.enable and val.seq_len > seq:
+        raise UserError(f"validation.seq_len = {val.seq_len} exceeds training.seq_len = {seq}: "
+                        "TorchTitan sizes the model's RoPE cache to training.seq_len; set "
+                        f"validation.seq_len <= {seq}")
+    if job_config.optimizer.name not in OPTIMIZERS:
+        raise UserError(f"optimizer.name = {shown(job_config.optimizer.name)}: TorchTitan "
+                        f"0.2.2 builds {list(OPTIMIZERS)}; use one of them")
+    if job_config.training.dataset in DATASET_NAMES:
+        from torchtitan.config.job_config import DataLoader
+
+        default = DataLoader()
+        for key in ("num_workers", "persistent_workers", "pin_memory", "prefetch_factor"):
+            value = getattr(job_config.training.dataloader, key)
+            if value != getattr(default, key):
+                raise UserError(
+                    f"training.dataloader.{key} = {shown(value)}: dataset "
+                    f"{job_config.training.dataset!r} is an in-memory token stream without "
+                    "worker processes, so it reads no dataloader setting; remove it")
+
+
+OPTIMIZERS = ("Adam", "AdamW")
+"""What TorchTitan 0.2.2's ``build_optimizers`` builds (the planner costs AdamW's state)."""
+
+
 def check_plan_features(job_config: Any, plan: Any) -> None:
     """Features the chosen plan cannot apply."""
     from .apply import plan_shards_with_fsdp
+
+    val = job_config.validation
+    if val.enable and plan.mesh.pp > 1 and (
+            val.local_batch_size != plan.local_batch_size
+            or val.seq_len != job_config.training.seq_len):
+        raise UserError(
+            f"validation.enable with pipeline_parallel_degree = {plan.mesh.pp}: TorchTitan's "
+            f"validator runs the training's pipeline schedule, so validation batches need the "
+            f"training's shape: set validation.local_batch_size = {plan.local_batch_size} (the "
+            f"plan's) and validation.seq_len = {job_config.training.seq_len}, or "
+            "pipeline_parallel_degree = 1")
 
     if job_config.training.enable_cpu_offload and not plan_shards_with_fsdp(plan):
         raise UserError(

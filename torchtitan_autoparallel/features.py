@@ -14,6 +14,7 @@ One place decides what each setting means under ``auto`` (see the README's setti
 - ``parallelism.fsdp_reshard_after_forward``: unset, the planner chooses per block; "always" /
   "never" fix it for every sharded block (a constraint on the search), and so does "default"
   when set: TorchTitan's own policy, reshard unless pipelined.
+- ``optimizer.implementation``: what the optimizer step allocates besides its state.
 
 Planning reads no device: ``check_device`` is called by the entrypoint with the device's
 compute capability before any rank starts.
@@ -55,6 +56,9 @@ class Features:
     reshard_after_forward: str = "default"
     """"default": the planner chooses per block; "always" / "never": fixed for all blocks;
     "torchtitan": TorchTitan's "default" set by the user (always, never under pp)."""
+    optimizer: str = "fused"
+    """``optimizer.implementation`` (TorchTitan's default: fused): the optimizer step's
+    temporaries."""
 
     @property
     def float8(self) -> bool:
@@ -124,6 +128,7 @@ def features_from_config(job_config: Any) -> Features:
         async_tp=async_tp,
         cpu_offload=bool(job_config.training.enable_cpu_offload),
         reshard_after_forward=policy,
+        optimizer=str(job_config.optimizer.implementation),
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from .checks import (
     check_auto_settings,
+    check_job_keys,
     check_plan_features,
     check_torchao,
     device,
@@ -130,6 +131,7 @@ def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
 
     # conflicting speed features, and features this GPU cannot run, end here: run_train.sh's
     # preflight calls this before torchrun starts any rank
+    check_job_keys(job_config)
     features = features_from_config(job_config)
     check_torchao(features)
     if cpu and not dry_run:

@@ -109,7 +109,8 @@ def plan_from_stages(inputs: JobInputs, cand: PipelineCandidate, stages: list[li
     # step's temporary)
     states = [(cand.edge_state[cand.type_of_rank(r).name] + sum(
         n * cand.costs[k].step_bytes for k, n in per_rank[r].items()))
-        * STATE_BYTES_PER_PARAM / STEP_BYTES_PER_PARAM for r in range(pp)]
+        * STATE_BYTES_PER_PARAM / STEP_BYTES_PER_PARAM[inputs.features.optimizer]
+        for r in range(pp)]
     shape.rank_state_gib = [round(b / 2**30, 6) for b in states]
     return plan_of(inputs, cand.mesh, cand.microbatch * cand.microbatches, cand.accum,
                    layer_plans(inputs, cand.mesh, strategies, predicted), step, max(memory),

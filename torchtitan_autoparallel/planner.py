@@ -95,6 +95,60 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
     )
 
 
+EARLY_STEP_EXCLUDES = ("ddp", "pp", "ep")
+"""Techniques ``optimizer.early_step_in_backward`` rules out: DDP all-reduces a gradient after
+the optimizer has stepped on it; TorchTitan refuses optimizers in backward with PP and EP."""
+
+
+def early_step_constraints(job_config: Any, constraints: Constraints, world: int
+                           ) -> Constraints:
+    """``optimizer.early_step_in_backward`` steps each parameter as soon as its gradient is
+    ready, so the gradient must be final then: no pure data-parallel replication (DDP), no
+    gradient accumulation (the local batch is the micro-batch), no PP or EP (TorchTitan refuses
+    both). A constraint on the search; fixed degrees that need one of them are errors."""
+    if not job_config.optimizer.early_step_in_backward:
+        return constraints
+    why = ("optimizer.early_step_in_backward = true steps each parameter when its gradient is "
+           "ready")
+    for key, degree, name in (("pipeline_parallel_degree", constraints.pp, "PP"),
+                              ("expert_parallel_degree", constraints.ep, "EP")):
+        if degree > 1:
+            raise UserError(f"{why}, which TorchTitan does not support with {name}: set "
+                            f"parallelism.{key} = 1 or early_step_in_backward = false")
+    replicate = constraints.dp_replicate
+    if replicate > 1 and (constraints.dp_shard == 1 or world == replicate):
+        raise UserError(f"{why}, before DDP all-reduces it: parallelism."
+                        f"data_parallel_replicate_degree = {replicate} on {world} ranks leaves "
+                        "only DDP; let dp_shard be > 1 (HSDP) or set early_step_in_backward = "
+                        "false")
+    return dataclasses.replace(
+        constraints, accumulation=False,
+        techniques=tuple(t for t in constraints.techniques if t not in EARLY_STEP_EXCLUDES))
+
+
+def validation_constraints(job_config: Any, constraints: Constraints) -> Constraints:
+    """``validation.enable``: TorchTitan's validator runs the training's pipeline schedule
+    (its micro-batches) and CP buffers on the validation batches. The search leaves out PP
+    (a fixed pp is checked against the plan: ``checks.check_plan_features``), and CP too when
+    ``validation.seq_len`` differs from ``training.seq_len`` (fixed: an error)."""
+    val = job_config.validation
+    if not val.enable:
+        return constraints
+    seq, val_seq = job_config.training.seq_len, val.seq_len
+    if val_seq != seq:
+        for key, degree, name in (("context_parallel_degree", constraints.cp, "CP"),
+                                  ("pipeline_parallel_degree", constraints.pp, "PP")):
+            if degree > 1:
+                raise UserError(
+                    f"validation.enable with parallelism.{key} = {degree}: TorchTitan's "
+                    f"validator runs the training's {name} layout, which "
+                    f"needs validation.seq_len = training.seq_len ({val_seq} != {seq}); set "
+                    f"validation.seq_len = {seq} or {key} = 1")
+    excluded = {"pp"} | ({"cp"} if val_seq != seq else set())
+    return dataclasses.replace(
+        constraints, techniques=tuple(t for t in constraints.techniques if t not in excluded))
+
+
 def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[str, ...]
                          ) -> dict[str, Any]:
     """What ``[parallelism]``'s pipeline keys fix under auto (``Constraints`` fields): the
@@ -266,10 +320,13 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
     ap = job_config.autoparallel
     check_job_options(job_config)
     features = features or features_from_config(job_config)
-    constraints = constraints_from_config(job_config, features)
+    constraints = validation_constraints(job_config, early_step_constraints(
+        job_config, constraints_from_config(job_config, features), world))
     hw = (ap.hardware if isinstance(ap.hardware, HardwareProfile)
           else load_profile(ap.hardware or CPU_PROFILE))
     imbalance = getattr(ap, "moe_load_imbalance", 0.0)
+    if job_config.debug.moe_force_load_balance:
+        imbalance = 1.0  # TorchTitan routes tokens evenly over the experts
     if imbalance:
         hw = dataclasses.replace(hw, moe_load_imbalance=float(imbalance))
     gpus_per_node = ap.gpus_per_node or hw.gpus_per_node
@@ -310,6 +367,7 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
                         "techniques": sorted(constraints.techniques),
                         **({"reshard_after_forward": constraints.reshard_after_forward}
                            if constraints.reshard_after_forward != "default" else {}),
+                        **({"accumulation": False} if not constraints.accumulation else {}),
                         # pipeline constraints only when set: other plans keep their digests
                         **{key: list(value) if isinstance(value, tuple) else value
                            for key, value in (("pp", constraints.pp),
@@ -420,6 +478,9 @@ def plan_job(job_config: Any, world: int) -> Plan:
                     if math.isfinite(min_feasible) else
                     f"pipeline plans need at least {gib_up(min_pipeline)} GiB"
                     if math.isfinite(min_pipeline) else "no plan could be costed")
+        if not inputs.constraints.accumulation:
+            smallest += (" without gradient accumulation, which optimizer."
+                         "early_step_in_backward rules out")
         raise UserError(
             f"no plan fits the memory budget of {inputs.budget_bytes / 2**30:.3g} GiB per "
             f"device; {smallest} (raise autoparallel.memory_gib, lower the batch or sequence "

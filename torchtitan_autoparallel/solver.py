@@ -155,7 +155,7 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
     # gradients accumulate across micro-batches: resident from the second one on
     fwd_bwd = FWD_BWD_BYTES_PER_PARAM + (
         GRAD_BYTES_PER_PARAM if accum > 1 or hw.reserved_gradients else 0)
-    step_bytes, per_step = per_param * STEP_BYTES_PER_PARAM, 0.0
+    step_bytes, per_step = per_param * STEP_BYTES_PER_PARAM[features.optimizer], 0.0
     if features.cpu_offload:
         # parameters, gradients and AdamW state live in host memory; AdamW runs there
         fwd_bwd, step_bytes = 0, 0.0
@@ -266,7 +266,8 @@ def search(graph: LayerGraph, world: int, global_batch: int, hw: HardwareProfile
     cands = [
         build_candidate(graph, mesh, mb, global_batch, hw, prec, gpus_per_node, constraints,
                         pins, features)
-        for mesh in meshes for mb in microbatch_sizes(global_batch, mesh)
+        for mesh in meshes
+        for mb in microbatch_sizes(global_batch, mesh, constraints.accumulation)
     ]
     min_feasible = min((c.min_memory() for c in cands), default=float("inf"))
     cands.sort(key=lambda c: (c.time_lower_bound(), c.mesh, c.microbatch))

@@ -327,7 +327,7 @@ def _block_costs(graph: LayerGraph, block_class: list[str], mesh: Mesh, microbat
             cost.time_s,
             per_param * (FWD_BWD_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM)
             + (cost.gathered_bytes if sharded else 0.0),
-            cost.kept_bytes, per_param * STEP_BYTES_PER_PARAM)
+            cost.kept_bytes, per_param * STEP_BYTES_PER_PARAM[features.optimizer])
     return classes, strategies, costs, edges
 
 

@@ -43,6 +43,9 @@ class Constraints:
     pp_ep_overlap: bool = True
     """parallelism.pipeline_parallel_expert_parallel_overlap: DualPipeV hides the expert
     all-to-all under the other micro-batch's computation."""
+    accumulation: bool = True
+    """Gradient accumulation allowed (False: the local batch is the micro-batch, as
+    ``optimizer.early_step_in_backward`` requires)."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -256,8 +259,10 @@ def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe
     return free
 
 
-def microbatch_sizes(global_batch: int, mesh: Mesh) -> list[int]:
-    """Local batch sizes that split the global batch evenly over the data-parallel ranks."""
+def microbatch_sizes(global_batch: int, mesh: Mesh, accumulation: bool = True) -> list[int]:
+    """Local batch sizes that split the global batch evenly over the data-parallel ranks
+    (without ``accumulation``: only the whole local batch)."""
     if global_batch % mesh.dp:
         return []
-    return _divisors(global_batch // mesh.dp)
+    local = global_batch // mesh.dp
+    return _divisors(local) if accumulation else [local]

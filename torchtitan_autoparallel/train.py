@@ -44,11 +44,18 @@ def _gathered(value: float) -> list[float]:
 def _make_trainer_class() -> type:
     from torchtitan.train import Trainer
 
+    from .runtime.pipeline import drop_loss_visibility_warning
+
+    drop_loss_visibility_warning()
+
     class AutoparallelTrainer(Trainer):
         """TorchTitan's Trainer plus an optional per-step JSON-lines metrics file."""
 
         def __init__(self, job_config: Any) -> None:
             super().__init__(job_config)
+            from .runtime import early_step
+
+            early_step.install(self.model_parts, job_config)
             self._last_metrics: dict[str, float] = {}
             self._microbatch = 0
             log = self.metrics_processor.log
@@ -57,9 +64,13 @@ def _make_trainer_class() -> type:
                 # read the step's memory peaks before TorchTitan's log resets them
                 from .runtime.pipeline import last_stage_loss
 
+                # under PP only the last stage holds the loss (the others a negative
+                # placeholder, summed over data parallel): every rank logs the real one
+                loss = last_stage_loss(float(loss), self.parallel_dims)
+                max_loss = last_stage_loss(float(max_loss), self.parallel_dims)
                 peak = self.metrics_processor.device_memory_monitor.get_peak_stats()
                 self._last_metrics = {
-                    "loss": last_stage_loss(float(loss), self.parallel_dims),
+                    "loss": loss,
                     "grad_norm": float(grad_norm),
                     "peak_memory_gib": peak.max_reserved_gib,
                     # bytes held by tensors (torch.cuda.max_memory_allocated on GPUs)

@@ -185,7 +185,7 @@ def stage_block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbat
         step_s=share * (fsdp_comm + copies),
         act_bytes=max(0.0, act),
         resident_bytes=resident,
-        step_bytes=per_param * STEP_BYTES_PER_PARAM,
+        step_bytes=per_param * STEP_BYTES_PER_PARAM[features.optimizer],
         transient_bytes=max(0.0, transient),
         split=backward_split(layer, strategy, hw),
     )

@@ -216,6 +216,24 @@ def cuda_only_features(job_config: Any) -> list[str]:
                 f"model.converters contains {name!r}, which needs a CUDA GPU; "
                 "remove it (or use --model.converters '[]') to run on CPU"
             )
+    profiling = job_config.profiling
+    if profiling.enable_profiling:
+        problems.append(
+            "profiling.enable_profiling needs a GPU: TorchTitan 0.2.2's profiler asks for a "
+            "CUDA / XPU activity, which this machine lacks; turn profiling off to run on CPU")
+    if profiling.enable_memory_snapshot:
+        problems.append(
+            "profiling.enable_memory_snapshot records CUDA allocator history, which a machine "
+            "without a GPU lacks; turn it off to run on CPU")
+    if job_config.training.enable_cpu_offload:
+        problems.append(
+            "training.enable_cpu_offload moves FSDP state from the GPU to host memory; on CPU "
+            "TorchTitan adds a second gloo backend for it, which gloo refuses; turn it off to "
+            "run on CPU")
+    if job_config.checkpoint.async_mode == "async_with_pinned_mem":
+        problems.append(
+            "checkpoint.async_mode = 'async_with_pinned_mem' stages through pinned CUDA host "
+            "memory; use 'async' or 'disabled' to run on CPU")
     compile_cfg = job_config.compile
     if getattr(compile_cfg, "enable", False) and compile_cfg.backend not in CPU_COMPILE_BACKENDS:
         problems.append(

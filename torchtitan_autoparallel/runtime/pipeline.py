@@ -8,8 +8,9 @@ gradient norm of ~1,960 against 0.478 without PP, and with clipping and AdamW's 
 losses drift apart. Here the schedule's loss function divides by the step's global valid
 token count (set before each schedule step), and the step's reported loss is scaled back so
 it stays ``sum / global valid tokens`` as TorchTitan logs it. The loss lives on the last
-stage; ``last_stage_loss`` hands its value to every rank for the metrics file.
-Tested by tests/test_pipeline_loss.py (PP recipe vs one rank: losses and gradient norms).
+stage; ``last_stage_loss`` hands its value to every rank for the metrics file and the console
+log. Tested by tests/test_pipeline_loss.py (PP recipe vs one rank: losses and gradient norms)
+and tests/test_pipeline_parity.py (the loss the default log rank prints under pp x dp).
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def pipeline_step(trainer: Any, step: Callable[..., torch.Tensor], **kwargs: Any
 
 
 def last_stage_loss(loss: float, parallel_dims: Any) -> float:
-    """The step's loss on every rank: non-last stages hold a negative placeholder, so the
-    maximum over the pp group is the last stage's value."""
+    """The step's loss on every rank: non-last stages hold a negative placeholder (-1, summed
+    over data parallel: rank 0 of pp x dp 2 logged -2.0), so the maximum over the pp group is
+    the last stage's value. The trainer logs this on every rank."""
     if not parallel_dims.pp_enabled:
         return loss
     import torch.distributed as dist
@@ -70,3 +72,12 @@ def last_stage_loss(loss: float, parallel_dims: Any) -> float:
         value = value.cuda()
     dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
     return float(value.item())
+
+
+def drop_loss_visibility_warning() -> None:
+    """TorchTitan 0.2.2 warns under PP unless LOG_RANK includes the last stage's first rank,
+    the only one that logged the loss; the project's trainer logs ``last_stage_loss`` on every
+    rank, so the advice no longer applies (idempotent)."""
+    import torchtitan.train
+
+    torchtitan.train.ensure_pp_loss_visible = lambda *args, **kwargs: None
