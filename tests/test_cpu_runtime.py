@@ -72,6 +72,9 @@ def test_cuda_only_features_named():
     config = types.SimpleNamespace(
         model=types.SimpleNamespace(converters=["quantize.linear.float8"]),
         compile=types.SimpleNamespace(enable=True, backend="inductor"),
+        profiling=types.SimpleNamespace(enable_profiling=False, enable_memory_snapshot=False),
+        training=types.SimpleNamespace(enable_cpu_offload=False),
+        checkpoint=types.SimpleNamespace(async_mode="disabled"),
     )
     problems = cpu.cuda_only_features(config)
     assert len(problems) == 2

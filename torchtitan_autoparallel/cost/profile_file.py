@@ -21,6 +21,8 @@ def to_toml(profile: HardwareProfile, notes: list[str],
             text = "true" if value else "false"
         elif isinstance(value, str):
             text = f'"{value}"'
+        elif isinstance(value, (list, tuple)):
+            text = "[" + ", ".join(_quoted(str(v)) for v in value) + "]"
         else:
             text = repr(round(value, 6)) if isinstance(value, float) else str(value)
         lines.append(f"{key} = {text}")
