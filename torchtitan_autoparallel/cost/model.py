@@ -12,6 +12,7 @@ autocast (one device, DDP) also the cached low-precision weight copies.
 """
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from ..features import EAGER, Features
@@ -122,9 +123,15 @@ def gemm_speedup(layer: Layer, mesh: Mesh, strategy: BlockStrategy, hw: Hardware
     return flops / time
 
 
+@functools.lru_cache(maxsize=4096)
+def _shape_sums(shapes: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+    """(summed input widths, summed weight sizes) of a block's linears."""
+    return sum(k for k, _ in shapes), sum(k * n for k, n in shapes)
+
+
 def _seq_tokens(layer: Layer) -> float:
     """Tokens of one sequence (the linears' input elements / their summed input widths)."""
-    width = sum(k for k, _ in layer.linear_shapes)
+    width = _shape_sums(layer.linear_shapes)[0]
     return layer.linear_input_elements / width if width else 0.0
 
 
@@ -150,18 +157,27 @@ def gemm_times(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
                "mx": hw.mx_speedup}.get(features.linear, 1.0)
     # the weight-gradient GEMM stays bf16 with rowwise_with_gw_hp
     wgrad_speedup = 1.0 if features.linear == "float8_rowwise_with_gw_hp" else speedup
-    plateau = kernels.table_flops(hw.gemm_table, "bf16", *GEMM_PLATEAU)
     chunks = tp if features.async_tp and tp > 1 else 1
+    return _linears_s(layer.linear_shapes, tokens, tp, chunks, hw.gemm_table, hw.clock_scale,
+                      speedup, wgrad_speedup)
+
+
+@functools.lru_cache(maxsize=65536)
+def _linears_s(shapes: tuple[tuple[int, int], ...], tokens: float, tp: int, chunks: int,
+               table: str, clock: float, speedup: float, wgrad_speedup: float
+               ) -> tuple[float, float]:
+    """``gemm_times`` for one set of linear shapes (memoised: the search asks again and again)."""
+    plateau = kernels.table_flops(table, "bf16", *GEMM_PLATEAU)
     fwd = bwd = 0.0
-    for k, n in layer.linear_shapes:
+    for k, n in shapes:
         k_loc, n_loc = _tp_split(k, n, tp)
-        shapes = ((tokens / chunks, n_loc, k_loc, chunks), (tokens / chunks, k_loc, n_loc, chunks),
-                  (k_loc, n_loc, tokens, 1))
+        gemms = ((tokens / chunks, n_loc, k_loc, chunks), (tokens / chunks, k_loc, n_loc, chunks),
+                 (k_loc, n_loc, tokens, 1))
         times = []
-        for (m, nn, kk, count), fast in zip(shapes, (speedup, speedup, wgrad_speedup), strict=True):
-            t = count * kernels.gemm_s(m, nn, kk, hw.gemm_table, hw.clock_scale)
+        for (m, nn, kk, count), fast in zip(gemms, (speedup, speedup, wgrad_speedup), strict=True):
+            t = count * kernels.gemm_s(m, nn, kk, table, clock)
             if fast != 1.0:
-                bound = min(1.0, kernels.table_flops(hw.gemm_table, "bf16", m, nn, kk) / plateau)
+                bound = min(1.0, kernels.table_flops(table, "bf16", m, nn, kk) / plateau)
                 t *= bound / fast + 1.0 - bound
             times.append(t)
         fwd += times[0]
@@ -222,7 +238,7 @@ def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
             gemm_fwd, gemm_bwd = gemm_fwd + expert, gemm_bwd + 2.0 * expert
         # GEMMs outside the linears' shapes (the output projection, MLA's einsums): large,
         # at the table's plateau
-        covered = 2.0 * _seq_tokens(layer) * sum(k * n for k, n in layer.linear_shapes)
+        covered = 2.0 * _seq_tokens(layer) * _shape_sums(layer.linear_shapes)[1]
         rest = max(0.0, layer.fwd_flops - layer.attn_flops - layer.expert_flops - covered)
         gemm_fwd += rest * scale / rate
         gemm_bwd += 2.0 * rest * scale / rate
