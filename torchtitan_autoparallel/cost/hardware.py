@@ -116,7 +116,8 @@ class HardwareProfile:
     attention_fwd_tflops: float = 0.0
     """Flash-attention forward throughput on long sequences (causal FLOPs), TFLOP/s."""
     attention_bwd_tflops: float = 0.0
-    """Flash-attention backward throughput (2.5x the forward's FLOPs), TFLOP/s."""
+    """Flash-attention backward throughput (``attention_backward_factor`` x the forward's
+    FLOPs), TFLOP/s."""
     attention_half_seq: float = 0.0
     """Sequence length at which flash attention reaches half its long-sequence throughput."""
     intra_node_half_mib: float = 0.0

@@ -196,7 +196,8 @@ def attention_times(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfi
     flops = layer.attn_flops * microbatch / (mesh.tp * mesh.cp)
     sat = seq / (seq + hw.attention_half_seq) if hw.attention_half_seq else 1.0
     fwd = flops / (hw.attention_fwd_tflops * 1e12 * hw.clock_scale * sat)
-    bwd = 2.5 * flops / (hw.attention_bwd_tflops * 1e12 * hw.clock_scale * sat)
+    bwd = (hw.attention_backward_factor * flops
+           / (hw.attention_bwd_tflops * 1e12 * hw.clock_scale * sat))
     return fwd, bwd
 
 
