@@ -387,7 +387,7 @@ def test_unreadable_plan_files(plan_files, tmp_path, capsys):
         (tmp_path / name).write_bytes(content)
         one_line_error(*cli(capsys, "explain", str(tmp_path / name)))
     line = one_line_error(*cli(capsys, "explain", str(tmp_path)))
-    assert "cannot read plan file" in line
+    assert "is not a regular file" in line
     line = one_line_error(*cli(capsys, "diff", str(tmp_path / "list.json"),
                                str(plan_files / "ddp.json")))
     assert "not a plan" in line

@@ -8,6 +8,7 @@ from typing import Any
 
 from .cost.hardware import HardwareProfile
 from .cost.model import Precision
+from .errors import Rule, UserError, check_fields, check_value, shown
 from .exclusions import exclusion_notes
 from .features import Features
 from .graph.layer_graph import LayerGraph
@@ -52,6 +53,42 @@ def inputs_record(inputs: JobInputs) -> dict[str, Any]:
         "pins": {fqn: {"recipe_ac": pin.recipe_ac, "recipe_reshard": pin.recipe_reshard,
                        "regions": list(pin.regions)} for fqn, pin in sorted(inputs.pins.items())},
     }
+
+
+RECORD_RULES: dict[str, Rule] = {
+    "world_size": Rule(int, ge=1), "global_batch_size": Rule(int, ge=1),
+    "gpus_per_node": Rule(int, ge=1), "budget_bytes": Rule(float, gt=0),
+    "seq_len": Rule(int, ge=1), "model": Rule(str), "flavor": Rule(str),
+    "hardware": Rule(dict), "precision": Rule(dict), "constraints": Rule(dict),
+    "features": Rule(dict), "pins": Rule(dict),
+}
+"""The stored planning inputs of a plan (``inputs_record``)."""
+
+
+def check_inputs_record(record: Any, source: str) -> None:
+    """A plan's stored planning inputs, checked as their sources are (the hardware profile by
+    its rules, the rest by their types), so an edited value is one line, not a traceback or a
+    negative time."""
+    from .cost.hardware import check_profile_data
+
+    where = f"plan {source}: inputs."
+    fix = "re-plan the job, or restore the value"
+    if not isinstance(record, dict):
+        raise UserError(f"plan {source}: inputs must be an object; {fix}")
+    missing = sorted(set(RECORD_RULES) - set(record))
+    if missing:
+        raise UserError(f"{where}{missing[0]} is missing; {fix}")
+    for key, rule in RECORD_RULES.items():
+        check_value(where, key, record[key], rule, fix)
+    check_profile_data(record["hardware"], f"in plan {source}")
+    for name, cls in (("precision", Precision), ("constraints", Constraints),
+                      ("features", Features)):
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in record[name].items()}
+        check_fields(f"{where}{name}.", values, cls, {}, fix)
+    for fqn, pin in record["pins"].items():
+        if not isinstance(pin, dict) or set(pin) != {"recipe_ac", "recipe_reshard", "regions"}:
+            raise UserError(f"{where}pins.{shown(fqn)} must hold recipe_ac, recipe_reshard "
+                            f"and regions; {fix}")
 
 
 def layer_plans(inputs: JobInputs, mesh: Mesh, strategies: list[BlockStrategy],

@@ -22,10 +22,11 @@ import json
 import sys
 from typing import Any
 
-from .errors import UserError, run_cli
+from .errors import UserError, check_output_path, run_cli
 
 
 def _job(args: argparse.Namespace, auto: bool) -> Any:
+    from .checks import check_auto_settings, check_job_keys
     from .job_config import parse_config
     from .registry import import_custom_module, register
 
@@ -42,8 +43,14 @@ def _job(args: argparse.Namespace, auto: bool) -> Any:
         overrides.append(f"--autoparallel.gpus_per_node={args.gpus_per_node}")
     if args.memory_gib is not None:
         overrides.append(f"--autoparallel.memory_gib={args.memory_gib}")
+    if getattr(args, "out", None):
+        check_output_path(args.out, "plan")
     job = parse_config(overrides)
     import_custom_module(job)
+    # what run_train.sh's preflight refuses, refused here too (before any planning)
+    check_job_keys(job)
+    if auto:
+        check_auto_settings(job)
     if not job.autoparallel.hardware:
         # offline: no device to match, so say which profile the numbers are for
         print("note: no hardware profile chosen (--hardware or [autoparallel] hardware): "
@@ -70,12 +77,14 @@ def _emit(args: argparse.Namespace, plan: Any) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from .checks import check_plan_features
     from .explain import model_lines
     from .planner import plan_job, reusing_layer_graphs
 
     job = _job(args, auto=True)
     with reusing_layer_graphs():
         plan = plan_job(job, args.ngpu)
+        check_plan_features(job, plan)
         margin = _recipe_margin(job, plan, args.ngpu)
         lines = model_lines(plan)
     if margin:
@@ -114,8 +123,9 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(path: str) -> Any:
+def _load(path: str, cache: dict[str, Any] | None = None) -> Any:
     from .plan import SCHEMA_VERSION, Plan
+    from .planner import recosted_file
     from .registry import register
 
     register()
@@ -124,14 +134,17 @@ def _load(path: str) -> Any:
         print(f"warning: {path} is plan schema version {plan.version}: it stores no planning "
               "inputs, so they are rebuilt from its fingerprint and the hardware profile it "
               "names; re-plan to store them", file=sys.stderr)
+    plan, note = recosted_file(plan, cache)
+    if note:
+        print(f"warning: {path}: {note}", file=sys.stderr)
     return plan
 
 
 def _explain(args: argparse.Namespace) -> int:
     from .explain import explain_rows, explain_text, model_lines, snippet
 
-    plan = _load(args.plan)
     cache: dict[str, Any] = {}
+    plan = _load(args.plan, cache)
     rows = explain_rows(plan, cache)
     model = model_lines(plan, cache)
     if args.json:

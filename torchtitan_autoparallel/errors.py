@@ -20,6 +20,7 @@ class UserError(Exception):
 
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
 
 
 def run_cli(main: Callable[[], int]) -> int:
@@ -27,35 +28,138 @@ def run_cli(main: Callable[[], int]) -> int:
     try:
         return main()
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("error: interrupted; nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader of stdout left (``| head``): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
-def atomic_write(path: str, text: str, what: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temp file in the same folder, renamed over
-    ``path``. On any failure the temp file is removed and a UserError names the problem; no
-    partial file is left behind."""
-    if os.path.isdir(path):
-        raise UserError(f"cannot write {what} to {path}: it is a directory; name a file")
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = None
+MAX_INPUT_BYTES = 64 << 20
+"""Largest input file read (plans, profiles, configs, runs CSVs): far above any real one."""
+
+
+def read_input(path: str | os.PathLike, what: str, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of the input file ``path`` (a leading UTF-8 BOM dropped). One line when it is
+    missing, not a regular file (a FIFO, a device, a folder: reading those can block or never
+    end), larger than ``limit``, or unreadable."""
+    import stat
+
+    name = shown(str(path))
     try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{what}-", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
+        info = os.stat(path)
+    except FileNotFoundError as exc:
+        raise UserError(f"{what} not found: {name}") from exc
     except OSError as exc:
-        raise UserError(f"cannot write {what} to {path}: {exc.strerror or exc}") from exc
+        raise UserError(f"cannot read {what} {name}: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise UserError(f"{what} {name} is not a regular file; name a file")
+    if info.st_size > limit:
+        raise UserError(f"{what} {name} is {info.st_size / 2**20:.0f} MiB, more than the "
+                        f"{limit / 2**20:.0f} MiB any {what} needs; name the right file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {name}: {exc.strerror or exc}") from exc
+    if len(data) > limit:
+        raise UserError(f"{what} {name} is larger than {limit / 2**20:.0f} MiB; name the right "
+                        "file")
+    return data[3:] if data.startswith(b"\xef\xbb\xbf") else data
+
+
+def check_output_path(path: str, what: str) -> None:
+    """An output path must be a new path or an existing regular file (not a symlink, FIFO,
+    device or folder: writing there would replace or block on something that is not ours)."""
+    import stat
+
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UserError(f"cannot write {what} to {shown(path)}: {exc.strerror or exc}") from exc
+    if stat.S_ISDIR(info.st_mode):
+        raise UserError(f"cannot write {what} to {shown(path)}: it is a directory; name a file")
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+        raise UserError(f"cannot write {what} to {shown(path)}: it is {kind}; name a new path "
+                        "or a regular file")
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived while a file was being written."""
+
+
+MAX_LINE = 2000
+"""Longest error line printed: a user's megabyte-long value is cut, not echoed whole."""
+
+
+def one_line(message: str, limit: int = MAX_LINE) -> str:
+    """``message`` on one line, its middle cut when longer than ``limit``."""
+    text = " ".join(message.split())
+    if len(text) <= limit:
+        return text
+    half = (limit - 5) // 2
+    return f"{text[:half]} ... {text[-half:]}"
+
+
+def atomic_write(path: str, data: str | bytes, what: str) -> None:
+    """Write ``data`` to ``path`` atomically (see ``atomic_write_all``)."""
+    atomic_write_all([(path, data)], what)
+
+
+def atomic_write_all(files: list[tuple[str, str | bytes]], what: str) -> None:
+    """Write every ``(path, data)`` atomically: temp files in the targets' folders, created
+    with the user's umask, renamed over the targets only once all are written. On any failure
+    (also SIGTERM) the temp files are removed and a UserError names the problem; no partial
+    file is left behind, and no target is written unless all can be."""
+    import signal
+    import threading
+
+    for path, _ in files:
+        check_output_path(path, what)
+    umask = os.umask(0)
+    os.umask(umask)
+    temps: list[str] = []
+    handler = None
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        def terminated(signum: int, frame: Any) -> None:
+            raise _Terminated
+
+        handler = signal.signal(signal.SIGTERM, terminated)
+    current = files[0][0]
+    try:
+        for current, data in files:
+            folder = os.path.dirname(os.path.abspath(current))
+            os.makedirs(folder, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{what}-", suffix=".tmp")
+            temps.append(tmp)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data.encode() if isinstance(data, str) else data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o666 & ~umask)  # as open() creates files (mkstemp makes 0600)
+        for (current, _), tmp in zip(files, temps, strict=True):
+            os.replace(tmp, current)
+        temps = []
+    except _Terminated as exc:
+        raise UserError(f"terminated while writing {what} to {current}; nothing was "
+                        "written") from exc
+    except OSError as exc:
+        raise UserError(f"cannot write {what} to {current}: {exc.strerror or exc}") from exc
     finally:
-        if tmp is not None:
+        for tmp in temps:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
+        if main:
+            signal.signal(signal.SIGTERM, handler)
 
 
 MAX_SHOWN = 60
@@ -91,8 +195,8 @@ class Rule:
             return f"a list of {self.item.__name__ if self.item else 'values'}"
         kind = {bool: "true or false", str: "a string", int: "an integer",
                 dict: "an object"}.get(self.kind, "a finite number")
-        bounds = [f"{op} {v:g}" for op, v in ((">", self.gt), (">=", self.ge), ("<=", self.le))
-                  if v is not None]
+        bounds = [f"{op} {_number(v)}" for op, v in
+                  ((">", self.gt), (">=", self.ge), ("<=", self.le)) if v is not None]
         text = f"{kind} {' and '.join(bounds)}".strip()
         if self.zero_or_ge is not None:
             text = f"0 (the default) or {kind} >= {self.zero_or_ge:g}"
@@ -118,6 +222,11 @@ class Rule:
         if not isinstance(value, self.kind):
             return False
         return not self.choices or value in self.choices
+
+
+def _number(value: float) -> str:
+    """A bound as written: integers in full, others short."""
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
 
 
 def rule_for_type(annotation: Any) -> Rule:

@@ -273,6 +273,15 @@ def diff_lines(a: Plan, b: Plan) -> list[str]:
     for key in sorted(set(a.fingerprint) | set(b.fingerprint)):
         if a.fingerprint.get(key) != b.fingerprint.get(key):
             out.append(f"job {key}: {a.fingerprint.get(key)!r} -> {b.fingerprint.get(key)!r}")
+    if a.inputs and b.inputs:
+        for section in sorted(set(a.inputs) | set(b.inputs)):
+            va, vb = a.inputs.get(section), b.inputs.get(section)
+            if isinstance(va, dict) and isinstance(vb, dict):
+                out += [f"inputs {section}.{key}: {va.get(key)!r} -> {vb.get(key)!r}"
+                        for key in sorted(set(va) | set(vb))
+                        if va.get(key) != vb.get(key) and key != "provenance"]
+            elif va != vb and section not in a.fingerprint:
+                out.append(f"inputs {section}: {va!r} -> {vb!r}")
     if a.mesh != b.mesh:
         out.append(f"mesh: {vars(a.mesh)} -> {vars(b.mesh)}")
     split_a = (a.local_batch_size, a.gradient_accumulation_steps)

@@ -47,19 +47,17 @@ def _check_toml(path: str) -> dict[str, Any]:
     traceback first)."""
     import tomllib
 
-    from .errors import shown
+    from .errors import read_input, shown
 
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise UserError(f"config file not found: {shown(path)} (set CONFIG_FILE to an existing "
                         ".toml)")
+    raw = read_input(path, "config")
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        return tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"config {shown(path)} is not valid TOML: {shown(exc, 200)}; fix the "
                         "file") from exc
-    except OSError as exc:
-        raise UserError(f"cannot read config {shown(path)}: {exc.strerror}") from exc
 
 
 def parse_config(argv: list[str]) -> Any:
@@ -164,7 +162,7 @@ def resolve_plan(job_config: Any, world: int) -> Any:
     from torchtitan.tools.logging import logger
 
     from .plan import Plan, check_plan_for_job
-    from .planner import fingerprint_diff, job_inputs, plan_job
+    from .planner import fingerprint_diff, job_inputs, plan_job, recosted_file
 
     ap = job_config.autoparallel
     if not ap.plan_file:
@@ -183,6 +181,9 @@ def resolve_plan(job_config: Any, world: int) -> Any:
     if plan.fingerprint.get("versions") != job_fp["versions"]:
         logger.warning(f"plan {ap.plan_file} was made with {plan.fingerprint.get('versions')}"
                        f", this job runs {job_fp['versions']}")
+    plan, note = recosted_file(plan)
+    if note:
+        logger.warning(f"plan {ap.plan_file}: {note}")
     return plan
 
 

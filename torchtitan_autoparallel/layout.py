@@ -5,6 +5,13 @@ package."""
 from dataclasses import dataclass
 from typing import Protocol
 
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` >= 1, ascending (O(sqrt n): batches reach millions)."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 TECHNIQUES = ("fsdp", "hsdp", "ddp", "tp", "tp_dp", "cp", "ep", "ac", "pp")
 """fsdp: shard over dp_shard; hsdp: replicate x shard; ddp: replicate only (gradients
 all-reduced, parameters whole on every rank; tp = cp = 1); tp: tensor + sequence parallel; tp_dp: a

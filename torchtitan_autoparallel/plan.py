@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import Rule, UserError, atomic_write, check_fields, check_value, shown
+from .errors import Rule, UserError, atomic_write, check_fields, check_value, read_input, shown
 from .layout import AC_MODES, TP_MODES, Mesh, strategy_label, strategy_parts, tp_as_dp_problem
 from .schedules import SCHEDULES, SINGLE_STAGE, V_SCHEDULES, microbatch_ok
 
@@ -16,6 +16,8 @@ SCHEMA_VERSION = 2
 command line warns): where its inputs are needed they are rebuilt from the fingerprint and the
 hardware profile it names (``planner.inputs_from_plan``)."""
 READABLE_VERSIONS = (1, SCHEMA_VERSION)
+MAX_PLAN_BYTES = 16 << 20
+"""A plan of the largest model on 1024 ranks is well under 1 MiB."""
 VOLATILE_SOLVER_KEYS = ("solve_time_s", "planning_time_s", "planning_time_within_s")
 """Wall-clock measurements: shown in the table and logs, never written to plan files, so that
 the same inputs give a byte-identical file on any machine and under any load."""
@@ -155,13 +157,9 @@ class Plan:
 
     @classmethod
     def load(cls, path: str) -> "Plan":
+        raw = read_input(path, "plan file", MAX_PLAN_BYTES)
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f, parse_constant=_reject_constant)
-        except FileNotFoundError as exc:
-            raise UserError(f"plan file not found: {path}") from exc
-        except OSError as exc:
-            raise UserError(f"cannot read plan file {path}: {exc.strerror}") from exc
+            data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
         except (ValueError, RecursionError) as exc:  # JSON, UTF-8 and NaN errors
             raise UserError(f"plan file {path} is corrupted or not a plan "
                             f"({shown(exc, 200)})") from exc

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import __version__
-from .assembly import JobInputs, build_plan, inputs_record
+from .assembly import JobInputs, build_plan, check_inputs_record, inputs_record
 from .cost.hardware import CPU_PROFILE, HardwareProfile, load_profile
 from .cost.model import Precision
-from .errors import UserError
+from .errors import UserError, shown
 from .exclusions import without_excluded
 from .explicit import user_set
 from .features import Features, features_from_config
@@ -91,6 +91,7 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
     return Constraints(
         **degrees,
         reshard_after_forward=features.reshard_after_forward,
+        fsdp_required=features.cpu_offload,
         **pipeline_constraints(job_config, features, techniques),
     )
 
@@ -184,6 +185,14 @@ def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[
         raise UserError(f"pipeline schedule {schedules[0]} splits the backward, which compiled "
                         "blocks cannot: set compile.enable = false or choose 1F1B, GPipe or "
                         "Interleaved1F1B")
+    if getattr(ap, "measure_memory", False):
+        # MemTracker's module hooks fail in torch's split backward (autograd.grad on stage
+        # inputs: "A leaf node was passed to _will_engine_execute_node"), measured on 2 ranks
+        if schedules and all(s in ZERO_BUBBLE for s in schedules):
+            raise UserError(f"autoparallel.measure_memory cannot measure pipeline schedule "
+                            f"{schedules[0]}, which splits the backward: choose 1F1B, GPipe or "
+                            "Interleaved1F1B, or drop measure_memory")
+        schedules = tuple(s for s in schedules or SCHEDULES if s not in ZERO_BUBBLE)
     if (schedules == ("DualPipeV",) and par.pipeline_parallel_expert_parallel_overlap
             and job_config.activation_checkpoint.mode != "none"):
         raise UserError("pipeline schedule DualPipeV overlaps expert parallel, which TorchTitan "
@@ -293,7 +302,7 @@ def model_layer_graph(name: str, flavor: str, seq_len: int,
 
     spec = train_spec_of(name)
     if flavor not in spec.model_args:
-        raise UserError(f"unknown flavor {flavor!r} for {name}: choose one of "
+        raise UserError(f"unknown flavor {shown(flavor)} for {name}: choose one of "
                         f"{sorted(spec.model_args)}")
     job = graph_job_config(model_config, seq_len) if model_config and model_config.sections \
         else None
@@ -330,6 +339,10 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
     if imbalance:
         hw = dataclasses.replace(hw, moe_load_imbalance=float(imbalance))
     gpus_per_node = ap.gpus_per_node or hw.gpus_per_node
+    if ap.gpus_per_node and world > ap.gpus_per_node and world % ap.gpus_per_node:
+        raise UserError(f"autoparallel.gpus_per_node = {ap.gpus_per_node} does not divide the "
+                        f"world size {world}: every node holds as many devices; set a divisor "
+                        f"of {world} (or {world} for one node)")
     budget = ap.memory_gib * 2**30 if ap.memory_gib > 0 else hw.budget_bytes
     training = job_config.training
     global_batch = (training.global_batch_size if training.global_batch_size > 0
@@ -563,6 +576,33 @@ def recost(plan: Plan, hw: HardwareProfile | None = None,
     return build_plan(inputs, cand, strategies, {})
 
 
+def recosted_file(plan: Plan, cache: dict[str, Any] | None = None) -> tuple[Plan, str]:
+    """A plan read from a file, its predictions (plan-wide and per layer) made again from its
+    own inputs by the current cost model, and a note when the file's differ: a file whose mesh,
+    strategies or predictions were edited is explained, shown and applied with what it will
+    actually cost, never with the numbers written in it ("" when they agree)."""
+    fresh = recost(plan, cache=cache)
+    old, new = plan.predicted, fresh.predicted
+    if all(math.isclose(old[k], new[k], rel_tol=1e-6, abs_tol=1e-12)
+           for k in ("step_time_s", "peak_memory_gib", "state_memory_gib")):
+        return plan, ""
+    costs = {layer.fqn: layer for layer in fresh.layers}
+    layers = [dataclasses.replace(layer, time_ms=costs[layer.fqn].time_ms,
+                                  comm_ms=costs[layer.fqn].comm_ms,
+                                  memory_mib=costs[layer.fqn].memory_mib)
+              if layer.fqn in costs else layer for layer in plan.layers]
+    note = (f"the file's predictions (step {old['step_time_s']:.4g} s, peak "
+            f"{old['peak_memory_gib']:.3g} GiB) are not what its mesh and strategies cost "
+            f"(step {new['step_time_s']:.4g} s, peak {new['peak_memory_gib']:.3g} GiB): the "
+            "file was edited or made by another version; the re-costed ones are used")
+    pipeline = plan.pipeline
+    if pipeline is not None and fresh.pipeline is not None:
+        pipeline = dataclasses.replace(pipeline, **{
+            k: getattr(fresh.pipeline, k)
+            for k in ("bubble_fraction", "rank_time_ms", "rank_memory_gib", "rank_state_gib")})
+    return dataclasses.replace(plan, predicted=new, layers=layers, pipeline=pipeline), note
+
+
 def inputs_from_plan(plan: Plan, cache: dict[str, Any] | None = None,
                      hw: HardwareProfile | None = None) -> JobInputs:
     """The planning inputs ``plan`` was made from, rebuilt from the plan alone (its stored
@@ -586,6 +626,8 @@ def inputs_from_plan(plan: Plan, cache: dict[str, Any] | None = None,
         cache[key] = model_layer_graph(fp["model"], fp["flavor"], fp["seq_len"], model_config)
     graph = cache[key]
     record = plan.inputs or record_from_fingerprint(fp, graph, hw)
+    if plan.inputs:
+        check_inputs_record(record, "file (its stored inputs)")
     known = {f.name for f in dataclasses.fields(HardwareProfile)}
     unknown = sorted(set(record["hardware"]) - known)
     if unknown:

@@ -8,12 +8,11 @@ import base64
 import io
 import itertools
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 from .cost.model import STATE_BYTES_PER_PARAM, core_share, fixed_cost
-from .errors import UserError
+from .errors import UserError, atomic_write_all, check_output_path
 from .plan import Plan
 from .planner import block_counts, candidate_for, inputs_from_plan
 
@@ -319,30 +318,21 @@ def render(plans: list[Plan], out: str = "", html_out: str = "") -> list[Picture
         raise UserError("nothing to write: give --out PLAN.png and / or --html PLAN.html")
     if out and os.path.splitext(out)[1].lower() not in (".png", ".svg", ".pdf"):
         raise UserError(f"--out {out}: use a .png, .svg or .pdf file name")
+    for path in (out, html_out):
+        if path:
+            check_output_path(path, "picture")
     pictures = [picture(plan) for plan in plans]
     fig = draw(pictures)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    files: list[tuple[str, str | bytes]] = []
     if out:
         image = io.BytesIO()
         fig.savefig(image, format=os.path.splitext(out)[1][1:].lower(), dpi=110,
                     bbox_inches="tight")
-        _write(out, image.getvalue())
+        files.append((out, image.getvalue()))
     if html_out:
-        _write(html_out, html(pictures, buffer.getvalue()).encode())
+        files.append((html_out, html(pictures, buffer.getvalue()).encode()))
     _matplotlib().close(fig)
+    atomic_write_all(files, "picture")
     return pictures
-
-
-def _write(path: str, data: bytes) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".show-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as open() would create it (mkstemp makes it 0600)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise UserError(f"cannot write {path}: {exc.strerror}") from exc

@@ -54,7 +54,7 @@ from .cost.pipeline import (
 from .errors import UserError
 from .features import EAGER, Features
 from .graph.layer_graph import LayerGraph
-from .layout import AC_MODES, BlockStrategy, Mesh, fsdp_sharded
+from .layout import AC_MODES, BlockStrategy, Mesh, divisors, fsdp_sharded
 from .pins import Pin
 from .schedules import (
     MOE_ONLY,
@@ -537,11 +537,11 @@ def search_pipeline(graph: LayerGraph, global_batch: int, hw: HardwareProfile, p
             for v in stage_options(schedule, mesh.pp, n_blocks):
                 if constraints.pp_stages_per_rank and v != constraints.pp_stages_per_rank:
                     continue
-                for mb in range(1, local + 1):
+                for mb in divisors(local):
                     if constraints.pp_microbatch and mb != constraints.pp_microbatch:
                         continue
                     m = local // mb
-                    if local % mb or not microbatch_ok(schedule, mesh.pp, v, m):
+                    if not microbatch_ok(schedule, mesh.pp, v, m):
                         continue
                     splits += 1
                     if floor > budget:  # no split of this mesh fits: not costed

@@ -10,6 +10,7 @@ from .layout import (
     TP_MODES,
     BlockStrategy,
     Mesh,
+    divisors,
     fsdp_sharded,
     tp_as_dp_problem,
 )
@@ -43,13 +44,11 @@ class Constraints:
     pp_ep_overlap: bool = True
     """parallelism.pipeline_parallel_expert_parallel_overlap: DualPipeV hides the expert
     all-to-all under the other micro-batch's computation."""
+    fsdp_required: bool = False
+    """Every mesh shards over dp_shard x cp (``training.enable_cpu_offload`` is FSDP's)."""
     accumulation: bool = True
     """Gradient accumulation allowed (False: the local batch is the micro-batch, as
     ``optimizer.early_step_in_backward`` requires)."""
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def legal_tp(graph: LayerGraph, tp: int, gpus_per_node: int) -> bool:
@@ -83,9 +82,9 @@ def enumerate_meshes(
     refused: dict[str, None] = {}  # why the meshes with the fixed degrees are illegal
     for pp in pipeline_degrees(graph, world, constraints, allowed):
         dense = world // pp
-        for tp in _divisors(dense):
-            for cp in _divisors(dense // tp):
-                for dp_replicate in _divisors(dense // tp // cp):
+        for tp in divisors(dense):
+            for cp in divisors(dense // tp):
+                for dp_replicate in divisors(dense // tp // cp):
                     dp_shard = dense // tp // cp // dp_replicate
                     values = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp,
                               "cp": cp}
@@ -93,6 +92,9 @@ def enumerate_meshes(
                         continue
                     why = _mesh_refusal(graph, gpus_per_node, allowed, pp, dp_replicate,
                                         dp_shard, cp, tp)
+                    if not why and constraints.fsdp_required and dp_shard * cp == 1:
+                        why = ("training.enable_cpu_offload is FSDP's CPU offload, so the mesh "
+                               "must shard over dp_shard x cp > 1")
                     if why:
                         refused[why] = None
                         continue
@@ -156,7 +158,7 @@ def pipeline_degrees(graph: LayerGraph, world: int, constraints: Constraints,
         if world % constraints.pp:
             raise UserError(
                 f"parallelism.pipeline_parallel_degree = {constraints.pp} does not divide the "
-                f"world size {world}: choose one of {_divisors(world)[1:]}, 1 (no pipeline) "
+                f"world size {world}: choose one of {divisors(world)[1:]}, 1 (no pipeline) "
                 "or leave it unset (searched)")
         if constraints.pp > len(graph.blocks):
             raise UserError(
@@ -166,7 +168,7 @@ def pipeline_degrees(graph: LayerGraph, world: int, constraints: Constraints,
         return [constraints.pp]
     if "pp" not in allowed:
         return [1]
-    return [pp for pp in _divisors(world) if pp == 1 or 2 * pp <= len(graph.blocks)]
+    return [pp for pp in divisors(world) if pp == 1 or 2 * pp <= len(graph.blocks)]
 
 
 def legal_ep(num_experts: int, dp_shard: int, cp: int, tp: int) -> list[tuple[int, int]]:
@@ -177,7 +179,7 @@ def legal_ep(num_experts: int, dp_shard: int, cp: int, tp: int) -> list[tuple[in
     out: list[tuple[int, int]] = []
     if dp_shard * cp == 1:
         return out
-    for k in _divisors(dp_shard * cp):
+    for k in divisors(dp_shard * cp):
         for ep, etp in ((k, tp), (k * tp, 1)):
             if ep > 1 and num_experts % ep == 0 and (ep, etp) not in out:
                 out.append((ep, etp))
@@ -265,4 +267,4 @@ def microbatch_sizes(global_batch: int, mesh: Mesh, accumulation: bool = True) -
     if global_batch % mesh.dp:
         return []
     local = global_batch // mesh.dp
-    return _divisors(local) if accumulation else [local]
+    return divisors(local) if accumulation else [local]

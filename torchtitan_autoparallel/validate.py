@@ -31,10 +31,15 @@ AUTOPARALLEL_RULES: dict[str, Rule] = {
 }
 """``[autoparallel]`` fields (config.py). Fields without a row: their annotation's type."""
 
+MAX_BATCH = 1 << 24
+"""Sequences per step the search enumerates batch splits for (16 M, past any real job)."""
+MAX_SEQ_LEN = 1 << 26
+"""Tokens per sequence (64 M)."""
+
 TRAINING_RULES: dict[str, Rule] = {
-    "seq_len": Rule(int, ge=1),
-    "local_batch_size": Rule(int, ge=1),
-    "global_batch_size": Rule(int),
+    "seq_len": Rule(int, ge=1, le=MAX_SEQ_LEN),
+    "local_batch_size": Rule(int, ge=1, le=MAX_BATCH),
+    "global_batch_size": Rule(int, le=MAX_BATCH),
     "mixed_precision_param": Rule(str, choices=("float32", "bfloat16", "float16")),
     "mixed_precision_reduce": Rule(str, choices=("float32", "bfloat16", "float16")),
 }

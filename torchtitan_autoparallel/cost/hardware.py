@@ -13,7 +13,7 @@ except ModuleNotFoundError:  # Python 3.10
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import Rule, UserError, check_fields, shown
+from ..errors import Rule, UserError, check_fields, read_input, shown
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -184,9 +184,9 @@ def load_profile(name_or_path: str) -> HardwareProfile:
             f"unknown hardware profile {shown(name_or_path)}: use one of {available_profiles()} "
             "or a path to a profile .toml"
         )
+    raw = read_input(path, "hardware profile", 1 << 20)
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
+        data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"hardware profile {path} is malformed: {shown(exc, 200)}") from exc
     check_profile_data(data, str(path))
@@ -264,28 +264,35 @@ def profile_for_device(device: Device | None) -> str:
 # ---------------------------------------------------------------------------------------------
 # hardware profiles
 
+TFLOPS_MAX = 1e5
+"""TFLOP/s: 100 PFLOP/s, past any one device; larger values are in the wrong unit."""
+GBPS_MAX = 1e5
+"""GB/s: 100 TB/s, past any link or memory; a value in bytes/s or bits/s lands above it."""
+US_MAX = 1e6
+"""Microseconds: one second per launch or hop is a unit mistake."""
+
 PROFILE_RULES: dict[str, Rule] = {
     "name": Rule(str),
-    "peak_tflops": Rule(float, gt=0),
+    "peak_tflops": Rule(float, gt=0, le=TFLOPS_MAX),
     "matmul_efficiency": Rule(float, gt=0, le=1),
-    "memory_gib": Rule(float, gt=0),
+    "memory_gib": Rule(float, gt=0, le=1e4),
     "usable_memory_fraction": Rule(float, gt=0, le=1),
-    "gpus_per_node": Rule(int, ge=1),
-    "intra_node_gbps": Rule(float, gt=0),
-    "inter_node_gbps": Rule(float, gt=0),
-    "intra_node_latency_us": Rule(float, ge=0),
-    "inter_node_latency_us": Rule(float, ge=0),
+    "gpus_per_node": Rule(int, ge=1, le=1024),
+    "intra_node_gbps": Rule(float, gt=0, le=GBPS_MAX),
+    "inter_node_gbps": Rule(float, gt=0, le=GBPS_MAX),
+    "intra_node_latency_us": Rule(float, ge=0, le=US_MAX),
+    "inter_node_latency_us": Rule(float, ge=0, le=US_MAX),
     "comm_overlap": Rule(float, ge=0, le=1),
     "grouped_mm": Rule(bool),
-    "kernel_launch_us": Rule(float, ge=0),
+    "kernel_launch_us": Rule(float, ge=0, le=US_MAX),
     "moe_load_imbalance": Rule(float, ge=1),
-    "host_cores": Rule(int, ge=0),
-    "oversubscribed_latency_us": Rule(float, ge=0),
-    "block_overhead_us": Rule(float, ge=0),
-    "host_copy_gbps": Rule(float, ge=0),
+    "host_cores": Rule(int, ge=0, le=1e5),
+    "oversubscribed_latency_us": Rule(float, ge=0, le=US_MAX),
+    "block_overhead_us": Rule(float, ge=0, le=US_MAX),
+    "host_copy_gbps": Rule(float, ge=0, le=GBPS_MAX),
     "attention_efficiency": Rule(float, ge=0, le=1),
     "attention_backward_factor": Rule(float, gt=0),
-    "hbm_gbps": Rule(float, ge=0),
+    "hbm_gbps": Rule(float, ge=0, le=GBPS_MAX),
     "compile_saved_fraction": Rule(float, gt=0, le=1),
     "float8_speedup": Rule(float, gt=0),
     "float8_rowwise_speedup": Rule(float, gt=0),
@@ -295,14 +302,14 @@ PROFILE_RULES: dict[str, Rule] = {
     "reserved_gradients": Rule(bool),
     "reserved_logits": Rule(bool),
     "recompute_grad_factor": Rule(float, ge=0),
-    "pcie_gbps": Rule(float, ge=0),
-    "host_optimizer_gbps": Rule(float, ge=0),
+    "pcie_gbps": Rule(float, ge=0, le=GBPS_MAX),
+    "host_optimizer_gbps": Rule(float, ge=0, le=GBPS_MAX),
     "gemm_table": Rule(str),
     "clock_scale": Rule(float, gt=0, le=2),
     "float8_gemm_speedup": Rule(float, gt=0, le=4),
     "float8_rowwise_gemm_speedup": Rule(float, gt=0, le=4),
-    "attention_fwd_tflops": Rule(float, ge=0),
-    "attention_bwd_tflops": Rule(float, ge=0),
+    "attention_fwd_tflops": Rule(float, ge=0, le=TFLOPS_MAX),
+    "attention_bwd_tflops": Rule(float, ge=0, le=TFLOPS_MAX),
     "attention_half_seq": Rule(float, ge=0),
     "intra_node_half_mib": Rule(float, ge=0),
     "inter_node_half_mib": Rule(float, ge=0),
@@ -321,4 +328,4 @@ def check_profile_data(data: Mapping[str, Any], source: str) -> None:
         raise UserError(f"hardware profile {source}: missing key {missing[0]!r}; add it (see "
                         "torchtitan_autoparallel/profiles/*.toml)")
     check_fields(f"hardware profile {source}: ", data, HardwareProfile, PROFILE_RULES,
-                 "fix the profile file")
+                 "fix the profile file (units: TFLOP/s, GB/s, GiB, microseconds)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from ..errors import atomic_write
-from .hardware import HardwareProfile
+from .hardware import HardwareProfile, check_profile_data
 
 
 def to_toml(profile: HardwareProfile, notes: list[str],
@@ -42,6 +42,8 @@ def write_profile(path: str, profile: HardwareProfile, notes: list[str],
                   sources: dict[str, str] | None = None) -> str:
     """Write ``profile`` to ``path`` atomically (``errors.atomic_write``: never half a file,
     nothing left behind on failure) and return the text."""
+    data = {k: v for k, v in profile.to_dict().items() if k != "provenance"}
+    check_profile_data(data, f"{path} (as written)")  # a fit far off the data stops here
     text = to_toml(profile, notes, sources)
     atomic_write(path, text, "profile")
     return text

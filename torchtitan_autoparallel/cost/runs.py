@@ -18,10 +18,11 @@ been made for the base profile's hardware (its fingerprint names it).
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, read_input, shown
 from .fit import Run
 from .hardware import HardwareProfile
 
@@ -29,11 +30,18 @@ COLUMNS_HELP = ("plan (or config and arm), step_time_s; optional status, peak_me
                 "group")
 
 
+MAX_STEP_S = 1e6
+"""Longest measured step time accepted (11 days: anything longer is a unit mistake)."""
+MAX_PEAK_GIB = 1e4
+
+
 def _float(value: str | None) -> float | None:
+    """A finite number, or None (empty, not a number, inf or nan)."""
     try:
-        return float(value) if value not in (None, "") else None
+        number = float(value) if value not in (None, "") else None
     except ValueError:
         return None
+    return number if number is None or math.isfinite(number) else None
 
 
 PEAK_COLUMNS = ("tensor_peak_gib", "peak_active_gib", "peak_memory_gib")
@@ -61,12 +69,13 @@ def plan_path(csv_path: Path, row: dict[str, str]) -> Path:
 
 def read_rows(csv_path: Path) -> list[dict[str, str]]:
     """The CSV's rows, its columns checked."""
-    if not csv_path.is_file():
-        raise UserError(f"runs file {csv_path} not found")
-    with open(csv_path, newline="") as f:
-        reader = csv.DictReader(row for row in f if not row.startswith("#"))
-        rows = list(reader)
-        columns = set(reader.fieldnames or [])
+    try:
+        text = read_input(csv_path, "runs file").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"runs file {csv_path} is not UTF-8 text: {shown(exc, 200)}") from exc
+    reader = csv.DictReader(row for row in text.splitlines() if not row.startswith("#"))
+    rows = list(reader)
+    columns = set(reader.fieldnames or [])
     missing = [c for c in ("step_time_s",) if c not in columns]
     if not ({"plan"} <= columns or {"config", "arm"} <= columns):
         missing.append("plan (or config and arm)")
@@ -90,9 +99,13 @@ def load_runs(csv_path: str | Path, base: HardwareProfile | None = None,
         if row.get("status", "ok") not in statuses:
             continue
         time = _float(row.get("step_time_s"))
-        if time is None or time <= 0:
+        if time is None or not 0 < time <= MAX_STEP_S:
             raise UserError(f"{path} line {n}: step_time_s must be a positive number of "
-                            f"seconds, got {row.get('step_time_s')!r}")
+                            f"seconds up to {MAX_STEP_S:g}, got {shown(row.get('step_time_s'))}")
+        peak = measured_peak(row)
+        if peak is not None and not 0 < peak <= MAX_PEAK_GIB:
+            raise UserError(f"{path} line {n}: the measured peak memory must be a positive "
+                            f"number of GiB up to {MAX_PEAK_GIB:g}, got {shown(peak)}")
         merged.setdefault(plan_path(path, row), []).append(row)
     runs = []
     for file, rows in merged.items():
