@@ -122,9 +122,43 @@ def test_degree_1_in_the_toml_is_a_constraint(tmp_path):
 def test_shipped_auto_configs_leave_the_search_free(config):
     """Under auto a written degree fixes it: the shipped auto configs write none."""
     path = REPO / "train_configs" / config
-    parallelism = tomllib.loads(path.read_text())["parallelism"]
+    data = tomllib.loads(path.read_text())
+    parallelism = data["parallelism"]
     assert set(parallelism) - {"auto", "data_parallel_shard_degree"} == set(), parallelism
     assert parallelism.get("data_parallel_shard_degree", -1) == -1
+    assert "mode" not in data.get("activation_checkpoint", {})  # AC is chosen per block
+
+
+MEMORY_BOUND = ("--autoparallel.memory_gib=0.09", "--training.local_batch_size=16")
+"""llama3 debug on 4 ranks with a budget that leaves room for AC on some blocks only."""
+
+
+def _acs(plan) -> set[str]:
+    return {layer.ac for layer in plan.layers if layer.kind == "block"}
+
+
+def test_ac_mode_unset_is_searched_and_set_is_a_constraint():
+    """Unset, the search checkpoints only some blocks under a tight budget; written (even as
+    "none", TorchTitan's non-default) every block runs that mode, and the notes say so."""
+    free = plan_job(job(*MEMORY_BOUND), 4)
+    assert len(_acs(free)) > 1, free.table()
+    for mode in ("full", "selective"):
+        extra = ("--activation_checkpoint.selective_ac_option=op",) if mode == "selective" else ()
+        plan = plan_job(job(*MEMORY_BOUND, f"--activation_checkpoint.mode={mode}", *extra), 4)
+        assert _acs(plan) == {mode}
+        assert any(f"activation_checkpoint.mode = '{mode}'" in n for n in plan.notes)
+    roomy = plan_job(job("--activation_checkpoint.mode=none"), 4)
+    assert _acs(roomy) == {"none"}
+
+
+def test_layer_wise_selective_ac_needs_pinned_blocks():
+    from torchtitan_autoparallel.errors import UserError
+
+    with pytest.raises(UserError, match="layer-wise AC"):
+        plan_job(job("--activation_checkpoint.mode=selective"), 4)
+    plan = plan_job(job("--activation_checkpoint.mode=selective", "--autoparallel.pin=layers.*",
+                        "--parallelism.data_parallel_shard_degree=4"), 4)
+    assert [layer.ac for layer in plan.layers if layer.kind == "block"][:2] == ["none", "full"]
 
 
 @pytest.mark.parametrize("pp", [1, 2])

@@ -243,7 +243,7 @@ def test_batch_and_sequence():
     (("--parallelism.pipeline_parallel_schedule=ZBVZeroBubble", "--compile.enable",
       "--compile.backend=aot_eager"), "splits the backward"),
     (("--training.enable_cpu_offload", "--parallelism.data_parallel_replicate_degree=8"),
-     "the plan shards nothing with FSDP"),
+     "enable_cpu_offload is FSDP.s CPU offload"),
     (("--model.converters=quantize.linear.float8", "--quantize.linear.float8.recipe_name=rowwise",
       "--quantize.linear.float8.enable_fsdp_float8_all_gather"), "tensorwise recipe only"),
     (("--model.converters=quantize.linear.float8", "--quantize.linear.float8.emulate",

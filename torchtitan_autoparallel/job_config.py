@@ -17,7 +17,7 @@ from .checks import (
     device_capability,
 )
 from .errors import UserError
-from .explicit import record_explicit
+from .explicit import record_explicit, user_set
 from .features import check_device, features_from_config
 
 
@@ -262,9 +262,11 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
     training.local_batch_size = plan.local_batch_size
     ac = job_config.activation_checkpoint
     if write:
-        logger.info(f"activation checkpointing per block from the plan (searched); the "
-                    f"configured activation_checkpoint.mode = {ac.mode!r} is what pinned "
-                    "blocks run")
+        how = (f"activation_checkpoint.mode = {ac.mode!r} on every block"
+               if user_set(job_config, "activation_checkpoint.mode") else "searched per block")
+        logger.info(f"activation checkpointing from the plan ({how}); TorchTitan's "
+                    f"activation_checkpoint settings (mode {ac.mode!r}) are what pinned blocks "
+                    "run")
     ac.mode = "none"  # TorchTitan's recipe-wide AC is off: apply_plan applies the plan's
     if NAME not in job_config.model.converters:
         job_config.model.converters = [NAME, *job_config.model.converters]

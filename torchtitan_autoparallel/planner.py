@@ -64,9 +64,38 @@ def constraint_keys(job_config: Any) -> list[str]:
     par = job_config.parallelism
     keys = [*DEGREE_KEYS.values(), "pipeline_parallel_schedule",
             "pipeline_parallel_microbatch_size", "fsdp_reshard_after_forward"]
-    return [f"parallelism.{key} = {getattr(par, key)!r}" for key in keys
-            if _fixed(job_config, key)
-            and not (key == "data_parallel_shard_degree" and getattr(par, key) == -1)]
+    fixed = [f"parallelism.{key} = {getattr(par, key)!r}" for key in keys
+             if _fixed(job_config, key)
+             and not (key == "data_parallel_shard_degree" and getattr(par, key) == -1)]
+    if user_set(job_config, "activation_checkpoint.mode"):
+        fixed.append(f"activation_checkpoint.mode = {job_config.activation_checkpoint.mode!r}")
+    return fixed
+
+
+def ac_constraints(job_config: Any, constraints: Constraints, graph: LayerGraph,
+                   pins: dict[str, Pin]) -> Constraints:
+    """``activation_checkpoint.mode`` set by the user (even to "none") is every searched
+    block's AC mode; unset, the mode is searched per block. Whole-block pins run TorchTitan's
+    recipe from the same keys. Layer-wise selective AC (an integer ``selective_ac_option``)
+    has no per-block mode the search could keep to, so it needs every block pinned."""
+    if not user_set(job_config, "activation_checkpoint.mode"):
+        return constraints
+    ac = job_config.activation_checkpoint
+    searched = [b.fqn for b in graph.blocks if not (b.fqn in pins and pins[b.fqn].whole)]
+    if not searched:
+        return constraints
+    if ac.mode == "selective" and ac.selective_ac_option != "op":
+        raise UserError(
+            f"activation_checkpoint.mode = 'selective' with selective_ac_option = "
+            f"{shown(ac.selective_ac_option)} (TorchTitan's layer-wise AC) under auto: set "
+            "selective_ac_option = 'op', mode 'full' or 'none', pin the blocks to TorchTitan's "
+            "recipe (autoparallel.pin), or leave mode unset (chosen per block)")
+    if ac.mode not in constraints.ac_modes:
+        raise UserError(
+            f"activation_checkpoint.mode = {ac.mode!r}: model {graph.family!r} can run "
+            f"{list(constraints.ac_modes)} (see the plan's exclusions); set one of them or "
+            "leave mode unset")
+    return dataclasses.replace(constraints, ac_modes=(ac.mode,))
 
 
 def constraints_from_config(job_config: Any, features: Features) -> Constraints:
@@ -194,6 +223,7 @@ def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[
                             "Interleaved1F1B, or drop measure_memory")
         schedules = tuple(s for s in schedules or SCHEDULES if s not in ZERO_BUBBLE)
     if (schedules == ("DualPipeV",) and par.pipeline_parallel_expert_parallel_overlap
+            and user_set(job_config, "activation_checkpoint.mode")
             and job_config.activation_checkpoint.mode != "none"):
         raise UserError("pipeline schedule DualPipeV overlaps expert parallel, which TorchTitan "
                         "cannot combine with activation checkpointing: set "
@@ -358,6 +388,7 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
     recipe = recipe_from_config(job_config)
     globs = list(getattr(ap, "pin", []))
     pins = resolve_pins(graph, globs, graph.adapter.default_pins, recipe_of(recipe))
+    constraints = ac_constraints(job_config, constraints, graph, pins)
     layers_text = json.dumps([dataclasses.astuple(layer) for layer in graph.layers])
     fingerprint = {
         "model": job_config.model.name,
@@ -381,6 +412,8 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
                         **({"reshard_after_forward": constraints.reshard_after_forward}
                            if constraints.reshard_after_forward != "default" else {}),
                         **({"accumulation": False} if not constraints.accumulation else {}),
+                        **({"ac_modes": list(constraints.ac_modes)}
+                           if user_set(job_config, "activation_checkpoint.mode") else {}),
                         # pipeline constraints only when set: other plans keep their digests
                         **{key: list(value) if isinstance(value, tuple) else value
                            for key, value in (("pp", constraints.pp),

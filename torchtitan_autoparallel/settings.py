@@ -136,7 +136,8 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "checkpoint.create_seed_checkpoint": ("applied, error", "needs one rank"),
     "checkpoint.load_only": _NONE,
     # [activation_checkpoint]
-    "activation_checkpoint.mode": ("searched, error", "per block; memory_budget: error"),
+    "activation_checkpoint.mode": ("searched, constraint, error",
+                                   "unset: per block; set: every block; memory_budget: error"),
     "activation_checkpoint.selective_ac_option": ("applied", "pinned blocks"),
     "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns": ("applied", ""),
     "activation_checkpoint.early_stop": ("applied", ""),
