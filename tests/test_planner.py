@@ -376,6 +376,46 @@ def test_time_limit_without_a_plan_names_the_limit(planning):
         planning("llama3_debug_auto.toml", 2, "--autoparallel.time_limit_s=1e-9")
 
 
+def test_pipeline_search_out_of_time_names_the_limit(planning, monkeypatch):
+    """A pipeline search whose MILPs all run out of time: the time-limit error, not "no plan
+    fits the memory budget" (what it used to say)."""
+    from torchtitan_autoparallel import solver_pipeline
+    from torchtitan_autoparallel.solver import SolveTimeout
+
+    def out_of_time(*args, **kwargs):
+        raise SolveTimeout
+
+    monkeypatch.setattr(solver_pipeline, "solve_pipeline", out_of_time)
+    with pytest.raises(UserError, match=r"time_limit_s = 30 s ran out"):
+        planning("llama3_debug_auto.toml", 2, "--parallelism.pipeline_parallel_degree=2")
+
+
+def test_one_time_limit_for_the_whole_job(planning, monkeypatch):
+    """``global_batch_size = -1`` searches each data-parallel degree (flat and pipelined): every
+    search gets what is left of one deadline, so all solves together keep to time_limit_s."""
+    import time
+
+    from torchtitan_autoparallel import planner
+
+    deadlines: list[float] = []
+
+    def recording(original, position):
+        def run(*args, **kwargs):
+            deadlines.append(time.perf_counter() + args[position])
+            time.sleep(0.05)  # the search's own time counts against the same deadline
+            return original(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(planner, "search", recording(planner.search, 9))
+    monkeypatch.setattr(planner, "search_pipeline", recording(planner.search_pipeline, 8))
+    start = time.perf_counter()
+    planning("llama3_debug_auto.toml", 4, "--training.global_batch_size=-1",
+             "--training.local_batch_size=4", "--autoparallel.time_limit_s=20")
+    assert len(deadlines) >= 4  # dp 4, 2, 1, flat and pipelined
+    assert max(deadlines) - min(deadlines) < 0.01
+    assert start + 20 <= min(deadlines) and max(deadlines) <= start + 20 + 5  # parse, graph
+
+
 def test_global_batch_minus_one_is_local_times_dp(planning):
     """TorchTitan: global_batch_size = -1 is local_batch_size x the data-parallel degree
     (not x the world size); with tp = 2 on 4 ranks dp is 2, so 2 x 2 = 4 sequences."""

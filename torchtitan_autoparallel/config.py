@@ -48,8 +48,8 @@ class Autoparallel:
     """Pipeline stages per pp rank (0: searched; 1 for 1F1B / GPipe, 2 for the V schedules,
     2-4 for the interleaved ones)."""
     time_limit_s: float = 30.0
-    """Wall-clock limit for all MILP solves; the best plan found so far is returned with its
-    gap."""
+    """Wall-clock limit for the whole search of a job: every MILP of every data-parallel degree
+    and pipeline candidate together; the best plan found so far is returned with its gap."""
     pin: list[str] = field(default_factory=list)
     """Module fqn globs left to TorchTitan's own code, e.g. ``["layers.0", "layers.*.attention"]``.
     A pinned block runs TorchTitan's recipe for the job ([activation_checkpoint], FSDP

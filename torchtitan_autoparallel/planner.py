@@ -483,6 +483,8 @@ def plan_job(job_config: Any, world: int) -> Plan:
     min_feasible = min_pipeline = float("inf")
     pipeline_options = 0
     limit = job_config.autoparallel.time_limit_s
+    deadline = start + limit  # one limit for every solve of the job, whatever it searches
+    timed_out = False
     for job, job_meshes in jobs:
         flat = [m for m in job_meshes if m.pp == 1]
         piped = [m for m in job_meshes if m.pp > 1]
@@ -490,7 +492,9 @@ def plan_job(job_config: Any, world: int) -> Plan:
         step_to_beat = job.global_batch / best[0] if best is not None else float("inf")
         result = search(job.graph, world, job.global_batch, job.hw, job.precision,
                         job.gpus_per_node, job.budget_bytes, job.constraints, flat,
-                        limit, job.pins, job.features, step_to_beat)
+                        max(0.0, deadline - time.perf_counter()), job.pins, job.features,
+                        step_to_beat)
+        timed_out |= result.timed_out
         min_feasible = min(min_feasible, result.min_feasible_bytes)
         if result.best is not None:
             found.append((result.best, dict(result.stats)))
@@ -500,7 +504,9 @@ def plan_job(job_config: Any, world: int) -> Plan:
                        step_to_beat)
             piped_result = search_pipeline(
                 job.graph, job.global_batch, job.hw, job.precision, job.gpus_per_node,
-                job.budget_bytes, job.constraints, piped, limit, job.pins, job.features, beat)
+                job.budget_bytes, job.constraints, piped,
+                max(0.0, deadline - time.perf_counter()), job.pins, job.features, beat)
+            timed_out |= piped_result.timed_out
             min_pipeline = min(min_pipeline, piped_result.min_feasible_bytes)
             pipeline_options += piped_result.stats["candidates"]
             if piped_result.best is not None:
@@ -514,6 +520,9 @@ def plan_job(job_config: Any, world: int) -> Plan:
             rate = job.global_batch / sol.step_time_s
             if best is None or rate > best[0]:
                 best = (rate, job, sol, stats)
+    if best is None and timed_out:
+        raise UserError(f"autoparallel.time_limit_s = {limit:g} s ran out before the solver "
+                        "found any feasible plan: raise time_limit_s")
     if best is None and not pipeline_options and inputs.constraints.pp > 1:
         raise UserError(no_pipeline_reason(inputs.graph, inputs.global_batch, inputs.constraints,
                                            inputs.features, [m for m in meshes if m.pp > 1]))

@@ -117,6 +117,8 @@ class SearchResult:
     best: Solution | None
     min_feasible_bytes: float
     stats: dict = field(default_factory=dict)
+    timed_out: bool = False
+    """``time_limit_s`` ran out before every candidate that could win was solved."""
 
 
 def block_classes(graph: LayerGraph, pins: dict[str, Pin]) -> list[str]:
@@ -273,7 +275,7 @@ def search(graph: LayerGraph, world: int, global_batch: int, hw: HardwareProfile
     cands.sort(key=lambda c: (c.time_lower_bound(), c.mesh, c.microbatch))
     best: Solution | None = None
     solved = pruned = variables = rows = 0
-    status, gap = "no candidate", 0.0
+    status, gap, timed_out = "no candidate", 0.0, False
     for cand in cands:
         if cand.time_lower_bound() >= min(beat_s, best.step_time_s if best else math.inf):
             break
@@ -284,11 +286,7 @@ def search(graph: LayerGraph, world: int, global_batch: int, hw: HardwareProfile
         try:
             sol = solve_candidate(cand, budget, max(0.0, remaining))
         except SolveTimeout:
-            if best is None:
-                raise UserError(
-                    f"autoparallel.time_limit_s = {time_limit_s:g} s ran out before the solver "
-                    "found any feasible plan: raise time_limit_s") from None
-            status = "Time limit reached"
+            status, timed_out = "Time limit reached", True
             break
         solved += 1
         if sol is None:
@@ -308,4 +306,4 @@ def search(graph: LayerGraph, world: int, global_batch: int, hw: HardwareProfile
         "constraints": rows,
         "solve_time_s": time.perf_counter() - start,
     }
-    return SearchResult(best, min_feasible, stats)
+    return SearchResult(best, min_feasible, stats, timed_out)

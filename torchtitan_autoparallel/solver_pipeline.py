@@ -510,6 +510,7 @@ class PipelineSearch:
     best: PipelineSolution | None
     min_feasible_bytes: float
     stats: dict = field(default_factory=dict)
+    timed_out: bool = False
 
 
 def search_pipeline(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Precision,
@@ -556,7 +557,7 @@ def search_pipeline(graph: LayerGraph, global_batch: int, hw: HardwareProfile, p
     options.sort(key=lambda o: o[:5])
     best: PipelineSolution | None = None
     solved = pruned = variables = rows = 0
-    status, gap = "no candidate", 0.0
+    status, gap, timed_out = "no candidate", 0.0, False
     for quick, mesh, schedule, v, mb, m in options:
         cutoff = min(beat_s, best.step_time_s if best else math.inf)
         if quick >= cutoff:
@@ -579,7 +580,7 @@ def search_pipeline(graph: LayerGraph, global_batch: int, hw: HardwareProfile, p
         try:
             sol = solve_pipeline(cand, budget, max(0.0, remaining), cutoff)
         except SolveTimeout:
-            status = "Time limit reached"
+            status, timed_out = "Time limit reached", True
             break
         solved += 1
         if sol is None or sol.step_time_s >= cutoff:
@@ -591,7 +592,7 @@ def search_pipeline(graph: LayerGraph, global_batch: int, hw: HardwareProfile, p
              "candidates": splits, "meshes": len(meshes), "milps_solved": solved,
              "pruned_by_memory": pruned, "variables": variables, "constraints": rows,
              "solve_time_s": time.perf_counter() - start}
-    return PipelineSearch(best, min_feasible, stats)
+    return PipelineSearch(best, min_feasible, stats, timed_out)
 
 
 def _memory_floor(graph: LayerGraph, mesh: Mesh, prec: Precision) -> float:
