@@ -1,4 +1,4 @@
-"""Refit the CPU hardware profile to measured sweeps through the profile fitter (cost/fit.py)
+"""Refit the CPU hardware profile to measured sweeps through the profile fitter (fitting/fit.py)
 and set it beside the committed profile on the same rows.
 
 Reads sweep CSVs (``experiments/sweep.py`` output, plans in ``plans/`` next to each), fits the
@@ -22,18 +22,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from torchtitan_autoparallel.cost.fit import (  # noqa: E402
+from torchtitan_autoparallel.cost.hardware import HardwareProfile, load_profile  # noqa: E402
+from torchtitan_autoparallel.cost.profile_file import write_profile  # noqa: E402
+from torchtitan_autoparallel.errors import run_cli  # noqa: E402
+from torchtitan_autoparallel.fitting.fit import (  # noqa: E402
     Run,
     cross_validate,
     datasheet_caps,
     fit_profile,
     predicted_times,
 )
-from torchtitan_autoparallel.cost.fit_report import accuracy, constants_table  # noqa: E402
-from torchtitan_autoparallel.cost.hardware import HardwareProfile, load_profile  # noqa: E402
-from torchtitan_autoparallel.cost.profile_file import write_profile  # noqa: E402
-from torchtitan_autoparallel.cost.runs import load_runs  # noqa: E402
-from torchtitan_autoparallel.errors import run_cli  # noqa: E402
+from torchtitan_autoparallel.fitting.report import accuracy, constants_table  # noqa: E402
+from torchtitan_autoparallel.fitting.runs import load_runs  # noqa: E402
 
 COORDINATE_DESCENT_LOCO = (0.938, 0.068)
 """Leave-one-config-out Spearman and median error of the coordinate-descent fit this script
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         about = ("Committed `cpu`: torchtitan_autoparallel/profiles/cpu.toml (a "
                  "coordinate-descent fit to the quiet sweep); its leave-one-config-out figure "
                  "is that fit's, re-run under the current cost model before it was removed "
-                 "(coordinate_descent_loco.txt). Refit: `cost.fit.fit_profile` with its "
+                 "(coordinate_descent_loco.txt). Refit: `fitting.fit.fit_profile` with its "
                  "default constants and bounds. Cells: Spearman / median relative error of "
                  "predicted vs measured step time. Command: `python "
                  "experiments/fit_cpu_profile.py " + " ".join(argv or sys.argv[1:]) + "`.")

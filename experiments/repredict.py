@@ -51,7 +51,7 @@ def current_profile(plan: Any) -> Any:
 def rows_for(csv_path: str, hardware: str = "") -> list[dict]:
     """Per measured (or failed) row: measurement, stored and current predictions."""
     from torchtitan_autoparallel.cost.hardware import load_profile
-    from torchtitan_autoparallel.cost.runs import (
+    from torchtitan_autoparallel.fitting.runs import (
         PEAK_COLUMNS,
         measured_peak,
         plan_path,

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from torchtitan_autoparallel.cli import main
-from torchtitan_autoparallel.cost.calibrate import benchmark_runs
-from torchtitan_autoparallel.cost.fit import Run, datasheet_caps, fit_profile, predicted_times
-from torchtitan_autoparallel.cost.fit_report import accuracy
 from torchtitan_autoparallel.cost.hardware import load_profile
-from torchtitan_autoparallel.cost.runs import load_runs
 from torchtitan_autoparallel.errors import run_cli
+from torchtitan_autoparallel.fitting.calibrate import benchmark_runs
+from torchtitan_autoparallel.fitting.fit import Run, datasheet_caps, fit_profile, predicted_times
+from torchtitan_autoparallel.fitting.report import accuracy
+from torchtitan_autoparallel.fitting.runs import load_runs
 from torchtitan_autoparallel.plan import Plan
 from torchtitan_autoparallel.registry import register
 

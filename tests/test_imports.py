@@ -185,3 +185,16 @@ def test_leaf_modules_import_nothing_of_the_package():
     for leaf in LEAVES:
         assert leaf in graph, f"{_short(leaf)} is missing"
         assert not graph[leaf], f"{_short(leaf)} imports {sorted(map(_short, graph[leaf]))}"
+
+
+def test_cost_is_pure_functions_of_a_profile_and_a_graph():
+    """``cost/`` imports only the layers below it (the graph, the vocabulary, the job's speed
+    features): no planner, solver, plan or fitting; calibration and fitting live in
+    ``fitting/``, above the planner."""
+    below = (f"{PACKAGE}.cost", f"{PACKAGE}.graph", f"{PACKAGE}.features", f"{PACKAGE}.explicit",
+             *LEAVES)
+    graph = import_graph()
+    for module, targets in graph.items():
+        if module.startswith(f"{PACKAGE}.cost"):
+            above = sorted(t for t in targets if not t.startswith(below))
+            assert not above, f"{module} imports {above}"

@@ -9,7 +9,7 @@
     predict  --config X.toml --ngpu N [--section.key value ...]
                                         an expert (non-auto) config as a plan, same cost model
     calibrate --ngpu N --out P.toml     measure matmuls and collectives, write a profile
-    fit      RUNS.csv --base H --out P.toml   fit a profile to measured runs (cost/runs.py)
+    fit      RUNS.csv --base H --out P.toml   fit a profile to measured runs (fitting/runs.py)
 
 ``plan`` and ``predict`` take TorchTitan's ``--section.key value`` overrides as run_train.sh does
 (TorchTitan's ConfigManager parses them, with the same errors). Tables by default, ``--json``
@@ -182,8 +182,8 @@ def _show(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     import platform
 
-    from .cost.calibrate import calibrate
     from .cost.profile_file import write_profile
+    from .fitting.calibrate import calibrate
 
     profile, notes = calibrate(args.ngpu, args.name, args.gpus_per_node or 0, quick=args.quick)
     where = (f"measured by `python -m torchtitan_autoparallel calibrate` on "
@@ -198,7 +198,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from .cost.fit_report import fit_command
+    from .fitting.report import fit_command
 
     return fit_command(args)
 

@@ -22,11 +22,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..cost.hardware import HardwareProfile
+from ..cost.model import collective_s
 from ..errors import UserError
 from ..progress import Progress
 from .fit import Run, fit_profile
-from .hardware import HardwareProfile
-from .model import collective_s
 
 
 def _time(fn: Any, repeats: int, sync: Any) -> float:

@@ -22,9 +22,9 @@ import math
 import statistics
 from pathlib import Path
 
+from ..cost.hardware import HardwareProfile
 from ..errors import UserError, read_input, shown
 from .fit import Run
-from .hardware import HardwareProfile
 
 COLUMNS_HELP = ("plan (or config and arm), step_time_s; optional status, peak_memory_gib, "
                 "group")

@@ -10,8 +10,8 @@ import math
 import statistics
 from typing import Any
 
+from ..cost.hardware import HardwareProfile, load_profile
 from .fit import FitResult, Run, cross_validate, datasheet_caps, fit_profile
-from .hardware import HardwareProfile, load_profile
 
 
 def accuracy(predicted: list[float], measured: list[float]) -> tuple[float, float]:
@@ -74,8 +74,8 @@ def constants_table(base: HardwareProfile, result: FitResult) -> str:
 
 
 def fit_command(args: argparse.Namespace) -> int:
+    from ..cost.profile_file import write_profile
     from ..planner import recost
-    from .profile_file import write_profile
     from .runs import load_runs
 
     base = load_profile(args.base)

@@ -59,8 +59,9 @@ from typing import Any
 
 import numpy as np
 
+from ..cost.hardware import HardwareProfile
 from ..errors import UserError
-from .hardware import HardwareProfile
+from ..planner import recost
 
 DEFAULT_FREE = ("matmul_efficiency", "intra_node_gbps", "inter_node_gbps", "intra_node_latency_us",
                 "inter_node_latency_us", "oversubscribed_latency_us", "block_overhead_us",
@@ -142,8 +143,6 @@ def _coord(name: str, base: HardwareProfile, caps: dict[str, float]) -> _Coord:
 def predicted_times(runs: list[Run], hw: HardwareProfile, cache: dict | None = None
                     ) -> list[float]:
     """Each run's time as the cost model predicts it on ``hw``."""
-    from ..planner import recost
-
     cache = {} if cache is None else cache
     out = []
     for run in runs:
