@@ -321,7 +321,9 @@ LAYER_RULES: dict[str, Rule] = {
 }
 PREDICTED_KEYS = ("step_time_s", "tokens_per_s", "peak_memory_gib", "state_memory_gib",
                   "budget_gib")
-SOLVER_KEYS = ("status", "gap", "milps_solved", "candidates", "variables", "constraints")
+SOLVER_KEYS = {"status": Rule(str), "gap": Rule(float, ge=0), "milps_solved": Rule(int, ge=0),
+               "candidates": Rule(int, ge=0), "variables": Rule(int, ge=0),
+               "constraints": Rule(int, ge=0)}
 FINGERPRINT_KEYS = ("model", "flavor", "seq_len", "global_batch_size", "world_size")
 
 
@@ -357,9 +359,10 @@ def check_plan_data(data: Any, source: str) -> None:
     for key in PREDICTED_KEYS:
         check_value(f"{where}predicted.", key, data["predicted"].get(key), Rule(float, ge=0),
                     PLAN_FIX)
-    for key in SOLVER_KEYS:
+    for key, rule in SOLVER_KEYS.items():
         if key not in data["solver"]:
             raise UserError(f"{where}solver lacks {key!r}; {PLAN_FIX}")
+        check_value(f"{where}solver.", key, data["solver"][key], rule, PLAN_FIX)
     for key in FINGERPRINT_KEYS:
         if key not in data["fingerprint"]:
             raise UserError(f"{where}fingerprint lacks {key!r}; {PLAN_FIX}")
