@@ -294,3 +294,44 @@ def test_qwen2_tensor_parallel_parity(tmp_path):
     reference = _reference(tmp_path / "ref", QWEN2)
     plan = _auto_parity(reference, tmp_path, 2, "--parallelism.tensor_parallel_degree=2")
     assert plan.mesh.tp == 2
+
+
+QWEN2_7B = {**QWEN2, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+            "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+            "max_position_embeddings": 32768}
+"""Qwen2.5-7B's config.json sizes (the ``qwen2_7b`` flavor of tests/hf_tiny.py sets them)."""
+
+
+def test_qwen2_7b_on_64_h100s_offers_tp_sac_pp_and_builds_them(tmp_path, capsys):
+    """A 7B Qwen2.5-shaped HF model on 64 H100s: ``plan`` offers TP, selective AC and PP (none
+    excluded), and a 64-rank fake-backend dry run builds tp 4 x pp 2 with op-level selective
+    AC on every block, its sharded state as predicted."""
+    import os
+    import subprocess
+
+    from test_dry_run import check_report
+
+    from torchtitan_autoparallel import cli
+
+    config = write_job(tmp_path, auto=True, config=QWEN2_7B)
+    text = Path(config).read_text().replace('flavor = "tiny"', 'flavor = "qwen2_7b"').replace(
+        'hardware = "cpu"', 'hardware = "h100_sxm"').replace(
+        "local_batch_size = 2\nglobal_batch_size = 4\nseq_len = 128",
+        "local_batch_size = 1\nglobal_batch_size = 64\nseq_len = 4096").replace(
+        'mixed_precision_param = "float32"', 'mixed_precision_param = "bfloat16"')
+    Path(config).write_text(text)
+    assert cli.main(["plan", "--config", config, "--ngpu", "64"]) == 0
+    table = capsys.readouterr().out
+    for technique in ("tp", "pp", "selective_ac"):
+        assert f"excluded {technique}" not in table, table
+    result = subprocess.run(
+        [str(Path(__file__).resolve().parent.parent / "run_train.sh"),
+         f"--job.dump_folder={tmp_path / 'out'}", "--parallelism.tensor_parallel_degree=4",
+         "--parallelism.pipeline_parallel_degree=2", "--activation_checkpoint.mode=selective",
+         "--activation_checkpoint.selective_ac_option=op"],
+        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "NGPU": "64", "COMM_MODE": "fake_backend", "CONFIG_FILE": config})
+    out = check_report(result, 64)
+    assert "mesh pp=2 dp_replicate=1 dp_shard=8 cp=1 tp=4 (world 64)" in out
+    assert "activation_checkpoint.mode = 'selective' on every block" in out
+    assert '"mesh": ["fsdp", "tp"]' in out  # blocks are tensor parallel, FSDP over the rest
