@@ -235,3 +235,20 @@ def test_671b_pipeline_dry_run(tmp_path):
     assert re.search(r"dry run OK: world 256 \(.*pp=4, ep=(\d+)\)", out), out[-3000:]
     blocks = built_blocks(result)
     assert sorted(blocks, key=int) == rank0_blocks(out)
+
+
+def test_gpt_oss_120b_plans_and_dry_runs_on_64_ranks(tmp_path):
+    """gpt_oss's blocks take flex-attention block masks the model builds from the batch: the
+    layer graph asks the model for them (``get_attention_masks`` on a synthetic batch) and
+    measures flex attention as causal SDPA, so gpt_oss 120b is planned (EP over the experts)
+    and built on 64 fake ranks. Its parameters are bf16 where the cost model assumes fp32
+    state (16 B per parameter): the measured state is half the prediction, which therefore
+    errs on the safe side."""
+    result = dry_run("gpt_oss_120b", 64, tmp_path, "--autoparallel.hardware=h100_sxm")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    match = REPORT.search(out)
+    assert match and int(match.group(1)) == 64, out[-3000:]
+    assert "ep=64" in out
+    measured, predicted = float(match.group(2)), float(match.group(3))
+    assert 0.45 * predicted <= measured <= predicted

@@ -188,16 +188,18 @@ class ModelAdapter:
         view = nn.Module()
         _set_submodule(view, self.blocks, model.get_submodule(self.blocks))
         fn = resolve(self.moe_fn)
-        extra = ({"dual_pipe_v": True} if dual_pipe_v
-                 and "dual_pipe_v" in inspect.signature(fn).parameters else {})
-        fn(
-            view,
-            tp_mesh=parallel_dims.get_optional_mesh("tp"),
-            ep_mesh=parallel_dims.get_optional_mesh("ep"),
-            etp_mesh=parallel_dims.get_optional_mesh("etp"),
-            ep_etp_mesh=parallel_dims.get_optional_mesh(["ep", "etp"]),
-            **extra,
-        )
+        # the families' TorchTitan functions differ: gpt_oss takes ``etp_enabled`` where the
+        # others take an ``etp_mesh``; each gets the arguments it names
+        offered = {
+            "tp_mesh": parallel_dims.get_optional_mesh("tp"),
+            "ep_mesh": parallel_dims.get_optional_mesh("ep"),
+            "etp_mesh": parallel_dims.get_optional_mesh("etp"),
+            "ep_etp_mesh": parallel_dims.get_optional_mesh(["ep", "etp"]),
+            "etp_enabled": parallel_dims.etp_enabled,
+            **({"dual_pipe_v": True} if dual_pipe_v else {}),
+        }
+        taken = inspect.signature(fn).parameters
+        fn(view, **{k: v for k, v in offered.items() if k in taken})
 
     def sac_save_list(self) -> set:
         return resolve(self.op_sac_save_list)

@@ -185,10 +185,44 @@ class _Traffic(TorchDispatchMode):
 def _experts_as_dense(experts: torch.nn.Module, routed: torch.Tensor, _counts: Any) -> Any:
     """Stand-in forward for routed experts on meta tensors: every routed token through one
     expert's SwiGLU. Same FLOPs and saved activations as the real grouped / looped kernels
-    for any routing (whose token split is data dependent and cannot run on meta)."""
+    for any routing (whose token split is data dependent and cannot run on meta). gpt_oss's
+    experts: one fused, biased gate / up projection and its clamped SwiGLU."""
+    if hasattr(experts, "mlp1_weight"):
+        h = routed @ experts.mlp1_weight[0].transpose(-2, -1) + experts.mlp1_bias[0]
+        gate, up = h[..., ::2], h[..., 1::2]
+        return (gate * torch.sigmoid(1.702 * gate) * (up + 1)) @ \
+            experts.mlp2_weight[0].transpose(-2, -1) + experts.mlp2_bias[0]
     w1, w2, w3 = experts.w1[0], experts.w2[0], experts.w3[0]
     return (F.silu(routed @ w1.transpose(-2, -1)) * (routed @ w3.transpose(-2, -1))) @ \
         w2.transpose(-2, -1)
+
+
+def _flex_as_causal_sdpa(self: torch.nn.Module, q: torch.Tensor, k: torch.Tensor,
+                         v: torch.Tensor, *, score_mod: Any = None, block_mask: Any = None,
+                         scale: float | None = None, return_lse: bool = False,
+                         enable_gqa: bool = False) -> Any:
+    """TorchTitan's ``FlexAttentionWrapper.forward`` for measuring on meta: causal SDPA (flex
+    kernels with causal, sliding-window or document masks do at most its work), and a zero
+    log-sum-exp where the caller asks for one (gpt_oss's attention sinks)."""
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    return (out, q.new_zeros(q.shape[:3])) if return_lse else out
+
+
+def batch_inputs(model: torch.nn.Module, names: list[str]) -> list[Any]:
+    """The inputs of the model's forward besides the tokens, as TorchTitan's trainer builds
+    them from the batch: ``attention_masks`` from ``model.get_attention_masks`` on a short
+    synthetic batch (flex block masks; only their structure matters on meta, where attention
+    is measured as causal SDPA), None for the rest."""
+    import types as pytypes
+
+    out: list[Any] = []
+    for name in names:
+        if name == "attention_masks" and hasattr(model, "get_attention_masks"):
+            tokens = torch.ones(1, 128, dtype=torch.long)
+            out.append(model.get_attention_masks(tokens, pytypes.SimpleNamespace(eos_id=0)))
+        else:
+            out.append(None)
+    return out
 
 
 def measure_block(block: torch.nn.Module, inputs: tuple[tuple, dict], seq_len: int, dim: int,
@@ -214,6 +248,9 @@ def measure_block(block: torch.nn.Module, inputs: tuple[tuple, dict], seq_len: i
         return t
 
     args, kwargs = inputs
+    flex = [m for m in block.modules() if type(m).__name__ == "FlexAttentionWrapper"]
+    for module in flex:  # flex attention has no meta kernel: measured as causal SDPA
+        module.forward = types.MethodType(_flex_as_causal_sdpa, module)
 
     def run(x: torch.Tensor) -> None:
         block(x, *args[1:], **kwargs)
@@ -234,6 +271,8 @@ def measure_block(block: torch.nn.Module, inputs: tuple[tuple, dict], seq_len: i
     block.to(torch.float32)
     if experts is not None:
         del experts.forward
+    for module in flex:
+        del module.forward
     return (counter.get_total_flops() + sdpa.attention_flops, float(sum(saved.values())),
             sdpa.attention_flops, float(traffic.eager), float(traffic.gemm_io))
 
@@ -273,7 +312,7 @@ def block_inputs(family: str, model: torch.nn.Module, adapter: ModelAdapter, seq
     try:
         with meta_autocast():  # HF rotary embeddings open an autocast on the input's device
             model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"),
-                  *[None] * len(extra))
+                  *batch_inputs(model, extra))
     except _Captured:
         pass
     except Exception as exc:
