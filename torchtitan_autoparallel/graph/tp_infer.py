@@ -28,6 +28,7 @@ tied weights, a parameter no style covers) leaves TP out for the model, with the
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,8 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
+
+from .adapters import ModelAdapter
 
 TP_PROBE = 2
 """tp degree of the local-shape run (every head count the planner accepts is a multiple)."""
@@ -590,7 +593,10 @@ class InferredTP:
         return {k: v for k, v in styles.items() if k and k in present}
 
     def block_styles(self, block: nn.Module, float8: bool = False) -> dict[str, Any]:
-        plan = self.plans[block_signature(block)]
+        plan = self.plans.get(block_signature(block))
+        if plan is None:
+            raise KeyError(f"no inferred TP plan for a {type(block).__name__} block with "
+                           "these parameter shapes")
         return {name: build_style(style, float8) for name, style in plan.items()}
 
     def __call__(self, model: nn.Module, tp_mesh: Any, loss_parallel: bool,
@@ -603,7 +609,7 @@ class InferredTP:
                                self.block_styles(block, enable_float8_tensorwise_tp))
 
 
-def infer_tp(adapter: Any, model: nn.Module, inputs: tuple[tuple, dict], dim: int,
+def infer_tp(adapter: ModelAdapter, model: nn.Module, inputs: tuple[tuple, dict], dim: int,
              seq_len: int) -> InferredTP:
     """The inferred TP function of ``model`` (on meta) as ``adapter`` names its modules.
     ``inputs``: what the model passes its first block (hidden states replaced by a fresh
@@ -628,3 +634,18 @@ def infer_tp(adapter: Any, model: nn.Module, inputs: tuple[tuple, dict], dim: in
             raise TPInferenceError(f"{adapter.blocks}.{name}: {exc}") from None
     return InferredTP(adapter.embedding, adapter.final_norm or None, adapter.output,
                       adapter.blocks, plans)
+
+
+def with_inferred_tp(adapter: ModelAdapter, model: nn.Module, inputs: tuple[tuple, dict],
+                     dim: int, seq_len: int) -> ModelAdapter:
+    """``adapter`` with an inferred ``tp_fn`` where it has none; where inference fails, TP
+    excluded with the reason (the plan table's ``excluded tp`` line)."""
+    if adapter.tp_fn is not None or "tp" in adapter.excluded:
+        return adapter
+    try:
+        fn = infer_tp(adapter, model, inputs, dim, seq_len)
+    except TPInferenceError as exc:
+        reason = (f"no TP plan for this family and none inferred ({exc}); register one to "
+                  "enable (ModelAdapter.tp_fn)")
+        return dataclasses.replace(adapter, excluded={**adapter.excluded, "tp": reason})
+    return dataclasses.replace(adapter, tp_fn=fn)
