@@ -101,10 +101,13 @@ def _inferred(model: nn.Module, adapter: Any, inputs: tuple) -> InferredTP:
                       plans)
 
 
-@pytest.mark.parametrize("family,flavor", [
-    ("llama3", "debugmodel"), ("qwen3", "debugmodel"), ("qwen3", "debugmodel_moe"),
-    ("deepseek_v3", "debugmodel"), ("llama4", "debugmodel")])
-def test_inferred_plans_match_torchtitan(family, flavor, monkeypatch):
+@pytest.mark.parametrize("family,flavor,float8", [
+    ("llama3", "debugmodel", False), ("llama3", "debugmodel", True),
+    ("qwen3", "debugmodel", False), ("qwen3", "debugmodel_moe", True),
+    ("deepseek_v3", "debugmodel", False), ("llama4", "debugmodel", True)])
+def test_inferred_plans_match_torchtitan(family, flavor, float8, monkeypatch):
+    """float8: torchao's float8 TP styles (tensorwise recipe) on both sides (deepseek_v3's TP
+    function has the plain styles only)."""
     import importlib
 
     import torch.distributed.tensor.parallel as tp_api
@@ -117,11 +120,12 @@ def test_inferred_plans_match_torchtitan(family, flavor, monkeypatch):
     options = {"cp_enabled": False, "enable_async_tp": False}
     accepted = titan_fn.__code__.co_varnames[:titan_fn.__code__.co_argcount]
     titan = _recorded(lambda: titan_fn(model, None, loss_parallel=True,
-                                       enable_float8_tensorwise_tp=False,
+                                       enable_float8_tensorwise_tp=float8,
                                        **{k: v for k, v in options.items() if k in accepted}),
                       monkeypatch, titan_module, model)
-    ours = _recorded(lambda: _inferred(model, adapter, inputs)(model, None, loss_parallel=True),
-                     monkeypatch, tp_api, model)
+    ours = _recorded(lambda: _inferred(model, adapter, inputs)(
+        model, None, loss_parallel=True, enable_float8_tensorwise_tp=float8),
+        monkeypatch, tp_api, model)
     different = {k for k in set(titan) | set(ours)
                  if k.partition(".")[2].partition(".")[2] in DIFFERENCES.get(family, set())}
     assert different == {k for k in ours if k.endswith("inner_attention")

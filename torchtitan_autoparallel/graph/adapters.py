@@ -70,8 +70,9 @@ class ModelAdapter:
     ``tp_fn(model, tp_mesh, loss_parallel=..., enable_float8_tensorwise_tp=...,
     [cp_enabled=...], **tp_kwargs)`` on a module holding ``embedding``, ``final_norm``,
     ``output`` and the blocks to parallelize under their own names (TorchTitan's ``apply_tp``
-    convention: the residual stream is sequence-sharded, Shard(1), between blocks). None: TP
-    (and the tp dim used as data parallel) is excluded from the search."""
+    convention: the residual stream is sequence-sharded, Shard(1), between blocks). None:
+    inferred from the blocks (``graph/tp_infer.py``); where that fails, TP (and the tp dim used
+    as data parallel) is excluded from the search, with the reason."""
     tp_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for ``tp_fn``."""
     op_sac_save_list: FnRef | set[Any] | None = None

@@ -53,8 +53,7 @@ _ELEMENTWISE = {
     "permute", "unsqueeze", "squeeze", "flatten", "unflatten", "movedim", "swapaxes",
     "detach",
 }
-_SPLITS = {"split": 0, "chunk": 0, "unbind": 0, "tensor_split": 0, "narrow": 0, "cat": 0,
-           "concat": 0, "stack": 0}
+_SPLITS = {"split", "chunk", "unbind", "tensor_split", "narrow", "cat", "concat", "stack"}
 _REDUCTIONS = {"mean", "sum", "softmax", "log_softmax", "amax", "amin", "max", "min", "norm",
                "var", "std", "cumsum", "logsumexp"}
 _ATTENTION = {"scaled_dot_product_attention", "flex_attention"}
@@ -161,6 +160,7 @@ def _trace(rec: _Recorder, block: nn.Module, inputs: tuple[tuple, dict],
     handles = []
     opaque_ids = {id(block.get_submodule(n)) for n in opaque}
     names = {id(m): n for n, m in block.named_modules()}
+    pending: dict[int, tuple[list[int], list[tuple[int, ...]]]] = {}
 
     def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
         name = names[id(module)]
@@ -170,8 +170,7 @@ def _trace(rec: _Recorder, block: nn.Module, inputs: tuple[tuple, dict],
                                else None for a in args]
         if _is_leaf(module, opaque_ids) and name:
             if rec.leaf_depth == 0:
-                srcs, shapes = rec.sources((args, kwargs))
-                module._tp_probe = (srcs, shapes)  # type: ignore[attr-defined]
+                pending[id(module)] = rec.sources((args, kwargs))
             rec.leaf_depth += 1
 
     def post(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
@@ -179,7 +178,7 @@ def _trace(rec: _Recorder, block: nn.Module, inputs: tuple[tuple, dict],
         if _is_leaf(module, opaque_ids) and name:
             rec.leaf_depth -= 1
             if rec.leaf_depth == 0:
-                srcs, shapes = module.__dict__.pop("_tp_probe")
+                srcs, shapes = pending.pop(id(module))
                 rec.add(_Node("module", name, srcs, in_shapes=shapes, scope=rec.scopes[-1]),
                         out)
 
