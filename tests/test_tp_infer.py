@@ -257,3 +257,20 @@ def test_inferred_tp_parity_torchtitan_family(family, references, tmp_path):
     assert plan.mesh.tp == 2
     assert "excluded tp" not in result.output
     _report(reference, result)
+
+
+def test_tied_weights_leave_tp_out():
+    """qwen3's debug flavor ties the output to the embedding: no inferred TP, the reason in
+    the exclusions the plan table lists."""
+    import dataclasses
+
+    from torchtitan_autoparallel.graph.tp_infer import with_inferred_tp
+
+    model, adapter, inputs = _meta_model("qwen3", "debugmodel")
+    found = with_inferred_tp(dataclasses.replace(adapter, tp_fn=None), model, inputs,
+                             model.tok_embeddings.embedding_dim, SEQ)
+    assert found.tp_fn is None
+    excluded = found.exclusions(moe_model=False, heads_known=True)
+    assert excluded["tp"].startswith("no TP plan for this family and none inferred "
+                                     "(output.weight is tok_embeddings.weight (tied weights))")
+    assert excluded["tp_dp"] == "needs tp (see above)"

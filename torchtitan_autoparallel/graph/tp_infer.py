@@ -444,8 +444,8 @@ class _Analysis:
             for node in self.nodes:
                 if (node.kind == "op" and node.name in _ATTENTION and node.scope != region
                         and _within(node.scope, region)):
-                    n_args = sum(isinstance(a, int) for a in self.calls.get(node.scope, []))
-                    layouts = ("shard:1",) * n_args
+                    layouts = tuple("shard:1" if isinstance(a, int) else None
+                                    for a in self.calls.get(node.scope, []))
                     styles[node.scope] = Style("prepare", inputs=layouts, desired=layouts)
         return styles, dtensor
 
@@ -643,8 +643,10 @@ def with_inferred_tp(adapter: ModelAdapter, model: nn.Module, inputs: tuple[tupl
         return adapter
     try:
         fn = infer_tp(adapter, model, inputs, dim, seq_len)
-    except TPInferenceError as exc:
-        reason = (f"no TP plan for this family and none inferred ({exc}); register one to "
+    except Exception as exc:  # whatever stops inference leaves TP out, with the reason
+        found = str(exc) if isinstance(exc, TPInferenceError) else \
+            f"{type(exc).__name__}: {str(exc)[:160]}"
+        reason = (f"no TP plan for this family and none inferred ({found}); register one to "
                   "enable (ModelAdapter.tp_fn)")
         return dataclasses.replace(adapter, excluded={**adapter.excluded, "tp": reason})
     return dataclasses.replace(adapter, tp_fn=fn)
