@@ -224,6 +224,7 @@ def test_inferred_tp_parity_pocket_lm(pocket_reference, tmp_path):
     plan = _planned(result, path)
     assert "excluded tp" not in result.output
     assert plan.mesh.tp == 2 and plan.mesh.world == 2
+    assert "applied the inferred tensor-parallel plan to 3 blocks" in result.output
     _report(reference, result)
 
 
@@ -256,6 +257,7 @@ def test_inferred_tp_parity_torchtitan_family(family, references, tmp_path):
     plan = _planned(result, path)
     assert plan.mesh.tp == 2
     assert "excluded tp" not in result.output
+    assert "applied the inferred tensor-parallel plan to" in result.output
     _report(reference, result)
 
 

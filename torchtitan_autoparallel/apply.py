@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from .errors import UserError
 from .features import features_from_config
-from .graph.adapters import ModelAdapter, submodule_or_none
+from .graph.adapters import INFER_TP, ModelAdapter, submodule_or_none
 from .graph.discover import get_adapter
 from .graph.layer_graph import planning_adapter
 from .layout import tp_as_dp_problem
@@ -331,7 +331,7 @@ def plan_adapter(job_config: Any, model: nn.Module, tp: bool) -> ModelAdapter:
     """The family's adapter, discovered from ``model``; for a ``tp`` plan of a family without
     a TP function, with the one planning inferred (``graph/tp_infer.py``)."""
     adapter = get_adapter(job_config.model.name, model)
-    if not tp or adapter.tp_fn is not None:
+    if not tp or adapter.tp_fn not in (None, INFER_TP):
         return adapter
     from torchtitan.protocols.train_spec import get_train_spec
 

@@ -37,7 +37,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from .adapters import ModelAdapter
+from .adapters import INFER_TP, ModelAdapter
 
 TP_PROBE = 2
 """tp degree of the local-shape run (every head count the planner accepts is a multiple)."""
@@ -601,11 +601,14 @@ class InferredTP:
     def __call__(self, model: nn.Module, tp_mesh: Any, loss_parallel: bool,
                  enable_float8_tensorwise_tp: bool = False) -> None:
         from torch.distributed.tensor.parallel import parallelize_module
+        from torchtitan.tools.logging import logger
 
         parallelize_module(model, tp_mesh, self.top_styles(model, loss_parallel))
-        for block in model.get_submodule(self.blocks).children():
+        blocks = list(model.get_submodule(self.blocks).children())
+        for block in blocks:
             parallelize_module(block, tp_mesh,
                                self.block_styles(block, enable_float8_tensorwise_tp))
+        logger.info(f"applied the inferred tensor-parallel plan to {len(blocks)} blocks")
 
 
 def infer_tp(adapter: ModelAdapter, model: nn.Module, inputs: tuple[tuple, dict], dim: int,
@@ -639,7 +642,7 @@ def with_inferred_tp(adapter: ModelAdapter, model: nn.Module, inputs: tuple[tupl
                      dim: int, seq_len: int) -> ModelAdapter:
     """``adapter`` with an inferred ``tp_fn`` where it has none; where inference fails, TP
     excluded with the reason (the plan table's ``excluded tp`` line)."""
-    if adapter.tp_fn is not None or "tp" in adapter.excluded:
+    if adapter.tp_fn not in (None, INFER_TP) or "tp" in adapter.excluded:
         return adapter
     try:
         fn = infer_tp(adapter, model, inputs, dim, seq_len)
@@ -648,5 +651,6 @@ def with_inferred_tp(adapter: ModelAdapter, model: nn.Module, inputs: tuple[tupl
             f"{type(exc).__name__}: {str(exc)[:160]}"
         reason = (f"no TP plan for this family and none inferred ({found}); register one to "
                   "enable (ModelAdapter.tp_fn)")
-        return dataclasses.replace(adapter, excluded={**adapter.excluded, "tp": reason})
+        return dataclasses.replace(adapter, tp_fn=None,
+                                   excluded={**adapter.excluded, "tp": reason})
     return dataclasses.replace(adapter, tp_fn=fn)
