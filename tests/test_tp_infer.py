@@ -173,7 +173,21 @@ class _Softmaxed(nn.Module):
         return self.down(self.up(x).softmax(dim=-1))
 
 
+class _TiedGate(nn.Module):
+    """A gated FFN whose gate and up projections share one weight."""
+
+    def __init__(self, dim: int = 64) -> None:
+        super().__init__()
+        self.up, self.gate = nn.Linear(dim, 4 * dim), nn.Linear(dim, 4 * dim)
+        self.gate.weight = self.up.weight
+        self.down = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
 @pytest.mark.parametrize("mix,reason", [
+    (_TiedGate(), r"mix\.gate\.weight is mix\.up\.weight \(tied weights\)"),
     (_FusedQKV(), r"mix\.chunk\(3\) splits or joins the sharded dim"),
     (_Softmaxed(), r"mix\.softmax\(\) reduces over the sharded dim"),
     (nn.Linear(64, 64), r"mix projects onto the residual stream with no column-wise"),

@@ -483,6 +483,11 @@ def infer_block_plan(block: nn.Module, inputs: tuple[tuple, dict],
     to other code (the MoE module). Raises TPInferenceError naming what stops it."""
     if not isinstance(inputs[0][0], torch.Tensor):
         raise TPInferenceError("the block's first argument is not its hidden states")
+    owners: dict[int, str] = {}
+    for name, param in block.named_parameters(remove_duplicate=False):
+        if id(param) in owners:
+            raise TPInferenceError(f"{name} is {owners[id(param)]} (tied weights)")
+        owners[id(param)] = name
     skip = set(opaque)
     graph = _Recorder()
     try:
