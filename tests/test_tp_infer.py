@@ -187,13 +187,14 @@ class _TiedGate(nn.Module):
 
 
 @pytest.mark.parametrize("mix,reason", [
-    (_TiedGate(), r"mix\.gate\.weight is mix\.up\.weight \(tied weights\)"),
-    (_FusedQKV(), r"mix\.chunk\(3\) splits or joins the sharded dim"),
-    (_Softmaxed(), r"mix\.softmax\(\) reduces over the sharded dim"),
-    (nn.Linear(64, 64), r"mix projects onto the residual stream with no column-wise"),
+    (_TiedGate, r"mix\.gate\.weight is mix\.up\.weight \(tied weights\)"),
+    (_FusedQKV, r"mix\.chunk\(3\) splits or joins the sharded dim"),
+    (_Softmaxed, r"mix\.softmax\(\) reduces over the sharded dim"),
+    (lambda: nn.Linear(64, 64), r"mix projects onto the residual stream with no column-wise"),
 ])
 def test_blocks_left_out_name_the_reason(mix, reason):
-    block = _Block(mix).to("meta")
+    with torch.device("meta"):
+        block = _Block(mix())
     x = torch.empty(1, 16, 64, device="meta")
     with pytest.raises(TPInferenceError, match=reason):
         infer_block_plan(block, ((x,), {}))
