@@ -291,3 +291,20 @@ def test_tied_weights_leave_tp_out():
     assert excluded["tp"].startswith("no TP plan for this family and none inferred "
                                      "(output.weight is tok_embeddings.weight (tied weights))")
     assert excluded["tp_dp"] == "needs tp (see above)"
+
+
+@pytest.mark.slow
+def test_inferred_tp_trains_like_torchtitans_own(references, tmp_path):
+    """llama3 at tp 2: the inferred plan and TorchTitan's ``apply_tp`` train bit for bit
+    alike (equal plans, equal arithmetic)."""
+    seed, _ = references("llama3")
+    runs = [run_job("llama3_debug_auto.toml", 2, tmp_path / name,
+                    [*extra, "--parallelism.tensor_parallel_degree=2"], seed_checkpoint=seed)
+            for name, extra in (("own", ()),
+                                ("inferred", ("--experimental.custom_import=tests.inferred_tp",)))]
+    for run in runs:
+        assert run.returncode == 0 and len(run.rows) == 5, run.output[-3000:]
+    assert "applied the inferred tensor-parallel plan" in runs[1].output
+    assert "applied the inferred tensor-parallel plan" not in runs[0].output
+    assert runs[0].losses == runs[1].losses
+    assert runs[0].grad_norms == runs[1].grad_norms
