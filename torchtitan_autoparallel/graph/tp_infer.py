@@ -29,15 +29,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves, tree_map
 
 from .adapters import INFER_TP, ModelAdapter
+from .tp_styles import InferredTP, Style, block_signature
+from .tp_trace import Node, Recorder, fqn, show_args, trace
+
+__all__ = ["InferredTP", "Style", "TPInferenceError", "block_signature", "infer_block_plan",
+           "infer_tp", "with_inferred_tp"]
 
 TP_PROBE = 2
 """tp degree of the local-shape run (every head count the planner accepts is a multiple)."""
@@ -63,149 +64,6 @@ class TPInferenceError(Exception):
     """The block is not a clean column-wise -> elementwise -> row-wise chain (message: why)."""
 
 
-@dataclass(frozen=True)
-class Style:
-    """One ``parallelize_module`` entry, as plain data (built by ``build_style``)."""
-
-    kind: str
-    """"colwise", "rowwise", "sequence", "prepare" (module input), "replicate" (NoParallel)."""
-    local_output: bool = True
-    sequence_dim: int = 1
-    inputs: tuple[str | None, ...] = ()
-    """prepare: per positional argument "shard:<d>", "replicate" or None (left alone)."""
-    desired: tuple[str | None, ...] = ()
-
-
-@dataclass
-class _Node:
-    kind: str  # "input", "op", "module", "output"
-    name: str
-    inputs: list[int]
-    shapes: list[tuple[int, ...]] = field(default_factory=list)
-    in_shapes: list[tuple[int, ...]] = field(default_factory=list)
-    scope: str = ""
-    args: Any = None
-
-
-def _fqn(scope: str, name: str) -> str:
-    return f"{scope}.{name}" if scope else name
-
-
-def _is_leaf(module: nn.Module, opaque: set[int]) -> bool:
-    return (isinstance(module, nn.Linear) or id(module) in opaque
-            or any(True for _ in module.parameters(recurse=False)))
-
-
-class _Recorder(TorchFunctionMode):
-    """Torch calls and leaf-module calls of one block forward, with their tensor flow."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.nodes: list[_Node] = []
-        self.producer: dict[int, int] = {}
-        self.alive: list[torch.Tensor] = []
-        self.leaf_depth = 0
-        self.scopes: list[str] = [""]
-        self.calls: dict[str, list[Any]] = {}
-        self.last = ""
-
-    def add(self, node: _Node, outputs: Any) -> None:
-        tensors = [t for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
-        node.shapes = [tuple(t.shape) for t in tensors]
-        self.nodes.append(node)
-        for t in tensors:
-            self.producer[id(t)] = len(self.nodes) - 1
-            self.alive.append(t)
-
-    def sources(self, tree: Any) -> tuple[list[int], list[tuple[int, ...]]]:
-        tensors = [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
-        return ([self.producer[id(t)] for t in tensors if id(t) in self.producer],
-                [tuple(t.shape) for t in tensors if id(t) in self.producer])
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", str(func))
-        self.last = f"{_fqn(self.scopes[-1], name)}{_show_args(args[1:])}"
-        out = func(*args, **kwargs)
-        if self.leaf_depth == 0 and any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
-            inputs, shapes = self.sources((args, kwargs))
-            self.add(_Node("op", name, inputs, in_shapes=shapes, scope=self.scopes[-1],
-                           args=(args, kwargs)), out)
-        return out
-
-
-def _show_args(args: tuple) -> str:
-    def one(a: Any) -> str:
-        if isinstance(a, torch.Tensor):
-            return "tensor"
-        if isinstance(a, (list, tuple)):
-            return ", ".join(one(x) for x in a)
-        return repr(a)
-
-    return f"({', '.join(one(a) for a in args)})"
-
-
-def _to_meta(t: Any) -> Any:
-    return t.to("meta") if isinstance(t, torch.Tensor) else t
-
-
-def _stub(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-def _trace(rec: _Recorder, block: nn.Module, inputs: tuple[tuple, dict],
-           opaque: set[str]) -> None:
-    """Run ``block`` once on meta tensors, recording its graph into ``rec``."""
-    handles = []
-    opaque_ids = {id(block.get_submodule(n)) for n in opaque}
-    names = {id(m): n for n, m in block.named_modules()}
-    pending: dict[int, tuple[list[int], list[tuple[int, ...]]]] = {}
-
-    def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        name = names[id(module)]
-        rec.scopes.append(name)
-        if name not in rec.calls:
-            rec.calls[name] = [rec.producer.get(id(a), -1) if isinstance(a, torch.Tensor)
-                               else None for a in args]
-        if _is_leaf(module, opaque_ids) and name:
-            if rec.leaf_depth == 0:
-                pending[id(module)] = rec.sources((args, kwargs))
-            rec.leaf_depth += 1
-
-    def post(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
-        name = rec.scopes.pop()
-        if _is_leaf(module, opaque_ids) and name:
-            rec.leaf_depth -= 1
-            if rec.leaf_depth == 0:
-                srcs, shapes = pending.pop(id(module))
-                rec.add(_Node("module", name, srcs, in_shapes=shapes, scope=rec.scopes[-1]),
-                        out)
-
-    for name, module in block.named_modules():
-        if name:
-            handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-            handles.append(module.register_forward_hook(post, with_kwargs=True))
-    args, kwargs = inputs
-    args, kwargs = tree_map(_to_meta, (args, kwargs))
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            rec.add(_Node("input", f"input{i}", []), a)
-    stubs = [block.get_submodule(n) for n in opaque]
-    for module in stubs:  # left to other code (routed experts do not run on meta)
-        module.forward = _stub  # type: ignore[method-assign]
-    try:
-        with rec:
-            out = block(*args, **kwargs)
-    finally:
-        for h in handles:
-            h.remove()
-        for module in stubs:
-            del module.forward
-    out = next(t for t in tree_leaves(out) if isinstance(t, torch.Tensor))
-    rec.nodes.append(_Node("output", "output", [rec.producer[id(out)]]))
-
-
 def _sharded_dim(global_shape: tuple[int, ...], local_shape: tuple[int, ...]) -> int | None:
     """The one dim where the local shape is the global one over ``TP_PROBE``; None if equal."""
     diffs = [i for i, (g, loc) in enumerate(zip(global_shape, local_shape, strict=True))
@@ -217,7 +75,7 @@ def _sharded_dim(global_shape: tuple[int, ...], local_shape: tuple[int, ...]) ->
     return diffs[0]
 
 
-def _dim_arg(node: _Node, position: int, default: int | None) -> int | tuple | None:
+def _dim_arg(node: Node, position: int, default: int | None) -> int | tuple | None:
     args, kwargs = node.args
     if "dim" in kwargs:
         return kwargs["dim"]
@@ -242,7 +100,7 @@ def _common_module(names: list[str]) -> str:
 class _Analysis:
     """The TP plan of one traced block (``graph``) checked against its local-shape run."""
 
-    def __init__(self, block: nn.Module, graph: _Recorder, local: _Recorder | None,
+    def __init__(self, block: nn.Module, graph: Recorder, local: Recorder | None,
                  local_error: tuple[str, str] | None, opaque: set[str]) -> None:
         self.block, self.nodes, self.opaque = block, graph.nodes, opaque
         self.calls = graph.calls
@@ -309,9 +167,9 @@ class _Analysis:
         pair = (g.in_shapes, loc.in_shapes) if inputs else (g.shapes, loc.shapes)
         return _sharded_dim(pair[0][k], pair[1][k])
 
-    def where(self, node: _Node) -> str:
+    def where(self, node: Node) -> str:
         args = node.args[0][1:] if node.args else ()
-        return f"{_fqn(node.scope, node.name)}{_show_args(args)}"
+        return f"{fqn(node.scope, node.name)}{show_args(args)}"
 
     def check_op(self, j: int, tainted: set[int]) -> None:
         """An op on sharded tensors must act on local heads as on all of them."""
@@ -489,18 +347,18 @@ def infer_block_plan(block: nn.Module, inputs: tuple[tuple, dict],
             raise TPInferenceError(f"{name} is {owners[id(param)]} (tied weights)")
         owners[id(param)] = name
     skip = set(opaque)
-    graph = _Recorder()
+    graph = Recorder()
     try:
-        _trace(graph, block, inputs, skip)
+        trace(graph, block, inputs, skip)
     except Exception as exc:
         raise TPInferenceError(f"the block does not run on the meta device ({graph.last}: "
                                f"{type(exc).__name__})") from None
     analysis = _Analysis(block, graph, None, None, skip)
     role = analysis.classify()
-    local = _Recorder()
+    local = Recorder()
     error: tuple[str, str] | None = None
     try:
-        _trace(local, _local_copy(block, role), inputs, skip)
+        trace(local, _local_copy(block, role), inputs, skip)
         if [n.name for n in local.nodes] != [n.name for n in graph.nodes]:
             error = ("", "the block runs different ops on one tp rank's shapes")
     except TPInferenceError:
@@ -510,110 +368,6 @@ def infer_block_plan(block: nn.Module, inputs: tuple[tuple, dict],
         error = (local.scopes[-1], f"{local.last} fails on one tp rank's heads (a head count "
                                    f"written in the code?): {type(exc).__name__}: {message}")
     return _Analysis(block, graph, local, error, skip).plan()
-
-
-def _placement(layout: str | None) -> Any:
-    from torch.distributed.tensor import Replicate, Shard
-
-    if layout is None:
-        return None
-    return Replicate() if layout == "replicate" else Shard(int(layout.split(":")[1]))
-
-
-def build_style(style: Style, float8: bool = False) -> Any:
-    """The ``ParallelStyle`` object ``style`` describes (torchao's float8 styles for the
-    projections and module inputs with ``float8``, as TorchTitan's ``apply_tp``)."""
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
-
-    colwise, rowwise, prepare = ColwiseParallel, RowwiseParallel, PrepareModuleInput
-    if float8:
-        from torchao.float8.float8_tensor_parallel import (
-            Float8ColwiseParallel,
-            Float8RowwiseParallel,
-            PrepareFloat8ModuleInput,
-        )
-
-        colwise, rowwise = Float8ColwiseParallel, Float8RowwiseParallel
-        prepare = PrepareFloat8ModuleInput
-    if style.kind == "colwise":
-        return colwise(use_local_output=style.local_output)
-    if style.kind == "rowwise":
-        return rowwise(output_layouts=Shard(1))
-    if style.kind == "sequence":
-        return SequenceParallel(sequence_dim=style.sequence_dim,
-                                use_local_output=style.local_output)
-    if style.kind == "replicate":
-        from torchtitan.distributed import NoParallel
-
-        return NoParallel(use_local_output=style.local_output)
-    # a module's input: the projections' module gets the float8 kind, an attention kernel not
-    kind = prepare if style.desired and style.desired[0] == "replicate" else PrepareModuleInput
-    return kind(input_layouts=tuple(_placement(p) for p in style.inputs),
-                desired_input_layouts=tuple(_placement(p) for p in style.desired),
-                use_local_output=style.local_output)
-
-
-def block_signature(block: nn.Module) -> str:
-    """Blocks with equal signatures get the same plan."""
-    shapes = ",".join(f"{n}:{tuple(p.shape)}" for n, p in block.named_parameters())
-    return f"{type(block).__name__}[{shapes}]"
-
-
-@dataclass(frozen=True)
-class InferredTP:
-    """A family's TP function built from the inferred block plans, with TorchTitan's
-    embedding / final norm / output styles (``apply_tp``)."""
-
-    embedding: str | None
-    final_norm: str | None
-    output: str | None
-    blocks: str
-    plans: dict[str, dict[str, Style]]
-    """Block signature -> plan."""
-
-    def top_styles(self, model: nn.Module, loss_parallel: bool) -> dict[str, Any]:
-        from torch.distributed.tensor import Replicate, Shard
-        from torch.distributed.tensor.parallel import (
-            ColwiseParallel,
-            RowwiseParallel,
-            SequenceParallel,
-        )
-
-        present = {n for n, _ in model.named_modules()}
-        styles = {
-            self.embedding: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            self.final_norm: SequenceParallel(),
-            self.output: ColwiseParallel(input_layouts=Shard(1),
-                                         output_layouts=Shard(-1) if loss_parallel
-                                         else Replicate(),
-                                         use_local_output=not loss_parallel),
-        }
-        return {k: v for k, v in styles.items() if k and k in present}
-
-    def block_styles(self, block: nn.Module, float8: bool = False) -> dict[str, Any]:
-        plan = self.plans.get(block_signature(block))
-        if plan is None:
-            raise KeyError(f"no inferred TP plan for a {type(block).__name__} block with "
-                           "these parameter shapes")
-        return {name: build_style(style, float8) for name, style in plan.items()}
-
-    def __call__(self, model: nn.Module, tp_mesh: Any, loss_parallel: bool,
-                 enable_float8_tensorwise_tp: bool = False) -> None:
-        from torch.distributed.tensor.parallel import parallelize_module
-        from torchtitan.tools.logging import logger
-
-        parallelize_module(model, tp_mesh, self.top_styles(model, loss_parallel))
-        blocks = list(model.get_submodule(self.blocks).children())
-        for block in blocks:
-            parallelize_module(block, tp_mesh,
-                               self.block_styles(block, enable_float8_tensorwise_tp))
-        logger.info(f"applied the inferred tensor-parallel plan to {len(blocks)} blocks")
 
 
 def infer_tp(adapter: ModelAdapter, model: nn.Module, inputs: tuple[tuple, dict], dim: int,
