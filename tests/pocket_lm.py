@@ -31,6 +31,9 @@ class PocketArgs(BaseModelArgs):
     ffn_width: int = 256
     vocab_size: int = 2048
     context: int = 128
+    fixed_heads: bool = False
+    """Attention views written with the model's head counts (not -1): right on one device,
+    wrong on one tp rank's share of the heads (TP inference leaves TP out)."""
 
     def update_from_config(self, job_config, **kwargs) -> None:
         self.context = job_config.training.seq_len
@@ -54,6 +57,8 @@ class Mix(nn.Module):
     def __init__(self, args: PocketArgs) -> None:
         super().__init__()
         self.head_dim = args.width // args.n_heads
+        fixed = args.fixed_heads
+        self.heads = (args.n_heads, args.n_kv_heads) if fixed else (-1, -1)
         self.q = nn.Linear(args.width, args.n_heads * self.head_dim, bias=False)
         self.k = nn.Linear(args.width, args.n_kv_heads * self.head_dim, bias=False)
         self.v = nn.Linear(args.width, args.n_kv_heads * self.head_dim, bias=False)
@@ -61,9 +66,10 @@ class Mix(nn.Module):
 
     def forward(self, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q = _rotate(self.q(x).view(b, s, -1, self.head_dim), angles[:s])
-        k = _rotate(self.k(x).view(b, s, -1, self.head_dim), angles[:s])
-        v = self.v(x).view(b, s, -1, self.head_dim)
+        q_heads, kv_heads = self.heads
+        q = _rotate(self.q(x).view(b, s, q_heads, self.head_dim), angles[:s])
+        k = _rotate(self.k(x).view(b, s, kv_heads, self.head_dim), angles[:s])
+        v = self.v(x).view(b, s, kv_heads, self.head_dim)
         rep = q.shape[2] // k.shape[2]
         k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
@@ -125,8 +131,8 @@ def parallelize_pocket(model: nn.Module, parallel_dims: object, job_config: obje
     return model
 
 
-FLAVORS = {"tiny": PocketArgs(), "wide": PocketArgs(width=192, depth=4, n_heads=6,
-                                                    n_kv_heads=6, ffn_width=512)}
+FLAVORS = {"tiny": PocketArgs(), "fixed_heads": PocketArgs(fixed_heads=True),
+           "wide": PocketArgs(width=192, depth=4, n_heads=6, n_kv_heads=6, ffn_width=512)}
 
 
 def register() -> None:

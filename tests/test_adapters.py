@@ -15,6 +15,7 @@ from torchtitan_autoparallel.errors import UserError
 from torchtitan_autoparallel.graph import adapters
 from torchtitan_autoparallel.graph.adapters import resolve
 from torchtitan_autoparallel.graph.discover import discover_adapter
+from torchtitan_autoparallel.graph.tp_infer import InferredTP
 
 from parity import PARITY_OVERRIDES, REPO
 
@@ -81,12 +82,17 @@ def test_discovery_reads_the_test_model():
     found = job_inputs(_job(), 2).graph.adapter
     assert (found.blocks, found.embedding, found.final_norm, found.output) == (
         "stack", "wte", "ln_out", "head")
-    assert found.tp_fn is None and found.op_sac_save_list is None and found.block_args == 2
+    assert isinstance(found.tp_fn, InferredTP)  # no TP function: inferred (test_tp_infer.py)
+    assert found.op_sac_save_list is None and found.block_args == 2
     assert [layer.fqn for layer in plan.layers] == ["wte", "stack.0", "stack.1", "stack.2",
                                                     "head"]
-    assert "excluded tp: no TP plan for this family; register one to enable " \
-        "(ModelAdapter.tp_fn)" in plan.notes
+    assert "excluded tp" not in plan.notes
     assert all(layer.ac != "selective" for layer in plan.layers)
+    # attention views written with the head counts: TP left out, the op named
+    notes = _plan(2, "--model.flavor=fixed_heads").notes
+    assert any(note.startswith("excluded tp: no TP plan for this family and none inferred "
+                               "(stack.0: mix.view(1, 128, 6, 16) fails on one tp rank's heads")
+               for note in notes), notes
 
 
 def test_adapter_without_a_model_is_the_registered_one():
@@ -154,7 +160,7 @@ def test_tp_degree_not_dividing_the_heads():
 def test_tp_degree_without_tp_plan():
     with pytest.raises(UserError, match=r"parallelism.tensor_parallel_degree = 2 needs tp, which "
                                         r"model 'pocket_lm' cannot use: no TP plan"):
-        _plan(2, "--parallelism.tensor_parallel_degree=2")
+        _plan(2, "--parallelism.tensor_parallel_degree=2", "--model.flavor=fixed_heads")
 
 
 def test_registered_heads_used():

@@ -1,8 +1,8 @@
 """A user's own model (tests/pocket_lm.py: own module names and model args, a train spec
 registered through ``experimental.custom_import``) trains under auto parallelism exactly like
 its 1-rank run (fp32, 5 steps, losses and gradient norms within rel 1e-4): first with what
-discovery finds (FSDP / HSDP / DDP and AC; TP excluded and reported), then with a user adapter
-that adds its TP plan."""
+discovery finds (FSDP / HSDP / DDP, AC, and TP from the inferred plan: tests/test_tp_infer.py),
+then with a user adapter that adds its TP plan."""
 
 import pytest
 
@@ -41,8 +41,8 @@ def test_discovered_model_parity(ngpu, pocket_reference, tmp_path):
     result = run_job(AUTO, ngpu, tmp_path / "run", [f"--autoparallel.save_plan={path}"],
                      seed_checkpoint=seed)
     plan = planned(result, path)
-    assert "excluded tp: no TP plan for this family; register one to enable" in result.output
-    assert plan.mesh.tp == 1 and plan.mesh.world == ngpu
+    assert "excluded tp" not in result.output  # inferred
+    assert plan.mesh.world == ngpu
     assert_parity(reference, result)
     assert_grad_norm_parity(reference, result)
 

@@ -17,8 +17,9 @@ import torch.nn as nn
 
 from .errors import UserError
 from .features import features_from_config
-from .graph.adapters import ModelAdapter, submodule_or_none
+from .graph.adapters import INFER_TP, ModelAdapter, submodule_or_none
 from .graph.discover import get_adapter
+from .graph.layer_graph import planning_adapter
 from .layout import tp_as_dp_problem
 from .plan import Plan
 from .runtime.moe import reduce_sequence_parallel_moe_grads, reduce_tensor_parallel_router_grads
@@ -236,6 +237,23 @@ def fsdp_arguments(parallel_dims: Any, training: Any, cpu_offload: bool) -> dict
     return fsdp
 
 
+def plan_adapter(job_config: Any, model: nn.Module, tp: bool) -> ModelAdapter:
+    """The family's adapter, discovered from ``model``; for a ``tp`` plan of a family without
+    a TP function, with the one planning inferred (``graph/tp_infer.py``)."""
+    adapter = get_adapter(job_config.model.name, model)
+    if not tp or adapter.tp_fn not in (None, INFER_TP):
+        return adapter
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    spec = get_train_spec(job_config.model.name)
+    inferred = planning_adapter(job_config.model.name, spec.model_args[job_config.model.flavor],
+                                spec.model_cls, job_config.training.seq_len)
+    if inferred.tp_fn is None:
+        raise UserError(f"the plan uses tp but {job_config.model.name!r} has no TP plan: "
+                        f"{inferred.excluded.get('tp', '')}")
+    return dataclasses.replace(adapter, tp_fn=inferred.tp_fn)
+
+
 def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan) -> nn.Module:
     """Parallelize ``model`` (on meta) as ``plan`` says, in TorchTitan's order: TP (+ async
     TP), MoE EP / ETP, CP, AC, compile, then FSDP or DDP; the job's features (compile, float8,
@@ -244,7 +262,7 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
 
     check_plan_matches(plan, parallel_dims)
     features = features_from_config(job_config)
-    adapter = get_adapter(job_config.model.name, model)
+    adapter = plan_adapter(job_config, model, tp=plan.mesh.tp > 1)
     by_fqn = {layer.fqn: layer for layer in plan.layers}
     blocks = model.get_submodule(adapter.blocks)
     planned = {name: by_fqn.get(f"{adapter.blocks}.{name}") for name in blocks_names(blocks)}

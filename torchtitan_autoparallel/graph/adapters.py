@@ -27,6 +27,9 @@ from ..errors import UserError
 FnRef = str | Callable[..., Any]
 """A function, or its dotted import path (resolved when first used)."""
 
+INFER_TP = "infer"
+"""``ModelAdapter.tp_fn`` value: use the inferred TP plan, not a discovered function."""
+
 
 def resolve(ref: FnRef | None) -> Any:
     """The object ``ref`` names (a dotted path is imported), or ``ref`` itself."""
@@ -70,8 +73,11 @@ class ModelAdapter:
     ``tp_fn(model, tp_mesh, loss_parallel=..., enable_float8_tensorwise_tp=...,
     [cp_enabled=...], **tp_kwargs)`` on a module holding ``embedding``, ``final_norm``,
     ``output`` and the blocks to parallelize under their own names (TorchTitan's ``apply_tp``
-    convention: the residual stream is sequence-sharded, Shard(1), between blocks). None: TP
-    (and the tp dim used as data parallel) is excluded from the search."""
+    convention: the residual stream is sequence-sharded, Shard(1), between blocks). None:
+    discovered (the train spec's ``apply_tp`` / ``apply_non_moe_tp``), else inferred from the
+    blocks (``graph/tp_infer.py``); ``INFER_TP``: inferred even where one is discovered. Where
+    inference fails, TP (and the tp dim used as data parallel) is excluded from the search,
+    with the reason."""
     tp_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for ``tp_fn``."""
     op_sac_save_list: FnRef | set[Any] | None = None

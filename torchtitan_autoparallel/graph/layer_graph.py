@@ -31,6 +31,7 @@ from .discover import (
     view_modules,
     view_parameters,
 )
+from .tp_infer import with_inferred_tp
 
 
 @dataclass(frozen=True)
@@ -357,6 +358,27 @@ def _measurable_args(model_args: Any, seq_len: int, job: Any = None) -> tuple[An
     return args, attn_type
 
 
+def _planning_model(family: str, args: Any, model_cls: type, seq_len: int
+                    ) -> tuple[torch.nn.Module, ModelAdapter, tuple[tuple, dict]]:
+    """The model on meta, its adapter (registered, discovered, TP inferred where it has no
+    ``tp_fn``) and its first block's inputs."""
+    with torch.device("meta"):
+        model = model_cls(args)
+    adapter = get_adapter(family, model)
+    check_adapter(family, adapter, model)
+    inputs = block_inputs(family, model, adapter, seq_len)
+    dim = model.get_submodule(adapter.embedding).embedding_dim
+    return model, with_inferred_tp(adapter, model, inputs, dim, seq_len), inputs
+
+
+def planning_adapter(family: str, model_args: Any, model_cls: type, seq_len: int,
+                     job_config: Any = None) -> ModelAdapter:
+    """The adapter ``build_layer_graph`` reads the model with (an inferred TP function
+    included): what applying a plan needs where the registered adapter has no ``tp_fn``."""
+    args, _ = _measurable_args(model_args, seq_len, job_config)
+    return _planning_model(family, args, model_cls, seq_len)[1]
+
+
 def build_layer_graph(
     family: str, flavor: str, model_args: Any, model_cls: type, seq_len: int,
     job_config: Any = None,
@@ -366,10 +388,7 @@ def build_layer_graph(
     default job config)."""
     grouped = bool(getattr(getattr(model_args, "moe_args", None), "use_grouped_mm", True))
     args, attn_type = _measurable_args(model_args, seq_len, job_config)
-    with torch.device("meta"):
-        model = model_cls(args)
-    adapter = get_adapter(family, model)
-    check_adapter(family, adapter, model)
+    model, adapter, inputs = _planning_model(family, args, model_cls, seq_len)
     embedding = model.get_submodule(adapter.embedding)
     dim, vocab = embedding.embedding_dim, embedding.num_embeddings
     heads = heads_of(adapter, args, dim,
@@ -389,7 +408,6 @@ def build_layer_graph(
     layers = []
     layers.append(Layer(adapter.embedding, "embedding", count(embedding), 0.0,
                         seq_len * dim * fp32, seq_len * 8, "embedding"))
-    inputs = block_inputs(family, model, adapter, seq_len)
     measured: dict[str, tuple[float, ...]] = {}
     kv_bytes = 2.0 * seq_len * n_kv_heads * head_dim * fp32
     moe_model = False

@@ -1,0 +1,126 @@
+"""Tensor-parallel styles as plain data (``Style``), the ``ParallelStyle`` objects they stand for,
+and the TP function built from inferred block plans (``InferredTP``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class Style:
+    """One ``parallelize_module`` entry, as plain data (built by ``build_style``)."""
+
+    kind: str
+    """"colwise", "rowwise", "sequence", "prepare" (module input), "replicate" (NoParallel)."""
+    local_output: bool = True
+    sequence_dim: int = 1
+    inputs: tuple[str | None, ...] = ()
+    """prepare: per positional argument "shard:<d>", "replicate" or None (left alone)."""
+    desired: tuple[str | None, ...] = ()
+
+
+def _placement(layout: str | None) -> Any:
+    from torch.distributed.tensor import Replicate, Shard
+
+    if layout is None:
+        return None
+    return Replicate() if layout == "replicate" else Shard(int(layout.split(":")[1]))
+
+
+def build_style(style: Style, float8: bool = False) -> Any:
+    """The ``ParallelStyle`` object ``style`` describes (torchao's float8 styles for the
+    projections and module inputs with ``float8``, as TorchTitan's ``apply_tp``)."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    colwise, rowwise, prepare = ColwiseParallel, RowwiseParallel, PrepareModuleInput
+    if float8:
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+            PrepareFloat8ModuleInput,
+        )
+
+        colwise, rowwise = Float8ColwiseParallel, Float8RowwiseParallel
+        prepare = PrepareFloat8ModuleInput
+    if style.kind == "colwise":
+        return colwise(use_local_output=style.local_output)
+    if style.kind == "rowwise":
+        return rowwise(output_layouts=Shard(1))
+    if style.kind == "sequence":
+        return SequenceParallel(sequence_dim=style.sequence_dim,
+                                use_local_output=style.local_output)
+    if style.kind == "replicate":
+        from torchtitan.distributed import NoParallel
+
+        return NoParallel(use_local_output=style.local_output)
+    # a module's input: the projections' module gets the float8 kind, an attention kernel not
+    kind = prepare if style.desired and style.desired[0] == "replicate" else PrepareModuleInput
+    return kind(input_layouts=tuple(_placement(p) for p in style.inputs),
+                desired_input_layouts=tuple(_placement(p) for p in style.desired),
+                use_local_output=style.local_output)
+
+
+def block_signature(block: nn.Module) -> str:
+    """Blocks with equal signatures get the same plan."""
+    shapes = ",".join(f"{n}:{tuple(p.shape)}" for n, p in block.named_parameters())
+    return f"{type(block).__name__}[{shapes}]"
+
+
+@dataclass(frozen=True)
+class InferredTP:
+    """A family's TP function built from the inferred block plans, with TorchTitan's
+    embedding / final norm / output styles (``apply_tp``)."""
+
+    embedding: str | None
+    final_norm: str | None
+    output: str | None
+    blocks: str
+    plans: dict[str, dict[str, Style]]
+    """Block signature -> plan."""
+
+    def top_styles(self, model: nn.Module, loss_parallel: bool) -> dict[str, Any]:
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            SequenceParallel,
+        )
+
+        present = {n for n, _ in model.named_modules()}
+        styles = {
+            self.embedding: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            self.final_norm: SequenceParallel(),
+            self.output: ColwiseParallel(input_layouts=Shard(1),
+                                         output_layouts=Shard(-1) if loss_parallel
+                                         else Replicate(),
+                                         use_local_output=not loss_parallel),
+        }
+        return {k: v for k, v in styles.items() if k and k in present}
+
+    def block_styles(self, block: nn.Module, float8: bool = False) -> dict[str, Any]:
+        plan = self.plans.get(block_signature(block))
+        if plan is None:
+            raise KeyError(f"no inferred TP plan for a {type(block).__name__} block with "
+                           "these parameter shapes")
+        return {name: build_style(style, float8) for name, style in plan.items()}
+
+    def __call__(self, model: nn.Module, tp_mesh: Any, loss_parallel: bool,
+                 enable_float8_tensorwise_tp: bool = False) -> None:
+        from torch.distributed.tensor.parallel import parallelize_module
+        from torchtitan.tools.logging import logger
+
+        parallelize_module(model, tp_mesh, self.top_styles(model, loss_parallel))
+        blocks = list(model.get_submodule(self.blocks).children())
+        for block in blocks:
+            parallelize_module(block, tp_mesh,
+                               self.block_styles(block, enable_float8_tensorwise_tp))
+        logger.info(f"applied the inferred tensor-parallel plan to {len(blocks)} blocks")
