@@ -234,6 +234,12 @@ def cuda_only_features(job_config: Any) -> list[str]:
         problems.append(
             "checkpoint.async_mode = 'async_with_pinned_mem' stages through pinned CUDA host "
             "memory; use 'async' or 'disabled' to run on CPU")
+    if job_config.model.name == "gpt_oss":
+        problems.append(
+            "model gpt_oss cannot train on CPU: its flex attention has no CPU backward in torch "
+            "(TorchTitan 0.2.2's own recipe stops with \"FlexAttention does not support "
+            "backward on CPU\") and its bf16 parameters meet fp32 activations; plan it, dry-run "
+            "it (COMM_MODE=fake_backend) or train it on GPUs")
     compile_cfg = job_config.compile
     if getattr(compile_cfg, "enable", False) and compile_cfg.backend not in CPU_COMPILE_BACKENDS:
         problems.append(
