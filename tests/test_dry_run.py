@@ -237,6 +237,7 @@ def test_671b_pipeline_dry_run(tmp_path):
     assert sorted(blocks, key=int) == rank0_blocks(out)
 
 
+@pytest.mark.slow  # measured passing (40 s); test_families plans it in CI
 def test_gpt_oss_120b_plans_and_dry_runs_on_64_ranks(tmp_path):
     """gpt_oss's blocks take flex-attention block masks the model builds from the batch: the
     layer graph asks the model for them (``get_attention_masks`` on a synthetic batch) and

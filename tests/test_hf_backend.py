@@ -302,6 +302,7 @@ QWEN2_7B = {**QWEN2, "hidden_size": 3584, "intermediate_size": 18944, "num_hidde
 """Qwen2.5-7B's config.json sizes (the ``qwen2_7b`` flavor of tests/hf_tiny.py sets them)."""
 
 
+@pytest.mark.slow  # measured passing (37 s)
 def test_qwen2_7b_on_64_h100s_offers_tp_sac_pp_and_builds_them(tmp_path, capsys):
     """A 7B Qwen2.5-shaped HF model on 64 H100s: ``plan`` offers TP, selective AC and PP (none
     excluded), and a 64-rank fake-backend dry run builds tp 4 x pp 2 with op-level selective

@@ -260,7 +260,8 @@ def test_uninferable_block_trains_with_fsdp(pocket_reference, tmp_path):
 
 # slow (out of the CI command for time; ``-m slow`` runs them): qwen3 (attention on DTensors,
 # per-head norms) and deepseek_v3 (MLA: replicated down projection; MoE blocks by TorchTitan)
-@pytest.mark.parametrize("family", ["llama3", pytest.param("qwen3", marks=pytest.mark.slow),
+@pytest.mark.parametrize("family", [pytest.param("llama3", marks=pytest.mark.slow),
+                                    pytest.param("qwen3", marks=pytest.mark.slow),
                                     pytest.param("deepseek_v3", marks=pytest.mark.slow)])
 def test_inferred_tp_parity_torchtitan_family(family, references, tmp_path):
     seed, reference = references(family)
