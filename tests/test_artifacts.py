@@ -142,7 +142,8 @@ def test_unsharded_meshes_are_labelled_ddp_or_single() -> None:
 
 def test_405b_plan_files_are_byte_identical(tmp_path, monkeypatch):
     """The 405B plan on 128 ranks once differed between runs on a loaded box (its planning time
-    fell in another bucket): with one solve made to look 10x slower the files are the same."""
+    fell in another bucket): with the planner's clock jumping 2 s per reading (planning looks
+    many times slower, still inside the job's 30 s deadline) the files are the same."""
     import time as time_module
 
     from torchtitan_autoparallel import planner
@@ -152,6 +153,6 @@ def test_405b_plan_files_are_byte_identical(tmp_path, monkeypatch):
     assert main([*argv, str(tmp_path / "a.json")]) == 0
     real = time_module.perf_counter
     calls = iter(range(10**6))
-    monkeypatch.setattr(planner.time, "perf_counter", lambda: real() + 10.0 * next(calls))
+    monkeypatch.setattr(planner.time, "perf_counter", lambda: real() + 2.0 * next(calls))
     assert main([*argv, str(tmp_path / "b.json")]) == 0
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
