@@ -171,6 +171,11 @@ def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[
                             f"among autoparallel.pp_schedules {list(schedules)}: drop one")
         schedules = (schedule,)
     unknown = [s for s in schedules if s not in SCHEDULES]
+    if unknown and par.pipeline_parallel_schedule_csv:
+        raise UserError(f"pipeline schedule {unknown[0]!r} with parallelism."
+                        "pipeline_parallel_schedule_csv: auto plans TorchTitan's schedules "
+                        f"{list(SCHEDULES)}, not a custom CSV schedule; remove both or set "
+                        "parallelism.auto = false")
     if unknown:
         raise UserError(f"pipeline schedule {unknown[0]!r} is not one of TorchTitan's "
                         f"{list(SCHEDULES)}")
