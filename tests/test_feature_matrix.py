@@ -86,6 +86,7 @@ class Expected:
 SEARCHED_AC = ("activation checkpointing per block from the plan (searched); the configured "
                "activation_checkpoint.mode = '{}' is what pinned blocks run")
 """Under auto the AC mode is searched per block; the log says so (README: settings table)."""
+FLEX = "uses flex attention, whose backward torch runs on CUDA only"
 AOT_EAGER_TP = "compile.backend = 'aot_eager' cannot train tensor-parallel blocks on CPU"
 
 EXPECTED: dict[str, Expected] = {
@@ -119,10 +120,12 @@ EXPECTED: dict[str, Expected] = {
     "optimizer_foreach": Expected(TRAINS, ci=True),
     "ddp": Expected(TRAINS, mesh={"dp_replicate": 4, "dp_shard": 1}, ci=True),
     "hsdp": Expected(TRAINS, mesh={"dp_replicate": 2, "dp_shard": 2}),
-    "fsdp+flex_attn": Expected(TRAINS, mesh={"dp_shard": 4}, ac="full"),
-    "fsdp+flex_attn+per_op_sac": Expected(TRAINS, mesh={"dp_shard": 4}, ac="selective"),
-    "fsdp+varlen_attn+per_op_sac": Expected(CPU_IMPOSSIBLE, "varlen",
-                                            reason="varlen attention is a CUDA kernel"),
+    "fsdp+flex_attn": Expected(CPU_IMPOSSIBLE, FLEX, reason="FlexAttention has no CPU backward"),
+    "fsdp+flex_attn+per_op_sac": Expected(CPU_IMPOSSIBLE, FLEX,
+                                          reason="FlexAttention has no CPU backward"),
+    "fsdp+varlen_attn+per_op_sac": Expected(
+        CPU_IMPOSSIBLE, "uses varlen attention, which runs on CUDA only",
+        reason="varlen attention is torch's flash-attention kernel, CUDA only"),
     "cp_allgather": Expected(TRAINS, mesh={"cp": 4}, ci=True),
     "cp_alltoall": Expected(TRAINS, mesh={"cp": 4}),
     "hsdp+tp": Expected(TRAINS, mesh={"dp_replicate": 2, "dp_shard": 2, "tp": 2}, tp_blocks=True),

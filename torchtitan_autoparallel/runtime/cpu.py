@@ -206,6 +206,25 @@ def install() -> bool:
 CPU_COMPILE_BACKENDS = ("aot_eager", "eager")
 
 
+CUDA_ATTENTION = {
+    "flex": "whose backward torch runs on CUDA only (FlexAttention has no CPU backward)",
+    "varlen": "which runs on CUDA only (torch's flash-attention kernel)",
+}
+"""``attn_type`` values of TorchTitan's model args that a CPU cannot train, and why."""
+
+
+def model_attention(job_config: Any) -> str:
+    """The ``attn_type`` of the job's model flavor ("sdpa" where the spec or flavor is not
+    known here: the model's own checks report those)."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    try:
+        args = get_train_spec(job_config.model.name).model_args[job_config.model.flavor]
+    except (KeyError, ValueError):
+        return "sdpa"
+    return str(getattr(args, "attn_type", "sdpa"))
+
+
 def cuda_only_features(job_config: Any) -> list[str]:
     """Settings in a TorchTitan job config that need CUDA, each with the fix to suggest."""
     problems: list[str] = []
@@ -219,6 +238,11 @@ def cuda_only_features(job_config: Any) -> list[str]:
                 f"model.converters contains {name!r}, which needs a CUDA GPU; "
                 "remove it (or use --model.converters '[]') to run on CPU"
             )
+    attention = model_attention(job_config)
+    if attention in CUDA_ATTENTION:
+        problems.append(
+            f"model.flavor = {job_config.model.flavor!r} uses {attention} attention, "
+            f"{CUDA_ATTENTION[attention]}; use a flavor with sdpa attention to run on CPU")
     profiling = job_config.profiling
     if profiling.enable_profiling:
         problems.append(
