@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from torchtitan_autoparallel.apply import plan_shards_with_fsdp
 from torchtitan_autoparallel.plan import Plan
 
 from parity import PARITY_OVERRIDES, RunResult, assert_parity, run_job
@@ -71,6 +72,12 @@ class Expected:
     (False where the case writes its own checkpoints or changes the model or its numerics)."""
     log: str = ""
     """TRAINS: a line the log must contain."""
+    fsdp_only: str = ""
+    """TRAINS: an FSDP-only setting the case sets: on a plan without FSDP the plan's notes
+    say it has no effect (``fsdp_reshard_after_forward``: otherwise every block reshards)."""
+    local_batch: int = 0
+    """TRAINS: the ``training.local_batch_size`` the case sets: the plan runs it, or its notes
+    say it was searched (auto picks the local batch for the global one)."""
     recipe: bool = False
     """TRAINS: compare with TorchTitan's own recipe running the case's first override list
     (``llama3_debug_fsdp.toml``: explicit degrees, no auto) instead of the 1-rank reference."""
@@ -86,6 +93,7 @@ class Expected:
 SEARCHED_AC = ("activation checkpointing per block from the plan (searched); the configured "
                "activation_checkpoint.mode = '{}' is what pinned blocks run")
 """Under auto the AC mode is searched per block; the log says so (README: settings table)."""
+RESHARD = "parallelism.fsdp_reshard_after_forward"
 FLEX = "uses flex attention, whose backward torch runs on CUDA only"
 AOT_EAGER_TP = "compile.backend = 'aot_eager' cannot train tensor-parallel blocks on CPU"
 
@@ -97,43 +105,48 @@ EXPECTED: dict[str, Expected] = {
                                   ci=True),
     "2d_eager": Expected(TRAINS, mesh={"tp": 2}, tp_blocks=True, ci=True),
     "2d_compile": Expected(REFUSED, AOT_EAGER_TP),
-    "2d_asynctp_compile": Expected(REFUSED, AOT_EAGER_TP),
-    "full_checkpoint": Expected(TRAINS, checkpoint="checkpoint/step-5", parity=False, ci=True),
+    "2d_asynctp_compile": Expected(REFUSED, AOT_EAGER_TP, ci=True),
+    "full_checkpoint": Expected(TRAINS, checkpoint="checkpoint/step-5", parity=False),
     "model_only_hf_checkpoint": Expected(TRAINS, checkpoint="hf_checkpoint/step-3/*.safetensors",
                                          parity=False),
     "last_save_model_only_fp32": Expected(TRAINS, checkpoint="checkpoint/step-3", parity=False),
     "last_save_model_only_bf16": Expected(TRAINS, checkpoint="checkpoint/step-3", parity=False),
     "pp_looped_zero_bubble": Expected(REFUSED, "has 6 blocks"),
     "pp_zbv": Expected(TRAINS, mesh={"pp": 2}, schedule="ZBVZeroBubble"),
-    "pp_1f1b": Expected(TRAINS, mesh={"pp": 2, "dp_shard": 1}, schedule="1F1B", ci=True),
-    "pp_gpipe": Expected(TRAINS, mesh={"pp": 2, "dp_shard": 1}, schedule="GPipe"),
+    "pp_1f1b": Expected(TRAINS, mesh={"pp": 2, "dp_shard": 1}, schedule="1F1B", recipe=True,
+                        ci=True),
+    "pp_gpipe": Expected(TRAINS, mesh={"pp": 2, "dp_shard": 1}, schedule="GPipe", recipe=True),
     "pp_dp_1f1b": Expected(REFUSED, "pipeline_parallel_layers_per_stage is set with auto = true",
-                           at_run=1,
-                           mesh={"pp": 2, "dp_shard": 2}, schedule="1F1B"),
-    "pp_dp_gpipe": Expected(TRAINS, mesh={"pp": 2, "dp_shard": 2}, schedule="GPipe"),
-    "pp_tp": Expected(TRAINS, mesh={"pp": 2, "tp": 2}, tp_blocks=True),
+                           at_run=1, mesh={"pp": 2, "dp_shard": 2}, schedule="1F1B"),
+    "pp_dp_gpipe": Expected(TRAINS, mesh={"pp": 2, "dp_shard": 2}, schedule="GPipe",
+                            recipe=True),
+    "pp_tp": Expected(TRAINS, mesh={"pp": 2, "tp": 2}, tp_blocks=True, recipe=True),
     "pp_dp_tp": Expected(TRAINS, mesh={"pp": 2, "dp_shard": 2, "tp": 2}, tp_blocks=True,
                          checkpoint="checkpoint/step-5", parity=False),
     "3d_compile": Expected(REFUSED, AOT_EAGER_TP),
     "pp_looped_1f1b": Expected(REFUSED, "runs at least 2 stages per rank"),
     "pp_custom_csv": Expected(REFUSED, "not a custom CSV schedule"),
-    "optimizer_foreach": Expected(TRAINS, ci=True),
-    "ddp": Expected(TRAINS, mesh={"dp_replicate": 4, "dp_shard": 1}, ci=True),
-    "hsdp": Expected(TRAINS, mesh={"dp_replicate": 2, "dp_shard": 2}),
-    "fsdp+flex_attn": Expected(CPU_IMPOSSIBLE, FLEX, reason="FlexAttention has no CPU backward"),
+    "optimizer_foreach": Expected(TRAINS),
+    "ddp": Expected(TRAINS, mesh={"dp_replicate": 4, "dp_shard": 1}, recipe=True),
+    "hsdp": Expected(TRAINS, mesh={"dp_replicate": 2, "dp_shard": 2}, recipe=True),
+    "fsdp+flex_attn": Expected(CPU_IMPOSSIBLE, FLEX, reason="FlexAttention has no CPU backward",
+                               ci=True),
     "fsdp+flex_attn+per_op_sac": Expected(CPU_IMPOSSIBLE, FLEX,
                                           reason="FlexAttention has no CPU backward"),
     "fsdp+varlen_attn+per_op_sac": Expected(
         CPU_IMPOSSIBLE, "uses varlen attention, which runs on CUDA only",
         reason="varlen attention is torch's flash-attention kernel, CUDA only"),
     "cp_allgather": Expected(TRAINS, mesh={"cp": 4}, ci=True),
-    "cp_alltoall": Expected(TRAINS, mesh={"cp": 4}),
-    "hsdp+tp": Expected(TRAINS, mesh={"dp_replicate": 2, "dp_shard": 2, "tp": 2}, tp_blocks=True),
-    "fsdp+cp": Expected(TRAINS, mesh={"dp_shard": 2, "cp": 2}),
-    "hsdp+cp_without_dp_shard": Expected(TRAINS, mesh={"dp_replicate": 2, "dp_shard": 1,
-                                                       "cp": 2}),
-    "hsdp+cp_with_dp_shard": Expected(TRAINS, mesh={"dp_replicate": 2, "dp_shard": 2, "cp": 2}),
-    "fsdp+tp+cp": Expected(TRAINS, mesh={"dp_shard": 2, "tp": 2, "cp": 2}, tp_blocks=True),
+    "cp_alltoall": Expected(TRAINS, mesh={"cp": 4}, recipe=True),
+    "hsdp+tp": Expected(TRAINS, mesh={"dp_replicate": 2, "dp_shard": 2, "tp": 2}, tp_blocks=True,
+                        recipe=True),
+    "fsdp+cp": Expected(TRAINS, mesh={"dp_shard": 2, "cp": 2}, recipe=True),
+    "hsdp+cp_without_dp_shard": Expected(TRAINS, mesh={"dp_replicate": 2, "dp_shard": 1, "cp": 2},
+                                         recipe=True),
+    "hsdp+cp_with_dp_shard": Expected(TRAINS, mesh={"dp_replicate": 2, "dp_shard": 2, "cp": 2},
+                                      recipe=True),
+    "fsdp+tp+cp": Expected(TRAINS, mesh={"dp_shard": 2, "tp": 2, "cp": 2}, tp_blocks=True,
+                           recipe=True),
     "cpu_offload+opt_in_bwd+TP+DP+CP": Expected(
         CPU_IMPOSSIBLE, "training.enable_cpu_offload moves FSDP state",
         reason="TorchTitan adds a second gloo backend for CPU offload, which gloo refuses"),
@@ -142,13 +155,15 @@ EXPECTED: dict[str, Expected] = {
                               skip_run=(1, "TorchTitan's second run is its generation script "
                                         "(scripts/generate, not in the torchtitan wheel), not "
                                         "run_train.sh")),
-    "fsdp_reshard_always": Expected(TRAINS, mesh={"dp_shard": 2}),
+    "fsdp_reshard_always": Expected(TRAINS, fsdp_only=RESHARD, recipe=True),
     "optional_checkpoint": Expected(TRAINS, mesh={"tp": 2}, checkpoint="checkpoint/step-5",
                                     parity=False),
     "float8_emulation": Expected(TRAINS, parity=False,
-                                 log="Float8 tensorwise scaled training active"),
-    "gradient_accumulation": Expected(TRAINS),
-    "validation_tp_cp_pp": Expected(REFUSED, "validation"),
+                                 log="Float8 tensorwise scaled training active",
+                                 fsdp_only="quantize.linear.float8.enable_fsdp_float8_all_gather"),
+    "gradient_accumulation": Expected(TRAINS, local_batch=8, recipe=True),
+    "validation_tp_cp_pp": Expected(
+        REFUSED, "validation.enable with parallelism.context_parallel_degree = 2"),
     "dataloader_kwargs": Expected(REFUSED, "training.dataloader.num_workers = 2"),
 }
 
@@ -222,6 +237,14 @@ def check_trains(name: str, results: list[RunResult], dump: Path, reference: Run
             assert plan.pipeline is not None and plan.pipeline.schedule == expected.schedule
         if expected.compiled:
             assert result.rows[-1]["compiled_graphs"] > 0, result.rows[-1]
+        if expected.local_batch and plan.local_batch_size != expected.local_batch:
+            assert any(note.startswith("searched: training.local_batch_size = "
+                                       f"{expected.local_batch}") for note in plan.notes)
+        if expected.fsdp_only and not plan_shards_with_fsdp(plan):
+            assert any(note.startswith("no effect: ") and expected.fsdp_only in note
+                       for note in plan.notes), plan.notes
+        elif expected.fsdp_only == RESHARD:
+            assert all(layer.reshard_after_forward for layer in blocks), plan.table()
         if expected.log:
             assert expected.log in result.output, result.output[-3000:]
     if expected.checkpoint:
