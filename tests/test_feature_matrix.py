@@ -3,20 +3,26 @@ as data in ``torchtitan_features/``) run under ``[parallelism] auto = true``.
 
 Each case runs as TorchTitan runs it (one ``run_train.sh`` call per list of override arguments,
 the same world size) on ``llama3_debug_auto.toml``: 3 steps of PARITY_OVERRIDES' small fp32 job
-(``--training.steps 10 / 20`` of the save / resume cases become 3 / 5), compile on the
-``aot_eager`` backend. Every vendored case has one expected outcome in ``EXPECTED``:
+(``--training.steps 10 / 20`` of the save / resume cases become 3 / 5), the last checkpoint a
+full one (as TorchTitan's base config), compile on the ``aot_eager`` backend, validation
+sequences as long as the training's, the HF checkpoint path the first run writes. A degree a case
+sets is a constraint under auto; everything it leaves unset is searched. Every vendored case has
+one expected outcome in ``EXPECTED``:
 
-- TRAINS: exit 0, the asked-for features in effect (read from the saved plan and the log), and,
-  from a seed checkpoint, the 1-rank reference's losses (``assert_parity``) where the case keeps
-  the model and the data;
-- REFUSED: one ``error:`` line naming the setting, exit 2, before any rank starts;
+- TRAINS: exit 0, the asked-for features in effect (read from the saved plan and the log; a
+  setting the plan makes moot is named in its notes), and, from a seed checkpoint, the losses of
+  TorchTitan's own recipe running the same case (``recipe``) or of the 1-rank reference
+  (``assert_parity``) where the case keeps the model, the data and the numerics;
+- REFUSED: one ``error:`` line naming the setting, exit 2, before any rank starts (``at_run``:
+  the runs before it train);
 - CPU_IMPOSSIBLE: the case needs a GPU; the project refuses it the same way on this machine.
+
+``-m "not slow"`` runs one case per feature family; ``-m slow`` the rest.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import time
 from collections.abc import Callable
@@ -301,10 +307,22 @@ def test_table_covers_the_vendored_matrix():
 
 
 def test_vendored_data_matches_the_regenerator():
-    """The JSON is what ``regenerate.py`` makes of the vendored source's structure."""
+    """The JSON is what ``regenerate.py`` makes of TorchTitan's source: re-made from the tag where
+    a TorchTitan git checkout is at hand, and its parser checked on a snippet of that source."""
+    from torchtitan_features.regenerate import MIRROR, TAG, definitions, source_at
+
     assert len(DEFINITIONS) == len(MATRIX["definitions"]) == 43
     assert sum(case["disabled"] for case in DEFINITIONS.values()) == 2
-    assert re.fullmatch(r"\{\w+\}", MATRIX["checkpoint_path_placeholder"])
+    snippet = """OverrideDefinitions([["--a", f"--b {checkpoint_path}"]], "A", "a", ngpu=2),
+OverrideDefinitions([["--c"]], "C", "c", disabled=True)"""
+    assert definitions(snippet) == [
+        {"override_args": [["--a", "--b {checkpoint_path}"]], "test_descr": "A",
+         "test_name": "a", "ngpu": 2, "disabled": False, "skip_rocm_test": False},
+        {"override_args": [["--c"]], "test_descr": "C", "test_name": "c", "ngpu": 4,
+         "disabled": True, "skip_rocm_test": False}]
+    if not MIRROR.is_dir():
+        pytest.skip(f"no TorchTitan git checkout at {MIRROR}")
+    assert definitions(source_at(str(MIRROR), TAG)) == MATRIX["definitions"]
 
 
 @pytest.mark.parametrize("name", [_param(name) for name in EXPECTED])

@@ -2,7 +2,8 @@
 
 Reads ``tests/integration_tests/features.py`` at a tag of a TorchTitan git checkout and writes
 every ``OverrideDefinitions`` (disabled ones included) as data; the module is parsed, not
-imported. Usage: ``python tests/torchtitan_features/regenerate.py <torchtitan git dir> [tag]``.
+imported. Usage: ``python tests/torchtitan_features/regenerate.py [git dir] [tag]`` (a
+TorchTitan git checkout, default ``MIRROR``; default tag ``TAG``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 TAG = "v0.2.2"
 SOURCE = "tests/integration_tests/features.py"
 OUT = Path(__file__).resolve().parent / "features_v0_2_2.json"
+MIRROR = Path("/work/.mirror/pytorch+torchtitan/repo")
+"""Where a TorchTitan git checkout (or bare mirror) is kept on the development machine."""
 CHECKPOINT_PATH = "{checkpoint_path}"
 """Stands for the module's ``checkpoint_path`` (an HF checkpoint the previous run saved)."""
 
@@ -56,12 +59,21 @@ def definitions(source: str) -> list[dict[str, Any]]:
     return cases
 
 
+def source_at(git_dir: str, tag: str) -> str:
+    """``SOURCE`` at ``tag`` in the TorchTitan git checkout ``git_dir``."""
+    return subprocess.run(["git", "-C", git_dir, "show", f"{tag}:{SOURCE}"], check=True,
+                          capture_output=True, text=True).stdout
+
+
 def main(argv: list[str]) -> None:
-    """Write the JSON for ``argv[0]`` (a TorchTitan git dir) at ``argv[1]`` (default TAG)."""
-    git_dir, tag = argv[0], argv[1] if len(argv) > 1 else TAG
-    source = subprocess.run(["git", "-C", git_dir, "show", f"{tag}:{SOURCE}"], check=True,
-                            capture_output=True, text=True).stdout
-    data = {"source": f"pytorch/torchtitan {tag}:{SOURCE}", "license": "LICENSE (BSD-3-Clause)",
+    """Write the JSON for ``argv[0]`` (a TorchTitan git dir, default MIRROR) at ``argv[1]``
+    (default TAG)."""
+    git_dir = argv[0] if argv else str(MIRROR)
+    tag = argv[1] if len(argv) > 1 else TAG
+    source = source_at(git_dir, tag)
+    data = {"source": f"pytorch/torchtitan {tag}:{SOURCE}",
+            "license": "(c) Meta Platforms, Inc. and affiliates; BSD 3-Clause, the LICENSE "
+                       "file next to this one",
             "checkpoint_path_placeholder": CHECKPOINT_PATH, "definitions": definitions(source)}
     OUT.write_text(json.dumps(data, indent=1) + "\n")
     print(f"{len(data['definitions'])} definitions written to {OUT}")
