@@ -268,9 +268,13 @@ def check_case(name: str, tmp_path: Path, references: Callable) -> float:
     seed, reference = references("llama3") if expected.outcome == TRAINS and expected.parity \
         else (None, None)
     results, seconds = run_case(name, tmp_path, seed)
-    if expected.outcome == TRAINS and expected.recipe:
-        overrides = [arg for arg in case_runs(name, tmp_path)[0]
-                     if not arg.startswith("--autoparallel.")]
+    if expected.outcome == TRAINS and expected.recipe and results[0].returncode == 0:
+        # the recipe's local batch must split the global one over its data-parallel ranks:
+        # auto's (a local batch the case sets comes later and wins)
+        local = Plan.load(str(tmp_path / "plan_0.json")).local_batch_size
+        overrides = [f"--training.local_batch_size={local}",
+                     *(arg for arg in case_runs(name, tmp_path)[0]
+                       if not arg.startswith("--autoparallel."))]
         reference = run_job(RECIPE, DEFINITIONS[name]["ngpu"], tmp_path / "recipe", overrides,
                             seed_checkpoint=seed)
     if expected.outcome == TRAINS:
