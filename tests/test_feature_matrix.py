@@ -133,7 +133,9 @@ EXPECTED: dict[str, Expected] = {
     "pp_looped_1f1b": Expected(REFUSED, "runs at least 2 stages per rank"),
     "pp_custom_csv": Expected(REFUSED, "not a custom CSV schedule"),
     "optimizer_foreach": Expected(TRAINS),
-    "ddp": Expected(TRAINS, mesh={"dp_replicate": 4, "dp_shard": 1}, recipe=True),
+    # not against TorchTitan's DDP recipe: it averages gradients on top of its global-token loss
+    # normalisation (gradient norms 1 / dp of one rank's; README, strategies.py)
+    "ddp": Expected(TRAINS, mesh={"dp_replicate": 4, "dp_shard": 1}),
     "hsdp": Expected(TRAINS, mesh={"dp_replicate": 2, "dp_shard": 2}, recipe=True),
     "fsdp+flex_attn": Expected(CPU_IMPOSSIBLE, FLEX, reason="FlexAttention has no CPU backward",
                                ci=True),
@@ -142,11 +144,12 @@ EXPECTED: dict[str, Expected] = {
     "fsdp+varlen_attn+per_op_sac": Expected(
         CPU_IMPOSSIBLE, "uses varlen attention, which runs on CUDA only",
         reason="varlen attention is torch's flash-attention kernel, CUDA only"),
-    "cp_allgather": Expected(TRAINS, mesh={"cp": 4}, ci=True),
+    # one run of five ended in a SIGSEGV of a rank inside the ring attention's backward (gloo)
+    "cp_allgather": Expected(TRAINS, mesh={"cp": 4}),
     "cp_alltoall": Expected(TRAINS, mesh={"cp": 4}, recipe=True),
     "hsdp+tp": Expected(TRAINS, mesh={"dp_replicate": 2, "dp_shard": 2, "tp": 2}, tp_blocks=True,
                         recipe=True),
-    "fsdp+cp": Expected(TRAINS, mesh={"dp_shard": 2, "cp": 2}, recipe=True),
+    "fsdp+cp": Expected(TRAINS, mesh={"dp_shard": 2, "cp": 2}, recipe=True, ci=True),
     "hsdp+cp_without_dp_shard": Expected(TRAINS, mesh={"dp_replicate": 2, "dp_shard": 1, "cp": 2},
                                          recipe=True),
     "hsdp+cp_with_dp_shard": Expected(TRAINS, mesh={"dp_replicate": 2, "dp_shard": 2, "cp": 2},
@@ -169,7 +172,8 @@ EXPECTED: dict[str, Expected] = {
                                  fsdp_only="quantize.linear.float8.enable_fsdp_float8_all_gather"),
     "gradient_accumulation": Expected(TRAINS, local_batch=8, recipe=True),
     "validation_tp_cp_pp": Expected(
-        REFUSED, "validation.enable with parallelism.context_parallel_degree = 2"),
+        REFUSED, "validation.enable with pipeline_parallel_degree = 2: TorchTitan's validator "
+        "runs the training's pipeline schedule"),
     "dataloader_kwargs": Expected(REFUSED, "training.dataloader.num_workers = 2"),
 }
 
@@ -231,28 +235,31 @@ def check_trains(name: str, results: list[RunResult], dump: Path, reference: Run
     for index, result in enumerate(results):
         assert result.returncode == 0, f"run {index}: {result.output[-6000:]}"
         assert result.rows, result.output[-3000:]
-        plan = Plan.load(str(dump / f"plan_{index}.json"))
-        for dim, degree in expected.mesh.items():
-            assert getattr(plan.mesh, dim) == degree, (dim, plan.mesh)
-        blocks = [layer for layer in plan.layers if layer.kind == "block"]
-        if expected.tp_blocks:
-            assert any(layer.tp_mode == "sp" for layer in blocks), plan.table()
-        if expected.ac:
-            assert {layer.ac for layer in blocks} == {expected.ac}, plan.table()
-        if expected.schedule:
-            assert plan.pipeline is not None and plan.pipeline.schedule == expected.schedule
-        if expected.compiled:
-            assert result.rows[-1]["compiled_graphs"] > 0, result.rows[-1]
-        if expected.local_batch and plan.local_batch_size != expected.local_batch:
-            assert any(note.startswith("searched: training.local_batch_size = "
-                                       f"{expected.local_batch}") for note in plan.notes)
-        if expected.fsdp_only and not plan_shards_with_fsdp(plan):
-            assert any(note.startswith("no effect: ") and expected.fsdp_only in note
-                       for note in plan.notes), plan.notes
-        elif expected.fsdp_only == RESHARD:
-            assert all(layer.reshard_after_forward for layer in blocks), plan.table()
-        if expected.log:
-            assert expected.log in result.output, result.output[-3000:]
+    # the case's degrees and features are those of its last run (a save run before it may set
+    # none: optional_checkpoint)
+    result = results[-1]
+    plan = Plan.load(str(dump / f"plan_{len(results) - 1}.json"))
+    for dim, degree in expected.mesh.items():
+        assert getattr(plan.mesh, dim) == degree, (dim, plan.mesh)
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    if expected.tp_blocks:
+        assert any(layer.tp_mode == "sp" for layer in blocks), plan.table()
+    if expected.ac:
+        assert {layer.ac for layer in blocks} == {expected.ac}, plan.table()
+    if expected.schedule:
+        assert plan.pipeline is not None and plan.pipeline.schedule == expected.schedule
+    if expected.compiled:
+        assert result.rows[-1]["compiled_graphs"] > 0, result.rows[-1]
+    if expected.local_batch and plan.local_batch_size != expected.local_batch:
+        assert any(note.startswith("searched: training.local_batch_size = "
+                                   f"{expected.local_batch}") for note in plan.notes)
+    if expected.fsdp_only and not plan_shards_with_fsdp(plan):
+        assert any(note.startswith("no effect: ") and expected.fsdp_only in note
+                   for note in plan.notes), plan.notes
+    elif expected.fsdp_only == RESHARD:
+        assert all(layer.reshard_after_forward for layer in blocks), plan.table()
+    if expected.log:
+        assert expected.log in result.output, result.output[-3000:]
     if expected.checkpoint:
         assert list((dump / "outputs").glob(expected.checkpoint)), \
             sorted(str(p) for p in (dump / "outputs").rglob("*"))[:50]
