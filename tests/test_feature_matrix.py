@@ -144,7 +144,7 @@ EXPECTED: dict[str, Expected] = {
     "fsdp+varlen_attn+per_op_sac": Expected(
         CPU_IMPOSSIBLE, "uses varlen attention, which runs on CUDA only",
         reason="varlen attention is torch's flash-attention kernel, CUDA only"),
-    # one run of five ended in a SIGSEGV of a rank inside the ring attention's backward (gloo)
+    # one run of four ended in a SIGSEGV of a rank inside the ring attention's backward (gloo)
     "cp_allgather": Expected(TRAINS, mesh={"cp": 4}),
     "cp_alltoall": Expected(TRAINS, mesh={"cp": 4}, recipe=True),
     "hsdp+tp": Expected(TRAINS, mesh={"dp_replicate": 2, "dp_shard": 2, "tp": 2}, tp_blocks=True,
