@@ -201,6 +201,11 @@ def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[
                             f"among autoparallel.pp_schedules {list(schedules)}: drop one")
         schedules = (schedule,)
     unknown = [s for s in schedules if s not in SCHEDULES]
+    if unknown and par.pipeline_parallel_schedule_csv:
+        raise UserError(f"pipeline schedule {unknown[0]!r} with parallelism."
+                        "pipeline_parallel_schedule_csv: auto plans TorchTitan's schedules "
+                        f"{list(SCHEDULES)}, not a custom CSV schedule; remove both or set "
+                        "parallelism.auto = false")
     if unknown:
         raise UserError(f"pipeline schedule {unknown[0]!r} is not one of TorchTitan's "
                         f"{list(SCHEDULES)}")
@@ -550,7 +555,34 @@ def plan_job(job_config: Any, world: int) -> Plan:
     keys = constraint_keys(job_config)
     if keys:
         plan.notes.append(f"constraints (set by you): {', '.join(keys)}")
+    plan.notes.extend(moot_fsdp_settings(job_config, plan))
+    training = job_config.training
+    if user_set(job_config, "training.local_batch_size") and \
+            training.local_batch_size != plan.local_batch_size:
+        plan.notes.append(
+            f"searched: training.local_batch_size = {training.local_batch_size} (set by you); "
+            f"the plan runs {plan.local_batch_size} x accumulation "
+            f"{plan.gradient_accumulation_steps} for the global batch {plan.global_batch_size}")
     return plan
+
+
+def moot_fsdp_settings(job_config: Any, plan: Plan) -> list[str]:
+    """A note naming the FSDP-only settings the job sets when the plan shards nothing with
+    FSDP (DDP or one device): they take no effect, and the plan says so."""
+    from .apply import plan_shards_with_fsdp
+
+    if plan_shards_with_fsdp(plan):
+        return []
+    keys = []
+    if user_set(job_config, "parallelism.fsdp_reshard_after_forward"):
+        keys.append("parallelism.fsdp_reshard_after_forward = "
+                    f"{job_config.parallelism.fsdp_reshard_after_forward!r}")
+    if features_from_config(job_config).float8_all_gather:
+        keys.append("quantize.linear.float8.enable_fsdp_float8_all_gather")
+    if not keys:
+        return []
+    return [f"no effect: {', '.join(keys)} (the plan shards nothing with FSDP, mesh "
+            f"{plan.mesh}; set parallelism.data_parallel_shard_degree >= 2 for FSDP)"]
 
 
 def gib_up(size_bytes: float, digits: int = 3) -> str:

@@ -149,7 +149,8 @@ SETTINGS: dict[str, tuple[str, str]] = {
     # [compile]
     "compile.enable": ("applied, costed", ""),
     "compile.components": ("applied, costed", ""),
-    "compile.backend": ("applied, error", "without CUDA: aot_eager / eager only"),
+    "compile.backend": ("applied, error", "without CUDA: aot_eager / eager only; TP + SP "
+                        "blocks with aot_eager on CPU: error"),
     # [quantize]
     "quantize.linear.float8.enable_fsdp_float8_all_gather": ("applied, costed, error",
                                                              "with recipe_name: error"),

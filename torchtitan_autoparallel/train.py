@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     if job_config.parallelism.auto or job_config.autoparallel.plan_file:
         plan = prepare_planned_job(job_config,
                                    write=preflight or int(os.environ.get("RANK", "0")) == 0)
+        if cpu and not dry_run:
+            cpu_runtime.check_cpu_plan(job_config, plan)
     if grad_norm.needed(plan):
         grad_norm.install()
     if preflight:

@@ -206,16 +206,43 @@ def install() -> bool:
 CPU_COMPILE_BACKENDS = ("aot_eager", "eager")
 
 
+CUDA_ATTENTION = {
+    "flex": "whose backward torch runs on CUDA only (FlexAttention has no CPU backward)",
+    "varlen": "which runs on CUDA only (torch's flash-attention kernel)",
+}
+"""``attn_type`` values of TorchTitan's model args that a CPU cannot train, and why."""
+
+
+def model_attention(job_config: Any) -> str:
+    """The ``attn_type`` of the job's model flavor ("sdpa" where the spec or flavor is not
+    known here: the model's own checks report those)."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    try:
+        args = get_train_spec(job_config.model.name).model_args[job_config.model.flavor]
+    except (KeyError, ValueError):
+        return "sdpa"
+    return str(getattr(args, "attn_type", "sdpa"))
+
+
 def cuda_only_features(job_config: Any) -> list[str]:
     """Settings in a TorchTitan job config that need CUDA, each with the fix to suggest."""
     problems: list[str] = []
     converters = list(getattr(job_config.model, "converters", []) or [])
+    # float8 linears emulated (torchao casts in software) run on CPU, as TorchTitan's CI runs
+    # them without float8 hardware
+    emulated = "quantize.linear.float8" if job_config.quantize.linear.float8.emulate else ""
     for name in converters:
-        if "float8" in name or "mx" in name:
+        if ("float8" in name or "mx" in name) and name != emulated:
             problems.append(
                 f"model.converters contains {name!r}, which needs a CUDA GPU; "
                 "remove it (or use --model.converters '[]') to run on CPU"
             )
+    attention = model_attention(job_config)
+    if attention in CUDA_ATTENTION:
+        problems.append(
+            f"model.flavor = {job_config.model.flavor!r} uses {attention} attention, "
+            f"{CUDA_ATTENTION[attention]}; use a flavor with sdpa attention to run on CPU")
     profiling = job_config.profiling
     if profiling.enable_profiling:
         problems.append(
@@ -247,4 +274,34 @@ def cuda_only_features(job_config: Any) -> list[str]:
             "compile.backend = \"aot_eager\" (--compile.backend aot_eager) or "
             "compile.enable = false to run on CPU"
         )
+    par = job_config.parallelism
+    if not par.auto and par.tensor_parallel_degree > 1 and aot_eager_blocks_on_cpu(job_config):
+        problems.append(aot_eager_tp_problem(f"tensor_parallel_degree = "
+                                             f"{par.tensor_parallel_degree}"))
     return problems
+
+
+def aot_eager_blocks_on_cpu(job_config: Any) -> bool:
+    """Blocks compiled with ``aot_eager`` on CPU: with TP + SP in a block, torch 2.13's
+    AOTAutograd hands a plain-tensor gradient to a DTensor redistribute's backward, and the
+    first backward fails (TorchTitan's own recipe too; the ``eager`` backend runs)."""
+    compile_cfg = job_config.compile
+    return (cpu_mode() and bool(compile_cfg.enable) and "model" in compile_cfg.components
+            and compile_cfg.backend == "aot_eager")
+
+
+def check_cpu_plan(job_config: Any, plan: Any) -> None:
+    """Refuse a plan this machine cannot train: TP + SP blocks compiled with ``aot_eager``."""
+    from ..errors import UserError
+
+    if aot_eager_blocks_on_cpu(job_config) and any(
+            layer.tp_mode == "sp" for layer in plan.layers):
+        raise UserError(aot_eager_tp_problem(f"the plan runs TP + SP on mesh {plan.mesh}"))
+
+
+def aot_eager_tp_problem(what: str) -> str:
+    """The one-line error for TP blocks compiled with ``aot_eager`` on CPU."""
+    return (f"compile.backend = 'aot_eager' cannot train tensor-parallel blocks on CPU ({what}): "
+            "torch's AOTAutograd returns a plain-tensor gradient to a DTensor redistribute; set "
+            "compile.backend = \"eager\" (--compile.backend eager), tensor_parallel_degree = 1 "
+            "or compile.enable = false")

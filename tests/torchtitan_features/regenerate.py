@@ -1,0 +1,83 @@
+"""Regenerate ``features_v0_2_2.json`` from TorchTitan's integration feature matrix.
+
+Reads ``tests/integration_tests/features.py`` at a tag of a TorchTitan git checkout and writes
+every ``OverrideDefinitions`` (disabled ones included) as data; the module is parsed, not
+imported. Usage: ``python tests/torchtitan_features/regenerate.py [git dir] [tag]`` (a
+TorchTitan git checkout, default ``MIRROR``; default tag ``TAG``).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+TAG = "v0.2.2"
+SOURCE = "tests/integration_tests/features.py"
+OUT = Path(__file__).resolve().parent / "features_v0_2_2.json"
+MIRROR = Path("/work/.mirror/pytorch+torchtitan/repo")
+"""Where a TorchTitan git checkout (or bare mirror) is kept on the development machine."""
+CHECKPOINT_PATH = "{checkpoint_path}"
+"""Stands for the module's ``checkpoint_path`` (an HF checkpoint the previous run saved)."""
+
+FIELDS = ("override_args", "test_descr", "test_name", "ngpu", "disabled", "skip_rocm_test")
+DEFAULTS: dict[str, Any] = {"test_descr": "default", "test_name": "default", "ngpu": 4,
+                            "disabled": False, "skip_rocm_test": False}
+
+
+def _value(node: ast.expr) -> Any:
+    """A literal, with the f-string over ``checkpoint_path`` kept as a placeholder."""
+    if isinstance(node, ast.JoinedStr):
+        parts = []
+        for value in node.values:
+            if isinstance(value, ast.Constant):
+                parts.append(str(value.value))
+            elif isinstance(value, ast.FormattedValue) and isinstance(value.value, ast.Name) \
+                    and value.value.id == "checkpoint_path":
+                parts.append(CHECKPOINT_PATH)
+            else:
+                raise ValueError(f"unexpected f-string part at line {node.lineno}")
+        return "".join(parts)
+    if isinstance(node, ast.List | ast.Tuple):
+        return [_value(item) for item in node.elts]
+    return ast.literal_eval(node)
+
+
+def definitions(source: str) -> list[dict[str, Any]]:
+    """Every ``OverrideDefinitions(...)`` call of ``source``, in order, with defaults filled."""
+    cases = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "OverrideDefinitions":
+            case = dict(DEFAULTS)
+            case.update(zip(FIELDS, (_value(arg) for arg in node.args), strict=False))
+            case.update({kw.arg: _value(kw.value) for kw in node.keywords if kw.arg})
+            cases.append({field: case[field] for field in FIELDS})
+    cases.sort(key=lambda case: source.index(f'"{case["test_name"]}"'))
+    return cases
+
+
+def source_at(git_dir: str, tag: str) -> str:
+    """``SOURCE`` at ``tag`` in the TorchTitan git checkout ``git_dir``."""
+    return subprocess.run(["git", "-C", git_dir, "show", f"{tag}:{SOURCE}"], check=True,
+                          capture_output=True, text=True).stdout
+
+
+def main(argv: list[str]) -> None:
+    """Write the JSON for ``argv[0]`` (a TorchTitan git dir, default MIRROR) at ``argv[1]``
+    (default TAG)."""
+    git_dir = argv[0] if argv else str(MIRROR)
+    tag = argv[1] if len(argv) > 1 else TAG
+    source = source_at(git_dir, tag)
+    data = {"source": f"pytorch/torchtitan {tag}:{SOURCE}",
+            "license": "(c) Meta Platforms, Inc. and affiliates; BSD 3-Clause, the LICENSE "
+                       "file next to this one",
+            "checkpoint_path_placeholder": CHECKPOINT_PATH, "definitions": definitions(source)}
+    OUT.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"{len(data['definitions'])} definitions written to {OUT}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
