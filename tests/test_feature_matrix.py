@@ -96,9 +96,9 @@ class Expected:
     xfail: str = ""
 
 
-SEARCHED_AC = ("activation checkpointing per block from the plan (searched); the configured "
-               "activation_checkpoint.mode = '{}' is what pinned blocks run")
-"""Under auto the AC mode is searched per block; the log says so (README: settings table)."""
+SET_AC = "activation checkpointing from the plan (activation_checkpoint.mode = '{}' on every block)"
+"""A written AC mode is a constraint on every block under auto; the log says so (README:
+settings table)."""
 RESHARD = "parallelism.fsdp_reshard_after_forward"
 FLEX = "uses flex attention, whose backward torch runs on CUDA only"
 AOT_EAGER_TP = "compile.backend = 'aot_eager' cannot train tensor-parallel blocks on CPU"
@@ -107,8 +107,8 @@ EXPECTED: dict[str, Expected] = {
     "default": Expected(CPU_IMPOSSIBLE, "profiling.enable_profiling needs a GPU",
                         reason="TorchTitan's profiler traces CUDA kernels", ci=True),
     "1d_compile": Expected(TRAINS, compiled=True),
-    "1d_compile_sac_op": Expected(TRAINS, compiled=True, log=SEARCHED_AC.format("selective"),
-                                  ci=True),
+    "1d_compile_sac_op": Expected(TRAINS, compiled=True, ac="selective",
+                                  log=SET_AC.format("selective"), ci=True),
     "2d_eager": Expected(TRAINS, mesh={"tp": 2}, tp_blocks=True, ci=True),
     "2d_compile": Expected(REFUSED, AOT_EAGER_TP),
     "2d_asynctp_compile": Expected(REFUSED, AOT_EAGER_TP, ci=True),
