@@ -70,7 +70,10 @@ def test_permute_indices_cpu():
 
 def test_cuda_only_features_named():
     config = types.SimpleNamespace(
-        model=types.SimpleNamespace(converters=["quantize.linear.float8"]),
+        model=types.SimpleNamespace(name="llama3", flavor="debugmodel",
+                                    converters=["quantize.linear.float8"]),
+        quantize=types.SimpleNamespace(linear=types.SimpleNamespace(
+            float8=types.SimpleNamespace(emulate=False))),
         compile=types.SimpleNamespace(enable=True, backend="inductor"),
         profiling=types.SimpleNamespace(enable_profiling=False, enable_memory_snapshot=False),
         training=types.SimpleNamespace(enable_cpu_offload=False),
