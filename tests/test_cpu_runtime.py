@@ -78,6 +78,7 @@ def test_cuda_only_features_named():
         profiling=types.SimpleNamespace(enable_profiling=False, enable_memory_snapshot=False),
         training=types.SimpleNamespace(enable_cpu_offload=False),
         checkpoint=types.SimpleNamespace(async_mode="disabled"),
+        parallelism=types.SimpleNamespace(auto=True, tensor_parallel_degree=1),
     )
     problems = cpu.cuda_only_features(config)
     assert len(problems) == 2
