@@ -225,6 +225,18 @@ def model_attention(job_config: Any) -> str:
     return str(getattr(args, "attn_type", "sdpa"))
 
 
+def sdpa_flavors(job_config: Any) -> list[str]:
+    """The flavors of the job's model that attend with SDPA (what a CPU trains)."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    try:
+        flavors = get_train_spec(job_config.model.name).model_args
+    except (KeyError, ValueError):
+        return []
+    return [name for name, args in flavors.items()
+            if str(getattr(args, "attn_type", "sdpa")) == "sdpa"]
+
+
 def cuda_only_features(job_config: Any) -> list[str]:
     """Settings in a TorchTitan job config that need CUDA, each with the fix to suggest."""
     problems: list[str] = []
@@ -240,9 +252,12 @@ def cuda_only_features(job_config: Any) -> list[str]:
             )
     attention = model_attention(job_config)
     if attention in CUDA_ATTENTION:
+        fix = ("use a flavor with sdpa attention to run on CPU" if sdpa_flavors(job_config)
+               else f"model {job_config.model.name} has no flavor with sdpa attention: plan "
+               "it, dry-run it (COMM_MODE=fake_backend) or train it on GPUs")
         problems.append(
             f"model.flavor = {job_config.model.flavor!r} uses {attention} attention, "
-            f"{CUDA_ATTENTION[attention]}; use a flavor with sdpa attention to run on CPU")
+            f"{CUDA_ATTENTION[attention]}; {fix}")
     profiling = job_config.profiling
     if profiling.enable_profiling:
         problems.append(
@@ -261,12 +276,6 @@ def cuda_only_features(job_config: Any) -> list[str]:
         problems.append(
             "checkpoint.async_mode = 'async_with_pinned_mem' stages through pinned CUDA host "
             "memory; use 'async' or 'disabled' to run on CPU")
-    if job_config.model.name == "gpt_oss":
-        problems.append(
-            "model gpt_oss cannot train on CPU: its flex attention has no CPU backward in torch "
-            "(TorchTitan 0.2.2's own recipe stops with \"FlexAttention does not support "
-            "backward on CPU\") and its bf16 parameters meet fp32 activations; plan it, dry-run "
-            "it (COMM_MODE=fake_backend) or train it on GPUs")
     compile_cfg = job_config.compile
     if getattr(compile_cfg, "enable", False) and compile_cfg.backend not in CPU_COMPILE_BACKENDS:
         problems.append(
