@@ -161,11 +161,9 @@ def test_sigint_during_plan_is_one_line():
                              str(REPO / "train_configs" / "llama3_8b_auto.toml"), "--ngpu",
                              "64", "--hardware", "h100_sxm"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4)
+    time.sleep(2)  # inside torch's import or the search: planning takes well over 2 s
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    if proc.returncode == 0:
-        pytest.skip("planning finished before the signal")
     # 130, or killed by the SIGINT itself (-2) when the interpreter re-raises it on its way
     # out (seen about once in five runs); either way the user sees the one line
     assert proc.returncode in (130, -signal.SIGINT) and "Traceback" not in err, err
