@@ -10,7 +10,8 @@ compile, float8 with FSDP float8 all-gather and the precomputed scale, async TP)
 No profile constant is fitted on these rows (each constant's source is in the profile's
 [provenance] table): every row is out of sample. Per feature (compile, float8 tensorwise,
 async TP, and float8 rowwise / tensorwise from further published TorchTitan runs) the
-predicted gain is set beside the published one with its sign. The Table 1 jobs are also
+predicted gain is set beside the published one with its sign; async TP also on TorchTitan's
+June 2025 benchmark (8B and 70B; bf16, float8 tensorwise, rowwise). The Table 1 jobs are also
 predicted with ``h100_sxm`` and ``h200_sxm``, with the ratio to the Grand Teton prediction
 explained by datasheet differences. Writes experiments/results/published.md and prints the
 same; exits 1 if a target is missed.
@@ -42,19 +43,32 @@ FIT_ROWS: dict[tuple[str, ...], str] = {}
 TARGETS = {"median_tps": 0.10, "max_tps": 0.20, "memory": 0.10, "gain_pp": 5.0}
 FURTHER = [
     # further published TorchTitan runs (not in ../shared): (label, fields of the job, the
-    # feature's published gain, where it was published)
+    # feature turned off for the baseline, the feature's published gain, where it was published)
     ("8B 8 H100 FSDP 8, compile: float8 tensorwise", dict(
         model="llama3_8b", gpus="8", fsdp="8", tp="1", cp="1", seq_len="8192", local_batch="2",
         global_batch="16", ac="selective", compile="yes", float8="yes", async_tp="no"),
-     0.2503, "torchao/float8/README.md, training benchmarks (pytorch/ao PR 1793)"),
+     "float8", 0.2503, "torchao/float8/README.md, training benchmarks (pytorch/ao PR 1793)"),
     ("8B 8 H100 FSDP 8, compile: float8 rowwise", dict(
         model="llama3_8b", gpus="8", fsdp="8", tp="1", cp="1", seq_len="8192", local_batch="2",
         global_batch="16", ac="selective", compile="yes", float8="rowwise", async_tp="no"),
-     0.1005, "torchao/float8/README.md, training benchmarks (pytorch/ao PR 1793)"),
+     "float8", 0.1005, "torchao/float8/README.md, training benchmarks (pytorch/ao PR 1793)"),
     ("8B 4 H100 FSDP 2 x TP 2, compile: float8 rowwise", dict(
         model="llama3_8b", gpus="4", fsdp="2", tp="2", cp="1", seq_len="8192", local_batch="1",
         global_batch="2", ac="selective", compile="yes", float8="rowwise", async_tp="no"),
-     5189 / 5378 - 1, "pytorch/torchtitan issue 1207 (bf16 5378, rowwise 5189 tok/s)"),
+     "float8", 5189 / 5378 - 1, "pytorch/torchtitan issue 1207 (bf16 5378, rowwise 5189 tok/s)"),
+] + [
+    (f"{size.upper()} {gpus} H100 FSDP {fsdp} x TP 8, compile, {name}: async TP", dict(
+        model=f"llama3_{size}", gpus=gpus, fsdp=fsdp, tp="8", cp="1", seq_len="8192",
+        local_batch=local, global_batch=str(int(local) * int(fsdp)), ac=ac, compile="yes",
+        float8=float8, async_tp="yes"),
+     "async_tp", gain, "benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md in "
+     "pytorch/torchtitan (June 2025)")
+    for size, gpus, fsdp, local, ac in (("70b", "256", "32", "16", "full"),
+                                        ("8b", "64", "8", "12", "selective"))
+    for name, float8, gain in (
+        ("bf16", "no", {"70b": 652.4 / 597.3, "8b": 4809.4 / 4378}[size] - 1),
+        ("float8 tensorwise", "yes", {"70b": 942.4 / 809.8, "8b": 5570.1 / 5078.1}[size] - 1),
+        ("float8 rowwise", "rowwise", {"70b": 624.8 / 599.6, "8b": 3914.9 / 3708.5}[size] - 1))
 ]
 
 
@@ -177,8 +191,8 @@ def further_gains() -> list[tuple[str, float, float]]:
     """Feature gains of further published TorchTitan runs (not in ../shared): the job with the
     feature against the same job without it, both predicted on the Grand Teton profile."""
     out = []
-    for label, fields, published, _ in FURTHER:
-        with_it, without = Row(dict(fields)), Row(dict(fields, float8="no"))
+    for label, fields, feature, published, _ in FURTHER:
+        with_it, without = Row(dict(fields)), Row(dict(fields, **{feature: "no"}))
         predict([with_it, without], "h100_grand_teton")
         out.append((label, published, with_it.tps / without.tps - 1))
     return out

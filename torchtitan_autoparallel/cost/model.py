@@ -287,6 +287,61 @@ def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     return fwd, fwd + bwd + recompute_frac * fwd
 
 
+ROW_PARALLEL_FLOP_SHARE = 1 / 3
+"""Share of a decoder block's linear FLOPs in its row-parallel linears (wo and w2; Llama 3 8B
+34 %, 70B 35 %): the backward GEMMs a fused all-gather of their output gradient can hide under."""
+
+
+def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int, act: float,
+              tp_nodes: bool, hw: HardwareProfile, prec: Precision, features: Features
+              ) -> float:
+    """Exposed TP + SP communication of one micro-batch through a block.
+
+    Each forward (and a full recomputation) all-gathers into the attention's and the FFN's
+    column-parallel linears and reduce-scatters out of their row-parallel ones: 2 + 2
+    collectives; backward runs their transposes, an all-gather of the row-parallel linears'
+    output gradient and a reduce-scatter of the column-parallel linears' input gradient.
+    Without async TP every collective is exposed. Async TP (Inductor's micro-pipeline pass)
+    fuses an all-gather into the GEMMs that consume it and a reduce-scatter into the one GEMM
+    that produces it; the transfers (copy engines, no SMs) then hide under those GEMMs, run in
+    tp chunks, except the first chunk. What the pass cannot fuse stays exposed: the backward
+    reduce-scatter (the input gradient is a sum of GEMMs, q + k + v and w1 + w3, not one
+    GEMM), and every all-gather whose result is cast before its GEMMs (float8 rowwise in
+    forward, the float8 output gradient in backward)."""
+    fwd_passes = 2 if strategy.ac == "full" else 1
+    gather = scatter = collective_s("all_gather", act, mesh.tp, tp_nodes, hw)
+    # TorchTitan's float8 tensorwise TP styles cast the input before the forward all-gather
+    # (1 byte per element); backward gathers the bf16 output gradient, cast afterwards
+    gather_fwd = gather / prec.param_bytes if features.linear == "float8_tensorwise" else gather
+    # SP gathers and scatters along the sequence dim (dim 1): with more than one sequence per
+    # micro-batch the unfused collectives concatenate the chunks (torch.cat after the
+    # all-gather, before the reduce-scatter), one more read and write of the full activation
+    cat = (2 * act / (hw.hbm_gbps * 1e9)
+           if microbatch > 1 and hw.gemm_table and hw.hbm_gbps > 0 else 0.0)
+    # selective AC: TorchTitan's save list keeps reduce-scatter outputs, not all-gather ones,
+    # so backward gathers the column-parallel linears' inputs again, for their weight
+    # gradients (the gathered input as the transposed operand: not fused)
+    regathers = 2 if strategy.ac == "selective" else 0
+    # (seconds, count, fused under async TP) per kind of collective
+    kinds = ((gather_fwd, 2 * fwd_passes, not features.linear.startswith(("float8_rowwise", "mx"))),
+             (scatter, 2 * fwd_passes, True),
+             (gather, 2, features.linear == "none"),
+             (scatter, 2, False),
+             (gather_fwd, regathers, False))
+    if not features.async_tp or not hw.gemm_table:
+        total = sum(n * (t + cat) for t, n, _ in kinds)
+        return total * (1.0 - hw.async_tp_overlap) if features.async_tp else total
+    fused = sum(n * t for t, n, f in kinds if f)
+    gemm_fwd, _ = gemm_times(layer, mesh, strategy, microbatch, hw, features)
+    hiding = gemm_fwd * (fwd_passes + (ROW_PARALLEL_FLOP_SHARE if kinds[2][2] else 0.0))
+    exposed = max(fused / mesh.tp, fused - hiding)
+    if hw.hbm_gbps > 0:
+        # the fused matmul + reduce-scatter sums the tp partial products it gathered after
+        # the last chunk: the full activation read, a tp-th written, on the compute stream
+        exposed += 2 * fwd_passes * act * (1 + 1 / mesh.tp) / (hw.hbm_gbps * 1e9)
+    return exposed + sum(n * (t + cat) for t, n, f in kinds if not f)
+
+
 def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
                hw: HardwareProfile, prec: Precision, gpus_per_node: int,
                grouped_experts: bool = True, features: Features = EAGER) -> BlockCost:
@@ -306,34 +361,7 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     param_split = 1 if strategy.tp_mode == "dp" else mesh.tp
     fsdp_group = mesh.dp_shard * mesh.cp * (mesh.tp if strategy.tp_mode == "dp" else 1)
     if strategy.tp_mode == "sp":
-        # TP + SP: 2 all-gathers + 2 reduce-scatters of the activations in forward, the same
-        # in backward, and again for a full recompute.
-        tp_one = collective_s("all_gather", act, mesh.tp, tp_nodes, hw)
-        tp_comm = tp_one * (8 + (4 if full_ac else 0))
-        if microbatch > 1 and hw.gemm_table and hw.hbm_gbps > 0 and not features.async_tp:
-            # SP gathers and scatters along the sequence dim (dim 1): with more than one
-            # sequence per micro-batch the functional collectives concatenate the chunks
-            # (torch.cat after the all-gather, before the reduce-scatter), one more read and
-            # write of the full activation per collective
-            tp_comm += (8 + (4 if full_ac else 0)) * 2 * act / (hw.hbm_gbps * 1e9)
-        if features.linear == "float8_tensorwise":
-            # TorchTitan's float8 TP styles all-gather in float8: half of the collectives
-            # (the all-gathers, forward and backward) move 1 byte per element, not 2
-            tp_comm *= 0.5 + 0.5 * (1.0 / prec.param_bytes)
-        if features.async_tp and hw.gemm_table:
-            # micro-pipelined (copy engines, no SMs): each chunk's transfer hides under the
-            # previous chunk's GEMM (the GEMMs, run in tp chunks, are costed in compute); the
-            # first chunk and what outlasts the GEMMs stay exposed
-            gemm_fwd, gemm_bwd = gemm_times(layer, mesh, strategy, microbatch, hw, features)
-            tp_comm = max(tp_comm / mesh.tp, tp_comm - gemm_fwd - gemm_bwd)
-            if hw.hbm_gbps > 0:
-                # the fused matmul + reduce-scatter sums the tp partial products it gathered
-                # after the last chunk (torch.sum over the stacked partials): the full
-                # activation read, a tp-th written, on the compute stream
-                scatters = 4 + (2 if full_ac else 0)
-                tp_comm += scatters * act * (1 + 1 / mesh.tp) / (hw.hbm_gbps * 1e9)
-        elif features.async_tp:
-            tp_comm *= 1.0 - hw.async_tp_overlap
+        tp_comm = sp_comm_s(layer, mesh, strategy, microbatch, act, tp_nodes, hw, prec, features)
     elif strategy.tp_mode == "dp":
         # residual stream sequence-shard <-> batch-shard: one all-to-all at entry and exit,
         # both again in backward (and the entry again for a full recompute)
