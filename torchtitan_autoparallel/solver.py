@@ -142,7 +142,7 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
         if cls not in representative:
             representative[cls] = layer
             strategies[cls] = pinned_strategies(mesh, microbatch, constraints, moe_model,
-                                                pins.get(layer.fqn))
+                                                pins.get(layer.fqn), gpus_per_node)
     costs = {
         (c, s): block_cost(representative[c], mesh, s, microbatch, hw, prec, gpus_per_node,
                            graph.grouped_experts, features)
@@ -183,6 +183,12 @@ def _new_highs() -> highspy.Highs:
     return h
 
 
+OBJECTIVE_PER_S = 1e3
+"""The MILP's objective is in milliseconds: in seconds, strategies whose times differ by under
+a microsecond look equal within HiGHS's tolerances, and it may return the slower one as
+optimal (a brute force finds the difference)."""
+
+
 class SolveTimeout(Exception):
     """HiGHS reached its time limit before finding any feasible point."""
 
@@ -215,7 +221,8 @@ def solve_candidate(cand: Candidate, budget: float, time_limit_s: float) -> Solu
     y_idx = {}
     for key in keys:
         n_idx[key] = h.getNumCol()
-        h.addCol(cand.accum * cand.costs[key].time_s, 0.0, float(cand.classes[key[0]]), 0, [], [])
+        h.addCol(cand.accum * cand.costs[key].time_s * OBJECTIVE_PER_S, 0.0,
+                 float(cand.classes[key[0]]), 0, [], [])
         h.changeColIntegrality(n_idx[key], highspy.HighsVarType.kInteger)
     for key in keys:
         y_idx[key] = h.getNumCol()
