@@ -194,3 +194,33 @@ def test_tp_only_mesh_parity(references, tmp_path):
     assert (plan.mesh.dp_shard, plan.mesh.tp) == (1, 2)
     assert {layer.tp_mode for layer in plan.layers} == {"sp"}
     assert_parity(reference, result)
+
+
+# slow (measured passing; ``-m slow`` runs it): 4 ranks, out of the CI command for time
+@pytest.mark.slow
+def test_node_reshard_plan_parity(references, tmp_path):
+    """FSDP2's integer reshard_after_forward: fsdp 4 on "nodes" of 2 ranks, blocks resharding
+    to the 2 ranks of their node after forward, to all 4, or keeping their parameters (the plan
+    edited, then replayed from its file): losses and gradient norms equal the 1-rank run."""
+    from torchtitan_autoparallel.job_config import parse_config
+    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.runtime import cpu
+
+    cpu.install()
+    register()
+    options = ["--autoparallel.gpus_per_node=2", "--parallelism.data_parallel_shard_degree=4"]
+    plan = plan_job(parse_config(["--job.config_file", "train_configs/llama3_debug_auto.toml",
+                                  *PARITY_OVERRIDES, *options]), 4)
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    for i, layer in enumerate(blocks):
+        layer.reshard_after_forward = (2, True, False)[i % 3]
+    path = tmp_path / "node.json"
+    plan.save(str(path))
+    assert Plan.load(str(path)).layers[1].reshard_after_forward == 2
+
+    seed, reference = references("llama3")
+    result = run_job("llama3_debug_auto.toml", 4, tmp_path / "run",
+                     [f"--autoparallel.plan_file={path}", *options], seed_checkpoint=seed)
+    assert "fsdp-node2" in result.output, result.output[-3000:]
+    assert_parity(reference, result)

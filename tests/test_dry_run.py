@@ -41,8 +41,21 @@ CASES = [pytest.param("8b", 64, (), marks=pytest.mark.slow),
 
 @pytest.mark.parametrize("flavor,ngpu,hardware", CASES)
 def test_auto_plan_dry_run(flavor, ngpu, hardware, tmp_path):
-    result = dry_run(flavor, ngpu, tmp_path, *(hardware or ("--autoparallel.hardware=h100_sxm",)))
+    """Each block's FSDP group resharding as planned (70B on 128 H100s reshards its last
+    blocks to the 8 ranks of a node: FSDP2's integer reshard_after_forward)."""
+    from torchtitan_autoparallel.plan import Plan
+
+    path = tmp_path / "plan.json"
+    result = dry_run(flavor, ngpu, tmp_path, *(hardware or ("--autoparallel.hardware=h100_sxm",)),
+                     f"--autoparallel.save_plan={path}")
     check_report(result, ngpu)
+    planned = {layer.fqn.rpartition(".")[2]: layer.reshard_after_forward
+               for layer in Plan.load(str(path)).layers if layer.kind == "block"}
+    built = {name: block["reshard_after_forward"]
+             for name, block in built_blocks(result).items()}
+    assert built == planned
+    if (flavor, ngpu) == ("70b", 128):
+        assert 8 in built.values(), built
 
 
 def check_report(result: subprocess.CompletedProcess, ngpu: int) -> str:

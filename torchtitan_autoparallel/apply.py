@@ -110,7 +110,7 @@ def apply_replication(model: nn.Module, dp_mesh: Any, enable_compile: bool) -> N
 
 
 def _shard_routed_experts(experts: nn.Module, parallel_dims: Any, plan: Plan,
-                          fsdp: dict[str, Any], reshard_after_forward: bool) -> None:
+                          fsdp: dict[str, Any], reshard_after_forward: bool | int) -> None:
     """FSDP of routed experts over the ranks EP leaves (``efsdp``, with dp_replicate for HSDP),
     as TorchTitan's recipe does: on dim 1 when efsdp x ep exceeds the expert count (dim 0 is
     already split by EP)."""

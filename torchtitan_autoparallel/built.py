@@ -45,7 +45,11 @@ def fsdp_group(module: Any) -> dict[str, Any]:
     group = state()._fsdp_param_group if state is not None else None
     if group is None:
         return {}
-    return {"reshard_after_forward": group.post_forward_mesh_info is not None,
+    # FSDP2: no post-forward mesh = keep; its own mesh = reshard; a smaller one = the integer
+    post = group.post_forward_mesh_info
+    reshard: bool | int = (False if post is None else True if post is group.mesh_info
+                           else post.shard_mesh_size)
+    return {"reshard_after_forward": reshard,
             "cpu_offload": type(group.offload_policy).__name__ == "CPUOffloadPolicy",
             "param_dtype": str(group.mp_policy.param_dtype),
             "reduce_dtype": str(group.mp_policy.reduce_dtype)}

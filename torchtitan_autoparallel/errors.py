@@ -187,6 +187,8 @@ class Rule:
     """Numbers: 0 (meaning "default"), or >= this."""
     optional: bool = False
     """null (None) is accepted too."""
+    or_int_ge: int | None = None
+    """Booleans: an integer >= this is accepted too (FSDP2's integer reshard_after_forward)."""
 
     def describe(self) -> str:
         if self.choices:
@@ -198,6 +200,8 @@ class Rule:
         bounds = [f"{op} {_number(v)}" for op, v in
                   ((">", self.gt), (">=", self.ge), ("<=", self.le)) if v is not None]
         text = f"{kind} {' and '.join(bounds)}".strip()
+        if self.or_int_ge is not None:
+            text += f", or an integer >= {self.or_int_ge}"
         if self.zero_or_ge is not None:
             text = f"0 (the default) or {kind} >= {self.zero_or_ge:g}"
         return text + (" or null" if self.optional else "")
@@ -219,6 +223,8 @@ class Rule:
                 return False
             return ((self.gt is None or value > self.gt) and (self.ge is None or value >= self.ge)
                     and (self.le is None or value <= self.le))
+        if self.or_int_ge is not None and isinstance(value, int) and not isinstance(value, bool):
+            return value >= self.or_int_ge
         if not isinstance(value, self.kind):
             return False
         return not self.choices or value in self.choices

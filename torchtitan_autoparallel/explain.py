@@ -11,7 +11,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from .layout import BlockStrategy
+from .layout import BlockStrategy, reshard_group
 from .plan import Plan, check_plan_for_job
 from .planner import block_counts, candidate_for, inputs_from_plan
 
@@ -241,6 +241,11 @@ def snippet(plan: Plan) -> str:
                 f"({blocks[0].describe(plan.mesh.unsharded_label)}): {', '.join(odd[:8])}"
                 + (" ..." if len(odd) > 8 else ""))
     b = blocks[0]
+    node = reshard_group(b.reshard_after_forward)
+    if node:
+        return (f"not expressible as TorchTitan settings: every block reshards to {node} ranks "
+                "after forward (FSDP2's integer reshard_after_forward), which "
+                "parallelism.fsdp_reshard_after_forward cannot say")
     m = plan.mesh
     ac = {"none": 'mode = "none"', "full": 'mode = "full"',
           "selective": 'mode = "selective"\nselective_ac_option = "op"'}[b.ac]

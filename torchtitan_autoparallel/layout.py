@@ -27,13 +27,16 @@ AC_MODES = ("none", "selective", "full")
 planned job accepts: the plan picks per block among them)."""
 
 
-def strategy_parts(ac: str, reshard_after_forward: bool, tp_mode: str, ep: int = 1,
+def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep: int = 1,
                    pinned: bool = False, unsharded: str = "") -> dict[str, str]:
     """The one vocabulary of a strategy, by aspect (tables, explain, diff and pictures):
-    params "fsdp" / "fsdp-keep" (reshard after forward or not; ``unsharded``: the mesh's label
+    params "fsdp" / "fsdp-keep" / "fsdp-node<n>" (reshard after forward, keep, or reshard to
+    groups of n ranks of one node; ``unsharded``: the mesh's label
     when it shards nothing, "ddp" / "single", see ``Mesh.unsharded_label``), tp "tp+sp" /
     "tp-as-dp", ep "ep<k>", ac "ac:<mode>", pinned "pinned"; absent aspects are left out."""
-    parts = {"params": unsharded or ("fsdp" if reshard_after_forward else "fsdp-keep")}
+    node = reshard_group(reshard_after_forward)
+    parts = {"params": unsharded or (f"fsdp-node{node}" if node else
+                                     "fsdp" if reshard_after_forward else "fsdp-keep")}
     if tp_mode == "sp":
         parts["tp"] = "tp+sp"
     elif tp_mode == "dp":
@@ -47,11 +50,18 @@ def strategy_parts(ac: str, reshard_after_forward: bool, tp_mode: str, ep: int =
     return parts
 
 
-def strategy_label(ac: str, reshard_after_forward: bool, tp_mode: str, ep: int = 1,
+def strategy_label(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep: int = 1,
                    pinned: bool = False, unsharded: str = "") -> str:
     """A strategy as one string: its ``strategy_parts`` joined by "+"."""
     return "+".join(strategy_parts(ac, reshard_after_forward, tp_mode, ep, pinned,
                                    unsharded).values())
+
+
+def reshard_group(reshard_after_forward: bool | int) -> int:
+    """The group size an integer ``reshard_after_forward`` reshards to (FSDP2's integer form:
+    after forward each rank keeps a 1/n shard, and backward all-gathers over those n ranks);
+    0 for True (reshard over the whole FSDP group) and False (keep the parameters)."""
+    return 0 if isinstance(reshard_after_forward, bool) else reshard_after_forward
 
 
 @dataclass(frozen=True, order=True)
@@ -128,17 +138,18 @@ class StrategyFields(Protocol):
     """What a planned layer records of its strategy (``plan.LayerPlan``)."""
 
     ac: str
-    reshard_after_forward: bool
+    reshard_after_forward: bool | int
     tp_mode: str
 
 
 @dataclass(frozen=True, order=True)
 class BlockStrategy:
-    """How one transformer block runs: activation checkpointing, FSDP resharding, and what the
-    tp mesh dim does for it ("none" when tp = 1, else one of TP_MODES)."""
+    """How one transformer block runs: activation checkpointing, FSDP resharding (True / False,
+    or an integer group size, see ``reshard_group``), and what the tp mesh dim does for it
+    ("none" when tp = 1, else one of TP_MODES)."""
 
     ac: str
-    reshard_after_forward: bool
+    reshard_after_forward: bool | int
     tp_mode: str = "none"
 
     @classmethod
@@ -158,6 +169,19 @@ def fsdp_sharded(mesh: Mesh, tp_mode: str = "none", experts: bool = False) -> bo
     dp_shard x tp where the tp dim acts as data parallel (``tp_mode`` "dp"), and, for a block
     with routed ``experts`` under expert parallelism, its experts over ``efsdp``."""
     return mesh.dp_shard * mesh.cp > 1 or tp_mode == "dp" or (experts and mesh.ep > 1)
+
+
+def node_reshard_group(mesh: Mesh, gpus_per_node: int, tp_mode: str = "none") -> int:
+    """The integer ``reshard_after_forward`` that keeps a block's backward all-gather inside
+    one node: the block's FSDP ranks on one node, when its FSDP group spans several nodes and
+    that count is a proper divisor of the group (FSDP2 reshards to consecutive members of its
+    mesh, ``mesh.view(-1, n)``); 0 otherwise."""
+    group = mesh.dp_shard * mesh.cp * (mesh.tp if tp_mode == "dp" else 1)
+    stride = 1 if tp_mode == "dp" else mesh.tp  # rank distance between FSDP neighbours
+    if gpus_per_node < 1 or group * stride <= gpus_per_node or gpus_per_node % stride:
+        return 0
+    n = gpus_per_node // stride
+    return n if 1 < n < group and group % n == 0 else 0
 
 
 def tp_as_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block") -> str:

@@ -8,7 +8,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import Rule, UserError, atomic_write, check_fields, check_value, read_input, shown
-from .layout import AC_MODES, TP_MODES, Mesh, strategy_label, strategy_parts, tp_as_dp_problem
+from .layout import (
+    AC_MODES,
+    TP_MODES,
+    Mesh,
+    reshard_group,
+    strategy_label,
+    strategy_parts,
+    tp_as_dp_problem,
+)
 from .schedules import SCHEDULES, SINGLE_STAGE, V_SCHEDULES, microbatch_ok
 
 SCHEMA_VERSION = 2
@@ -30,7 +38,9 @@ class LayerPlan:
     """"embedding", "block" or "output"."""
     ac: str = "none"
     """Activation checkpointing: none / selective / full."""
-    reshard_after_forward: bool = True
+    reshard_after_forward: bool | int = True
+    """FSDP2's ``reshard_after_forward``: True, False, or the group size to reshard to (the
+    ranks of one node; see ``layout.reshard_group``)."""
     tp_mode: str = "none"
     """What the tp mesh dim does for this layer: "none" (tp = 1); "sp" = tensor parallel with
     sequence parallel (vocab-parallel + loss parallel for embedding and output); "dp" = the tp
@@ -314,7 +324,7 @@ LAYER_RULES: dict[str, Rule] = {
     "fqn": Rule(str),
     "kind": Rule(str, choices=("embedding", "block", "output")),
     "ac": Rule(str, choices=AC_MODES),
-    "reshard_after_forward": Rule(bool),
+    "reshard_after_forward": Rule(bool, or_int_ge=2),
     "tp_mode": Rule(str, choices=("none", *TP_MODES)),
     "ep": Rule(int, ge=1),
     "pinned": Rule(bool),
@@ -450,6 +460,13 @@ def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
     """Why ``layer``'s strategy is illegal on mesh ``m`` (empty if it is legal)."""
     if layer.ep not in (1, m.ep):
         return f"ep {layer.ep} must be 1 or the mesh's ep ({m.ep})"
+    node = reshard_group(layer.reshard_after_forward)
+    if node:
+        group = m.dp_shard * m.cp * (m.tp if layer.tp_mode == "dp" else 1)
+        if layer.kind != "block" or m.pp > 1 or layer.ep > 1 or not node < group \
+                or group % node:
+            return (f"reshard_after_forward {node} needs a dense block of a plan without pp "
+                    f"and a proper divisor of its FSDP group ({group} ranks)")
     if m.tp == 1:
         return "" if layer.tp_mode == "none" else f"tp_mode {layer.tp_mode!r} needs tp > 1"
     if layer.tp_mode == "none":

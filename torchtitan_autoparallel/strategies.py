@@ -12,6 +12,7 @@ from .layout import (
     Mesh,
     divisors,
     fsdp_sharded,
+    node_reshard_group,
     tp_as_dp_problem,
 )
 from .pins import Pin
@@ -226,9 +227,11 @@ def check_expert_constraints(graph: LayerGraph, world: int, constraints: Constra
 
 
 def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
-                     moe_model: bool = False) -> list[BlockStrategy]:
+                     moe_model: bool = False, gpus_per_node: int = 0) -> list[BlockStrategy]:
     """Per-block choices on ``mesh`` for a local batch of ``microbatch`` sequences. The tp dim
-    as data parallel is offered on dense models only (MoE blocks follow TorchTitan's MoE TP)."""
+    as data parallel is offered on dense models only (MoE blocks follow TorchTitan's MoE TP).
+    Where the FSDP group spans nodes, dense blocks of a flat plan may also reshard to the
+    ranks of one node (``node_reshard_group``) when resharding is searched."""
     acs = constraints.ac_modes if "ac" in constraints.techniques else ("none",)
     tp_modes: tuple[str, ...] = ("none",)
     if mesh.tp > 1:
@@ -238,9 +241,14 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
     out = []
     for mode in tp_modes:
         sharded = fsdp_sharded(mesh, mode)
-        reshards = {"default": (True, False), "always": (True,), "never": (False,),
-                    "torchtitan": (mesh.pp == 1,)}[
-            constraints.reshard_after_forward] if sharded else (False,)
+        reshards: tuple[bool | int, ...] = {
+            "default": (True, False), "always": (True,), "never": (False,),
+            "torchtitan": (mesh.pp == 1,)}[constraints.reshard_after_forward] if sharded \
+            else (False,)
+        node = node_reshard_group(mesh, gpus_per_node, mode)
+        if node and constraints.reshard_after_forward == "default" and mesh.pp == 1 \
+                and not moe_model:
+            reshards += (node,)
         for ac in acs:
             for reshard in reshards:
                 out.append(BlockStrategy(ac, reshard, mode))
@@ -248,14 +256,14 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
 
 
 def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe_model: bool,
-                      pin: Pin | None) -> list[BlockStrategy]:
+                      pin: Pin | None, gpus_per_node: int = 0) -> list[BlockStrategy]:
     """Strategies a block may take given its pin: TorchTitan's recipe only (whole block
     pinned), no tp-as-dp (a region inside pinned), or all of them."""
     if pin is not None and pin.whole:
         sharded = fsdp_sharded(mesh)
         return [BlockStrategy(pin.recipe_ac, pin.recipe_reshard and sharded,
                               "sp" if mesh.tp > 1 else "none")]
-    free = block_strategies(mesh, microbatch, constraints, moe_model)
+    free = block_strategies(mesh, microbatch, constraints, moe_model, gpus_per_node)
     if pin is not None and pin.regions:
         return [s for s in free if s.tp_mode != "dp"]
     return free

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..features import EAGER, Features
 from ..graph.layer_graph import Layer, LayerGraph
-from ..layout import BlockStrategy, Mesh, edge_strategy
+from ..layout import BlockStrategy, Mesh, edge_strategy, reshard_group
 from . import kernels
 from .hardware import HardwareProfile
 
@@ -397,7 +397,10 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     if ep > 1:
         groups.append((layer.expert_params, mesh.ep * mesh.etp, mesh.efsdp))
     gathers = 2 if strategy.reshard_after_forward else 1
-    ag = rs = ar = unsharded = gbytes = copied = 0.0
+    # an integer reshard keeps a 1/node shard after forward and all-gathers it back over the
+    # node's ranks (NVLink) in backward
+    node = reshard_group(strategy.reshard_after_forward)
+    ag = rs = ar = node_ag = unsharded = gbytes = copied = 0.0
     # float8 all-gather: the float8 linears' weights travel as 1 byte each
     # (TorchTitan's converter turns it off when dp_shard = 1)
     low = sum(k * n for k, n in layer.linear_shapes) / max(layer.params, 1) \
@@ -411,6 +414,8 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
                                                                 * mesh.tp, 1)))
         rep_rails = max(1, gpus_per_node // (mesh.dp_shard * mesh.cp * mesh.tp))
         ag += collective_s("all_gather", pb, group, ds_nodes, hw, rails)
+        if node:
+            node_ag += collective_s("all_gather", pb, node, False, hw)
         rs += collective_s("reduce_scatter", gb, group, ds_nodes, hw, rails)
         ar += collective_s("all_reduce", gb / group, mesh.dp_replicate, rep_nodes, hw,
                            rep_rails)
@@ -419,9 +424,9 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         if group > 1:
             # every micro-batch: the all-gathered parameters (again after resharding) and the
             # reduce-scattered gradients pass through host copies on the training thread
-            copied += pb * gathers + gb
+            copied += pb * gathers + gb + (pb / node if node else 0.0)
     fwd_comm = ag
-    bwd_comm = (ag if strategy.reshard_after_forward else 0.0) + rs + ar
+    bwd_comm = (node_ag if node else ag if strategy.reshard_after_forward else 0.0) + rs + ar
     copy_s = copied / (hw.host_copy_gbps * 1e9) if hw.host_copy_gbps > 0 else 0.0
     if hw.gemm_table and hw.hbm_gbps > 0:
         # FSDP2's copy-out / cast / copy-in kernels run on the device between the blocks
@@ -470,6 +475,8 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         if strategy.ac != "none" else 0.0)
     if not strategy.reshard_after_forward and fsdp_group > 1:
         kept += unsharded
+    elif node:
+        kept += unsharded / node
     state = layer.params * STATE_BYTES_PER_PARAM / (mesh.dp_shard * mesh.cp * mesh.tp)
     # backward of this block: its recomputed activations and, when FSDP shards it, the
     # unsharded params of it and the prefetched next one and its unsharded gradients (DDP:
