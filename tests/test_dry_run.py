@@ -168,6 +168,8 @@ def test_float8_compile_dry_run(tmp_path):
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
     for i, layer in enumerate(blocks):
         layer.tp_mode = "dp" if i % 2 else "sp"
+    # every block linear float8, as in the recipe (TP + SP blocks need them all converted)
+    plan.float8_filter_fqns = None
     # tp used as data parallel splits the local batch over tp: 8 sequences per dp rank
     plan.local_batch_size, plan.gradient_accumulation_steps = 8, 1
     path = tmp_path / "plan.json"
@@ -195,6 +197,28 @@ def test_float8_compile_dry_run(tmp_path):
     assert "Async TP is enabled" in out
     assert "ignoring" not in out
     check_report(auto, 64)
+
+
+def test_float8_linears_chosen_by_the_plan_dry_run(tmp_path):
+    """llama3 8B on 8 fake H100 ranks with float8 (tensorwise) and compile, filter_fqns unset:
+    the plan keeps wk / wv (4096 -> 1024, float8 predicted slower there, as torchao's own size
+    filter says) and the output layer in bf16, and TorchTitan's converter builds exactly that
+    (read back from the modules); TorchTitan's recipe for the same job converts every block
+    linear."""
+    from torchtitan_autoparallel.plan import Plan
+
+    path = tmp_path / "plan.json"
+    auto = dry_run("8b", 8, tmp_path / "auto", *FLOAT8_COMPILE,
+                   f"--autoparallel.save_plan={path}")
+    plan = Plan.load(str(path))
+    assert plan.float8_filter_fqns == ["output", "attention.wk", "attention.wv"]
+    built = built_blocks(auto)
+    assert len(built) == 32
+    for block in built.values():
+        assert block["bf16_linears"] == ["attention.wk", "attention.wv"], block
+        assert block["float8_linears"] == 5
+    assert "float8: kept in bf16 (float8 predicted slower): output, attention.wk, " \
+        "attention.wv" in auto.stdout + auto.stderr
 
 
 # Pipeline parallel at scale. The published 405B layout (TorchTitan's Table 5: FSDP 8 x TP 8 x

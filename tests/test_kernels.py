@@ -58,9 +58,24 @@ def _float8_speedup(m: int, k: int, n: int, recipe: str, hw) -> float:
     layer, mesh = _linear_layer(m, k, n), Mesh(1, 1, 1)
     strategy, prec = BlockStrategy("none", False), Precision(2, 4)
     bf16 = compute_s(layer, mesh, strategy, 1, hw, prec, Features(compile=True))[1]
+    # every linear float8 (filter_fqns set, empty): the linear's own float8 cost
     f8 = compute_s(layer, mesh, strategy, 1, hw, prec,
-                   Features(compile=True, linear=f"float8_{recipe}"))[1]
+                   Features(compile=True, linear=f"float8_{recipe}", float8_filter=()))[1]
     return bf16 / f8
+
+
+def test_planner_keeps_a_linear_in_bf16_exactly_where_float8_is_slower():
+    """filter_fqns unset: a linear runs float8 in the plan's cost exactly where its own float8
+    cost (every linear converted) beats bf16, so the chosen cost is the better of the two."""
+    hw = load_profile("h100_sxm")
+    for m, k, n in ((1024, 1024, 1024), (8192, 4096, 1024), (16384, 8192, 8192)):
+        layer, mesh = _linear_layer(m, k, n), Mesh(1, 1, 1)
+        strategy, prec = BlockStrategy("none", False), Precision(2, 4)
+        bf16 = compute_s(layer, mesh, strategy, 1, hw, prec, Features(compile=True))[1]
+        chosen = compute_s(layer, mesh, strategy, 1, hw, prec,
+                           Features(compile=True, linear="float8_tensorwise"))[1]
+        assert chosen == pytest.approx(bf16 / max(1.0, _float8_speedup(m, k, n, "tensorwise",
+                                                                        hw)))
 
 
 def test_float8_rowwise_loses_on_small_linears_and_wins_on_large_ones():

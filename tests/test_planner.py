@@ -481,3 +481,18 @@ def test_node_reshard_matches_brute_force():
             assert result.best.step_time_s == pytest.approx(expected, rel=1e-9), (seed, fraction)
             chosen += [s.reshard_after_forward for (_, s), k in result.best.counts.items() if k]
     assert any(not isinstance(r, bool) for r in chosen), chosen
+
+
+def test_float8_linears_in_tp_blocks_stay_float8(planning):
+    """float8 tensorwise with TP + SP blocks: TorchTitan's float8 TP styles shard only float8
+    linears, so the plan keeps none of theirs in bf16, and a plan file edited to keep one is
+    refused in one line."""
+    plan = planning("llama3_8b_auto.toml", 16, "--autoparallel.hardware=h100_sxm",
+                    "--parallelism.tensor_parallel_degree=2",
+                    "--model.converters=quantize.linear.float8", "--compile.enable")
+    assert {layer.tp_mode for layer in plan.layers if layer.kind == "block"} == {"sp"}
+    assert plan.float8_filter_fqns == ["output"]
+    data = plan.to_dict()
+    data["float8_filter_fqns"] = ["output", "attention.wk"]
+    with pytest.raises(UserError, match="TP \\+ SP block"):
+        Plan.from_dict(data)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cost.hardware import HardwareProfile
-from .cost.model import Precision
+from .cost.model import Precision, low_precision_linears
 from .errors import Rule, UserError, check_fields, check_value, shown
 from .exclusions import exclusion_notes
 from .features import Features
@@ -114,6 +114,36 @@ def layer_plans(inputs: JobInputs, mesh: Mesh, strategies: list[BlockStrategy],
     return layers
 
 
+def float8_filter_fqns(inputs: JobInputs, mesh: Mesh, microbatch: int,
+                       layers: list[LayerPlan]) -> list[str] | None:
+    """``filter_fqns`` for TorchTitan's float8 converter when the planner chooses the float8
+    linears (a float8 job without filter_fqns): the output layer (left in bf16 and costed so)
+    and the block linears the cost model keeps in bf16, by their name inside the block where
+    every block keeps the same ones, else by FQN. TorchTitan matches entries as substrings of
+    a linear's FQN: an entry that would also catch a linear chosen for float8 (``wq`` in
+    ``wq_a``) is left out, and that linear runs float8. None when the planner does not
+    choose."""
+    features = inputs.features
+    if not features.float8 or features.float8_filter is not None:
+        return None
+    strategies = {layer.fqn: BlockStrategy.of(layer) for layer in layers}
+    kept: dict[str, list[str]] = {}
+    converted: list[str] = []
+    for layer in inputs.graph.blocks:
+        low = low_precision_linears(layer, mesh, strategies[layer.fqn], microbatch, inputs.hw,
+                                    features)
+        kept[layer.fqn] = [n for n, is_low in zip(layer.linear_names, low, strict=True)
+                           if not is_low]
+        converted += [f"{layer.fqn}.{n}" for n, is_low in
+                      zip(layer.linear_names, low, strict=True) if is_low]
+    if len({tuple(names) for names in kept.values()}) == 1:
+        entries = next(iter(kept.values()))
+    else:
+        entries = [f"{fqn}.{name}" for fqn, names in kept.items() for name in names]
+    return [inputs.graph.layers[-1].fqn,
+            *(e for e in entries if not any(e in fqn for fqn in converted))]
+
+
 def plan_of(inputs: JobInputs, mesh: Mesh, local_batch: int, accum: int,
             layers: list[LayerPlan], step: float, peak_bytes: float, state_bytes: float,
             solver: dict[str, Any], pipeline: Pipeline | None = None) -> Plan:
@@ -135,6 +165,8 @@ def plan_of(inputs: JobInputs, mesh: Mesh, local_batch: int, accum: int,
         },
         solver={**solver, "objective": step},
         pipeline=pipeline,
+        float8_filter_fqns=float8_filter_fqns(
+            inputs, mesh, pipeline.microbatch_size if pipeline else local_batch, layers),
         inputs=inputs_record(inputs),
         notes=exclusion_notes(inputs.graph) + ([] if inputs.constraints.accumulation else [
             "optimizer.early_step_in_backward: no DDP, PP, EP or gradient accumulation "

@@ -8,10 +8,12 @@ from typing import Any
 
 
 def block_features(model: Any, blocks: str = "layers") -> dict[str, dict[str, Any]]:
-    """What was built in each block of ``model.<blocks>``: float8 linears, weights FSDP
+    """What was built in each block of ``model.<blocks>``: float8 linears (and the names of
+    those left in bf16), weights FSDP
     all-gathers in float8, compile wrappers, the mesh dims of its sharded weights and whether
     FSDP offloads it to CPU. Read back by the dry-run tests."""
     from torch._dynamo.eval_frame import OptimizedModule
+    from torch.nn import Linear
 
     try:
         from torchao.float8.float8_linear import Float8Linear
@@ -28,6 +30,9 @@ def block_features(model: Any, blocks: str = "layers") -> dict[str, dict[str, An
                     None)
         out[name] = {
             "float8_linears": sum(isinstance(m, Float8Linear) for m in block.modules()),
+            "bf16_linears": sorted(name.replace("_orig_mod.", "")
+                                   for name, m in block.named_modules()
+                                   if isinstance(m, Linear) and not isinstance(m, Float8Linear)),
             "float8_all_gather": sum(isinstance(t, WeightWithDynamicFloat8CastTensor)
                                      for t in local),
             "compiled": sum(isinstance(m, OptimizedModule) for m in block.modules()),

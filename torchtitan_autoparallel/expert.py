@@ -37,6 +37,10 @@ def expert_plan(job_config: Any, world: int) -> Plan:
         raise UserError(f"global batch {global_batch} is not a multiple of local batch {local} "
                         f"x data-parallel degree {mesh.dp}")
     inputs = dataclasses.replace(with_global_batch(inputs, global_batch), pins={})
+    if inputs.features.float8 and inputs.features.float8_filter is None:
+        # TorchTitan converts every linear it can (quantize.linear.float8.filter_fqns = [])
+        inputs = dataclasses.replace(
+            inputs, features=dataclasses.replace(inputs.features, float8_filter=()))
     recipe = recipe_of(recipe_from_config(job_config))  # what a pinned block runs, too
     # TorchTitan's "default" resharding keeps parameters after forward under pp
     keep = pp > 1 and par.fsdp_reshard_after_forward == "default"

@@ -11,6 +11,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from .cost.model import float8_linear_times, linear_tokens, low_precision_linears
 from .layout import BlockStrategy, reshard_group
 from .plan import Plan, check_plan_for_job
 from .planner import block_counts, candidate_for, inputs_from_plan
@@ -185,12 +186,37 @@ def assumed_lines(plan: Plan, inputs: Any, cache: dict[str, Any]) -> list[str]:
     return lines
 
 
+def float8_lines(plan: Plan, inputs: Any) -> list[str]:
+    """Where the plan chose the float8 linears: each linear of each kind of block with its
+    predicted forward + backward time per micro-batch in bf16 and in float8 (casts included)."""
+    if plan.float8_filter_fqns is None:
+        return []
+    strategies = {layer.fqn: BlockStrategy.of(layer) for layer in plan.layers}
+    lines, seen = [], set()
+    microbatch = plan.pipeline.microbatch_size if plan.pipeline else plan.local_batch_size
+    for layer in inputs.graph.blocks:
+        strategy = strategies[layer.fqn]
+        tokens = linear_tokens(layer, plan.mesh, strategy, microbatch)
+        low = low_precision_linears(layer, plan.mesh, strategy, microbatch, inputs.hw,
+                                    inputs.features)
+        if (layer.signature, tokens, low) in seen:
+            continue
+        seen.add((layer.signature, tokens, low))
+        for name, (k, n), is_low in zip(layer.linear_names, layer.linear_shapes, low,
+                                        strict=True):
+            bf16, float8 = float8_linear_times(k, n, tokens, inputs.hw, inputs.features)
+            lines.append(f"float8 choice in {layer.fqn} and blocks like it: {name} {k}->{n} x "
+                         f"{tokens:.0f} tokens: bf16 {bf16 * 1e3:.3g} ms, float8 "
+                         f"{float8 * 1e3:.3g} ms (fwd + bwd) -> {'float8' if is_low else 'bf16'}")
+    return lines
+
+
 def model_lines(plan: Plan, cache: dict[str, Any] | None = None) -> list[str]:
     """How far to trust the plan's numbers: the assumed constants its step time depends on and
     the model's measured error on its hardware."""
     cache = {} if cache is None else cache
     inputs = inputs_from_plan(plan, cache)
-    lines = assumed_lines(plan, inputs, cache)
+    lines = assumed_lines(plan, inputs, cache) + float8_lines(plan, inputs)
     err = model_error(inputs.hw.name)
     lines.append(f"the cost model's measured error on {inputs.hw.name!r}: " + (
         f"median {err['median_error']:.0%}, max {err['max_error']:.0%} of tokens/s "

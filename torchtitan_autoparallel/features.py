@@ -59,13 +59,29 @@ class Features:
     optimizer: str = "fused"
     """``optimizer.implementation`` (TorchTitan's default: fused): the optimizer step's
     temporaries."""
+    float8_filter: tuple[str, ...] | None = None
+    """``quantize.linear.float8.filter_fqns`` in effect (linears matching one stay bf16); None:
+    unset under auto, so the planner picks the linears where float8 pays."""
 
     @property
     def float8(self) -> bool:
         return self.linear.startswith("float8")
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Features":
+        """Features as ``to_dict`` wrote them (a plan's inputs or fingerprint)."""
+        data = dict(data)
+        if data.get("float8_filter") is not None:
+            data["float8_filter"] = tuple(data["float8_filter"])
+        return cls(**data)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if data["float8_filter"] is None:
+            del data["float8_filter"]  # jobs that do not set it keep their plan files
+        else:
+            data["float8_filter"] = list(data["float8_filter"])
+        return data
 
 
 EAGER = Features()
@@ -78,6 +94,7 @@ def features_from_config(job_config: Any) -> Features:
     converters = list(getattr(job_config.model, "converters", None) or [])
     compiled = bool(compile_cfg.enable and "model" in compile_cfg.components)
     linear, float8_all_gather, precompute = "none", False, False
+    float8_filter: tuple[str, ...] | None = None
     if FLOAT8_LINEAR in converters and MX_LINEAR in converters:
         raise UserError(f"model.converters has both {FLOAT8_LINEAR!r} and {MX_LINEAR!r}: keep one")
     if FLOAT8_LINEAR in converters:
@@ -89,6 +106,8 @@ def features_from_config(job_config: Any) -> Features:
                 "tensorwise recipe only (TorchTitan refuses it with recipe_name): drop one"
             )
         linear = f"float8_{recipe}"
+        if user_set(job_config, "quantize.linear.float8.filter_fqns"):
+            float8_filter = tuple(str(f) for f in f8.filter_fqns)
         float8_all_gather = bool(f8.enable_fsdp_float8_all_gather)
         precompute = float8_all_gather and bool(f8.precompute_float8_dynamic_scale_for_fsdp)
         if getattr(f8, "emulate", False) and compiled:
@@ -129,6 +148,7 @@ def features_from_config(job_config: Any) -> Features:
         cpu_offload=bool(job_config.training.enable_cpu_offload),
         reshard_after_forward=policy,
         optimizer=str(job_config.optimizer.implementation),
+        float8_filter=float8_filter,
     )
 
 

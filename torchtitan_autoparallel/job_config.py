@@ -260,6 +260,9 @@ def prepare_planned_job(job_config: Any, write: bool) -> Any:
         par.pipeline_parallel_layers_per_stage = None
     training.global_batch_size = plan.global_batch_size
     training.local_batch_size = plan.local_batch_size
+    if plan.float8_filter_fqns is not None:
+        # the linears the plan keeps in bf16: TorchTitan's float8 converter skips them
+        job_config.quantize.linear.float8.filter_fqns = list(plan.float8_filter_fqns)
     ac = job_config.activation_checkpoint
     if write:
         how = (f"activation_checkpoint.mode = {ac.mode!r} on every block"

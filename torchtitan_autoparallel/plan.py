@@ -120,6 +120,10 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     pipeline: Pipeline | None = None
     """Schedule, micro-batches and stage split when ``mesh.pp > 1`` (None otherwise)."""
+    float8_filter_fqns: list[str] | None = None
+    """``quantize.linear.float8.filter_fqns`` the plan runs with: the linears it keeps in bf16
+    because float8 is predicted slower there (None: the job does not let the planner choose,
+    as without float8 or with filter_fqns set)."""
     inputs: dict[str, Any] | None = None
     """The resolved planning inputs (hardware profile contents, budget, precision, constraints,
     features, pins, ...: ``assembly.inputs_record``), so the plan can be explained, compared
@@ -133,6 +137,8 @@ class Plan:
             del data["inputs"]  # a version-1 plan is written back as it was read
         if data["pipeline"] is None:
             del data["pipeline"]  # plans without pp keep their files (and digests)
+        if data["float8_filter_fqns"] is None:
+            del data["float8_filter_fqns"]  # likewise plans without the float8 choice
         if data["mesh"]["pp"] == 1:
             del data["mesh"]["pp"]
         return data
@@ -203,6 +209,7 @@ class Plan:
             f"{self.solver['variables']} variables, {self.solver['constraints']} constraints, "
             f"planning {_planning_time(self.solver)}",
             *self._pipeline_lines(),
+            *self._float8_lines(),
             *(f"  {note}" for note in self.notes if note not in self.untabled_notes),
         ]
         rows = []
@@ -223,6 +230,14 @@ class Plan:
             )
         return "\n".join(lines)
 
+
+    def _float8_lines(self) -> list[str]:
+        """Which linears the plan keeps in bf16 where it chose them (float8 elsewhere)."""
+        if self.float8_filter_fqns is None:
+            return []
+        kept = self.float8_filter_fqns
+        return [f"  float8: kept in bf16 (float8 predicted slower): {', '.join(kept)}; every "
+                "other linear runs float8 (quantize.linear.float8.filter_fqns, chosen)"]
 
     def _pipeline_lines(self) -> list[str]:
         """The schedule, then one line per stage: its rank, modules and that rank's
@@ -304,6 +319,7 @@ PLAN_RULES: dict[str, Rule] = {
     "solver": Rule(dict),
     "notes": Rule(list, item=str),
     "inputs": Rule(dict, optional=True),
+    "float8_filter_fqns": Rule(list, item=str, optional=True),
     "pipeline": Rule(dict, optional=True),
 }
 MESH_RULES: dict[str, Rule] = {k: Rule(int, ge=1)
@@ -407,6 +423,27 @@ def check_plan(plan: Any, source: str) -> None:
         problem = layer_problem(layer, m, plan.local_batch_size)
         if problem:
             raise UserError(f"{where}{layer.fqn}: {problem}; {PLAN_FIX}")
+    problem = float8_problem(plan)
+    if problem:
+        raise UserError(f"{where}{problem}; {PLAN_FIX}")
+
+
+def float8_problem(plan: Any) -> str:
+    """Why the plan's ``float8_filter_fqns`` cannot run (empty if it can): with float8
+    tensorwise, TorchTitan's float8 TP styles need every linear of a TP + SP block converted,
+    so no entry may match inside one."""
+    linear = ((plan.inputs or {}).get("features") or {}).get("linear")
+    if not plan.float8_filter_fqns or linear != "float8_tensorwise" or plan.mesh.tp == 1:
+        return ""
+    sp = [layer.fqn for layer in plan.layers if layer.kind == "block" and layer.tp_mode == "sp"]
+    blocks = {layer.fqn for layer in plan.layers if layer.kind == "block"}
+    for entry in plan.float8_filter_fqns:
+        relative = not any(entry.startswith(f"{fqn}.") for fqn in blocks)
+        if any(entry.startswith(f"{fqn}.") for fqn in sp) or (relative and sp and entry not in
+                                                              {x.fqn for x in plan.layers}):
+            return (f"float8_filter_fqns entry {shown(entry)} keeps a linear of a TP + SP block "
+                    "in bf16, which TorchTitan's float8 tensorwise TP styles cannot shard")
+    return ""
 
 
 def pipeline_problem(plan: Any) -> str:

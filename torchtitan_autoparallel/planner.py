@@ -394,7 +394,10 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
     globs = list(getattr(ap, "pin", []))
     pins = resolve_pins(graph, globs, graph.adapter.default_pins, recipe_of(recipe))
     constraints = ac_constraints(job_config, constraints, graph, pins)
-    layers_text = json.dumps([dataclasses.astuple(layer) for layer in graph.layers])
+    # the linears' names only name what the shapes already cost: the hash of a model (and so
+    # its plan files) stays what it was before they were recorded
+    layers_text = json.dumps([dataclasses.astuple(dataclasses.replace(layer, linear_names=()))[:-1]
+                              for layer in graph.layers])
     fingerprint = {
         "model": job_config.model.name,
         "flavor": job_config.model.flavor,
@@ -714,7 +717,7 @@ def inputs_from_plan(plan: Plan, cache: dict[str, Any] | None = None,
     return JobInputs(graph, Constraints(**constraints), HardwareProfile(**record["hardware"]),
                      record["gpus_per_node"], record["budget_bytes"], plan.global_batch_size,
                      Precision(**record["precision"]), record["world_size"], plan.fingerprint,
-                     pins, Features(**record["features"]))
+                     pins, Features.from_dict(record["features"]))
 
 
 def record_from_fingerprint(fp: dict[str, Any], graph: LayerGraph,
@@ -730,7 +733,7 @@ def record_from_fingerprint(fp: dict[str, Any], graph: LayerGraph,
               "fsdp_reshard_after_forward": reshard, **fp.get("pin_recipe", {})}
     pins = resolve_pins(graph, list(fp.get("pin", [])), graph.adapter.default_pins,
                         recipe_of(recipe))
-    features = Features(**fp.get("features", {}))
+    features = Features.from_dict(fp.get("features", {}))
     constraints = without_excluded(Constraints(
         c["dp_replicate"], c["dp_shard"], c["tp"], c.get("cp", 0), c.get("ep", 0),
         c.get("etp", 0), tuple(c["techniques"]), reshard_after_forward=reshard), graph,

@@ -156,7 +156,9 @@ SETTINGS: dict[str, tuple[str, str]] = {
                                                              "with recipe_name: error"),
     "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp": ("applied", ""),
     "quantize.linear.float8.recipe_name": ("applied, costed", ""),
-    "quantize.linear.float8.filter_fqns": ("applied", ""),
+    "quantize.linear.float8.filter_fqns": ("searched, constraint, costed",
+                                           "unset: linears where float8 is predicted slower "
+                                           "stay bf16; set: applied and costed as written"),
     "quantize.linear.float8.emulate": ("applied, error", "with compile: error"),
     "quantize.linear.mx.mxfp8_dim1_cast_kernel_choice": ("error", "the MX converter: error"),
     "quantize.linear.mx.recipe_name": ("error", "the MX converter: error"),

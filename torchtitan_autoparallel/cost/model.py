@@ -141,48 +141,144 @@ def _tp_split(k: int, n: int, tp: int) -> tuple[float, float]:
     return (k / tp, n) if k > n else (k, n / tp)
 
 
-def gemm_times(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
-               hw: HardwareProfile, features: Features) -> tuple[float, float]:
-    """(forward, backward) seconds of the block's dense linears from the profile's measured
-    GEMM table, each linear's three GEMMs at their own local shapes. float8 linears: the
-    compute-bound part of each GEMM (its throughput / the table's plateau) runs
-    ``float8_gemm_speedup`` (tensorwise) or ``float8_rowwise_gemm_speedup`` faster, the rest
-    (launch- and memory-bound) does not; under async TP the all-gathered GEMMs run in tp chunks."""
-    tp = mesh.tp if strategy.tp_mode == "sp" else 1
-    batch_split = mesh.tp if strategy.tp_mode == "dp" else 1
-    tokens = _seq_tokens(layer) * microbatch / (mesh.cp * batch_split)
+def _low_speedups(hw: HardwareProfile, features: Features) -> tuple[float, float]:
+    """(forward and input-gradient, weight-gradient) GEMM speedup of the job's low-precision
+    linears over bf16 at large shapes."""
     speedup = {"float8_tensorwise": hw.float8_gemm_speedup,
                "float8_rowwise": hw.float8_rowwise_gemm_speedup,
                "float8_rowwise_with_gw_hp": hw.float8_rowwise_gemm_speedup,
                "mx": hw.mx_speedup}.get(features.linear, 1.0)
     # the weight-gradient GEMM stays bf16 with rowwise_with_gw_hp
-    wgrad_speedup = 1.0 if features.linear == "float8_rowwise_with_gw_hp" else speedup
+    return speedup, 1.0 if features.linear == "float8_rowwise_with_gw_hp" else speedup
+
+
+def gemm_times(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+               hw: HardwareProfile, features: Features) -> tuple[float, float]:
+    """(forward, backward) seconds of the block's dense linears from the profile's measured
+    GEMM table, each linear's three GEMMs at their own local shapes. Low-precision linears
+    (``low_precision_linears``): the compute-bound part of each GEMM (its throughput / the
+    table's plateau) runs ``float8_gemm_speedup`` (tensorwise) or
+    ``float8_rowwise_gemm_speedup`` faster, the rest (launch- and memory-bound) does not; under
+    async TP the all-gathered GEMMs run in tp chunks."""
+    tp = mesh.tp if strategy.tp_mode == "sp" else 1
+    tokens = linear_tokens(layer, mesh, strategy, microbatch)
+    speedup, wgrad_speedup = _low_speedups(hw, features)
     chunks = tp if features.async_tp and tp > 1 else 1
+    low = low_precision_linears(layer, mesh, strategy, microbatch, hw, features)
     return _linears_s(layer.linear_shapes, tokens, tp, chunks, hw.gemm_table, hw.clock_scale,
-                      speedup, wgrad_speedup)
+                      speedup, wgrad_speedup, low)
+
+
+def linear_tokens(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
+                   ) -> float:
+    """Tokens one rank's linears see per micro-batch (cp splits sequences; tp used as data
+    parallel splits the batch)."""
+    batch_split = mesh.tp if strategy.tp_mode == "dp" else 1
+    return _seq_tokens(layer) * microbatch / (mesh.cp * batch_split)
 
 
 @functools.lru_cache(maxsize=65536)
 def _linears_s(shapes: tuple[tuple[int, int], ...], tokens: float, tp: int, chunks: int,
-               table: str, clock: float, speedup: float, wgrad_speedup: float
-               ) -> tuple[float, float]:
-    """``gemm_times`` for one set of linear shapes (memoised: the search asks again and again)."""
+               table: str, clock: float, speedup: float, wgrad_speedup: float,
+               low: tuple[bool, ...]) -> tuple[float, float]:
+    """``gemm_times`` for one set of linear shapes, ``low`` marking those in low precision
+    (memoised: the search asks again and again)."""
     plateau = kernels.table_flops(table, "bf16", *GEMM_PLATEAU)
     fwd = bwd = 0.0
-    for k, n in shapes:
+    for (k, n), is_low in zip(shapes, low, strict=True):
         k_loc, n_loc = _tp_split(k, n, tp)
         gemms = ((tokens / chunks, n_loc, k_loc, chunks), (tokens / chunks, k_loc, n_loc, chunks),
                  (k_loc, n_loc, tokens, 1))
         times = []
         for (m, nn, kk, count), fast in zip(gemms, (speedup, speedup, wgrad_speedup), strict=True):
             t = count * kernels.gemm_s(m, nn, kk, table, clock)
-            if fast != 1.0:
+            if is_low and fast != 1.0:
                 bound = min(1.0, kernels.table_flops(table, "bf16", m, nn, kk) / plateau)
                 t *= bound / fast + 1.0 - bound
             times.append(t)
         fwd += times[0]
         bwd += times[1] + times[2]
     return fwd, bwd
+
+
+AUTO_FILTER_SMALL_KN = "auto_filter_small_kn"
+"""TorchTitan's ``filter_fqns`` entry that hands the choice to torchao's size thresholds."""
+
+
+def _torchao_converts(k: int, n: int, recipe: str) -> bool:
+    """Whether torchao's ``_auto_filter_for_recipe`` (TorchTitan's "auto_filter_small_kn")
+    converts a ``k`` -> ``n`` linear to float8 with ``recipe``."""
+    import torch
+    from torchao.float8 import _auto_filter_for_recipe
+
+    linear = torch.nn.Linear(k, n, bias=False, device="meta")
+    return bool(_auto_filter_for_recipe(recipe, [])(linear, ""))
+
+
+def cast_s(elements: float, hw: HardwareProfile, features: Features, linears: int
+           ) -> tuple[float, float]:
+    """(forward, backward) seconds of the float8 casts of ``linears`` linears whose inputs hold
+    ``elements`` elements: bytes at device-memory bandwidth, each cast / amax a kernel of its
+    own with a launch-bound floor where the profile has a GEMM table."""
+    if features.linear == "none" or hw.hbm_gbps <= 0 or not linears:
+        return 0.0, 0.0
+    rowwise = features.linear.startswith("float8_rowwise")
+    fwd_b, bwd_b = FLOAT8_CAST_BYTES[features.compile]
+    if rowwise:
+        # rowwise scales run along each GEMM's reduction dim: every operand is cast twice
+        # (row- and column-wise), and weights too (no float8 all-gather)
+        fwd_b, bwd_b = fwd_b * 2, bwd_b * 2
+    fwd = elements * fwd_b / (hw.hbm_gbps * 1e9)
+    bwd = elements * bwd_b / (hw.hbm_gbps * 1e9)
+    if hw.gemm_table:
+        fwd_k, bwd_k = FLOAT8_CAST_KERNELS[rowwise]
+        launch = linears * hw.kernel_launch_us * 1e-6
+        fwd, bwd = fwd + fwd_k * launch, bwd + bwd_k * launch
+    return fwd, bwd
+
+
+def low_precision_linears(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+                          hw: HardwareProfile, features: Features) -> tuple[bool, ...]:
+    """Which of the block's linears run the job's low-precision recipe. TorchTitan's converter
+    takes those with both dims multiples of 16 whose FQN contains no ``filter_fqns`` entry
+    (``features.float8_filter``; its "auto_filter_small_kn" entry applies torchao's size
+    thresholds). Under auto without ``filter_fqns`` (None), a float8 job converts those where
+    float8 is predicted faster than bf16 at the linear's local shapes, casts included, except
+    in TP + SP blocks, where TorchTitan's float8 TP styles expect every linear converted."""
+    shapes = layer.linear_shapes
+    if features.linear == "none":
+        return (False,) * len(shapes)
+    names = layer.linear_names if len(layer.linear_names) == len(shapes) else ("",) * len(shapes)
+    filters = features.float8_filter or ()
+    fqns = [f for f in filters if f != AUTO_FILTER_SMALL_KN]
+    low = tuple(k % 16 == 0 and n % 16 == 0
+                and not any(f in f"{layer.fqn}.{name}" for f in fqns)
+                and (AUTO_FILTER_SMALL_KN not in filters
+                     or _torchao_converts(k, n, features.linear.removeprefix("float8_")))
+                for (k, n), name in zip(shapes, names, strict=True))
+    if features.float8_filter is not None or not features.float8 or not hw.gemm_table \
+            or (strategy.tp_mode == "sp" and mesh.tp > 1):
+        return low
+    tokens = linear_tokens(layer, mesh, strategy, microbatch)
+    return tuple(is_low and _float8_pays(k, n, tokens, hw, features)
+                 for (k, n), is_low in zip(shapes, low, strict=True))
+
+
+def float8_linear_times(k: int, n: int, tokens: float, hw: HardwareProfile,
+                        features: Features) -> tuple[float, float]:
+    """(bf16, float8) seconds of one ``k`` -> ``n`` linear over ``tokens`` tokens, forward and
+    backward: its three GEMMs, and in float8 its casts too."""
+    speedup, wgrad = _low_speedups(hw, features)
+    args = ((k, n),), tokens, 1, 1, hw.gemm_table, hw.clock_scale, speedup, wgrad
+    return (sum(_linears_s(*args, (False,))),
+            sum(_linears_s(*args, (True,))) + sum(cast_s(tokens * k, hw, features, 1)))
+
+
+def _float8_pays(k: int, n: int, tokens: float, hw: HardwareProfile, features: Features
+                 ) -> bool:
+    """Whether one linear runs faster in float8 than in bf16 (``float8_linear_times``)."""
+    bf16, float8 = float8_linear_times(k, n, tokens, hw, features)
+    return float8 < bf16
 
 
 def attention_times(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfile
@@ -259,21 +355,9 @@ def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
         traffic = (layer.gemm_io_bytes + layer.io_bytes / 2 if features.compile
                    else layer.eager_bytes) * prec.param_bytes / 2
         stream = traffic * scale / (hw.hbm_gbps * 1e9)
-        if features.linear != "none":
-            elements = layer.linear_input_elements * scale
-            fwd_b, bwd_b = FLOAT8_CAST_BYTES[features.compile]
-            if features.linear.startswith("float8_rowwise"):
-                # rowwise scales run along each GEMM's reduction dim: every operand is cast
-                # twice (row- and column-wise), and weights too (no float8 all-gather)
-                fwd_b, bwd_b = fwd_b * 2, bwd_b * 2
-            cast_fwd = elements * fwd_b / (hw.hbm_gbps * 1e9)
-            cast_bwd = elements * bwd_b / (hw.hbm_gbps * 1e9)
-            if hw.gemm_table:
-                # each cast / amax is a kernel of its own with a launch-bound floor
-                fwd_k, bwd_k = FLOAT8_CAST_KERNELS[features.linear.startswith("float8_rowwise")]
-                launch = len(layer.linear_shapes) * hw.kernel_launch_us * 1e-6
-                cast_fwd += fwd_k * launch
-                cast_bwd += bwd_k * launch
+        low = low_precision_linears(layer, mesh, strategy, microbatch, hw, features)
+        width = sum(k for (k, _), is_low in zip(layer.linear_shapes, low, strict=True) if is_low)
+        cast_fwd, cast_bwd = cast_s(_seq_tokens(layer) * width * scale, hw, features, sum(low))
     loss_fwd = loss_bwd = 0.0
     if layer.kind == "output" and hw.hbm_gbps > 0 and hw.gemm_table:
         # the eager cross-entropy on fp32 logits (saved_bytes: one sequence's fp32 logits):
@@ -403,7 +487,9 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     ag = rs = ar = node_ag = unsharded = gbytes = copied = 0.0
     # float8 all-gather: the float8 linears' weights travel as 1 byte each
     # (TorchTitan's converter turns it off when dp_shard = 1)
-    low = sum(k * n for k, n in layer.linear_shapes) / max(layer.params, 1) \
+    low = sum(k * n for (k, n), is_low in zip(
+        layer.linear_shapes, low_precision_linears(layer, mesh, strategy, microbatch, hw, features),
+        strict=True) if is_low) / max(layer.params, 1) \
         if features.float8_all_gather and mesh.dp_shard > 1 else 0.0
     for n_params, split, group in groups:
         gathered_bytes = (1.0 - low) * prec.param_bytes + low * 1.0

@@ -73,6 +73,9 @@ class Layer:
     """(in_features, out_features) of every linear in the block (float8 GEMM shapes)."""
     linear_input_elements: float = 0.0
     """Elements of the linears' inputs for one sequence (what float8 casts read)."""
+    linear_names: tuple[str, ...] = ()
+    """Each linear's name inside the block, in ``linear_shapes`` order (what float8's
+    ``filter_fqns`` match)."""
 
 
 @dataclass(frozen=True)
@@ -420,8 +423,8 @@ def build_layer_graph(
             except Exception as exc:
                 raise _unmeasurable(family, required_args(model)[1:], exc) from None
         flops, saved, attn, eager, gemm_io = measured[sig]
-        shapes = tuple((m.in_features, m.out_features) for m in block.modules()
-                       if isinstance(m, torch.nn.Linear))
+        linears = [(n, m) for n, m in block.named_modules() if isinstance(m, torch.nn.Linear)]
+        shapes = tuple((m.in_features, m.out_features) for _, m in linears)
         moe: dict[str, Any] = {}
         if experts is not None:
             moe_model = True
@@ -433,7 +436,8 @@ def build_layer_graph(
         layers.append(Layer(f"{adapter.blocks}.{name}", "block", count(block), flops, saved,
                             seq_len * dim * fp32, sig, attn, kv_bytes, **moe,
                             eager_bytes=eager, gemm_io_bytes=gemm_io, linear_shapes=shapes,
-                            linear_input_elements=float(seq_len * sum(k for k, _ in shapes))))
+                            linear_input_elements=float(seq_len * sum(k for k, _ in shapes)),
+                            linear_names=tuple(n for n, _ in linears)))
     head = [model.get_submodule(n) for n in (adapter.final_norm, adapter.output) if n]
     out_params = sum(count(m) for m in head)
     # logits are kept in fp32 for the loss, plus their gradient buffer during backward
