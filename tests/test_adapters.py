@@ -86,8 +86,8 @@ def test_discovery_reads_the_test_model():
     assert found.op_sac_save_list is None and found.block_args == 2
     assert [layer.fqn for layer in plan.layers] == ["wte", "stack.0", "stack.1", "stack.2",
                                                     "head"]
-    assert "excluded tp" not in plan.notes
-    assert all(layer.ac != "selective" for layer in plan.layers)
+    assert not any(note.startswith(("excluded tp", "excluded selective_ac"))
+                   for note in plan.notes), plan.notes
     # attention views written with the head counts: TP left out, the op named
     notes = _plan(2, "--model.flavor=fixed_heads").notes
     assert any(note.startswith("excluded tp: no TP plan for this family and none inferred "
@@ -191,3 +191,25 @@ def test_register_adapter_refuses_silent_override():
     register_adapter("pocket_lm", ModelAdapter(blocks="stack"))  # equal: no-op
     with pytest.raises(UserError, match="already registered: pass replace=True"):
         register_adapter("pocket_lm", dataclasses.replace(ModelAdapter(), blocks="cells"))
+
+
+def test_selective_ac_without_an_op_list():
+    """No save list anywhere: selective AC is offered with TorchTitan's llama3 list (the
+    applier hands that very set to TorchTitan's ``apply_ac``); ``activation_checkpoint.mode``
+    makes it every block's mode; an adapter opts out through ``excluded``."""
+    from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
+
+    from torchtitan_autoparallel.planner import job_inputs
+
+    job = _job("--activation_checkpoint.mode=selective",
+               "--activation_checkpoint.selective_ac_option=op")
+    assert job_inputs(job, 2).graph.adapter.sac_save_list() is _op_sac_save_list
+    plan = _plan(2, "--activation_checkpoint.mode=selective",
+                 "--activation_checkpoint.selective_ac_option=op")
+    assert {layer.ac for layer in plan.layers if layer.kind == "block"} == {"selective"}
+    register_adapter("pocket_lm", ModelAdapter(excluded={"selective_ac": "not for this model"}))
+    notes = _plan(2).notes
+    assert "excluded selective_ac: not for this model" in notes, notes
+    with pytest.raises(UserError, match="can run \\['none', 'full'\\]"):
+        _plan(2, "--activation_checkpoint.mode=selective",
+              "--activation_checkpoint.selective_ac_option=op")

@@ -58,3 +58,18 @@ def test_user_tp_adapter_parity(pocket_reference, tmp_path):
     assert plan.mesh.tp == 2 and plan.mesh.world == 4
     assert_parity(reference, result)
     assert_grad_norm_parity(reference, result)
+
+
+def test_selective_ac_without_op_list_parity(pocket_reference, tmp_path):
+    """Op-level selective AC on a model with no save list of its own (TorchTitan's default
+    list), forced on every block, trains like the 1-rank run."""
+    seed, reference = pocket_reference
+    path = tmp_path / "plan.json"
+    result = run_job(AUTO, 2, tmp_path / "run",
+                     ["--activation_checkpoint.mode=selective",
+                      "--activation_checkpoint.selective_ac_option=op",
+                      f"--autoparallel.save_plan={path}"], seed_checkpoint=seed)
+    plan = planned(result, path)
+    assert {layer.ac for layer in plan.layers if layer.kind == "block"} == {"selective"}
+    assert "Applied selective activation checkpointing" in result.output
+    print(f"selective AC, 2 ranks: max rel diff {assert_parity(reference, result):.2e}")

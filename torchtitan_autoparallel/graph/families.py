@@ -66,8 +66,6 @@ _HF = "torchtitan.experiments.transformers_modeling_backend"
 BUILTIN["transformers_modeling_backend"] = ModelAdapter(
     blocks="layers", embedding="tok_embeddings", final_norm="norm", output="output",
     tp_fn=f"{_HF}.infra.parallelize.apply_non_moe_tp",
-    # the same aten ops (mm, SDPA) as TorchTitan's dense models: their save list
-    op_sac_save_list=_titan("llama3", "_op_sac_save_list"),
     excluded={"cp": "HF attention is a function inside each attention module, not a module "
                     "ring attention can wrap (the backend's CP only shifts position ids)"},
 )
