@@ -96,6 +96,13 @@ class ModelAdapter:
     is excluded."""
     cp_attention: tuple[str, ...] = ("sdpa", "flex")
     """Attention kernels the family's context parallel supports."""
+    cp_fn: FnRef | None = None
+    """Function applying context parallel, called as ``cp_fn(model, blocks, cp_mesh)`` with
+    the model's blocks (TorchTitan's trainer shards tokens, labels and ``positions``). None:
+    TorchTitan's ``apply_cp_to_attention_module`` on ``inner_attention``; where that is None
+    too, found from the block graph (``graph/cp_find.py``: causal SDPA called inline, the
+    rotary table cut to each rank's positions), else context parallel is excluded with what
+    was found."""
     moe: str | None = None
     """Submodule of an MoE block holding router, routed experts and shared experts
     (TorchTitan's ``models.moe.MoE``); blocks without it are dense. Discovered: the first
@@ -132,7 +139,7 @@ class ModelAdapter:
                          "(ModelAdapter.heads)")
         if "tp" in out:
             out["tp_dp"] = "needs tp (see above)"
-        if self.inner_attention is None:
+        if self.inner_attention is None and self.cp_fn is None:
             out["cp"] = ("no attention module known for ring attention; register one to "
                          "enable (ModelAdapter.inner_attention)")
         elif not heads_known:

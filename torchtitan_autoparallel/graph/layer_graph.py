@@ -23,6 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..errors import UserError
 from ..runtime.hf import meta_autocast
 from .adapters import ModelAdapter
+from .cp_find import with_found_cp
 from .discover import (
     check_adapter,
     get_adapter,
@@ -361,13 +362,14 @@ def _measurable_args(model_args: Any, seq_len: int, job: Any = None) -> tuple[An
 def _planning_model(family: str, args: Any, model_cls: type, seq_len: int
                     ) -> tuple[torch.nn.Module, ModelAdapter, tuple[tuple, dict]]:
     """The model on meta, its adapter (registered, discovered, TP inferred where it has no
-    ``tp_fn``) and its first block's inputs."""
+    ``tp_fn``, CP found where it names no attention module) and its first block's inputs."""
     with torch.device("meta"):
         model = model_cls(args)
     adapter = get_adapter(family, model)
     check_adapter(family, adapter, model)
     inputs = block_inputs(family, model, adapter, seq_len)
     dim = model.get_submodule(adapter.embedding).embedding_dim
+    adapter = with_found_cp(adapter, model, inputs, seq_len, dim)
     return model, with_inferred_tp(adapter, model, inputs, dim, seq_len), inputs
 
 
