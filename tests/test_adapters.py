@@ -13,7 +13,7 @@ import torch.nn as nn
 from torchtitan_autoparallel import ModelAdapter, register_adapter
 from torchtitan_autoparallel.errors import UserError
 from torchtitan_autoparallel.graph import adapters
-from torchtitan_autoparallel.graph.adapters import resolve
+from torchtitan_autoparallel.graph.adapters import INFER_TP, resolve
 from torchtitan_autoparallel.graph.discover import discover_adapter
 from torchtitan_autoparallel.graph.tp_infer import InferredTP
 
@@ -66,8 +66,11 @@ def test_discovery_finds_what_the_builtin_registrations_say(family, flavor):
     found = discover_adapter(family, _meta_model(family, flavor), ModelAdapter())
     for name in ("blocks", "embedding", "final_norm", "output", "inner_attention"):
         assert getattr(found, name) == getattr(builtin, name), name
-    for name in ("tp_fn", "op_sac_save_list"):
-        assert resolve(getattr(found, name)) is resolve(getattr(builtin, name)), name
+    assert resolve(found.op_sac_save_list) is resolve(builtin.op_sac_save_list)
+    # the family's own TP function is found; llama3 / llama4 register the inferred plan
+    titan_tp = "apply_tp" if family == "llama3" else "apply_non_moe_tp"
+    assert found.tp_fn == f"torchtitan.models.{family}.infra.parallelize.{titan_tp}"
+    assert builtin.tp_fn in (found.tp_fn, INFER_TP)
     if family == "llama3":  # dense: nothing MoE is found
         assert (found.moe, found.moe_fn, found.default_pins) == (None, None, ())
         return

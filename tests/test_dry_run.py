@@ -178,7 +178,7 @@ def test_float8_compile_dry_run(tmp_path):
         assert block["float8_all_gather"] == block["float8_linears"], (name, block)
         tp_mode = blocks[int(name)].tp_mode
         assert block["mesh"] == (["fsdp_tp"] if tp_mode == "dp" else ["fsdp", "tp"]), block
-    assert "Applied Float8 tensorwise Tensor Parallelism" in out
+    assert "applied the inferred float8 tensorwise tensor-parallel plan" in out
     assert "Async TP is enabled" in out
     assert "ignoring" not in out
     check_report(auto, 64)
