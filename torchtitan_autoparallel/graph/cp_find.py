@@ -140,7 +140,8 @@ def find_ring_sdpa(model: nn.Module, block: nn.Module, inputs: tuple[tuple, dict
         with calls:
             block(x, *args[1:], **kwargs)
     except Exception as exc:
-        return f"the block does not run on meta tensors ({type(exc).__name__}: {exc})"
+        first = (str(exc).splitlines() or [""])[0][:120]
+        return f"the block does not run on meta tensors ({type(exc).__name__}: {first})"
     finally:
         for h in handles:
             h.remove()
