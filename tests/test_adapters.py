@@ -13,7 +13,7 @@ import torch.nn as nn
 from torchtitan_autoparallel import ModelAdapter, register_adapter
 from torchtitan_autoparallel.errors import UserError
 from torchtitan_autoparallel.graph import adapters
-from torchtitan_autoparallel.graph.adapters import resolve
+from torchtitan_autoparallel.graph.adapters import INFER_TP, resolve
 from torchtitan_autoparallel.graph.discover import discover_adapter
 from torchtitan_autoparallel.graph.tp_infer import InferredTP
 
@@ -66,8 +66,11 @@ def test_discovery_finds_what_the_builtin_registrations_say(family, flavor):
     found = discover_adapter(family, _meta_model(family, flavor), ModelAdapter())
     for name in ("blocks", "embedding", "final_norm", "output", "inner_attention"):
         assert getattr(found, name) == getattr(builtin, name), name
-    for name in ("tp_fn", "op_sac_save_list"):
-        assert resolve(getattr(found, name)) is resolve(getattr(builtin, name)), name
+    assert resolve(found.op_sac_save_list) is resolve(builtin.op_sac_save_list)
+    # the family's own TP function is found; llama3 / llama4 register the inferred plan
+    titan_tp = "apply_tp" if family == "llama3" else "apply_non_moe_tp"
+    assert found.tp_fn == f"torchtitan.models.{family}.infra.parallelize.{titan_tp}"
+    assert builtin.tp_fn in (found.tp_fn, INFER_TP)
     if family == "llama3":  # dense: nothing MoE is found
         assert (found.moe, found.moe_fn, found.default_pins) == (None, None, ())
         return
@@ -86,8 +89,8 @@ def test_discovery_reads_the_test_model():
     assert found.op_sac_save_list is None and found.block_args == 2
     assert [layer.fqn for layer in plan.layers] == ["wte", "stack.0", "stack.1", "stack.2",
                                                     "head"]
-    assert "excluded tp" not in plan.notes
-    assert all(layer.ac != "selective" for layer in plan.layers)
+    assert not any(note.startswith(("excluded tp", "excluded selective_ac"))
+                   for note in plan.notes), plan.notes
     # attention views written with the head counts: TP left out, the op named
     notes = _plan(2, "--model.flavor=fixed_heads").notes
     assert any(note.startswith("excluded tp: no TP plan for this family and none inferred "
@@ -191,3 +194,125 @@ def test_register_adapter_refuses_silent_override():
     register_adapter("pocket_lm", ModelAdapter(blocks="stack"))  # equal: no-op
     with pytest.raises(UserError, match="already registered: pass replace=True"):
         register_adapter("pocket_lm", dataclasses.replace(ModelAdapter(), blocks="cells"))
+
+
+def test_selective_ac_without_an_op_list():
+    """No save list anywhere: selective AC is offered with TorchTitan's llama3 list (the
+    applier hands that very set to TorchTitan's ``apply_ac``); ``activation_checkpoint.mode``
+    makes it every block's mode; an adapter opts out through ``excluded``."""
+    from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
+
+    from torchtitan_autoparallel.planner import job_inputs
+
+    job = _job("--activation_checkpoint.mode=selective",
+               "--activation_checkpoint.selective_ac_option=op")
+    assert job_inputs(job, 2).graph.adapter.sac_save_list() is _op_sac_save_list
+    plan = _plan(2, "--activation_checkpoint.mode=selective",
+                 "--activation_checkpoint.selective_ac_option=op")
+    assert {layer.ac for layer in plan.layers if layer.kind == "block"} == {"selective"}
+    register_adapter("pocket_lm", ModelAdapter(excluded={"selective_ac": "not for this model"}))
+    notes = _plan(2).notes
+    assert "excluded selective_ac: not for this model" in notes, notes
+    with pytest.raises(UserError, match="can run \\['none', 'full'\\]"):
+        _plan(2, "--activation_checkpoint.mode=selective",
+              "--activation_checkpoint.selective_ac_option=op")
+
+
+class _Attn(nn.Module):
+    """One attention written inline, in the variant ``how`` names."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.qkv = nn.Linear(32, 96, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, 4, 8).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        if self.how == "arange":
+            q = q * torch.arange(s, device=x.device)[:, None]
+        else:
+            q = q * rope[:s, None, :].transpose(0, 1)
+        if self.how == "written_out":
+            scores = (q @ k.transpose(-2, -1)).softmax(-1)
+            return (scores @ v).transpose(1, 2).reshape(b, s, 32)
+        if self.how == "mask":
+            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out.transpose(1, 2).reshape(b, s, 32)
+
+
+class _Block(nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.attn = _Attn(how)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        return x + self.attn(x, rope)
+
+
+class _Model(nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([_Block(how)])
+        self.register_buffer("rope", torch.ones(16, 8))
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        return self.layers[0](tokens, self.rope)
+
+
+@pytest.mark.parametrize("how,expected", [
+    ("ring", None),
+    ("mask", "SDPA with an explicit attn_mask"),
+    ("written_out", "no F.scaled_dot_product_attention call in the block"),
+    ("arange", "positions computed inside the block (torch.arange"),
+])
+def test_context_parallel_found_from_the_block_graph(how, expected):
+    """Causal SDPA called inline, the rotary table a model buffer: ring attention on the
+    module that calls it, the buffer cut to each rank's positions; anything else named."""
+    from torchtitan_autoparallel.graph.cp_find import RingSDPA, find_ring_sdpa
+
+    with torch.device("meta"):
+        model = _Model(how)
+    inputs = ((torch.empty(1, 16, 32, device="meta"), model.rope), {})
+    found = find_ring_sdpa(model, model.layers[0], inputs, 16, 32)
+    if expected is None:
+        assert found == RingSDPA("attn", ("rope",))
+    else:
+        assert isinstance(found, str) and found.startswith(expected), found
+    # a rotary table computed in the model's forward is no buffer CP can cut
+    computed = ((inputs[0][0], torch.ones(16, 8, device="meta")), {})
+    if expected is None:
+        assert "block input argument 1 of shape (16, 8) spans the sequence" in \
+            find_ring_sdpa(model, model.layers[0], computed, 16, 32)
+
+
+def test_context_parallel_needs_positions_and_sdpa():
+    """A forward without ``positions`` (TorchTitan's CP passes them), flex attention."""
+    from torchtitan_autoparallel.graph.cp_find import find_ring_sdpa
+
+    class NoPositions(_Model):
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.layers[0](tokens, self.rope)
+
+    class FlexAttention(nn.Module):
+        pass
+
+    with torch.device("meta"):
+        model = NoPositions("ring")
+    inputs = ((torch.empty(1, 16, 32, device="meta"), model.rope), {})
+    assert find_ring_sdpa(model, model.layers[0], inputs, 16, 32).startswith(
+        "the model's forward takes no positions")
+    model.layers[0].attn.kernel = FlexAttention()
+    assert find_ring_sdpa(model, model.layers[0], inputs, 16, 32).startswith(
+        "flex attention (attn.kernel: FlexAttention")
+
+
+def test_plan_offers_found_context_parallel():
+    """pocket_lm names no attention module: CP is found, offered and planned."""
+    plan = _plan(2, "--parallelism.context_parallel_degree=2")
+    assert plan.mesh.cp == 2
+    assert not any(note.startswith("excluded cp") for note in plan.notes), plan.notes

@@ -17,8 +17,7 @@ LARGEST = {"llama3": "405B", "llama3_ft": "405B", "qwen3": "235B-A22B", "llama4"
 # DeepSeek-V3 671B needs 200 GiB (tests/test_dry_run.py)
 BUDGET = {"deepseek_v3": "200"}
 # families refused with one line (none since gpt_oss's batch-built attention masks are asked
-# of the model: tests/test_dry_run.py dry-runs gpt_oss 120b, whose bf16 state is half the
-# fp32 state the cost model assumes)
+# of the model: tests/test_dry_run.py dry-runs gpt_oss, its bf16 state as predicted)
 REFUSED: dict[str, str] = {}
 # slow here: llama3 and deepseek_v3 are dry-run with the same settings in tests/test_dry_run.py
 SLOW = {"llama3", "deepseek_v3"}

@@ -112,11 +112,9 @@ def test_inferred_plans_match_torchtitan(family, flavor, float8, monkeypatch):
 
     import torch.distributed.tensor.parallel as tp_api
 
-    from torchtitan_autoparallel.graph.adapters import resolve
-
     model, adapter, inputs = _meta_model(family, flavor)
-    titan_fn = resolve(adapter.tp_fn)
-    titan_module = importlib.import_module(titan_fn.__module__)
+    titan_module = importlib.import_module(f"torchtitan.models.{family}.infra.parallelize")
+    titan_fn = getattr(titan_module, "apply_tp" if family == "llama3" else "apply_non_moe_tp")
     options = {"cp_enabled": False, "enable_async_tp": False}
     accepted = titan_fn.__code__.co_varnames[:titan_fn.__code__.co_argcount]
     titan = _recorded(lambda: titan_fn(model, None, loss_parallel=True,
@@ -296,13 +294,13 @@ def test_tied_weights_leave_tp_out():
 
 @pytest.mark.slow
 def test_inferred_tp_trains_like_torchtitans_own(references, tmp_path):
-    """llama3 at tp 2: the inferred plan and TorchTitan's ``apply_tp`` train bit for bit
-    alike (equal plans, equal arithmetic)."""
+    """llama3 at tp 2: the inferred plan (its built-in adapter's) and TorchTitan's
+    ``apply_tp`` train bit for bit alike (equal plans, equal arithmetic)."""
     seed, _ = references("llama3")
     runs = [run_job("llama3_debug_auto.toml", 2, tmp_path / name,
                     [*extra, "--parallelism.tensor_parallel_degree=2"], seed_checkpoint=seed)
-            for name, extra in (("own", ()),
-                                ("inferred", ("--experimental.custom_import=tests.inferred_tp",)))]
+            for name, extra in (("own", ("--experimental.custom_import=tests.titan_tp",)),
+                                ("inferred", ()))]
     for run in runs:
         assert run.returncode == 0 and len(run.rows) == 5, run.output[-3000:]
     assert "applied the inferred tensor-parallel plan" in runs[1].output

@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from .errors import UserError
 from .features import features_from_config
-from .graph.adapters import INFER_TP, ModelAdapter, submodule_or_none
+from .graph.adapters import INFER_TP, ModelAdapter, resolve, submodule_or_none
 from .graph.discover import get_adapter
 from .graph.layer_graph import planning_adapter
 from .layout import tp_as_dp_problem
@@ -237,21 +237,29 @@ def fsdp_arguments(parallel_dims: Any, training: Any, cpu_offload: bool) -> dict
     return fsdp
 
 
-def plan_adapter(job_config: Any, model: nn.Module, tp: bool) -> ModelAdapter:
+def plan_adapter(job_config: Any, model: nn.Module, tp: bool, cp: bool = False
+                 ) -> ModelAdapter:
     """The family's adapter, discovered from ``model``; for a ``tp`` plan of a family without
-    a TP function, with the one planning inferred (``graph/tp_infer.py``)."""
+    a TP function, with the one planning inferred (``graph/tp_infer.py``); for a ``cp`` plan
+    of a family naming no attention module, with the CP planning found
+    (``graph/cp_find.py``)."""
     adapter = get_adapter(job_config.model.name, model)
-    if not tp or adapter.tp_fn not in (None, INFER_TP):
+    need_tp = tp and adapter.tp_fn in (None, INFER_TP)
+    need_cp = cp and adapter.inner_attention is None and adapter.cp_fn is None
+    if not (need_tp or need_cp):
         return adapter
     from torchtitan.protocols.train_spec import get_train_spec
 
     spec = get_train_spec(job_config.model.name)
     inferred = planning_adapter(job_config.model.name, spec.model_args[job_config.model.flavor],
                                 spec.model_cls, job_config.training.seq_len)
-    if inferred.tp_fn is None:
-        raise UserError(f"the plan uses tp but {job_config.model.name!r} has no TP plan: "
-                        f"{inferred.excluded.get('tp', '')}")
-    return dataclasses.replace(adapter, tp_fn=inferred.tp_fn)
+    for needed, field, technique, what in ((need_tp, "tp_fn", "tp", "TP plan"),
+                                           (need_cp, "cp_fn", "cp", "context parallel")):
+        if needed and getattr(inferred, field) is None:
+            raise UserError(f"the plan uses {technique} but {job_config.model.name!r} has no "
+                            f"{what}: {inferred.excluded.get(technique, '')}")
+    return dataclasses.replace(adapter, tp_fn=inferred.tp_fn if need_tp else adapter.tp_fn,
+                               cp_fn=inferred.cp_fn if need_cp else adapter.cp_fn)
 
 
 def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan) -> nn.Module:
@@ -262,7 +270,7 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
 
     check_plan_matches(plan, parallel_dims)
     features = features_from_config(job_config)
-    adapter = plan_adapter(job_config, model, tp=plan.mesh.tp > 1)
+    adapter = plan_adapter(job_config, model, tp=plan.mesh.tp > 1, cp=plan.mesh.cp > 1)
     by_fqn = {layer.fqn: layer for layer in plan.layers}
     blocks = model.get_submodule(adapter.blocks)
     planned = {name: by_fqn.get(f"{adapter.blocks}.{name}") for name in blocks_names(blocks)}
@@ -298,7 +306,9 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
             for block in moe_blocks.values():
                 reduce_tensor_parallel_router_grads(block.get_submodule(adapter.moe), tp_mesh)
 
-    if plan.mesh.cp > 1:
+    if plan.mesh.cp > 1 and adapter.cp_fn is not None:
+        resolve(adapter.cp_fn)(model, list(blocks.children()), parallel_dims.get_mesh("cp"))
+    elif plan.mesh.cp > 1:
         from torchtitan.distributed.context_parallel import apply_cp_to_attention_module
 
         apply_cp_to_attention_module(

@@ -21,7 +21,7 @@ from .errors import UserError, shown
 from .exclusions import without_excluded
 from .explicit import user_set
 from .features import Features, features_from_config
-from .graph.layer_graph import LayerGraph, build_layer_graph
+from .graph.layer_graph import Layer, LayerGraph, build_layer_graph
 from .layout import TECHNIQUES, BlockStrategy, Mesh
 from .model_config import (
     ModelConfig,
@@ -394,10 +394,7 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
     globs = list(getattr(ap, "pin", []))
     pins = resolve_pins(graph, globs, graph.adapter.default_pins, recipe_of(recipe))
     constraints = ac_constraints(job_config, constraints, graph, pins)
-    # the linears' names only name what the shapes already cost: the hash of a model (and so
-    # its plan files) stays what it was before they were recorded
-    layers_text = json.dumps([dataclasses.astuple(dataclasses.replace(layer, linear_names=()))[:-1]
-                              for layer in graph.layers])
+    layers_text = json.dumps([layer_identity(layer) for layer in graph.layers])
     fingerprint = {
         "model": job_config.model.name,
         "flavor": job_config.model.flavor,
@@ -449,6 +446,15 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
         fingerprint["features"] = features.to_dict()
     return JobInputs(graph, constraints, hw, gpus_per_node, budget, global_batch, prec, world,
                      fingerprint, pins, features)
+
+
+def layer_identity(layer: Layer) -> list[Any]:
+    """What a model's hash covers of one layer: every field, except the linears' names (they
+    only name what the shapes cost) and parameter bytes where they restate fp32, so that models
+    hash as they did before those were recorded (and their plan files stay valid)."""
+    out = [getattr(layer, f.name) for f in dataclasses.fields(layer)
+           if f.name not in ("linear_names", "param_bytes")]
+    return out + ([layer.param_bytes] if layer.param_bytes not in (0, 4 * layer.params) else [])
 
 
 def fingerprint_diff(plan_fp: dict[str, Any], job_fp: dict[str, Any]) -> list[str]:

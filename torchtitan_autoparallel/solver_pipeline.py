@@ -39,6 +39,7 @@ from .cost.model import (
     Precision,
     compute_s,
     edge_cost,
+    state_bytes,
 )
 from .cost.pipeline import (
     Split,
@@ -603,7 +604,7 @@ def _memory_floor(graph: LayerGraph, mesh: Mesh, prec: Precision) -> float:
     total = 0.0
     for layer in graph.layers:
         experts = layer.expert_params if mesh.ep > 1 else 0
-        total += layer.params * STATE_BYTES_PER_PARAM / shards
+        total += state_bytes(layer) / shards
         if fsdp_sharded(mesh, experts=bool(layer.expert_params)):
             split = (layer.params - experts) / mesh.tp + experts / (mesh.ep * mesh.etp)
             total += split * (1 + prec.reduce_bytes)

@@ -5,7 +5,8 @@ all-reduce; intra- vs inter-node bandwidth by whether the mesh dim spans nodes).
 overlap a fraction (profile ``comm_overlap``) of the block's compute; TP collectives are exposed.
 On CPU training (profile ``host_cores``) ranks that outnumber the cores time-share them, and
 their collectives wait for peers to be scheduled; every layer pays a fixed host overhead.
-Memory counts fp32 master parameters, gradients and AdamW state sharded over dp_shard x tp,
+Memory counts parameters (in the dtypes the model builds them in: fp32 master weights, bf16 for
+gpt_oss's blocks), gradients and AdamW state sharded over dp_shard x tp,
 activations kept for backward (scaled by AC), unsharded parameters of blocks that keep them
 between forward and backward, the logits, and the transient working set of one block; under
 autocast (one device, DDP) also the cached low-precision weight copies.
@@ -43,6 +44,13 @@ GRAD_BYTES_PER_PARAM = 4
 # and RoPE stay fp32: block activations are this much above the all-bf16 estimate (MemTracker
 # on one H200: 1.16 for llama3 3B, 1.21 for 1B).
 AUTOCAST_ACTIVATION_FACTOR = 1.19
+
+
+def state_bytes(layer: Layer) -> float:
+    """Unsharded parameters, gradients and AdamW's two moments of ``layer``: each a copy of
+    the parameters in their own dtype (16 B per fp32 parameter, 8 per bf16 one). The per-phase
+    byte counts below are per fp32 parameter and scale the same way."""
+    return layer.stored_param_bytes * STATE_BYTES_PER_PARAM / 4
 
 
 @dataclass(frozen=True)
@@ -563,7 +571,7 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         kept += unsharded
     elif node:
         kept += unsharded / node
-    state = layer.params * STATE_BYTES_PER_PARAM / (mesh.dp_shard * mesh.cp * mesh.tp)
+    state = state_bytes(layer) / (mesh.dp_shard * mesh.cp * mesh.tp)
     # backward of this block: its recomputed activations and, when FSDP shards it, the
     # unsharded params of it and the prefetched next one and its unsharded gradients (DDP:
     # the gradients' reduction buckets; one device: nothing beyond the state)

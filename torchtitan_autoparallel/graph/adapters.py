@@ -27,6 +27,11 @@ from ..errors import UserError
 FnRef = str | Callable[..., Any]
 """A function, or its dotted import path (resolved when first used)."""
 
+DEFAULT_SAC_SAVE_LIST = "torchtitan.models.llama3.infra.parallelize._op_sac_save_list"
+"""Selective AC's save list where an adapter names none: TorchTitan's dense-model list (every
+mm, the SDPA / flex / varlen attention kernels, reduce-scatter, max); op-level SAC on any
+model recomputes the rest."""
+
 INFER_TP = "infer"
 """``ModelAdapter.tp_fn`` value: use the inferred TP plan, not a discovered function."""
 
@@ -82,14 +87,22 @@ class ModelAdapter:
     """Extra keyword arguments for ``tp_fn``."""
     op_sac_save_list: FnRef | set[Any] | None = None
     """Ops whose outputs selective (op-level) AC keeps. Discovered: ``_op_sac_save_list`` next
-    to the train spec's parallelize function; else selective AC is excluded (no AC and full AC
-    remain)."""
+    to the train spec's parallelize function; else TorchTitan's llama3 list
+    (``DEFAULT_SAC_SAVE_LIST``: matmuls, attention kernels, reduce-scatter, max). To leave
+    selective AC out, name it in ``excluded`` (``{"selective_ac": "<reason>"}``)."""
     inner_attention: str | None = None
     """Module in a block that calls SDPA / flex attention (what context parallel wraps).
     Discovered: TorchTitan's attention wrapper inside the first block; else context parallel
     is excluded."""
     cp_attention: tuple[str, ...] = ("sdpa", "flex")
     """Attention kernels the family's context parallel supports."""
+    cp_fn: FnRef | None = None
+    """Function applying context parallel, called as ``cp_fn(model, blocks, cp_mesh)`` with
+    the model's blocks (TorchTitan's trainer shards tokens, labels and ``positions``). None:
+    TorchTitan's ``apply_cp_to_attention_module`` on ``inner_attention``; where that is None
+    too, found from the block graph (``graph/cp_find.py``: causal SDPA called inline, the
+    rotary table cut to each rank's positions), else context parallel is excluded with what
+    was found."""
     moe: str | None = None
     """Submodule of an MoE block holding router, routed experts and shared experts
     (TorchTitan's ``models.moe.MoE``); blocks without it are dense. Discovered: the first
@@ -126,7 +139,7 @@ class ModelAdapter:
                          "(ModelAdapter.heads)")
         if "tp" in out:
             out["tp_dp"] = "needs tp (see above)"
-        if self.inner_attention is None:
+        if self.inner_attention is None and self.cp_fn is None:
             out["cp"] = ("no attention module known for ring attention; register one to "
                          "enable (ModelAdapter.inner_attention)")
         elif not heads_known:
@@ -134,9 +147,6 @@ class ModelAdapter:
         if moe_model and self.moe_fn is None:
             out["ep"] = ("no expert-parallel function for this family; register one to enable "
                          "(ModelAdapter.moe_fn)")
-        if self.op_sac_save_list is None:
-            out["selective_ac"] = ("no selective-AC op list for this family; register one to "
-                                   "enable (ModelAdapter.op_sac_save_list)")
         out.update(self.excluded)
         if "tp" in self.excluded:
             out.setdefault("tp_dp", "needs tp (see above)")
@@ -208,7 +218,9 @@ class ModelAdapter:
         fn(view, **{k: v for k, v in offered.items() if k in taken})
 
     def sac_save_list(self) -> set:
-        return resolve(self.op_sac_save_list)
+        """The ops selective AC saves: the adapter's list, else ``DEFAULT_SAC_SAVE_LIST``."""
+        ops = self.op_sac_save_list
+        return resolve(DEFAULT_SAC_SAVE_LIST if ops is None else ops)
 
 
 def submodule_or_none(module: Any, name: str) -> Any:

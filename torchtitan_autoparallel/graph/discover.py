@@ -8,7 +8,8 @@ attention wrapper inside a block (TorchTitan's ``models.attention`` wrappers, fo
 blocks (TorchTitan's ``models.moe.MoE``), and from the module of the train spec's parallelize
 function the family's own ``apply_tp`` / ``apply_non_moe_tp``, ``apply_moe_ep_tp`` and
 ``_op_sac_save_list``. What it does not find stays ``None``: the technique it would enable is
-excluded from the search (``ModelAdapter.exclusions``).
+excluded from the search (``ModelAdapter.exclusions``), except selective AC, which falls back
+to TorchTitan's dense-model save list (``DEFAULT_SAC_SAVE_LIST``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ user's model (``register_adapter``)."""
 
 from typing import Any
 
-from .adapters import ModelAdapter, register_adapter
+from .adapters import INFER_TP, ModelAdapter, register_adapter
 
 
 def _titan(family: str, name: str) -> str:
@@ -29,8 +29,9 @@ def _mla_heads(args: Any) -> tuple[int, int, int]:
 
 
 def _family(family: str, tp_fn: str, **fields: Any) -> ModelAdapter:
-    """A TorchTitan family: its own TP function and SAC list, TorchTitan's MoE EP / TP, its
-    attention wrapper for CP, MoE routing left to TorchTitan (default pin)."""
+    """A TorchTitan family: its TP plan (``INFER_TP``, or the name of its own TP function),
+    its SAC list, TorchTitan's MoE EP / TP, its attention wrapper for CP, MoE routing left to
+    TorchTitan (default pin)."""
     defaults: dict[str, Any] = {
         "blocks": "layers",
         "embedding": "tok_embeddings",
@@ -43,15 +44,22 @@ def _family(family: str, tp_fn: str, **fields: Any) -> ModelAdapter:
         "block_args": 4,
         "default_pins": ("*.moe.router",),
     }
-    return ModelAdapter(tp_fn=_titan(family, tp_fn), **{**defaults, **fields})
+    tp = tp_fn if tp_fn == INFER_TP else _titan(family, tp_fn)
+    return ModelAdapter(tp_fn=tp, **{**defaults, **fields})
 
 
+# TP: llama3 and llama4 use the inferred plan (``graph/tp_infer.py``), entry for entry the one
+# their ``apply_tp`` / ``apply_non_moe_tp`` install, float8 tensorwise styles included, and
+# those functions take no other option this project passes (async TP is
+# ``maybe_enable_async_tp``'s, for any plan). qwen3 and deepseek_v3 keep TorchTitan's: under
+# CP their attention's ``positions`` input becomes a replicated DTensor, which the inference
+# (traced without positions) leaves alone; qwen3's attention kernel also gets DTensors there.
 BUILTIN: dict[str, ModelAdapter] = {
     # layer(h, freqs_cis, attention_masks=..., positions=...)
-    "llama3": _family("llama3", "apply_tp", rope_buffer="freqs_cis", heads=_llama_heads,
+    "llama3": _family("llama3", INFER_TP, rope_buffer="freqs_cis", heads=_llama_heads,
                       block_args=2),
     "qwen3": _family("qwen3", "apply_non_moe_tp", rope_buffer="rope_cache", heads=_qwen_heads),
-    "llama4": _family("llama4", "apply_non_moe_tp", rope_buffer="freqs_cis",
+    "llama4": _family("llama4", INFER_TP, rope_buffer="freqs_cis",
                       heads=_llama_heads, cp_attention=("sdpa",)),
     "deepseek_v3": _family("deepseek_v3", "apply_non_moe_tp", rope_buffer="freqs_cis",
                            heads=_mla_heads, cp_attention=("sdpa",)),
@@ -66,8 +74,6 @@ _HF = "torchtitan.experiments.transformers_modeling_backend"
 BUILTIN["transformers_modeling_backend"] = ModelAdapter(
     blocks="layers", embedding="tok_embeddings", final_norm="norm", output="output",
     tp_fn=f"{_HF}.infra.parallelize.apply_non_moe_tp",
-    # the same aten ops (mm, SDPA) as TorchTitan's dense models: their save list
-    op_sac_save_list=_titan("llama3", "_op_sac_save_list"),
     excluded={"cp": "HF attention is a function inside each attention module, not a module "
                     "ring attention can wrap (the backend's CP only shifts position ids)"},
 )

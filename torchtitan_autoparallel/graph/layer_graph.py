@@ -23,6 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..errors import UserError
 from ..runtime.hf import meta_autocast
 from .adapters import ModelAdapter
+from .cp_find import with_found_cp
 from .discover import (
     check_adapter,
     get_adapter,
@@ -76,6 +77,14 @@ class Layer:
     linear_names: tuple[str, ...] = ()
     """Each linear's name inside the block, in ``linear_shapes`` order (what float8's
     ``filter_fqns`` match)."""
+    param_bytes: int = 0
+    """Bytes of the parameters in the dtypes the model builds them in (TorchTitan's gpt_oss
+    builds its blocks in bf16); 0: fp32 (a graph written by hand)."""
+
+    @property
+    def stored_param_bytes(self) -> float:
+        """Bytes of the layer's parameters as stored (4 per parameter where unrecorded)."""
+        return float(self.param_bytes or 4 * self.params)
 
 
 @dataclass(frozen=True)
@@ -268,11 +277,13 @@ def measure_block(block: torch.nn.Module, inputs: tuple[tuple, dict], seq_len: i
     ):
         run(x)
     # memory traffic in the dtype GPUs train in: the block's own upcasts (norms, RoPE) show
+    dtypes = [(p, p.dtype) for p in block.parameters()]
     block.to(torch.bfloat16)
     traffic = _Traffic({id(p) for p in block.parameters()})
     with _FlashSDPA(), traffic:
         run(x.detach().to(torch.bfloat16).requires_grad_())
-    block.to(torch.float32)
+    for p, dtype in dtypes:  # the model's own dtypes again (its parameter bytes are read)
+        p.data = p.data.to(dtype)
     if experts is not None:
         del experts.forward
     for module in flex:
@@ -364,13 +375,14 @@ def _measurable_args(model_args: Any, seq_len: int, job: Any = None) -> tuple[An
 def _planning_model(family: str, args: Any, model_cls: type, seq_len: int
                     ) -> tuple[torch.nn.Module, ModelAdapter, tuple[tuple, dict]]:
     """The model on meta, its adapter (registered, discovered, TP inferred where it has no
-    ``tp_fn``) and its first block's inputs."""
+    ``tp_fn``, CP found where it names no attention module) and its first block's inputs."""
     with torch.device("meta"):
         model = model_cls(args)
     adapter = get_adapter(family, model)
     check_adapter(family, adapter, model)
     inputs = block_inputs(family, model, adapter, seq_len)
     dim = model.get_submodule(adapter.embedding).embedding_dim
+    adapter = with_found_cp(adapter, model, inputs, seq_len, dim)
     return model, with_inferred_tp(adapter, model, inputs, dim, seq_len), inputs
 
 
@@ -400,17 +412,20 @@ def build_layer_graph(
     fp32 = 4
     seen: set[int] = set()
 
-    def count(module: torch.nn.Module) -> int:
-        total = 0
-        for p in module.parameters():
+    def count(*modules: torch.nn.Module) -> dict[str, int]:
+        """Parameters and their bytes (tied weights at their first owner)."""
+        total = {"params": 0, "param_bytes": 0}
+        for p in (p for module in modules for p in module.parameters()):
             if id(p) not in seen:
                 seen.add(id(p))
-                total += p.numel()
+                total["params"] += p.numel()
+                total["param_bytes"] += p.numel() * p.element_size()
         return total
 
     layers = []
-    layers.append(Layer(adapter.embedding, "embedding", count(embedding), 0.0,
-                        seq_len * dim * fp32, seq_len * 8, "embedding"))
+    layers.append(Layer(adapter.embedding, "embedding", fwd_flops=0.0,
+                        saved_bytes=seq_len * dim * fp32, io_bytes=seq_len * 8,
+                        signature="embedding", **count(embedding)))
     measured: dict[str, tuple[float, ...]] = {}
     kv_bytes = 2.0 * seq_len * n_kv_heads * head_dim * fp32
     moe_model = False
@@ -433,17 +448,17 @@ def build_layer_graph(
             moe = {"expert_params": n_expert_params, "num_experts": experts.num_experts,
                    "top_k": top_k,
                    "expert_flops": 2.0 * seq_len * top_k * n_expert_params / experts.num_experts}
-        layers.append(Layer(f"{adapter.blocks}.{name}", "block", count(block), flops, saved,
-                            seq_len * dim * fp32, sig, attn, kv_bytes, **moe,
+        layers.append(Layer(f"{adapter.blocks}.{name}", "block", fwd_flops=flops,
+                            saved_bytes=saved, io_bytes=seq_len * dim * fp32, signature=sig,
+                            attn_flops=attn, kv_bytes=kv_bytes, **moe, **count(block),
                             eager_bytes=eager, gemm_io_bytes=gemm_io, linear_shapes=shapes,
                             linear_input_elements=float(seq_len * sum(k for k, _ in shapes)),
                             linear_names=tuple(n for n, _ in linears)))
     head = [model.get_submodule(n) for n in (adapter.final_norm, adapter.output) if n]
-    out_params = sum(count(m) for m in head)
     # logits are kept in fp32 for the loss, plus their gradient buffer during backward
-    layers.append(Layer(adapter.output, "output", out_params, 2.0 * seq_len * dim * vocab,
-                        2 * seq_len * vocab * fp32 + 2 * seq_len * dim * fp32,
-                        seq_len * dim * fp32, "output"))
+    layers.append(Layer(adapter.output, "output", fwd_flops=2.0 * seq_len * dim * vocab,
+                        saved_bytes=2 * seq_len * vocab * fp32 + 2 * seq_len * dim * fp32,
+                        io_bytes=seq_len * dim * fp32, signature="output", **count(*head)))
     excluded = adapter.exclusions(moe_model, heads is not None)
     return LayerGraph(family, flavor, seq_len, dim, vocab, n_heads, n_kv_heads, head_dim,
                       tuple(layers), attn_type,

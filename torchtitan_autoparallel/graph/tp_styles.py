@@ -123,4 +123,5 @@ class InferredTP:
         for block in blocks:
             parallelize_module(block, tp_mesh,
                                self.block_styles(block, enable_float8_tensorwise_tp))
-        logger.info(f"applied the inferred tensor-parallel plan to {len(blocks)} blocks")
+        kind = "float8 tensorwise " if enable_float8_tensorwise_tp else ""
+        logger.info(f"applied the inferred {kind}tensor-parallel plan to {len(blocks)} blocks")
