@@ -117,6 +117,13 @@ def test_moe_auto_plan_dry_run(flavor, ngpu, overrides, tmp_path):
     built = re.search(r"dry run OK: world \d+ \(.*ep=(\d+)\)", out)
     assert planned and built, out[-3000:]
     assert int(planned.group(1) or 1) == int(built.group(1))
+    if int(built.group(1)) > 1:
+        # TorchTitan's explicit FSDP prefetch under EP: each block gathers the next one (with
+        # its experts) in forward and the previous one in backward
+        blocks = built_blocks(subprocess.CompletedProcess([], 0, out, ""))
+        first, *middle, last = (blocks[k]["prefetch"] for k in sorted(blocks, key=int))
+        assert first[0] >= 1 and last[1] >= 1, (first, last)
+        assert all(f >= 1 and b >= 1 for f, b in middle), middle
 
 
 @pytest.mark.parametrize("ngpu", [1, 2])

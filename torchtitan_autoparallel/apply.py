@@ -198,23 +198,50 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
         fully_shard(embedding, **fsdp,
                     reshard_after_forward=by_fqn[adapter.embedding].reshard_after_forward)
     dp_over_tp = None
+    groups: list[list[nn.Module]] = []  # each block with its separately sharded experts
     for name, block in blocks.named_children():
         layer = by_fqn[f"{adapter.blocks}.{name}"]
         group = fsdp
         if layer.tp_mode == "dp":
             dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims, plan)
             group = {**fsdp, "mesh": dp_over_tp}
+        groups.append([block])
         if name in moe_blocks and plan.mesh.ep > 1:
-            _shard_routed_experts(adapter.routed_experts(moe_blocks[name]), parallel_dims, plan,
-                                  fsdp, layer.reshard_after_forward)
+            experts = adapter.routed_experts(moe_blocks[name])
+            _shard_routed_experts(experts, parallel_dims, plan, fsdp, layer.reshard_after_forward)
+            groups[-1].append(experts)
         fully_shard(block, **group, reshard_after_forward=layer.reshard_after_forward)
     # tied embedding/output weights (qwen3 small flavors) must share one FSDP group
     if head:
         fully_shard([embedding, *head] if tied else head, **fsdp,
                     reshard_after_forward=by_fqn[adapter.output].reshard_after_forward)
     fully_shard(model, **fsdp)
+    if plan.mesh.ep > 1:
+        explicit_prefetch(embedding, groups, head)
     # the loss is already normalised by the global token count (as in TorchTitan's recipes)
     disable_fsdp_gradient_division(model)
+
+
+def explicit_prefetch(embedding: nn.Module | None, groups: list[list[nn.Module]],
+                      head: list[nn.Module]) -> None:
+    """TorchTitan's explicit FSDP prefetch under expert parallelism (llama4 / deepseek_v3
+    ``apply_fsdp``): EP's device-to-host syncs would hold back FSDP's implicit prefetch, so in
+    forward each group gathers the next block (with its experts), the last one the norm +
+    output; in backward the previous block, the first one the embedding. ``groups``: each
+    block with its separately sharded experts, in order."""
+    if not groups:
+        return
+    if embedding is not None:
+        embedding.set_modules_to_forward_prefetch(groups[0])
+    for (block, *_), following in zip(groups, [*groups[1:], head], strict=True):
+        if following:
+            block.set_modules_to_forward_prefetch(following)
+    if head:
+        head[-1].set_modules_to_backward_prefetch(groups[-1])
+    for (block, *_), preceding in zip(groups, [[embedding] if embedding else [], *groups[:-1]],
+                                       strict=True):
+        if preceding:
+            block.set_modules_to_backward_prefetch(preceding)
 
 
 def fsdp_arguments(parallel_dims: Any, training: Any, cpu_offload: bool) -> dict[str, Any]:

@@ -30,8 +30,7 @@ def block_features(model: Any, blocks: str = "layers") -> dict[str, dict[str, An
                     None)
         out[name] = {
             "float8_linears": sum(isinstance(m, Float8Linear) for m in block.modules()),
-            "bf16_linears": sorted(name.replace("_orig_mod.", "")
-                                   for name, m in block.named_modules()
+            "bf16_linears": sorted(_plain_name(name) for name, m in block.named_modules()
                                    if isinstance(m, Linear) and not isinstance(m, Float8Linear)),
             "float8_all_gather": sum(isinstance(t, WeightWithDynamicFloat8CastTensor)
                                      for t in local),
@@ -43,9 +42,15 @@ def block_features(model: Any, blocks: str = "layers") -> dict[str, dict[str, An
     return out
 
 
+def _plain_name(name: str) -> str:
+    """A submodule's name without the compile and checkpoint wrappers' parts."""
+    return name.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", "")
+
+
 def fsdp_group(module: Any) -> dict[str, Any]:
     """How FSDP2 manages ``module``'s own parameter group (empty when it is no FSDP module):
-    resharding after forward, CPU offload, parameter and gradient-reduction dtypes."""
+    resharding after forward, explicit prefetch (groups gathered next in forward, backward),
+    CPU offload, parameter and gradient-reduction dtypes."""
     state = getattr(module, "_get_fsdp_state", None)
     group = state()._fsdp_param_group if state is not None else None
     if group is None:
@@ -54,7 +59,10 @@ def fsdp_group(module: Any) -> dict[str, Any]:
     post = group.post_forward_mesh_info
     reshard: bool | int = (False if post is None else True if post is group.mesh_info
                            else post.shard_mesh_size)
+    fsdp_state = state()
     return {"reshard_after_forward": reshard,
+            "prefetch": [len(fsdp_state._states_to_forward_prefetch),
+                         len(fsdp_state._states_to_backward_prefetch)],
             "cpu_offload": type(group.offload_policy).__name__ == "CPUOffloadPolicy",
             "param_dtype": str(group.mp_policy.param_dtype),
             "reduce_dtype": str(group.mp_policy.reduce_dtype)}
