@@ -1,0 +1,153 @@
+"""Plans no recipe expresses, at scale (predicted): each lever against the same search without it.
+
+    python experiments/levers.py
+
+On TorchTitan's published H100 jobs (../shared/anchors/torchtitan_h100_202412.csv, Tables 1-4,
+and the June 2025 async TP benchmark's 8B / 70B jobs) and on larger FSDP jobs, the planner
+(``auto``, the job's features and global batch, mesh free) runs with and without each lever:
+
+- float8 per linear: with ``quantize.linear.float8.filter_fqns`` unset the planner keeps in
+  bf16 the linears where float8 is predicted slower; without, every block linear runs float8
+  (``filter_fqns = ["output"]``, TorchTitan's own configs).
+- FSDP resharding to a node (FSDP2's integer ``reshard_after_forward``): offered per block
+  where the FSDP group spans nodes; without, only reshard / keep.
+
+Per job: predicted tokens/s per GPU with and without, the gain, and what the plan did with the
+lever (or why the planner declined it). Profile: h100_grand_teton (the published machine).
+Writes experiments/results/levers.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "experiments")]
+
+import published  # noqa: E402
+
+published.CONFIGS["llama3_405b"] = "llama3_405b_fsdp_tp.toml"
+published.AUTO_CONFIGS["llama3_405b"] = "llama3_405b_auto.toml"
+OUT = REPO / "experiments" / "results" / "levers.md"
+HW = "h100_grand_teton"
+ALL_FLOAT8 = "--quantize.linear.float8.filter_fqns=output"
+"""Every block linear in float8 (the output layer bf16, as TorchTitan's configs have it)."""
+
+
+def jobs() -> list[tuple[str, dict[str, str]]]:
+    """(label, published.py fields) of the jobs: Tables 1, 3, 4 with float8 or at 128+ GPUs
+    (Table 2's long-context jobs run on one node, where neither lever has room), the
+    async TP benchmark's jobs, and 70B / 405B FSDP-only jobs at 256 / 512 GPUs."""
+    out = []
+    for row in published.published_rows():
+        f = row.fields
+        if f["table"] != "2" and (f["float8"] == "yes" or int(f["gpus"]) >= 128):
+            out.append((row.label(), dict(f)))
+    for label, fields, *_ in published.FURTHER:
+        if fields["async_tp"] == "yes":
+            out.append((label.removesuffix(": async TP"), dict(fields)))
+    for model, gpus in (("llama3_70b", "256"), ("llama3_405b", "512")):
+        out.append((f"{model} {gpus} GPUs FSDP, compile+float8", dict(
+            model=model, gpus=gpus, fsdp=gpus, tp="1", cp="1", seq_len="8192", local_batch="1",
+            global_batch=gpus, ac="full", compile="yes", float8="yes", async_tp="no")))
+    return out
+
+
+@contextmanager
+def without_node_reshard() -> Iterator[None]:
+    """The planner with the node reshard switched off (only reshard / keep offered)."""
+    from torchtitan_autoparallel import strategies
+
+    saved = strategies.node_reshard_group
+    strategies.node_reshard_group = lambda *args, **kwargs: 0
+    try:
+        yield
+    finally:
+        strategies.node_reshard_group = saved
+
+
+def plan(fields: dict[str, str], extra: tuple[str, ...] = ()) -> Any:
+    from torchtitan_autoparallel.job_config import parse_config
+    from torchtitan_autoparallel.planner import plan_job
+
+    argv = published.auto_overrides(fields, HW) + list(extra)
+    return plan_job(parse_config(argv), int(fields["gpus"]))
+
+
+def tps(p: Any, fields: dict[str, str]) -> float:
+    return p.predicted["tokens_per_s"] / int(fields["gpus"])
+
+
+def float8_use(p: Any) -> str:
+    kept = (p.float8_filter_fqns or [])[1:]
+    return f"bf16: {', '.join(kept)}" if kept else "every block linear float8"
+
+
+def node_use(p: Any) -> str:
+    from torchtitan_autoparallel.layout import reshard_group
+
+    blocks = [layer for layer in p.layers if layer.kind == "block"]
+    nodes = [layer for layer in blocks if reshard_group(layer.reshard_after_forward)]
+    return (f"{len(nodes)} of {len(blocks)} blocks reshard to "
+            f"{reshard_group(nodes[0].reshard_after_forward)} ranks" if nodes else "")
+
+
+def node_declined(p: Any) -> str:
+    """Why no block reshards to a node on this plan's mesh."""
+    m = p.mesh
+    gpn = p.inputs["gpus_per_node"]
+    if m.pp > 1:
+        return "declined: not offered with pp (TorchTitan keeps parameters under pp)"
+    if m.dp_shard * m.cp * m.tp <= gpn:
+        return "declined: the FSDP group lies in one node"
+    if gpn // m.tp <= 1:
+        return f"declined: one FSDP rank per node (tp {m.tp} fills the node)"
+    return "declined: predicted slower than resharding fully or keeping"
+
+
+def row(label: str, fields: dict[str, str], lever: str,
+        run: Callable[[], tuple[Any, Any]], use: Callable[[Any], str],
+        declined: Callable[[Any], str]) -> str:
+    with_it, without = run()
+    a, b = tps(with_it, fields), tps(without, fields)
+    what = use(with_it) or declined(with_it)
+    return f"| {label} | {lever} | {b:.0f} | {a:.0f} | {a / b - 1:+.2%} | {what} |"
+
+
+def main() -> int:
+    from torchtitan_autoparallel.registry import register
+
+    register()
+    lines = ["# Levers no recipe expresses, predicted at scale", "",
+             f"`python experiments/levers.py`; profile `{HW}`; the planner with each lever "
+             "against the same search without it (mesh, batch split, AC and resharding free).",
+             "", "| job | lever | tok/s/GPU without | with | gain | what the plan does |",
+             "|---|---|---:|---:|---:|---|"]
+    for label, fields in jobs():
+        if fields["float8"] != "no":
+            lines.append(row(
+                label, fields, "float8 per linear",
+                lambda f=fields: (plan(f), plan(f, (ALL_FLOAT8,))),
+                float8_use, lambda p: "declined: TP + SP blocks (TorchTitan's float8 TP styles "
+                                      "need every linear converted)"
+                if p.mesh.tp > 1 else "declined: float8 pays on every linear"))
+
+        def node_run(f: dict[str, str] = fields) -> tuple[Any, Any]:
+            with_it = plan(f)
+            with without_node_reshard():
+                return with_it, plan(f)
+
+        lines.append(row(label, fields, "reshard to node", node_run, node_use, node_declined))
+        print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    OUT.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
