@@ -73,6 +73,24 @@ class BlockCost:
     grad_bytes: float = 0.0
     """Its unsharded gradients before the reduce-scatter (reduce dtype)."""
 
+    # the terms of a block on a pipeline stage (``cost.pipeline.StageBlockCost``) as a flat plan
+    # has them: parameters and optimizer state counted per candidate, collectives in time_s
+    @property
+    def act_bytes(self) -> float:
+        return self.kept_bytes
+
+    resident_bytes = step_s = step_bytes = 0.0
+
+    def plan_fields(self) -> dict[str, float]:
+        """The block's predictions in a plan's layer entry."""
+        return {"time_ms": round(self.time_s * 1e3, 6),
+                "comm_ms": round(self.exposed_comm_s * 1e3, 6),
+                "memory_mib": round((self.kept_bytes + self.state_bytes) / 2**20, 6)}
+
+    def explained(self) -> tuple[float, float]:
+        """(compute, exposed communication) in seconds, as ``explain`` shows them."""
+        return self.compute_s, self.exposed_comm_s
+
 
 def autocast(mesh: Mesh, prec: Precision) -> bool:
     """TorchTitan trains under ``torch.autocast`` (fp32 weights, low-precision compute) when no
