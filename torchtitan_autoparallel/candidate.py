@@ -18,14 +18,15 @@ from dataclasses import dataclass
 
 from .cost.hardware import HardwareProfile
 from .cost.model import (
-    FWD_BWD_BYTES_PER_PARAM,
-    GRAD_BYTES_PER_PARAM,
     STATE_BYTES_PER_PARAM,
     STEP_BYTES_PER_PARAM,
+    BlockCost,
     Precision,
     block_cost,
     fixed_cost,
+    state_memory,
 )
+from .cost.pipeline import StageBlockCost
 from .features import EAGER, Features
 from .graph.layer_graph import LayerGraph
 from .layout import BlockStrategy, Mesh
@@ -89,7 +90,7 @@ class Candidate:
     """block class (signature + pin) -> number of blocks."""
     strategies: dict[str, list[BlockStrategy]]
     """block class -> the strategies its blocks may take."""
-    costs: dict[Key, object]
+    costs: dict[Key, BlockCost | StageBlockCost]
     types: tuple[RankType, ...]
     in_flight: dict[str, float]
     edge_time: dict[str, float]
@@ -274,21 +275,12 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
     # parameters, gradients and optimizer state do not depend on the block's strategy
     state = fixed.state_bytes + sum(
         costs[(c, strategies[c][0])].state_bytes * n for c, n in classes.items())
-    per_param = state / STATE_BYTES_PER_PARAM
     accum = global_batch // (microbatch * mesh.dp)
-    # gradients accumulate across micro-batches: resident from the second one on
-    fwd_bwd = FWD_BWD_BYTES_PER_PARAM + (
-        GRAD_BYTES_PER_PARAM if accum > 1 or hw.reserved_gradients else 0)
-    step_bytes, per_step = per_param * STEP_BYTES_PER_PARAM[features.optimizer], 0.0
-    if features.cpu_offload:
-        # parameters, gradients and AdamW state live in host memory; AdamW runs there
-        fwd_bwd, step_bytes = 0, 0.0
-        if hw.host_optimizer_gbps > 0:
-            per_step = state / (hw.host_optimizer_gbps * 1e9)
+    resident, step_bytes, per_step = state_memory(state, accum, hw, features)
     name = FLAT[0].name
     return Candidate(mesh, microbatch, accum, dict(classes), strategies, costs, FLAT,
                      {name: 1}, {name: fixed.time_s}, {name: 0.0},
-                     {name: per_param * fwd_bwd + fixed.kept_bytes}, {name: step_bytes},
+                     {name: resident + fixed.kept_bytes}, {name: step_bytes},
                      per_step_s=per_step, state_bytes=state)
 
 

@@ -191,10 +191,12 @@ def solve(cand: Candidate, budget: float, time_limit_s: float,
     values = h.getSolution().col_value
     counts = {t.name: {k: int(round(values[n_idx[(t.name, k)]])) for k in keys}
               for t in cand.types}
+    step = cand.evaluate(cand.per_rank(counts))[0]
+    if step >= cutoff_s:
+        return None
     peak = max(cand.rank_memory(t, counts[t.name]) for t in cand.types)
-    return Solution(cand, counts, cand.evaluate(cand.per_rank(counts))[0], peak,
-                    h.modelStatusToString(model_status), float(h.getInfo().mip_gap),
-                    h.getNumCol(), h.getNumRow())
+    return Solution(cand, counts, step, peak, h.modelStatusToString(model_status),
+                    float(h.getInfo().mip_gap), h.getNumCol(), h.getNumRow())
 
 
 def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Precision,

@@ -515,6 +515,23 @@ def host_time_s(device_s: float, mesh: Mesh, hw: HardwareProfile, gpus_per_node:
     return device_s * core_share(mesh, hw, gpus_per_node) + hw.block_overhead_us * 1e-6
 
 
+def state_memory(state_bytes: float, accum: int, hw: HardwareProfile,
+                 features: Features = EAGER) -> tuple[float, float, float]:
+    """(forward/backward bytes, optimizer-step bytes, host optimizer seconds per step) of a
+    device's ``state_bytes`` of parameters, gradients and optimizer state (flat plans):
+    gradients are resident from the second micro-batch on; CPU offload keeps all of it, and
+    AdamW, on the host."""
+    per_param = state_bytes / STATE_BYTES_PER_PARAM
+    fwd_bwd = FWD_BWD_BYTES_PER_PARAM + (
+        GRAD_BYTES_PER_PARAM if accum > 1 or hw.reserved_gradients else 0)
+    step_bytes, per_step = per_param * STEP_BYTES_PER_PARAM[features.optimizer], 0.0
+    if features.cpu_offload:
+        fwd_bwd, step_bytes = 0, 0.0
+        if hw.host_optimizer_gbps > 0:
+            per_step = state_bytes / (hw.host_optimizer_gbps * 1e9)
+    return per_param * fwd_bwd, step_bytes, per_step
+
+
 @dataclass(frozen=True)
 class FixedCost:
     """Embedding and norm + output: their per-micro-batch time and memory (not planned per
