@@ -10,6 +10,7 @@ are interchangeable, so nothing here grows with depth or pp.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import defaultdict
@@ -127,14 +128,15 @@ class Candidate:
 
     def rank_memory(self, t: RankType, counts: Counts) -> float:
         """Peak memory of a rank of type ``t`` holding ``counts``."""
-        used = [k for k, n in counts.items() if n > 0]
-        working = max((self.costs[k].transient_bytes for k in used), default=0.0)
-        fwd_bwd = self.edge_memory[t.name] + working + sum(
-            n * (self.costs[k].resident_bytes + self.in_flight[t.name] * self.costs[k].act_bytes)
-            for k, n in counts.items())
-        step = self.edge_state[t.name] + sum(n * self.costs[k].step_bytes
-                                             for k, n in counts.items())
-        return max(fwd_bwd, step)
+        costs, flight = self.costs, self.in_flight[t.name]
+        working = max((costs[k].transient_bytes for k, n in counts.items() if n > 0),
+                      default=0.0)
+        held = step = 0
+        for k, n in counts.items():
+            cost = costs[k]
+            held += n * (cost.resident_bytes + flight * cost.act_bytes)
+            step += n * cost.step_bytes
+        return max(self.edge_memory[t.name] + working + held, self.edge_state[t.name] + step)
 
     def rank_state(self, t: RankType, counts: Counts, optimizer: str) -> float:
         """Parameters, gradients and optimizer state of a rank of type ``t`` (its optimizer
@@ -182,14 +184,20 @@ class Candidate:
         """No split fits below this. One rank type: exact, the smallest peak reached by giving
         every block of each class one strategy, tried for each strategy (a class that cannot
         take it keeps its most frugal one). Several: the average resident memory."""
+        return self._memory_floor
+
+    @functools.cached_property
+    def _memory_floor(self) -> float:
         if len(self.types) > 1:
             blocks = sum(n * min(self.costs[(c, s)].resident_bytes for s in self.strategies[c])
                          for c, n in self.classes.items())
             edges = sum(self.edge_memory[t.name] * t.ranks for t in self.types)
             return (blocks + edges) / self.mesh.pp
         t = self.types[0]
-        frugal = {c: min(ss, key=lambda s, c=c: self.costs[(c, s)].resident_bytes
-                         + self.in_flight[t.name] * self.costs[(c, s)].act_bytes)
+        flight = self.in_flight[t.name]
+        held = {k: cost.resident_bytes + flight * cost.act_bytes
+                for k, cost in self.costs.items()}
+        frugal = {c: min(ss, key=lambda s, c=c: held[(c, s)])
                   for c, ss in self.strategies.items()}
         best = math.inf
         for s in {s for ss in self.strategies.values() for s in ss}:

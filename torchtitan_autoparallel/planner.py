@@ -488,7 +488,7 @@ def plan_job(job_config: Any, world: int) -> Plan:
                  or _no_batch_split(meshes, inputs.global_batch))]
     best: tuple[float, JobInputs, Solution, dict[str, Any]] | None = None
     min_feasible = min_pipeline = float("inf")
-    options = 0
+    candidates = 0
     limit = job_config.autoparallel.time_limit_s
     deadline = start + limit  # one limit for every solve of the job, whatever it searches
     timed_out = False
@@ -502,7 +502,7 @@ def plan_job(job_config: Any, world: int) -> Plan:
         timed_out |= result.timed_out
         min_feasible = min(min_feasible, result.min_feasible_bytes)
         min_pipeline = min(min_pipeline, result.min_pipeline_bytes)
-        options += result.stats["candidates"]
+        candidates += result.stats["candidates"]
         if result.best is not None:
             rate = job.global_batch / result.best.step_time_s
             if best is None or rate > best[0]:
@@ -510,7 +510,7 @@ def plan_job(job_config: Any, world: int) -> Plan:
     if best is None and timed_out:
         raise UserError(f"autoparallel.time_limit_s = {limit:g} s ran out before the solver "
                         "found any feasible plan: raise time_limit_s")
-    if best is None and not options and inputs.constraints.pp > 1:
+    if best is None and not candidates and inputs.constraints.pp > 1:
         raise UserError(no_pipeline_reason(inputs.graph, inputs.global_batch, inputs.constraints,
                                            inputs.features, [m for m in meshes if m.pp > 1]))
     if best is None:
