@@ -7,7 +7,8 @@ Per rank type ``t`` (``candidate.py``): integer ``n[t,c,s]`` blocks of class ``c
 strategy ``s`` (so the size does not grow with depth or pp), binary ``y[t,c,s]`` marking the
 strategies in use and ``W[t]`` the working set of the worst used one (a max, not a sum). With
 several rank types a makespan ``T`` bounds every type's time per micro-batch and ``F`` its
-per-step FSDP collectives; with one, ``T`` and ``F`` are that rank's and are substituted:
+per-step FSDP collectives; with one, ``T`` and ``F`` are that rank's and are substituted (and
+its one stage holds every block):
 
     minimize   accum * ((m + beta) * T + F)            (cost/pipeline.py: the schedule's bubble)
     subject to sum_t ranks[t] * sum_s n[t,c,s] = N[c]   (every block on one stage)
@@ -53,6 +54,8 @@ class SolveTimeout(Exception):
 
 @dataclass
 class Solution:
+    """A MILP optimum: the candidate, its blocks per rank type and what they cost."""
+
     candidate: Candidate
     counts: dict[str, Counts]
     """Blocks per (class, strategy) on each rank type."""
@@ -66,6 +69,8 @@ class Solution:
 
 @dataclass
 class SearchResult:
+    """The best plan of a search (None: nothing fits), what memory would fit, and counters."""
+
     best: Solution | None
     min_feasible_bytes: float
     """The smallest budget a flat candidate fits (achievable)."""
