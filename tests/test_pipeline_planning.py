@@ -53,11 +53,9 @@ def brute_force(inputs, cand, budget):
 def test_milp_matches_brute_force(job, schedule, squeeze):
     """``squeeze`` < 1: the budget is that fraction of the unconstrained optimum's peak, so
     memory binds and the optimum moves (0.9), or nothing fits (0.8)."""
+    from torchtitan_autoparallel.pipeline_candidate import build_pipeline_candidate
     from torchtitan_autoparallel.planner import job_inputs
-    from torchtitan_autoparallel.solver_pipeline import (
-        build_pipeline_candidate,
-        solve_pipeline,
-    )
+    from torchtitan_autoparallel.solver import solve
     from torchtitan_autoparallel.strategies import enumerate_meshes
 
     inputs = job_inputs(job("--parallelism.pipeline_parallel_degree=2",
@@ -67,9 +65,9 @@ def test_milp_matches_brute_force(job, schedule, squeeze):
     cand = build_pipeline_candidate(inputs.graph, mesh, schedule, v, 1, 8, inputs.hw,
                                     inputs.precision, inputs.gpus_per_node, inputs.constraints,
                                     inputs.pins, inputs.features)
-    free = solve_pipeline(cand, inputs.budget_bytes, 30.0)
+    free = solve(cand, inputs.budget_bytes, 30.0)
     budget = squeeze * free.peak_bytes if squeeze < 1 else inputs.budget_bytes
-    sol = solve_pipeline(cand, budget, 30.0)
+    sol = solve(cand, budget, 30.0)
     expected = brute_force(inputs, cand, budget)
     bound = cand.aggregate_bound(budget)  # what the search prunes with, before a MILP
     if squeeze < 0.85:

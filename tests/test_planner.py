@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from torchtitan_autoparallel.candidate import build_candidate
 from torchtitan_autoparallel.cost.hardware import load_profile
 from torchtitan_autoparallel.cost.model import Precision
 from torchtitan_autoparallel.errors import UserError
@@ -13,7 +14,7 @@ from torchtitan_autoparallel.graph.layer_graph import Layer, LayerGraph
 from torchtitan_autoparallel.layout import BlockStrategy
 from torchtitan_autoparallel.pins import Pin
 from torchtitan_autoparallel.plan import Plan
-from torchtitan_autoparallel.solver import build_candidate, search
+from torchtitan_autoparallel.solver import search
 from torchtitan_autoparallel.strategies import Constraints, enumerate_meshes, microbatch_sizes
 
 
@@ -56,9 +57,14 @@ def compositions(n: int, parts: int):
             yield (first, *rest)
 
 
+def flat_meshes(graph, world, gpn, constraints):
+    """The meshes without pp (pipeline candidates have their own brute force)."""
+    return [m for m in enumerate_meshes(graph, world, gpn, constraints) if m.pp == 1]
+
+
 def brute_force(graph, world, global_batch, hw, prec, gpn, budget, constraints, pins):
     best = None
-    for mesh in enumerate_meshes(graph, world, gpn, constraints):
+    for mesh in flat_meshes(graph, world, gpn, constraints):
         for mb in microbatch_sizes(global_batch, mesh):
             cand = build_candidate(graph, mesh, mb, global_batch, hw, prec, gpn, constraints,
                                    pins)
@@ -71,8 +77,8 @@ def brute_force(graph, world, global_batch, hw, prec, gpn, budget, constraints, 
                 per_class.append(options)
             for combo in itertools.product(*per_class):
                 counts = {k: v for part in combo for k, v in part.items()}
-                if cand.memory(counts) <= budget:
-                    t = cand.step_time(counts)
+                if cand.rank_memory(cand.types[0], counts) <= budget:
+                    t = cand.evaluate([counts])[0]
                     best = t if best is None or t < best else best
     return best
 
@@ -95,16 +101,16 @@ def test_milp_matches_brute_force(seed):
     global_batch = rng.choice([4, 8, 12])
     # sometimes a user pin: block 0 fixed to a recipe with full AC
     pins = {"layers.0": Pin("full", True)} if rng.random() < 0.3 else {}
-    meshes = enumerate_meshes(graph, world, gpn, constraints)
+    meshes = flat_meshes(graph, world, gpn, constraints)
     meshes = [m for m in meshes if global_batch % m.dp == 0]
     cands = [build_candidate(graph, m, mb, global_batch, hw, prec, gpn, constraints, pins)
              for m in meshes for mb in microbatch_sizes(global_batch, m)]
-    lo = min(c.min_memory() for c in cands)
-    hi = max(c.memory({(cls, c.strategies[cls][-1]): n for cls, n in c.classes.items()})
+    lo = min(c.memory_lower_bound() for c in cands)
+    hi = max(c.rank_memory(c.types[0], {(cls, c.strategies[cls][-1]): n
+                                        for cls, n in c.classes.items()})
              for c in cands)
     budget = rng.uniform(lo * 0.9, hi * 1.1)
-    result = search(graph, world, global_batch, hw, prec, gpn, budget, constraints, meshes, 30.0,
-                    pins)
+    result = search(graph, global_batch, hw, prec, gpn, budget, constraints, meshes, 30.0, pins)
     expected = brute_force(graph, world, global_batch, hw, prec, gpn, budget, constraints, pins)
     if expected is None:
         assert result.best is None
@@ -262,7 +268,7 @@ def test_memory_terms_measured_on_one_gpu():
     # accumulation: + 4 B per (sharded) parameter; same micro-batch, one step vs two
     one, two = cand(fsdp, 1, 2, bf16), cand(fsdp, 1, 4, bf16)
     assert (one.accum, two.accum) == (1, 2)
-    assert two.resident_bytes - one.resident_bytes == pytest.approx(4 * params / 2)
+    assert two.edge_memory["first"] - one.edge_memory["first"] == pytest.approx(4 * params / 2)
     # autocast: bf16 weight cache of every non-embedding weight; FSDP (mixed precision) or
     # fp32 training caches nothing
     cache = (fixed_cost(graph, single, 1, hw, bf16, 8).kept_bytes
@@ -355,7 +361,7 @@ def test_solver_rejects_non_finite_costs_and_time_outs_without_a_plan():
     """A NaN in the costs (a profile built around the validation) is refused before HiGHS runs;
     a solve stopped by its time limit before any feasible point is an error naming the limit,
     not the all-zero vector HiGHS returns (which the search once took as the fastest plan)."""
-    from torchtitan_autoparallel.solver import SolveTimeout, solve_candidate
+    from torchtitan_autoparallel.solver import SolveTimeout, solve
 
     graph = random_graph(random.Random(5))
     hw = load_profile("h100_sxm")
@@ -364,12 +370,11 @@ def test_solver_rejects_non_finite_costs_and_time_outs_without_a_plan():
     bad = dataclasses.replace(hw, clock_scale=float("nan"))
     cand = build_candidate(*args, bad, Precision(4, 4), 8, Constraints())
     with pytest.raises(UserError, match="non-finite"):
-        search(graph, 2, 2 * mesh.dp, bad, Precision(4, 4), 8, 1e15, Constraints(), [mesh],
-               30.0)
+        search(graph, 2 * mesh.dp, bad, Precision(4, 4), 8, 1e15, Constraints(), [mesh], 30.0)
     cand = build_candidate(*args, hw, Precision(4, 4), 8, Constraints())
     with pytest.raises(SolveTimeout):
-        solve_candidate(cand, 1e15, 0.0)
-    assert solve_candidate(cand, 1e15, 30.0) is not None
+        solve(cand, 1e15, 0.0)
+    assert solve(cand, 1e15, 30.0) is not None
 
 
 def test_time_limit_without_a_plan_names_the_limit(planning):
@@ -380,13 +385,13 @@ def test_time_limit_without_a_plan_names_the_limit(planning):
 def test_pipeline_search_out_of_time_names_the_limit(planning, monkeypatch):
     """A pipeline search whose MILPs all run out of time: the time-limit error, not "no plan
     fits the memory budget" (what it used to say)."""
-    from torchtitan_autoparallel import solver_pipeline
+    from torchtitan_autoparallel import solver
     from torchtitan_autoparallel.solver import SolveTimeout
 
     def out_of_time(*args, **kwargs):
         raise SolveTimeout
 
-    monkeypatch.setattr(solver_pipeline, "solve_pipeline", out_of_time)
+    monkeypatch.setattr(solver, "solve", out_of_time)
     with pytest.raises(UserError, match=r"time_limit_s = 30 s ran out"):
         planning("llama3_debug_auto.toml", 2, "--parallelism.pipeline_parallel_degree=2")
 
@@ -407,12 +412,11 @@ def test_one_time_limit_for_the_whole_job(planning, monkeypatch):
             return original(*args, **kwargs)
         return run
 
-    monkeypatch.setattr(planner, "search", recording(planner.search, 9))
-    monkeypatch.setattr(planner, "search_pipeline", recording(planner.search_pipeline, 8))
+    monkeypatch.setattr(planner, "search", recording(planner.search, 8))
     start = time.perf_counter()
     planning("llama3_debug_auto.toml", 4, "--training.global_batch_size=-1",
              "--training.local_batch_size=4", "--autoparallel.time_limit_s=20")
-    assert len(deadlines) >= 4  # dp 4, 2, 1, flat and pipelined
+    assert len(deadlines) >= 3  # dp 4, 2, 1, each flat and pipelined in one search
     assert max(deadlines) - min(deadlines) < 0.01
     assert start + 20 <= min(deadlines) and max(deadlines) <= start + 20 + 5  # parse, graph
 
@@ -466,20 +470,20 @@ def test_node_reshard_matches_brute_force():
                                  peak_tflops=989.0)
         prec = Precision(2, 4)
         constraints = Constraints(dp_shard=world, techniques=("fsdp", "ac"))
-        meshes = enumerate_meshes(graph, world, gpn, constraints)
+        meshes = flat_meshes(graph, world, gpn, constraints)
         cands = [build_candidate(graph, m, mb, world, hw, prec, gpn, constraints, {})
                  for m in meshes for mb in microbatch_sizes(world, m)]
-        lo = min(c.min_memory() for c in cands)
-        hi = max(c.memory({(cls, BlockStrategy("none", False)): n
-                           for cls, n in c.classes.items()}) for c in cands)
+        lo = min(c.memory_lower_bound() for c in cands)
+        hi = max(c.rank_memory(c.types[0], {(cls, BlockStrategy("none", False)): n
+                                            for cls, n in c.classes.items()}) for c in cands)
         for fraction in (0.3, 0.5, 0.7, 0.9):
             budget = lo + fraction * (hi - lo)
-            result = search(graph, world, world, hw, prec, gpn, budget, constraints, meshes,
-                            30.0, {})
+            result = search(graph, world, hw, prec, gpn, budget, constraints, meshes, 30.0, {})
             expected = brute_force(graph, world, world, hw, prec, gpn, budget, constraints, {})
             assert result.best is not None and expected is not None
             assert result.best.step_time_s == pytest.approx(expected, rel=1e-9), (seed, fraction)
-            chosen += [s.reshard_after_forward for (_, s), k in result.best.counts.items() if k]
+            chosen += [s.reshard_after_forward for counts in result.best.counts.values()
+                       for (_, s), k in counts.items() if k]
     assert any(not isinstance(r, bool) for r in chosen), chosen
 
 

@@ -1,11 +1,14 @@
 """Plan assembly: the job's resolved planning inputs, and a costed layout of the job (mesh,
-batch split, one strategy per block) written as a Plan with its predictions."""
+batch split, stage split under pp, one strategy per block) written as a Plan with its
+predictions; a solution's per-rank block counts turned into such a layout (stages of
+consecutive layers, ``parallelism.module_fqns_per_model_part``)."""
 
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .candidate import Candidate, Counts, block_classes, build_candidate
 from .cost.hardware import HardwareProfile
 from .cost.model import Precision, low_precision_linears
 from .errors import Rule, UserError, check_fields, check_value, shown
@@ -14,8 +17,9 @@ from .features import Features
 from .graph.layer_graph import LayerGraph
 from .layout import BlockStrategy, Mesh, edge_strategy
 from .pins import Pin
+from .pipeline_candidate import build_pipeline_candidate
 from .plan import LayerPlan, Pipeline, Plan
-from .solver import Candidate, block_classes
+from .solver import Solution
 from .strategies import Constraints
 
 
@@ -174,20 +178,132 @@ def plan_of(inputs: JobInputs, mesh: Mesh, local_batch: int, accum: int,
     )
 
 
+def candidate_for(inputs: JobInputs, mesh: Mesh, local_batch: int,
+                  pipeline: Pipeline | None = None) -> Candidate:
+    """The costs of a given layout of the job (a plan's, or a TorchTitan recipe's): flat with
+    micro-batches of ``local_batch``, or ``pipeline``'s schedule and micro-batches; under pp
+    every strategy a plan file or recipe may give a block is costed."""
+    if pipeline is None:
+        return build_candidate(inputs.graph, mesh, local_batch, inputs.global_batch, inputs.hw,
+                               inputs.precision, inputs.gpus_per_node, inputs.constraints,
+                               inputs.pins, inputs.features)
+    cand = build_pipeline_candidate(
+        inputs.graph, mesh, pipeline.schedule, pipeline.stages_per_rank,
+        pipeline.microbatch_size, pipeline.microbatches, inputs.hw, inputs.precision,
+        inputs.gpus_per_node, inputs.constraints, inputs.pins, inputs.features,
+        keep_strategies=True)
+    if cand is None:
+        raise UserError("the model's block kinds alternate: it cannot be costed under pp")
+    return cand
+
+
+def stage_sizes(blocks: int, stages: int, first_at_least: int = 0) -> list[int]:
+    """``blocks`` split over ``stages`` as evenly as possible (earlier stages take the extra
+    ones); the first stage takes at least ``first_at_least``."""
+    if stages == 1:
+        return [blocks]
+    first = max(first_at_least, -(-blocks // stages))
+    base, extra = divmod(blocks - first, stages - 1)
+    return [first] + [base + (1 if i < extra else 0) for i in range(stages - 1)]
+
+
+def head_modules(inputs: JobInputs) -> tuple[str, list[str]]:
+    """The embedding's fqn, and the final norm's and output's (the last stage's tail)."""
+    graph = inputs.graph
+    adapter = graph.adapter
+    embedding = next(layer.fqn for layer in graph.layers if layer.kind == "embedding")
+    head = [name for name in (adapter.final_norm,) if name] + [
+        layer.fqn for layer in graph.layers if layer.kind == "output"]
+    return embedding, head
+
+
+def assign(inputs: JobInputs, sol: Solution) -> tuple[list[list[str]] | None, list[BlockStrategy]]:
+    """(module fqns per stage, None without pp; one strategy per block in block order) of a
+    MILP solution. Within a class the most memory-saving strategies go to the earliest blocks
+    (deterministic; the order does not change the predicted time or peak)."""
+    cand = sol.candidate
+    graph = inputs.graph
+    pp, v = cand.mesh.pp, cand.stages_per_rank
+    classes = block_classes(graph, inputs.pins)
+    prefix = sum(1 for c in classes if c in cand.prefix)
+    queues: dict[int, dict[str, list[BlockStrategy]]] = {}
+    sizes: dict[int, list[int]] = {}
+    for rank, counts in enumerate(cand.per_rank(sol.counts)):
+        queue: dict[str, list[BlockStrategy]] = {}
+        for (cls, strategy), n in sorted(
+                counts.items(), key=lambda kv: (kv[0][0], cand.costs[kv[0]].act_bytes, kv[0][1])):
+            queue.setdefault(cls, []).extend([strategy] * n)
+        queues[rank] = queue
+        sizes[rank] = stage_sizes(sum(counts.values()), v, prefix if rank == 0 else 0)
+    if pp == 1:
+        return None, [queues[0][cls].pop(0) for cls in classes]
+    shape = Pipeline(cand.schedule, v, cand.microbatches, cand.microbatch, [])
+    embedding, head = head_modules(inputs)
+    stages: list[list[str]] = []
+    strategies: list[BlockStrategy] = []
+    taken = dict.fromkeys(range(pp), 0)
+    block = 0
+    for stage in range(pp * v):
+        rank = shape.rank_of(stage, pp)
+        size = sizes[rank][taken[rank]]
+        taken[rank] += 1
+        fqns = [embedding] if stage == 0 else []
+        for _ in range(size):
+            fqns.append(graph.blocks[block].fqn)
+            strategies.append(queues[rank][classes[block]].pop(0))
+            block += 1
+        if stage == pp * v - 1:
+            fqns.extend(head)
+        stages.append(fqns)
+    return stages, strategies
+
+
+def plan_of_solution(inputs: JobInputs, sol: Solution, solver: dict[str, Any]) -> Plan:
+    """The Plan of a MILP solution."""
+    stages, strategies = assign(inputs, sol)
+    return build_plan(inputs, sol.candidate, strategies, solver, stages)
+
+
 def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrategy],
-               solver: dict[str, Any]) -> Plan:
-    """The Plan for running ``cand`` (mesh, micro-batch) with ``strategies`` for the blocks, in
-    block order, with its predicted step time and memory."""
-    counts: dict[tuple[str, BlockStrategy], int] = {}
-    for key in zip(block_classes(inputs.graph, inputs.pins), strategies, strict=True):
+               solver: dict[str, Any], stages: list[list[str]] | None = None) -> Plan:
+    """The Plan for running ``cand`` with ``strategies`` for the blocks (in block order) and,
+    under pp, ``stages`` (module fqns per stage, in stage order): per-layer, per-rank and
+    whole-step predictions."""
+    graph = inputs.graph
+    pp = cand.mesh.pp
+    shape = None if stages is None else Pipeline(
+        cand.schedule, cand.stages_per_rank, cand.microbatches, cand.microbatch, stages)
+    rank_of_fqn = {} if shape is None else {
+        fqn: shape.rank_of(s, pp) for s, stage in enumerate(shape.stages) for fqn in stage}
+    per_rank: list[Counts] = [{} for _ in range(pp)]
+    for layer, key in zip(graph.blocks, zip(block_classes(graph, inputs.pins), strategies,
+                                            strict=True), strict=True):
+        counts = per_rank[rank_of_fqn.get(layer.fqn, 0)]
         counts[key] = counts.get(key, 0) + 1
+    step, times, memory = cand.evaluate(per_rank)
+    states = [cand.rank_state(cand.type_of_rank(r), per_rank[r], inputs.features.optimizer)
+              for r in range(pp)]
+    if shape is not None:
+        shape.bubble_fraction = round(cand.beta * max(times) / step, 6)
+        shape.rank_time_ms = [round(t * 1e3, 6) for t in times]
+        shape.rank_memory_gib = [round(b / 2**30, 6) for b in memory]
+        shape.rank_state_gib = [round(b / 2**30, 6) for b in states]
+    layers = layer_plans(inputs, cand.mesh, strategies,
+                         lambda cls, strategy: cand.costs[(cls, strategy)].plan_fields())
+    return plan_of(inputs, cand.mesh, cand.microbatch * cand.microbatches, cand.accum, layers,
+                   step, max(memory), max(states), solver, pipeline=shape)
 
-    def predicted(cls: str, strategy: BlockStrategy) -> dict[str, float]:
-        cost = cand.costs[(cls, strategy)]
-        return {"time_ms": round(cost.time_s * 1e3, 6),
-                "comm_ms": round(cost.exposed_comm_s * 1e3, 6),
-                "memory_mib": round((cost.kept_bytes + cost.state_bytes) / 2**20, 6)}
 
-    return plan_of(inputs, cand.mesh, cand.microbatch, cand.accum,
-                   layer_plans(inputs, cand.mesh, strategies, predicted),
-                   cand.step_time(counts), cand.memory(counts), cand.state_bytes, solver)
+def rank_counts(plan: Plan, class_of: dict[str, str]) -> tuple[list[Counts], dict[str, int]]:
+    """Each pp rank's blocks per (class, strategy) in ``plan``, and each block's rank."""
+    pipe = plan.pipeline
+    pp = plan.mesh.pp
+    rank_of_fqn = {} if pipe is None else {
+        fqn: pipe.rank_of(s, pp) for s, stage in enumerate(pipe.stages) for fqn in stage}
+    per_rank: list[Counts] = [{} for _ in range(pp)]
+    for layer in plan.layers:
+        if layer.kind == "block":
+            key = (class_of[layer.fqn], BlockStrategy.of(layer))
+            counts = per_rank[rank_of_fqn.get(layer.fqn, 0)]
+            counts[key] = counts.get(key, 0) + 1
+    return per_rank, rank_of_fqn

@@ -4,12 +4,12 @@ and compared with auto plans on the same cost model."""
 import dataclasses
 from typing import Any
 
-from .assembly import build_plan
+from .assembly import build_plan, candidate_for
 from .errors import UserError
 from .layout import BlockStrategy, Mesh, fsdp_sharded
 from .pins import recipe_from_config, recipe_of
 from .plan import Plan
-from .planner import candidate_for, job_inputs, with_global_batch
+from .planner import job_inputs, with_global_batch
 
 
 def expert_plan(job_config: Any, world: int) -> Plan:
@@ -75,7 +75,6 @@ def _pipeline_recipe_plan(job_config: Any, inputs: Any, mesh: Mesh, local: int,
 
     from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
 
-    from .pipeline_plan import pipeline_candidate_of, plan_from_stages
     from .plan import Pipeline
     from .schedules import SCHEDULES, SINGLE_STAGE
 
@@ -98,6 +97,6 @@ def _pipeline_recipe_plan(job_config: Any, inputs: Any, mesh: Mesh, local: int,
         raise UserError(f"training.local_batch_size {local} is not a multiple of "
                         f"parallelism.pipeline_parallel_microbatch_size {mb}")
     pipe = Pipeline(schedule, len(split) // mesh.pp, local // mb, mb, split)
-    cand = pipeline_candidate_of(inputs, mesh, pipe)
+    cand = candidate_for(inputs, mesh, local, pipe)
     cand = dataclasses.replace(cand, accum=global_batch // (local * mesh.dp))
-    return plan_from_stages(inputs, cand, split, strategies, solver)
+    return build_plan(inputs, cand, strategies, solver, split)

@@ -11,62 +11,22 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from .assembly import candidate_for, rank_counts
 from .cost.model import float8_linear_times, linear_tokens, low_precision_linears
 from .layout import BlockStrategy, reshard_group
 from .plan import Plan, check_plan_for_job
-from .planner import block_counts, candidate_for, inputs_from_plan
+from .planner import block_counts, inputs_from_plan
 
 
 def explain_rows(plan: Plan, cache: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Per block: the chosen strategy's cost breakdown, and the runner-up (the fastest other
-    strategy for that block on the same mesh and micro-batch) with its time and memory deltas.
-    ``cache`` keeps the layer graph for later re-costing."""
+    strategy for that block on the same mesh, micro-batch and stage) with its time and memory
+    deltas, its memory checked on the block's own pp rank. ``cache`` keeps the layer graph for
+    later re-costing."""
     inputs = inputs_from_plan(plan, cache)
     check_plan_for_job(plan, plan.fingerprint["world_size"],
                        [(layer.fqn, layer.kind) for layer in inputs.graph.layers], "to explain")
-    if plan.pipeline is not None:
-        return _pipeline_rows(plan, inputs)
-    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
-    class_of, counts = block_counts(plan, inputs)
-    budget = plan.predicted["budget_gib"] * 2**30
-    rows = []
-    for layer in plan.layers:
-        if layer.kind != "block":
-            continue
-        sig = class_of[layer.fqn]
-        chosen = BlockStrategy.of(layer)
-        cost = cand.costs[(sig, chosen)]
-        others = sorted((cand.costs[(sig, s)].time_s, s) for s in cand.strategies[sig]
-                        if s != chosen)
-        row = {
-            "layer": layer.fqn, "strategy": layer.describe(plan.mesh.unsharded_label),
-            "compute_ms": cost.compute_s * 1e3, "exposed_comm_ms": cost.exposed_comm_s * 1e3,
-            "kept_mib": cost.kept_bytes / 2**20, "transient_mib": cost.transient_bytes / 2**20,
-            "runner_up": None,
-        }
-        if others:
-            runner = others[0][1]
-            alt = cand.costs[(sig, runner)]
-            swapped = dict(counts)
-            swapped[(sig, chosen)] -= 1
-            swapped[(sig, runner)] = swapped.get((sig, runner), 0) + 1
-            row["runner_up"] = {
-                "strategy": runner.describe(layer.ep, plan.mesh.unsharded_label),
-                "delta_time_ms": (alt.time_s - cost.time_s) * 1e3,
-                "delta_kept_mib": (alt.kept_bytes - cost.kept_bytes) / 2**20,
-                "fits_budget": cand.memory(swapped) <= budget,
-            }
-        rows.append(row)
-    return rows
-
-
-def _pipeline_rows(plan: Plan, inputs: Any) -> list[dict[str, Any]]:
-    """``explain_rows`` of a pipeline plan: block costs on their stage; the runner-up swapped
-    into the block's own pp rank (its memory checked against that rank's budget)."""
-    from .pipeline_plan import pipeline_candidate_of, rank_counts
-
-    pipe = plan.pipeline
-    cand = pipeline_candidate_of(inputs, plan.mesh, pipe)
+    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size, plan.pipeline)
     class_of, _ = block_counts(plan, inputs)
     per_rank, rank_of_fqn = rank_counts(plan, class_of)
     budget = plan.predicted["budget_gib"] * 2**30
@@ -76,16 +36,19 @@ def _pipeline_rows(plan: Plan, inputs: Any) -> list[dict[str, Any]]:
             continue
         sig, chosen = class_of[layer.fqn], BlockStrategy.of(layer)
         cost = cand.costs[(sig, chosen)]
+        compute, comm = cost.explained()
         row = {"layer": layer.fqn, "strategy": layer.describe(plan.mesh.unsharded_label),
-               "compute_ms": cost.time_s * 1e3, "exposed_comm_ms": cost.step_s * 1e3,
+               "compute_ms": compute * 1e3, "exposed_comm_ms": comm * 1e3,
                "kept_mib": cost.act_bytes / 2**20, "transient_mib": cost.transient_bytes / 2**20,
                "runner_up": None}
-        offered = [s for s in cand.strategies[sig] if s != chosen
-                   and s.reshard_after_forward == chosen.reshard_after_forward]
+        # under pp the stage keeps its parameters across micro-batches: resharding is the
+        # plan's setting, not an alternative the search weighs
+        offered = [s for s in cand.strategies[sig] if s != chosen and (
+            plan.pipeline is None or s.reshard_after_forward == chosen.reshard_after_forward)]
         if offered:
             runner = min(offered, key=lambda s: (cand.costs[(sig, s)].time_s, s))
             alt = cand.costs[(sig, runner)]
-            rank = rank_of_fqn[layer.fqn]
+            rank = rank_of_fqn.get(layer.fqn, 0)
             swapped = dict(per_rank[rank])
             swapped[(sig, chosen)] -= 1
             swapped[(sig, runner)] = swapped.get((sig, runner), 0) + 1
@@ -102,7 +65,8 @@ def _pipeline_rows(plan: Plan, inputs: Any) -> list[dict[str, Any]]:
 def schedule_lines(plan: Plan) -> list[str]:
     """Why this pipeline schedule: the best plan of every schedule the job allows on the
     plan's mesh and micro-batch size (bubble, step, peak), as the planner compared them."""
-    from .solver_pipeline import schedules_for, search_pipeline
+    from .pipeline_candidate import schedules_for
+    from .solver import search
 
     pipe = plan.pipeline
     if pipe is None:
@@ -115,9 +79,9 @@ def schedule_lines(plan: Plan) -> list[str]:
             pipe.schedule]:
         constraints = dataclasses.replace(inputs.constraints, pp_schedules=(schedule,),
                                           pp_microbatch=pipe.microbatch_size)
-        found = search_pipeline(inputs.graph, plan.global_batch_size, inputs.hw,
-                                inputs.precision, inputs.gpus_per_node, inputs.budget_bytes,
-                                constraints, [plan.mesh], 60.0, inputs.pins, inputs.features)
+        found = search(inputs.graph, plan.global_batch_size, inputs.hw, inputs.precision,
+                       inputs.gpus_per_node, inputs.budget_bytes, constraints, [plan.mesh],
+                       60.0, inputs.pins, inputs.features)
         best = found.best
         if best is None:
             lines.append(f"  {schedule:<22} does not fit the memory budget "

@@ -14,7 +14,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import __version__
-from .assembly import JobInputs, build_plan, check_inputs_record, inputs_record
+from .assembly import (
+    JobInputs,
+    build_plan,
+    candidate_for,
+    check_inputs_record,
+    inputs_record,
+    plan_of_solution,
+)
+from .candidate import block_classes
 from .cost.hardware import CPU_PROFILE, HardwareProfile, load_profile
 from .cost.model import Precision
 from .errors import UserError, shown
@@ -31,15 +39,9 @@ from .model_config import (
     model_config_of,
 )
 from .pins import Pin, recipe_from_config, recipe_of, resolve_pins
-from .pipeline_plan import build_pipeline_plan, recost_pipeline
+from .pipeline_candidate import no_pipeline_reason, prefix_classes
 from .plan import Plan
-from .solver import Candidate, Solution, block_classes, build_candidate, search
-from .solver_pipeline import (
-    PipelineSolution,
-    no_pipeline_reason,
-    prefix_classes,
-    search_pipeline,
-)
+from .solver import Solution, search
 from .strategies import Constraints, enumerate_meshes
 from .validate import check_job_options
 
@@ -493,51 +495,31 @@ def plan_job(job_config: Any, world: int) -> Plan:
     else:
         jobs = [(inputs, [m for m in meshes if inputs.global_batch % m.dp == 0]
                  or _no_batch_split(meshes, inputs.global_batch))]
-    best: tuple[float, JobInputs, Solution | PipelineSolution, dict[str, Any]] | None = None
+    best: tuple[float, JobInputs, Solution, dict[str, Any]] | None = None
     min_feasible = min_pipeline = float("inf")
-    pipeline_options = 0
+    candidates = 0
     limit = job_config.autoparallel.time_limit_s
     deadline = start + limit  # one limit for every solve of the job, whatever it searches
     timed_out = False
     for job, job_meshes in jobs:
-        flat = [m for m in job_meshes if m.pp == 1]
-        piped = [m for m in job_meshes if m.pp > 1]
-        found: list[tuple[Solution | PipelineSolution, dict[str, Any]]] = []
+        # only a plan with more tokens/s than the best so far (any job) can win
         step_to_beat = job.global_batch / best[0] if best is not None else float("inf")
-        result = search(job.graph, world, job.global_batch, job.hw, job.precision,
-                        job.gpus_per_node, job.budget_bytes, job.constraints, flat,
+        result = search(job.graph, job.global_batch, job.hw, job.precision, job.gpus_per_node,
+                        job.budget_bytes, job.constraints, job_meshes,
                         max(0.0, deadline - time.perf_counter()), job.pins, job.features,
                         step_to_beat)
         timed_out |= result.timed_out
         min_feasible = min(min_feasible, result.min_feasible_bytes)
+        min_pipeline = min(min_pipeline, result.min_pipeline_bytes)
+        candidates += result.stats["candidates"]
         if result.best is not None:
-            found.append((result.best, dict(result.stats)))
-        if piped:
-            # only a plan with more tokens/s than the best so far (any job) can win
-            beat = min(result.best.step_time_s if result.best is not None else float("inf"),
-                       step_to_beat)
-            piped_result = search_pipeline(
-                job.graph, job.global_batch, job.hw, job.precision, job.gpus_per_node,
-                job.budget_bytes, job.constraints, piped,
-                max(0.0, deadline - time.perf_counter()), job.pins, job.features, beat)
-            timed_out |= piped_result.timed_out
-            min_pipeline = min(min_pipeline, piped_result.min_feasible_bytes)
-            pipeline_options += piped_result.stats["candidates"]
-            if piped_result.best is not None:
-                found.append((piped_result.best, dict(piped_result.stats)))
-            counted = ("candidates", "meshes", "milps_solved", "pruned_by_memory", "variables",
-                       "constraints", "solve_time_s")
-            for _, stats in found:
-                for key in counted:
-                    stats[key] = result.stats[key] + piped_result.stats[key]
-        for sol, stats in found:
-            rate = job.global_batch / sol.step_time_s
+            rate = job.global_batch / result.best.step_time_s
             if best is None or rate > best[0]:
-                best = (rate, job, sol, stats)
+                best = (rate, job, result.best, dict(result.stats))
     if best is None and timed_out:
         raise UserError(f"autoparallel.time_limit_s = {limit:g} s ran out before the solver "
                         "found any feasible plan: raise time_limit_s")
-    if best is None and not pipeline_options and inputs.constraints.pp > 1:
+    if best is None and not candidates and inputs.constraints.pp > 1:
         raise UserError(no_pipeline_reason(inputs.graph, inputs.global_batch, inputs.constraints,
                                            inputs.features, [m for m in meshes if m.pp > 1]))
     if best is None:
@@ -557,10 +539,7 @@ def plan_job(job_config: Any, world: int) -> Plan:
         )
     _, job, sol, stats = best
     stats["planning_time_s"] = time.perf_counter() - start
-    if isinstance(sol, PipelineSolution):
-        plan = build_pipeline_plan(job, sol, stats)
-    else:
-        plan = build_plan(job, sol.candidate, _assign(job, sol), stats)
+    plan = plan_of_solution(job, sol, stats)
     keys = constraint_keys(job_config)
     if keys:
         plan.notes.append(f"constraints (set by you): {', '.join(keys)}")
@@ -604,13 +583,6 @@ def gib_up(size_bytes: float, digits: int = 3) -> str:
     return f"{math.ceil(gib * scale * (1 - 1e-12)) / scale:g}"
 
 
-def candidate_for(inputs: JobInputs, mesh: Mesh, microbatch: int) -> Candidate:
-    """Per-strategy costs of every block class for one (mesh, micro-batch) of the job."""
-    return build_candidate(inputs.graph, mesh, microbatch, inputs.global_batch, inputs.hw,
-                           inputs.precision, inputs.gpus_per_node, inputs.constraints, inputs.pins,
-                           inputs.features)
-
-
 def block_counts(plan: Plan, inputs: JobInputs
                  ) -> tuple[dict[str, str], dict[tuple[str, BlockStrategy], int]]:
     """Each block's MILP class (by fqn) and the plan's number of blocks per (class, strategy)."""
@@ -632,19 +604,6 @@ def _no_batch_split(meshes: list[Mesh], global_batch: int) -> list[Mesh]:
     )
 
 
-def _assign(inputs: JobInputs, sol: Solution) -> list[BlockStrategy]:
-    """Turn per-class counts into one strategy per block: within a class, the most
-    memory-saving strategies go to the earliest blocks (deterministic; the order does not
-    change the predicted time or peak)."""
-    cand = sol.candidate
-    queues: dict[str, list[BlockStrategy]] = {}
-    for (cls, strategy), n in sorted(
-        sol.counts.items(), key=lambda kv: (kv[0][0], cand.costs[kv[0]].kept_bytes, kv[0][1])
-    ):
-        queues.setdefault(cls, []).extend([strategy] * n)
-    return [queues[cls].pop(0) for cls in block_classes(inputs.graph, inputs.pins)]
-
-
 def recost(plan: Plan, hw: HardwareProfile | None = None,
            cache: dict[str, Any] | None = None) -> Plan:
     """``plan`` (same mesh, batch split, per-block strategies) costed again by the current cost
@@ -652,11 +611,11 @@ def recost(plan: Plan, hw: HardwareProfile | None = None,
     between calls."""
     inputs = inputs_from_plan(plan, cache, hw)
     inputs = dataclasses.replace(inputs, hw=hw or inputs.hw)
-    if plan.pipeline is not None:
-        return recost_pipeline(plan, inputs)
-    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
+    pipe = plan.pipeline
+    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size, pipe)
     strategies = [BlockStrategy.of(lp) for lp in plan.layers if lp.kind == "block"]
-    return build_plan(inputs, cand, strategies, {})
+    return build_plan(inputs, cand, strategies, {},
+                      None if pipe is None else [list(s) for s in pipe.stages])
 
 
 def recosted_file(plan: Plan, cache: dict[str, Any] | None = None) -> tuple[Plan, str]:

@@ -11,10 +11,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .assembly import candidate_for, rank_counts
 from .cost.model import STATE_BYTES_PER_PARAM, core_share, fixed_cost
 from .errors import UserError, atomic_write_all, check_output_path
 from .plan import Plan
-from .planner import block_counts, candidate_for, inputs_from_plan
+from .planner import block_counts, inputs_from_plan
 
 ASPECTS = ("params", "tp", "ep", "cp", "ac", "pinned")
 """Columns of the layer table: the aspects of ``layout.strategy_parts`` plus the mesh's cp."""
@@ -118,10 +119,8 @@ def _pipeline_breakdown(plan: Plan
                         ) -> tuple[list[tuple[str, float]], str, list[tuple[str, float]]]:
     """``_breakdown`` of a pipeline plan: the fullest pp rank's memory, and the step as the
     slowest rank's micro-batches, the schedule's bubble, per-step FSDP and the P2P fill."""
-    from .pipeline_plan import pipeline_candidate_of, rank_counts
-
     inputs = inputs_from_plan(plan)
-    cand = pipeline_candidate_of(inputs, plan.mesh, plan.pipeline)
+    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size, plan.pipeline)
     class_of, _ = block_counts(plan, inputs)
     per_rank, _ = rank_counts(plan, class_of)
     step, times, memory = cand.evaluate(per_rank)
@@ -157,16 +156,18 @@ def _breakdown(plan: Plan) -> tuple[list[tuple[str, float]], str, list[tuple[str
     costs = {key: cand.costs[key] for key in counts}
     fixed = fixed_cost(inputs.graph, plan.mesh, plan.local_batch_size, inputs.hw,
                        inputs.precision, inputs.gpus_per_node, inputs.features)
+    t = cand.types[0].name
     per_param = cand.state_bytes / STATE_BYTES_PER_PARAM
     gib = 2**-30
     kept = sum(n * costs[key].kept_bytes for key, n in counts.items())
     working = max((c.transient_bytes for c in costs.values()), default=0.0)
-    state = cand.resident_bytes - fixed.kept_bytes  # parameters, moments (and gradients)
-    if cand.step_bytes >= cand.resident_bytes + kept + working:
+    resident, step_bytes = cand.edge_memory[t], cand.edge_state[t]
+    state = resident - fixed.kept_bytes  # parameters, moments (and gradients)
+    if step_bytes >= resident + kept + working:
         phase = "optimizer step"
         memory = [("parameters", 4 * per_param), ("gradients", 4 * per_param),
                   ("optimizer state", 8 * per_param),
-                  ("optimizer step temporary", cand.step_bytes - 16 * per_param)]
+                  ("optimizer step temporary", step_bytes - 16 * per_param)]
     else:
         phase = "forward / backward"
         held = 4 * per_param if state > 0 else 0.0
@@ -182,7 +183,7 @@ def _breakdown(plan: Plan) -> tuple[list[tuple[str, float]], str, list[tuple[str
             time[name] = time.get(name, 0.0) + accum * share * n * seconds
     overhead = sum(n * inputs.hw.block_overhead_us * 1e-6 for n in counts.values())
     time["embedding, output, optimizer, per-layer overhead"] = (
-        accum * (cand.fixed_time_s + overhead) + cand.per_step_s)
+        accum * (cand.edge_time[t] + overhead) + cand.per_step_s)
     time["pipeline bubble"] = 0.0  # no pipeline stages (see _pipeline_breakdown)
     return ([(k, v * gib) for k, v in memory], phase, list(time.items()))
 

@@ -81,6 +81,24 @@ class BlockCost:
     grad_bytes: float = 0.0
     """Its unsharded gradients before the reduce-scatter (reduce dtype)."""
 
+    # the terms of a block on a pipeline stage (``cost.pipeline.StageBlockCost``) as a flat plan
+    # has them: parameters and optimizer state counted per candidate, collectives in time_s
+    @property
+    def act_bytes(self) -> float:
+        return self.kept_bytes
+
+    resident_bytes = step_s = step_bytes = 0.0
+
+    def plan_fields(self) -> dict[str, float]:
+        """The block's predictions in a plan's layer entry."""
+        return {"time_ms": round(self.time_s * 1e3, 6),
+                "comm_ms": round(self.exposed_comm_s * 1e3, 6),
+                "memory_mib": round((self.kept_bytes + self.state_bytes) / 2**20, 6)}
+
+    def explained(self) -> tuple[float, float]:
+        """(compute, exposed communication) in seconds, as ``explain`` shows them."""
+        return self.compute_s, self.exposed_comm_s
+
 
 def autocast(mesh: Mesh, prec: Precision) -> bool:
     """TorchTitan trains under ``torch.autocast`` (fp32 weights, low-precision compute) when no
@@ -624,6 +642,23 @@ def host_time_s(device_s: float, mesh: Mesh, hw: HardwareProfile, gpus_per_node:
     """A layer's time per micro-batch on the host: the device time, stretched when the ranks of
     a node outnumber its cores (``host_cores``), plus the fixed per-layer overhead."""
     return device_s * core_share(mesh, hw, gpus_per_node) + hw.block_overhead_us * 1e-6
+
+
+def state_memory(state_bytes: float, accum: int, hw: HardwareProfile,
+                 features: Features = EAGER) -> tuple[float, float, float]:
+    """(forward/backward bytes, optimizer-step bytes, host optimizer seconds per step) of a
+    device's ``state_bytes`` of parameters, gradients and optimizer state (flat plans):
+    gradients are resident from the second micro-batch on; CPU offload keeps all of it, and
+    AdamW, on the host."""
+    per_param = state_bytes / STATE_BYTES_PER_PARAM
+    fwd_bwd = FWD_BWD_BYTES_PER_PARAM + (
+        GRAD_BYTES_PER_PARAM if accum > 1 or hw.reserved_gradients else 0)
+    step_bytes, per_step = per_param * STEP_BYTES_PER_PARAM[features.optimizer], 0.0
+    if features.cpu_offload:
+        fwd_bwd, step_bytes = 0, 0.0
+        if hw.host_optimizer_gbps > 0:
+            per_step = state_bytes / (hw.host_optimizer_gbps * 1e9)
+    return per_param * fwd_bwd, step_bytes, per_step
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,16 @@ class StageBlockCost:
     """Working set while its backward runs."""
     split: Split
 
+    def plan_fields(self) -> dict[str, float]:
+        """The block's predictions in a plan's layer entry."""
+        return {"time_ms": round(self.time_s * 1e3, 6),
+                "memory_mib": round((self.resident_bytes + self.act_bytes) / 2**20, 6)}
+
+    def explained(self) -> tuple[float, float]:
+        """(time per micro-batch, per-step FSDP collectives) in seconds, as ``explain`` shows
+        them."""
+        return self.time_s, self.step_s
+
 
 def stage_block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
                      hw: HardwareProfile, prec: Precision, gpus_per_node: int,
