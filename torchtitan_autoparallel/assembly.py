@@ -10,7 +10,7 @@ from typing import Any
 
 from .candidate import Candidate, Counts, block_classes, build_candidate
 from .cost.hardware import HardwareProfile
-from .cost.model import Precision, low_precision_linears
+from .cost.model import Precision, linear_names, low_precision_linears
 from .errors import Rule, UserError, check_fields, check_value, shown
 from .exclusions import exclusion_notes
 from .features import Features
@@ -136,10 +136,10 @@ def float8_filter_fqns(inputs: JobInputs, mesh: Mesh, microbatch: int,
     for layer in inputs.graph.blocks:
         low = low_precision_linears(layer, mesh, strategies[layer.fqn], microbatch, inputs.hw,
                                     features)
-        kept[layer.fqn] = [n for n, is_low in zip(layer.linear_names, low, strict=True)
+        kept[layer.fqn] = [n for n, is_low in zip(linear_names(layer), low, strict=True)
                            if not is_low]
         converted += [f"{layer.fqn}.{n}" for n, is_low in
-                      zip(layer.linear_names, low, strict=True) if is_low]
+                      zip(linear_names(layer), low, strict=True) if is_low]
     if len({tuple(names) for names in kept.values()}) == 1:
         entries = next(iter(kept.values()))
     else:

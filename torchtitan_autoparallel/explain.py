@@ -12,7 +12,12 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from .assembly import candidate_for, rank_counts
-from .cost.model import float8_linear_times, linear_tokens, low_precision_linears
+from .cost.model import (
+    float8_linear_times,
+    linear_names,
+    linear_tokens,
+    low_precision_linears,
+)
 from .layout import BlockStrategy, reshard_group
 from .plan import Plan, check_plan_for_job
 from .planner import block_counts, inputs_from_plan
@@ -166,7 +171,7 @@ def float8_lines(plan: Plan, inputs: Any) -> list[str]:
         if (layer.signature, tokens, low) in seen:
             continue
         seen.add((layer.signature, tokens, low))
-        for name, (k, n), is_low in zip(layer.linear_names, layer.linear_shapes, low,
+        for name, (k, n), is_low in zip(linear_names(layer), layer.linear_shapes, low,
                                         strict=True):
             bf16, float8 = float8_linear_times(k, n, tokens, inputs.hw, inputs.features)
             lines.append(f"float8 choice in {layer.fqn} and blocks like it: {name} {k}->{n} x "

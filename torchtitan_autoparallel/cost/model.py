@@ -263,6 +263,13 @@ def cast_s(elements: float, hw: HardwareProfile, features: Features, linears: in
     return fwd, bwd
 
 
+def linear_names(layer: Layer) -> tuple[str, ...]:
+    """The names of the block's linears, in ``linear_shapes`` order ("" for a graph that does
+    not record them)."""
+    n = len(layer.linear_shapes)
+    return layer.linear_names if len(layer.linear_names) == n else ("",) * n
+
+
 def low_precision_linears(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
                           hw: HardwareProfile, features: Features) -> tuple[bool, ...]:
     """Which of the block's linears run the job's low-precision recipe. TorchTitan's converter
@@ -274,7 +281,7 @@ def low_precision_linears(layer: Layer, mesh: Mesh, strategy: BlockStrategy, mic
     shapes = layer.linear_shapes
     if features.linear == "none":
         return (False,) * len(shapes)
-    names = layer.linear_names if len(layer.linear_names) == len(shapes) else ("",) * len(shapes)
+    names = linear_names(layer)
     filters = features.float8_filter or ()
     fqns = [f for f in filters if f != AUTO_FILTER_SMALL_KN]
     low = tuple(k % 16 == 0 and n % 16 == 0
