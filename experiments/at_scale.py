@@ -1,4 +1,4 @@
-"""Simulated at-scale sweep: predicted tokens/s of auto vs every expert recipe on H100s.
+"""Simulated at-scale sweep: predicted tokens/s of auto vs every recipe on H100s.
 
 For each model preset and world size: the auto plan (``plan_job`` on the ``h100_sxm``
 profile), TorchTitan's shipped recipe for the model (its config's degrees and AC, where they
@@ -7,7 +7,7 @@ tp <= 8 inside a node, AC none / selective / full), all costed by the same model
 (``expert_plan``). Experts predicted to exceed device memory do not count as winners. Each auto
 plan is then dry-run on fake ranks (``COMM_MODE=fake_backend``, the plan replayed from its
 JSON) to show it applies. Weak scaling: the global batch is the shipped local batch x world.
-MoE presets (deepseek_v3, llama4) add every legal expert-parallel layout (ep / etp by
+MoE presets (deepseek_v3, llama4) add every legal recipe-parallel layout (ep / etp by
 TorchTitan's rules) to the expert variants. DeepSeek-V3 671B does not fit 80 GB devices at these
 sizes (fp32 master weights and AdamW moments: 97.6 GiB per device on 128), so it is costed on
 H200s (``MODEL_HW``).
@@ -45,7 +45,7 @@ MODELS: dict[str, tuple[str, str]] = {
     "deepseek_v3_671b": ("deepseek_v3_671b_auto.toml", "deepseek_v3_671b_fsdp.toml"),
     "llama4_17bx16e": ("llama4_17bx16e_auto.toml", "llama4_17bx16e_fsdp_tp.toml"),
 }
-"""model -> (auto config, TorchTitan's shipped expert config), both under train_configs/."""
+"""model -> (auto config, TorchTitan's shipped recipe config), both under train_configs/."""
 WORLDS = (8, 16, 32, 64, 128)
 HW = "h100_sxm"
 MODEL_HW = {"deepseek_v3_671b": "h200_sxm"}
@@ -115,7 +115,7 @@ def _expert(config: str, world: int, global_batch: int, degrees: tuple[int, ...]
     parsed config is copied and edited rather than re-parsed (parsing dominates otherwise)."""
     import copy
 
-    from torchtitan_autoparallel.expert import expert_plan
+    from torchtitan_autoparallel.recipe import recipe_plan
 
     job = copy.deepcopy(_parse(config, ()))
     job.training.global_batch_size = global_batch
@@ -134,7 +134,7 @@ def _expert(config: str, world: int, global_batch: int, degrees: tuple[int, ...]
         job.activation_checkpoint.mode = ac
         if ac == "selective":
             job.activation_checkpoint.selective_ac_option = "op"
-    return expert_plan(job, world)
+    return recipe_plan(job, world)
 
 
 def _fits(plan: Any) -> bool:
@@ -236,14 +236,14 @@ def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows({k: _fmt(r.get(k, "")) for k in FIELDS} for r in rows)
-    lines = ["# Simulated at scale: auto vs TorchTitan expert recipes on H100s (predicted)", "",
+    lines = ["# Simulated at scale: auto vs TorchTitan recipes on H100s (predicted)", "",
              "Cost model: `h100_sxm` profile. Weak scaling (global batch = shipped local batch "
              "x world). Experts: every legal dp_replicate x dp_shard x cp x tp mesh (tp <= 8) "
              "x AC none/selective/full (x every legal ep / etp for MoE); only those predicted "
              "to fit the device (80 GB; 671B on 141 GB H200s) count. Dry run: the "
              "auto plan replayed on fake ranks (`COMM_MODE=fake_backend`).", "",
              "| model | GPUs | auto mesh | auto tok/s | shipped recipe | shipped tok/s | "
-             "best expert | best tok/s | auto / best | auto / shipped | dry run |",
+             "best recipe | best tok/s | auto / best | auto / shipped | dry run |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         shipped = (f"{float(r['shipped_tps']):.4g}" + ("" if r.get("shipped_fits") in
@@ -279,7 +279,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
         rs = [r for r in rows if r["model"] == model]
         worlds = [int(r["world"]) for r in rs]
         for key, label, marker in (("auto_tps", "auto", "o"), ("best_expert_tps",
-                                   "best expert", "s"), ("shipped_tps", "shipped", "x")):
+                                   "best recipe", "s"), ("shipped_tps", "shipped", "x")):
             ys = [float(r[key]) if r.get(key) not in (None, "") else math.nan for r in rs]
             if key == "shipped_tps":  # a recipe predicted to run out of memory is no point
                 ys = [y if r.get("shipped_fits") in (True, "True") else math.nan
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["dry_run"] = dry_run(model, world, plan)
             rows.append(row)
             print(f"{model} x{world}: auto {row.get('auto_mesh', row.get('auto_status'))} "
-                  f"{_num(row.get('auto_tps'))} tok/s, best expert {row['best_expert']} "
+                  f"{_num(row.get('auto_tps'))} tok/s, best recipe {row['best_expert']} "
                   f"{_num(row.get('best_expert_tps'))}, dry run {row.get('dry_run', '-')}",
                   flush=True)
             write_outputs(rows + [r for k, r in done.items() if k not in

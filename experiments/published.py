@@ -6,7 +6,7 @@ Every row of ../shared/anchors/torchtitan_h100_202412.csv
 (benchmarks/llama3_h100_202412_torchtitan.md in pytorch/torchtitan) from Tables 1-4 is turned
 into TorchTitan's own recipe for the job (same model, GPUs, degrees, local / global batch, AC,
 compile, float8 with FSDP float8 all-gather and the precomputed scale, async TP) and costed by
-``expert.expert_plan``: predicted tokens/s per GPU and peak memory against the published ones.
+``recipe.recipe_plan``: predicted tokens/s per GPU and peak memory against the published ones.
 No profile constant is fitted on these rows (each constant's source is in the profile's
 [provenance] table): every row is out of sample. Per feature (compile, float8 tensorwise,
 async TP, and float8 rowwise / tensorwise from further published TorchTitan runs) the
@@ -103,7 +103,7 @@ def published_rows() -> list[Row]:
 
 
 def overrides(f: dict[str, str], hardware: str) -> list[str]:
-    """TorchTitan CLI overrides that make the model's expert config run the published job."""
+    """TorchTitan CLI overrides that make the model's recipe config run the published job."""
     local, fsdp = int(f["local_batch"]), int(f["fsdp"])
     out = [
         "--job.config_file", str(REPO / "train_configs" / CONFIGS[f["model"]]),
@@ -177,11 +177,11 @@ def auto_rows(rows: list[Row]) -> list[str]:
 
 
 def predict(rows: list[Row], hardware: str) -> None:
-    from torchtitan_autoparallel.expert import expert_plan
     from torchtitan_autoparallel.job_config import parse_config
+    from torchtitan_autoparallel.recipe import recipe_plan
 
     for row in rows:
-        plan = expert_plan(parse_config(overrides(row.fields, hardware)),
+        plan = recipe_plan(parse_config(overrides(row.fields, hardware)),
                            int(row.fields["gpus"]))
         row.tps = plan.predicted["tokens_per_s"] / int(row.fields["gpus"])
         row.memory = plan.predicted["peak_memory_gib"]

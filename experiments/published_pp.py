@@ -6,7 +6,7 @@ Table 5 job with auto.
 Rows of ../shared/anchors/torchtitan_h100_202412.csv with pp > 1 (Llama 3.1 405B on 512
 H100s, FSDP 8 x TP 8 x PP 8, 1F1B / Interleaved 1F1B; Table 6 adds CP) are turned into
 TorchTitan's own recipe for the job, as experiments/published.py does for Tables 1-4, and
-costed by ``expert.expert_plan`` with profiles/h100_grand_teton.toml; no constant is fitted on
+costed by ``recipe.recipe_plan`` with profiles/h100_grand_teton.toml; no constant is fitted on
 these rows. The runs used the TorchTitan of December 2024, whose
 ``experimental.pipeline_parallel_microbatches`` defaulted to the number of pipeline stages
 (pp), so each local batch ran as pp micro-batches: the recipe's micro-batch size here is local
@@ -82,9 +82,9 @@ def auto_lines(row: published.Row, fixed: bool) -> tuple[list[str], object]:
 
 
 def main() -> int:
-    from torchtitan_autoparallel.expert import expert_plan
     from torchtitan_autoparallel.explain import schedule_lines
     from torchtitan_autoparallel.job_config import parse_config
+    from torchtitan_autoparallel.recipe import recipe_plan
     from torchtitan_autoparallel.registry import register
 
     register()
@@ -103,7 +103,7 @@ def main() -> int:
     ]
     for row in rows:
         f = row.fields
-        plan = expert_plan(parse_config(overrides(f, "h100_grand_teton")), int(f["gpus"]))
+        plan = recipe_plan(parse_config(overrides(f, "h100_grand_teton")), int(f["gpus"]))
         row.tps = plan.predicted["tokens_per_s"] / int(f["gpus"])
         row.memory = plan.predicted["peak_memory_gib"]
         pub, mem = float(f["tps_per_gpu"]), float(f["memory_gib"])

@@ -1,11 +1,11 @@
-"""Sweep: auto plans vs TorchTitan's expert recipes, measured on this machine.
+"""Sweep: auto plans vs TorchTitan's recipes, measured on this machine.
 
 A grid TOML (``experiments/grids/*.toml``) lists blocks of configs; list-valued keys expand to
 their cartesian product. Each config (model, world size, global batch, sequence length, memory
-budget) has arms: ``auto`` (the planner's plan, replayed from its JSON) and every legal expert
+budget) has arms: ``auto`` (the planner's plan, replayed from its JSON) and every legal recipe
 recipe (TorchTitan's own parallelization for a mesh, activation checkpointing and local batch).
 Arms run interleaved (round 1 in order, round 2 reversed, ...) so machine drift cancels between
-auto and the experts. Each run's median step time over steady steps, peak memory and final loss
+auto and the recipes. Each run's median step time over steady steps, peak memory and final loss
 go to a CSV keyed by cell id (config / arm / round); rerunning skips finished cells.
 
     python experiments/sweep.py experiments/grids/quick.toml [--out experiments/results]
@@ -63,14 +63,14 @@ class Config:
     global_batch: int
     seq_len: int
     memory_gib: float = 0.0
-    """Per-device budget; 0 = the hardware profile's. Experts predicted above it are not run."""
+    """Per-device budget; 0 = the hardware profile's. Recipes predicted above it are not run."""
     recipes: tuple[str, ...] = ("all",)
-    expert_ac: tuple[str, ...] = ("none",)
-    expert_local_batch: tuple[int, ...] = (0,)
-    """Local batch sizes tried by the experts; 0 = global batch / dp (no accumulation)."""
+    recipe_ac: tuple[str, ...] = ("none",)
+    recipe_local_batch: tuple[int, ...] = (0,)
+    """Local batch sizes tried by the recipes; 0 = global batch / dp (no accumulation)."""
     flavor: str = "bench"
     hardware: str = "cpu"
-    """Hardware profile the planner and the experts' predictions use."""
+    """Hardware profile the planner and the recipes' predictions use."""
     features: tuple[str, ...] = ()
     """TorchTitan overrides every arm runs with (compile, float8, ...)."""
 
@@ -90,7 +90,7 @@ FEATURE_TAGS = {"--compile.enable": "c", "--model.converters=quantize.linear.flo
 
 @dataclass(frozen=True)
 class Recipe:
-    """An expert recipe: TorchTitan's parallelization for fixed degrees."""
+    """A recipe: TorchTitan's parallelization for fixed degrees."""
 
     dp_replicate: int
     dp_shard: int
@@ -149,9 +149,13 @@ def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list) else [value]
 
 
+OLD_KEYS = {"expert_ac": "recipe_ac", "expert_local_batch": "recipe_local_batch"}
+"""Config keys by their former names."""
+
+
 def load_grid(path: str | Path) -> Grid:
     """Parse a grid TOML: top-level run settings and ``[[config]]`` blocks whose list values
-    (except ``recipes`` and ``expert_ac``) expand to their cartesian product."""
+    (except ``recipes`` and ``recipe_ac``) expand to their cartesian product."""
     with open(path, "rb") as f:
         data = tomllib.load(f)
     blocks = data.pop("config", [])
@@ -163,7 +167,10 @@ def load_grid(path: str | Path) -> Grid:
     axes = ("family", "ngpu", "global_batch", "seq_len", "memory_gib")
     seen = set()
     for block in blocks:
-        unknown = set(block) - set(axes) - {"recipes", "expert_ac", "expert_local_batch",
+        for old, new in OLD_KEYS.items():  # grids written before the keys were renamed
+            if old in block:
+                block[new] = block.pop(old)
+        unknown = set(block) - set(axes) - {"recipes", "recipe_ac", "recipe_local_batch",
                                             "flavor", "hardware", "features"}
         if unknown:
             raise ValueError(f"{path}: unknown config keys {sorted(unknown)}")
@@ -173,8 +180,8 @@ def load_grid(path: str | Path) -> Grid:
                   zip(axes, (None, None, 16, 256, 0.0), strict=True)]
         for combo in itertools.product(*values):
             cfg = Config(*combo, recipes=tuple(_as_list(block.get("recipes", "all"))),
-                         expert_ac=tuple(_as_list(block.get("expert_ac", "none"))),
-                         expert_local_batch=tuple(_as_list(block.get("expert_local_batch", 0))),
+                         recipe_ac=tuple(_as_list(block.get("recipe_ac", "none"))),
+                         recipe_local_batch=tuple(_as_list(block.get("recipe_local_batch", 0))),
                          flavor=block.get("flavor", "bench"),
                          hardware=block.get("hardware", "cpu"),
                          features=tuple(block.get("features", ())))
@@ -208,8 +215,8 @@ def legal_recipes(cfg: Config, n_heads: int, n_kv_heads: int, num_experts: int =
                 if cfg.global_batch % (dr * ds):
                     continue
                 eps = [(1, 1), *(legal_ep(num_experts, ds, cp, tp) if num_experts else [])]
-                for (ep, etp), ac in itertools.product(eps, cfg.expert_ac):
-                    for lb in cfg.expert_local_batch:
+                for (ep, etp), ac in itertools.product(eps, cfg.recipe_ac):
+                    for lb in cfg.recipe_local_batch:
                         if lb and (lb >= cfg.global_batch // (dr * ds)
                                    or cfg.global_batch // (dr * ds) % lb):
                             continue  # no accumulation, or uneven micro-batches
@@ -264,7 +271,7 @@ def recipe_overrides(cfg: Config, r: Recipe) -> list[str]:
 
 
 def predict(cfg: Config, recipe: Recipe | None, plan_path: Path | None) -> dict[str, Any]:
-    """The planner's plan for auto (``recipe`` None) or the expert recipe as a plan (written to
+    """The planner's plan for auto (``recipe`` None) or the recipe as a plan (written to
     ``plan_path``): predicted step time and peak, mesh, batch split."""
     from torchtitan_autoparallel.errors import UserError
 
@@ -276,9 +283,9 @@ def predict(cfg: Config, recipe: Recipe | None, plan_path: Path | None) -> dict[
             if plan_path is not None:
                 plan.save(str(plan_path))
         else:
-            from torchtitan_autoparallel.expert import expert_plan
+            from torchtitan_autoparallel.recipe import recipe_plan
 
-            plan = expert_plan(_job_config(cfg, False, recipe_overrides(cfg, recipe)), cfg.ngpu)
+            plan = recipe_plan(_job_config(cfg, False, recipe_overrides(cfg, recipe)), cfg.ngpu)
             if plan_path is not None:
                 plan.save(str(plan_path))
     except (UserError, NotImplementedError, KeyError, ValueError) as exc:
@@ -417,7 +424,7 @@ def _fmt(value: Any) -> Any:
 
 def arm_order(arms: list[str], round_index: int) -> list[str]:
     """Interleaving: even rounds run the arms in order, odd rounds reversed, so a linear drift
-    in machine speed affects auto and the experts alike."""
+    in machine speed affects auto and the recipes alike."""
     return list(arms) if round_index % 2 == 0 else list(reversed(arms))
 
 
@@ -482,7 +489,7 @@ def run_grid(grid: Grid, out: Path, plans_dir: Path, dry: bool = False,
                 row.update(wall_s=time.time() - t0, foreign_load=foreign, attempts=attempts)
             stats = steady_stats(rows, grid.steady_from)
             if code == 0 and stats:
-                # an expert the cost model cannot express is measured without a prediction
+                # a recipe the cost model cannot express is measured without a prediction
                 row.update(status="ok", note=pred.get("error", ""), **stats)
             else:
                 error = [ln for ln in tail.splitlines() if "Error:" in ln or "error:" in ln]

@@ -3,7 +3,7 @@
     python experiments/sweep_report.py [experiments/results/sweep.csv]
 
 Writes next to the CSV: ``sweep.md`` (headline table, per-arm table, accuracy), and
-``sweep_throughput.png`` (auto vs best and median expert per config) and
+``sweep_throughput.png`` (auto vs best and median recipe per config) and
 ``sweep_predicted_vs_measured.png`` (predicted vs measured step time of every measured plan).
 An arm's throughput is the median over its rounds of each run's median steady-step tokens/s.
 """
@@ -164,10 +164,10 @@ def write_markdown(rows: list[dict[str, str]], path: Path, notes: str = "",
                    machine: str = "this CPU box, gloo") -> str:
     agg = aggregate(rows)
     rho, err, n = accuracy(rows)
-    lines = [f"# Sweep: auto plans vs TorchTitan expert recipes ({machine})", "",
+    lines = [f"# Sweep: auto plans vs TorchTitan recipes ({machine})", "",
              "Tokens/s: median over rounds of each run's median steady-step throughput. "
              "Experts predicted to exceed a memory budget are not run (`over_budget`).", "",
-             "| config | auto tok/s | best expert | best tok/s | median expert tok/s | "
+             "| config | auto tok/s | best recipe | best tok/s | median recipe tok/s | "
              "auto / best | auto / best per round | auto / median |",
              "|---|---|---|---|---|---|---|---|"]
     for config in sorted(agg):
@@ -235,15 +235,15 @@ def write_plots(rows: list[dict[str, str]], folder: Path) -> list[Path]:
     x = range(len(configs))
     heads = [headline(agg[c]) for c in configs]
     width = 0.27
-    for offset, key, label in ((-width, "auto_tps", "auto"), (0, "best_tps", "best expert"),
-                               (width, "median_tps", "median expert")):
+    for offset, key, label in ((-width, "auto_tps", "auto"), (0, "best_tps", "best recipe"),
+                               (width, "median_tps", "median recipe")):
         values = [h.get(key, math.nan) if key != "best_tps" or "best_tps" in h
                   else agg[c][h["best_expert"]].tokens_per_s
                   for c, h in zip(configs, heads, strict=True)]
         ax.bar([i + offset for i in x], values, width, label=label)
     ax.set_xticks(list(x), configs, rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("tokens/s (median)")
-    ax.set_title("auto vs TorchTitan expert recipes (CPU, gloo)")
+    ax.set_title("auto vs TorchTitan recipes (CPU, gloo)")
     ax.legend()
     fig.tight_layout()
     paths.append(folder / "sweep_throughput.png")

@@ -104,7 +104,7 @@ def test_mixed_tp_plan_parity(references, tmp_path):
                      [f"--autoparallel.plan_file={path}",
                       "--parallelism.tensor_parallel_degree=2", techniques],
                      seed_checkpoint=seed)
-    assert "tp-as-dp" in result.output and "tp+sp+ac:full" in result.output, result.output[-3000:]
+    assert "tp_dp" in result.output and "tp+sp+ac:full" in result.output, result.output[-3000:]
     assert_parity(reference, result)
 
 

@@ -16,4 +16,4 @@ def test_only_plans_with_blocks_on_several_meshes_need_it() -> None:
     assert needed(_plan(Mesh(1, 2, 2), ["dp", "dp"]))  # embedding / output stay on tp
     assert not needed(_plan(Mesh(1, 2, 2), ["sp", "sp"]))
     assert not needed(_plan(Mesh(1, 4, 1), ["none", "none"]))
-    assert not needed(None)  # expert recipes: TorchTitan's own clipping
+    assert not needed(None)  # recipes: TorchTitan's own clipping

@@ -283,7 +283,7 @@ def test_mixed_plan_parity(hf_reference, tmp_path):
                      [f"--autoparallel.plan_file={path}",
                       "--parallelism.tensor_parallel_degree=2", techniques],
                      seed_checkpoint=seed)
-    assert "tp-as-dp" in result.output and "ac:selective" in result.output, \
+    assert "tp_dp" in result.output and "ac:selective" in result.output, \
         result.output[-3000:]
     assert_parity(reference, result)
 

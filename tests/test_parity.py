@@ -1,4 +1,4 @@
-"""Loss parity of TorchTitan's expert recipes on CPU/gloo against a 1-rank run (fp32, 5 steps)."""
+"""Loss parity of TorchTitan's recipes on CPU/gloo against a 1-rank run (fp32, 5 steps)."""
 
 import pytest
 

@@ -124,13 +124,13 @@ def test_torchtitan_pp_recipe_costed_as_is(job):
     TorchTitan's ``generate_llm_fqn_per_model_part`` makes (the split its trainer builds)."""
     from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
 
-    from torchtitan_autoparallel.expert import expert_plan
+    from torchtitan_autoparallel.recipe import recipe_plan
 
     recipe = job("--parallelism.pipeline_parallel_degree=2",
                  "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
                  "--parallelism.data_parallel_shard_degree=2", "--training.global_batch_size=8",
                  config="llama3_debug_fsdp.toml")
-    plan = expert_plan(recipe, 4)
+    plan = recipe_plan(recipe, 4)
     assert plan.mesh.pp == 2 and plan.mesh.dp_shard == 2
     assert plan.pipeline.schedule == "Interleaved1F1B"
     assert plan.pipeline.stages == generate_llm_fqn_per_model_part(4, 6, 1, 1)

@@ -299,15 +299,15 @@ def test_peak_memory_matches_one_h200(planning, local, ac, measured_gib):
     """Tensor peaks MemTracker measured on one H200 (experiments/results/h200_model.md, llama3
     1B, global batch 8 x 4096 tokens, bf16): the predicted peak of TorchTitan's recipe is
     within 5 % of each."""
-    from torchtitan_autoparallel.expert import expert_plan
     from torchtitan_autoparallel.job_config import parse_config
+    from torchtitan_autoparallel.recipe import recipe_plan
 
     job = parse_config(["--job.config_file", "train_configs/llama3_1b_auto.toml",
                         "--autoparallel.hardware=h200_sxm", "--training.global_batch_size=8",
                         "--training.seq_len=4096", f"--training.local_batch_size={local}",
                         f"--activation_checkpoint.mode={ac}"])
     job.parallelism.auto = False
-    predicted = expert_plan(job, 1).predicted["peak_memory_gib"]
+    predicted = recipe_plan(job, 1).predicted["peak_memory_gib"]
     assert predicted == pytest.approx(measured_gib, rel=0.05)
 
 

@@ -35,14 +35,14 @@ recipes = ["fsdp2", "tp2"]
 family = "qwen3"
 ngpu = 2
 memory_gib = 0.25
-expert_ac = ["none", "full"]
+recipe_ac = ["none", "full"]
 """))
     assert grid.rounds == 3 and grid.steps == 6
     assert [c.id for c in grid.configs] == [
         "llama3_ws2_b8_s256", "llama3_ws2_b16_s256", "llama3_ws4_b8_s256",
         "llama3_ws4_b16_s256", "qwen3_ws2_b16_s256_m0.25"]
     assert grid.configs[0].recipes == ("fsdp2", "tp2")
-    assert grid.configs[-1].expert_ac == ("none", "full")
+    assert grid.configs[-1].recipe_ac == ("none", "full")
 
 
 @pytest.mark.parametrize("text", ["bogus = 1\n", "[[config]]\nfamily = 'llama3'\n",
@@ -70,7 +70,7 @@ def test_legal_recipes_follow_heads_sequence_and_batch() -> None:
     names = {r.name for r in sweep.legal_recipes(sweep.Config("llama3", 4, 16, 12), 8, 8)}
     assert "cp2_tp2" not in names and "cp4" not in names and "fsdp2_cp2" in names
     ac = sweep.legal_recipes(sweep.Config("llama3", 2, 16, 256, recipes=("fsdp2",),
-                                          expert_ac=("none", "full")), 8, 8)
+                                          recipe_ac=("none", "full")), 8, 8)
     assert [r.name for r in ac] == ["fsdp2", "fsdp2+ac_full"]
     # MoE: TorchTitan's ep layouts (etp = tp inside dp_shard x cp, or etp = 1 taking all of tp)
     moe = {r.name for r in sweep.legal_recipes(sweep.Config("deepseek_v3", 4, 16, 256), 8, 8, 8)}

@@ -20,7 +20,7 @@ from .features import features_from_config
 from .graph.adapters import INFER_TP, ModelAdapter, resolve, submodule_or_none
 from .graph.discover import get_adapter
 from .graph.layer_graph import planning_adapter
-from .layout import tp_as_dp_problem
+from .layout import tp_dp_problem
 from .plan import Plan
 from .runtime.moe import reduce_sequence_parallel_moe_grads, reduce_tensor_parallel_router_grads
 
@@ -80,9 +80,9 @@ def _batch_split_over_tp(block: nn.Module, tp_mesh: Any, n_args: int) -> None:
 
 def _dp_over_tp_mesh(parallel_dims: Any, plan: Plan) -> Any:
     """1-D mesh over dp_shard x tp: FSDP mesh of blocks that use tp as data parallel (where
-    ``layout.tp_as_dp_problem`` allows it). TorchTitan keeps its own flattened ``efsdp`` mesh
+    ``layout.tp_dp_problem`` allows it). TorchTitan keeps its own flattened ``efsdp`` mesh
     fake unless EP is on."""
-    problem = tp_as_dp_problem(plan.mesh, plan.local_batch_size)
+    problem = tp_dp_problem(plan.mesh, plan.local_batch_size)
     if problem:
         raise UserError(problem)
     return parallel_dims.get_mesh(["fsdp", "tp"])._flatten("fsdp_tp")
@@ -354,14 +354,14 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
         apply_block_compile(blocks, job_config.compile, moe=bool(moe_blocks),
                             ep_enabled=parallel_dims.ep_enabled)
 
-    tp_as_dp = any(layer.tp_mode == "dp" for layer in plan.layers)
-    if parallel_dims.dp_replicate_enabled and not parallel_dims.fsdp_enabled and not tp_as_dp:
+    tp_dp = any(layer.tp_mode == "dp" for layer in plan.layers)
+    if parallel_dims.dp_replicate_enabled and not parallel_dims.fsdp_enabled and not tp_dp:
         if parallel_dims.tp > 1 or parallel_dims.cp > 1 or parallel_dims.ep > 1:
             raise UserError("pure data-parallel replication is planned with tp = cp = ep = 1 "
                             "only")
         apply_replication(model, parallel_dims.get_mesh("dp_replicate"),
                           enable_compile=features.compile)
-    elif parallel_dims.fsdp_enabled or parallel_dims.ep_enabled or tp_as_dp:
+    elif parallel_dims.fsdp_enabled or parallel_dims.ep_enabled or tp_dp:
         fsdp = fsdp_arguments(parallel_dims, job_config.training, features.cpu_offload)
         apply_sharding(model, adapter, parallel_dims, plan, fsdp, moe_blocks)
     return model

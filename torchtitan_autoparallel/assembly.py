@@ -231,7 +231,7 @@ def assign(inputs: JobInputs, sol: Solution) -> tuple[list[list[str]] | None, li
     for rank, counts in enumerate(cand.per_rank(sol.counts)):
         queue: dict[str, list[BlockStrategy]] = {}
         for (cls, strategy), n in sorted(
-                counts.items(), key=lambda kv: (kv[0][0], cand.costs[kv[0]].act_bytes, kv[0][1])):
+                counts.items(), key=lambda kv: (kv[0][0], cand.costs[kv[0]].kept_bytes, kv[0][1])):
             queue.setdefault(cls, []).extend([strategy] * n)
         queues[rank] = queue
         sizes[rank] = stage_sizes(sum(counts.values()), v, prefix if rank == 0 else 0)

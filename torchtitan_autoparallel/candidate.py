@@ -24,6 +24,7 @@ from .cost.model import (
     BlockCost,
     Precision,
     block_cost,
+    compute_s,
     fixed_cost,
     state_memory,
 )
@@ -81,7 +82,7 @@ class Candidate:
     """One (mesh, schedule, stages per rank, micro-batch size) with its costs. Block costs
     (``cost.model.BlockCost`` flat, ``cost.pipeline.StageBlockCost`` on a stage) give per
     micro-batch ``time_s``, per step ``step_s``, ``resident_bytes`` held all step,
-    ``act_bytes`` per micro-batch in flight, ``transient_bytes`` and the optimizer step's
+    ``kept_bytes`` per micro-batch in flight, ``transient_bytes`` and the optimizer step's
     ``step_bytes``; ``edge_*`` are a rank type's terms that do not depend on its blocks."""
 
     mesh: Mesh
@@ -134,7 +135,7 @@ class Candidate:
         held = step = 0
         for k, n in counts.items():
             cost = costs[k]
-            held += n * (cost.resident_bytes + flight * cost.act_bytes)
+            held += n * (cost.resident_bytes + flight * cost.kept_bytes)
             step += n * cost.step_bytes
         return max(self.edge_memory[t.name] + working + held, self.edge_state[t.name] + step)
 
@@ -195,7 +196,7 @@ class Candidate:
             return (blocks + edges) / self.mesh.pp
         t = self.types[0]
         flight = self.in_flight[t.name]
-        held = {k: cost.resident_bytes + flight * cost.act_bytes
+        held = {k: cost.resident_bytes + flight * cost.kept_bytes
                 for k, cost in self.costs.items()}
         frugal = {c: min(ss, key=lambda s, c=c: held[(c, s)])
                   for c, ss in self.strategies.items()}
@@ -218,7 +219,7 @@ class Candidate:
         upgrades: list[tuple[float, float, float]] = []  # (time per byte saved, bytes, time)
         for c, n in self.classes.items():
             points = sorted({(self.costs[(c, s)].resident_bytes
-                              + flight * self.costs[(c, s)].act_bytes, self.costs[(c, s)].time_s)
+                              + flight * self.costs[(c, s)].kept_bytes, self.costs[(c, s)].time_s)
                              for s in self.strategies[c]})
             hull: list[tuple[float, float]] = []
             for mem, t in points:  # lower-left convex hull, time falling as memory grows
@@ -252,7 +253,7 @@ class Candidate:
             for name in ("edge_time", "edge_step", "edge_memory", "edge_state"):
                 out[f"{t.name} rank {name}"] = getattr(self, name)[t.name]
         for (_, strategy), cost in self.costs.items():
-            for name in ("time_s", "step_s", "act_bytes", "resident_bytes", "step_bytes",
+            for name in ("time_s", "step_s", "kept_bytes", "resident_bytes", "step_bytes",
                          "transient_bytes"):
                 out[f"{strategy.describe()} {name}"] = getattr(cost, name)
         return out
@@ -292,16 +293,32 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
                      per_step_s=per_step, state_bytes=state)
 
 
+def compute_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
+                  prec: Precision, features: Features) -> float:
+    """A floor under the forward + backward time of one micro-batch through the whole model on
+    ``mesh``: compute only, no checkpointing, no communication, each layer in its fastest TP
+    mode (every strategy's time is at least this)."""
+    modes = ("none", "sp", "dp") if mesh.tp > 1 else ("none",)
+    return sum(min(compute_s(layer, mesh, BlockStrategy("none", False, mode), microbatch, hw,
+                             prec, features)[1] for mode in modes)
+               for layer in graph.layers)
+
+
 def flat_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Precision,
                  gpus_per_node: int, constraints: Constraints, meshes: list[Mesh],
                  pins: dict[str, Pin] | None = None, features: Features = EAGER
                  ) -> tuple[list[Option], int, float]:
-    """(options, how many, the smallest budget any of them fits) for ``meshes`` (all with
-    pp = 1), each costed at once (a flat candidate is cheap)."""
-    cands = [build_candidate(graph, mesh, mb, global_batch, hw, prec, gpus_per_node,
-                             constraints, pins, features)
-             for mesh in meshes
-             for mb in microbatch_sizes(global_batch, mesh, constraints.accumulation)]
-    min_feasible = min((c.memory_lower_bound() for c in cands), default=math.inf)
-    return ([(c.time_lower_bound(), c.mesh, c.schedule, c.stages_per_rank, c.microbatch,
-              lambda c=c: c) for c in cands], len(cands), min_feasible)
+    """(options, how many, inf) for ``meshes`` (all with pp = 1), each bounded by its compute
+    floor and costed on demand (the search takes the memory floor from those it costs)."""
+    floors: dict[tuple[int, int, int], float] = {}
+    options: list[Option] = []
+    for mesh in meshes:
+        for mb in microbatch_sizes(global_batch, mesh, constraints.accumulation):
+            key = (mesh.tp, mesh.cp, mb)
+            if key not in floors:
+                floors[key] = compute_floor(graph, mesh, mb, hw, prec, features)
+            accum = global_batch // (mb * mesh.dp)
+            options.append((accum * floors[key], mesh, "", 1, mb, functools.partial(
+                build_candidate, graph, mesh, mb, global_batch, hw, prec, gpus_per_node,
+                constraints, pins, features)))
+    return options, len(options), math.inf

@@ -7,7 +7,7 @@
                                         --out / --html draw the two plans side by side
     show     P --out P.png [--html P.html]   the plan as a picture (mesh, layers, memory, time)
     predict  --config X.toml --ngpu N [--section.key value ...]
-                                        an expert (non-auto) config as a plan, same cost model
+                                        a recipe (non-auto) config as a plan, same cost model
     calibrate --ngpu N --out P.toml     measure matmuls and collectives, write a profile
     fit      RUNS.csv --base H --out P.toml   fit a profile to measured runs (fitting/runs.py)
 
@@ -99,13 +99,13 @@ def _recipe_margin(job: Any, plan: Any, world: int) -> str:
     model's measured error ("" where the recipe cannot run this job)."""
     import copy
 
-    from .expert import expert_plan
     from .explain import margin_note
+    from .recipe import recipe_plan
 
     recipe_job = copy.deepcopy(job)
     recipe_job.parallelism.auto = False
     try:
-        recipe = expert_plan(recipe_job, world)
+        recipe = recipe_plan(recipe_job, world)
     except UserError:
         return ""
     if recipe.predicted["peak_memory_gib"] > recipe.predicted["budget_gib"]:
@@ -117,9 +117,9 @@ def _recipe_margin(job: Any, plan: Any, world: int) -> str:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from .expert import expert_plan
+    from .recipe import recipe_plan
 
-    _emit(args, expert_plan(_job(args, auto=False), args.ngpu))
+    _emit(args, recipe_plan(_job(args, auto=False), args.ngpu))
     return 0
 
 
@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Plan and inspect TorchTitan parallelization.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, func, text in (("plan", _plan, "plan a TorchTitan config for N devices"),
-                             ("predict", _predict, "an expert config's plan and prediction")):
+                             ("predict", _predict, "a recipe config's plan and prediction")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--config", required=True, help="TorchTitan TOML config")
         p.add_argument("--ngpu", type=int, required=True, help="world size (devices)")

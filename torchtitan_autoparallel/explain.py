@@ -44,7 +44,7 @@ def explain_rows(plan: Plan, cache: dict[str, Any] | None = None) -> list[dict[s
         compute, comm = cost.explained()
         row = {"layer": layer.fqn, "strategy": layer.describe(plan.mesh.unsharded_label),
                "compute_ms": compute * 1e3, "exposed_comm_ms": comm * 1e3,
-               "kept_mib": cost.act_bytes / 2**20, "transient_mib": cost.transient_bytes / 2**20,
+               "kept_mib": cost.kept_bytes / 2**20, "transient_mib": cost.transient_bytes / 2**20,
                "runner_up": None}
         # under pp the stage keeps its parameters across micro-batches: resharding is the
         # plan's setting, not an alternative the search weighs
@@ -60,7 +60,7 @@ def explain_rows(plan: Plan, cache: dict[str, Any] | None = None) -> list[dict[s
             row["runner_up"] = {
                 "strategy": runner.describe(layer.ep, plan.mesh.unsharded_label),
                 "delta_time_ms": (alt.time_s - cost.time_s) * 1e3,
-                "delta_kept_mib": (alt.act_bytes - cost.act_bytes) / 2**20,
+                "delta_kept_mib": (alt.kept_bytes - cost.kept_bytes) / 2**20,
                 "fits_budget": cand.rank_memory(cand.type_of_rank(rank), swapped) <= budget,
             }
         rows.append(row)

@@ -33,14 +33,14 @@ def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
     params "fsdp" / "fsdp-keep" / "fsdp-node<n>" (reshard after forward, keep, or reshard to
     groups of n ranks of one node; ``unsharded``: the mesh's label
     when it shards nothing, "ddp" / "single", see ``Mesh.unsharded_label``), tp "tp+sp" /
-    "tp-as-dp", ep "ep<k>", ac "ac:<mode>", pinned "pinned"; absent aspects are left out."""
+    "tp_dp", ep "ep<k>", ac "ac:<mode>", pinned "pinned"; absent aspects are left out."""
     node = reshard_group(reshard_after_forward)
     parts = {"params": unsharded or (f"fsdp-node{node}" if node else
                                      "fsdp" if reshard_after_forward else "fsdp-keep")}
     if tp_mode == "sp":
         parts["tp"] = "tp+sp"
     elif tp_mode == "dp":
-        parts["tp"] = "tp-as-dp"
+        parts["tp"] = "tp_dp"
     if ep > 1:
         parts["ep"] = f"ep{ep}"
     if ac != "none":
@@ -184,7 +184,7 @@ def node_reshard_group(mesh: Mesh, gpus_per_node: int, tp_mode: str = "none") ->
     return n if 1 < n < group and group % n == 0 else 0
 
 
-def tp_as_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block") -> str:
+def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block") -> str:
     """Why the tp dim cannot act as data parallel (tp mode "dp") for a ``kind`` layer on
     ``mesh`` with a local batch of ``microbatch`` sequences; empty if it can. It needs tp > 1, no
     pipeline parallelism, a block, one FSDP mesh over dp_shard x tp (dp_shard > 1,

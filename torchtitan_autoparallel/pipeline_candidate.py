@@ -13,7 +13,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from .candidate import Candidate, Option, block_classes, rank_types
+from .candidate import Candidate, Option, block_classes, compute_floor, rank_types
 from .cost.hardware import HardwareProfile
 from .cost.model import (
     FWD_BWD_BYTES_PER_PARAM,
@@ -21,7 +21,6 @@ from .cost.model import (
     STATE_BYTES_PER_PARAM,
     STEP_BYTES_PER_PARAM,
     Precision,
-    compute_s,
     edge_cost,
     state_bytes,
 )
@@ -274,7 +273,9 @@ def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
                         continue
                     key = (mesh.tp, mesh.cp, mb)
                     if key not in compute:
-                        compute[key] = _compute_floor(graph, mesh, mb, hw, prec, features)
+                        none = BlockStrategy("none", False, "sp" if mesh.tp > 1 else "none")
+                        compute[key] = (compute_floor(graph, mesh, mb, hw, prec, features),
+                                        backward_split(graph.blocks[-1], none, hw))
                     work, split = compute[key]
                     bound = (m + bubble(schedule, mesh.pp, v, split)) * work / mesh.pp
                     options.append((bound, mesh, schedule, v, mb, functools.partial(
@@ -296,14 +297,3 @@ def _memory_floor(graph: LayerGraph, mesh: Mesh, prec: Precision) -> float:
             split = (layer.params - experts) / mesh.tp + experts / (mesh.ep * mesh.etp)
             total += split * (1 + prec.reduce_bytes)
     return total / mesh.pp
-
-
-def _compute_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
-                   prec: Precision, features: Features) -> tuple[float, Split]:
-    """A floor under the forward + backward time of one micro-batch through the whole model on
-    ``mesh``: compute only, no checkpointing, no communication (every strategy's time is at
-    least this); and the F / B / W split of a block without checkpointing."""
-    none = BlockStrategy("none", False, "sp" if mesh.tp > 1 else "none")
-    work = sum(compute_s(layer, mesh, none, microbatch, hw, prec, features)[1]
-               for layer in graph.layers)
-    return work, backward_split(graph.blocks[-1], none, hw)

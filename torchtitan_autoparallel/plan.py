@@ -15,7 +15,7 @@ from .layout import (
     reshard_group,
     strategy_label,
     strategy_parts,
-    tp_as_dp_problem,
+    tp_dp_problem,
 )
 from .schedules import SCHEDULES, SINGLE_STAGE, V_SCHEDULES, microbatch_ok
 
@@ -510,7 +510,7 @@ def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
         return ("tp_mode 'none' on a tp mesh leaves its parameters plain tensors next to "
                 "DTensors (the optimizer step fails): use 'sp' or 'dp'")
     if layer.tp_mode == "dp":
-        return tp_as_dp_problem(m, microbatch, layer.kind)
+        return tp_dp_problem(m, microbatch, layer.kind)
     return ""
 
 

@@ -24,7 +24,7 @@ from .assembly import (
 )
 from .candidate import block_classes
 from .cost.hardware import CPU_PROFILE, HardwareProfile, load_profile
-from .cost.model import Precision
+from .cost.model import Precision, clear_compute_memo
 from .errors import UserError, shown
 from .exclusions import without_excluded
 from .explicit import user_set
@@ -478,6 +478,7 @@ def plan_job(job_config: Any, world: int) -> Plan:
     data-parallel degree (TorchTitan's rule): each degree is searched with its own global batch
     and the plan with the most tokens/s wins."""
     start = time.perf_counter()
+    clear_compute_memo()
     inputs = job_inputs(job_config, world)
     meshes = enumerate_meshes(inputs.graph, world, inputs.gpus_per_node, inputs.constraints)
     if prefix_classes(inputs.graph, inputs.pins) is None:

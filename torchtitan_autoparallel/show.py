@@ -21,7 +21,7 @@ ASPECTS = ("params", "tp", "ep", "cp", "ac", "pinned")
 """Columns of the layer table: the aspects of ``layout.strategy_parts`` plus the mesh's cp."""
 COLOURS = {
     "fsdp": "#4c72b0", "fsdp-keep": "#8fa8d8", "ddp": "#55a868", "single": "#937860",
-    "tp+sp": "#dd8452", "tp-as-dp": "#da8bc3", "ep": "#c44e52", "cp": "#64b5cd",
+    "tp+sp": "#dd8452", "tp_dp": "#da8bc3", "ep": "#c44e52", "cp": "#64b5cd",
     "ac:none": "#e6e6e6", "ac:selective": "#ccb974", "ac:full": "#8c8c8c", "pinned": "#222222",
     "": "#f2f2f2",
 }
@@ -129,7 +129,7 @@ def _pipeline_breakdown(plan: Plan
     counts = per_rank[rank]
     working = max((cand.costs[k].transient_bytes for k, n in counts.items() if n), default=0.0)
     resident = sum(n * cand.costs[k].resident_bytes for k, n in counts.items())
-    acts = cand.in_flight[t.name] * sum(n * cand.costs[k].act_bytes for k, n in counts.items())
+    acts = cand.in_flight[t.name] * sum(n * cand.costs[k].kept_bytes for k, n in counts.items())
     gib = 2**-30
     segments = [("parameters, gradients, optimizer state", resident),
                 ("activations", acts), ("embedding / logits", cand.edge_memory[t.name]),

@@ -24,11 +24,12 @@ A row without variables (one rank type: the optimizer step) is checked before th
 
 from __future__ import annotations
 
+import heapq
 import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import highspy
@@ -173,7 +174,7 @@ def solve(cand: Candidate, budget: float, time_limit_s: float,
         flight = cand.in_flight[t.name]
         h.addRow(-inf, (budget - cand.edge_memory[t.name]) / GIB, len(ns) + 1,
                  ns + [w_idx[t.name]],
-                 [(cand.costs[k].resident_bytes + flight * cand.costs[k].act_bytes) / GIB
+                 [(cand.costs[k].resident_bytes + flight * cand.costs[k].kept_bytes) / GIB
                   for k in keys] + [1.0])
         step = [cand.costs[k].step_bytes / GIB for k in keys]
         if any(step):
@@ -210,6 +211,28 @@ def solve(cand: Candidate, budget: float, time_limit_s: float,
                     float(h.getInfo().mip_gap), h.getNumCol(), h.getNumRow())
 
 
+def in_bound_order(options: list[Option], cutoff: Callable[[], float], exact: bool
+                   ) -> Iterator[Candidate]:
+    """The candidates of ``options`` whose step-time floor is below ``cutoff()``, costed on
+    demand, in the order of their floor or, ``exact``, of their full time bound (ties by mesh,
+    schedule, stages per rank and micro-batch size): a candidate is yielded once no option
+    left uncosted has a smaller floor."""
+    options.sort(key=lambda o: o[:5])
+    heap: list[tuple[tuple[float, Mesh, str, int, int], int, Candidate]] = []
+    for i, (floor, mesh, schedule, stages, mb, make) in enumerate(options):
+        while heap and heap[0][0][0] < floor:
+            yield heapq.heappop(heap)[2]
+        if floor >= cutoff():
+            break
+        cand = make()
+        if cand is None:
+            continue  # block kinds interleave, or a pinned recipe the schedule cannot run
+        bound = cand.time_lower_bound() if exact else floor
+        heapq.heappush(heap, ((bound, mesh, schedule, stages, mb), i, cand))
+    while heap:
+        yield heapq.heappop(heap)[2]
+
+
 def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Precision,
            gpus_per_node: int, budget: float, constraints: Constraints, meshes: list[Mesh],
            time_limit_s: float, pins: dict[str, Pin] | None = None,
@@ -240,30 +263,30 @@ def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Prec
     candidates = solved = pruned = variables = rows = 0
     timed_out = False
     floors = []
+
+    def cutoff() -> float:
+        return min(beat_s, best.step_time_s if best else math.inf)
+
     for (options, count, floor), relax in groups():
         candidates += count
-        options.sort(key=lambda o: o[:5])
-        for quick, *_, make in options:
-            cutoff = min(beat_s, best.step_time_s if best else math.inf)
-            if quick >= cutoff:
-                break
-            cand = make()
-            if cand is None:
-                continue  # block kinds interleave, or a pinned recipe the schedule cannot run
-            if cand.time_lower_bound() >= cutoff:
+        # flat candidates in the order of their full time bound; pipeline ones in the order
+        # of their compute floor (their relaxation and LP prune the rest)
+        for cand in in_bound_order(options, cutoff, exact=not relax):
+            if cand.time_lower_bound() >= cutoff():
                 continue
             low = cand.memory_lower_bound()
+            if low > budget or not relax:
+                floor = min(floor, low)  # flat: every costed candidate's (achievable) floor
             if low > budget:
                 pruned += 1
-                floor = min(floor, low)
                 continue
             bound = cand.aggregate_bound(budget) if relax else -math.inf
-            if bound >= cutoff:
+            if bound >= cutoff():
                 pruned += math.isinf(bound)
                 continue
             remaining = time_limit_s - (time.perf_counter() - start)
             try:
-                sol = solve(cand, budget, max(0.0, remaining), cutoff if relax else math.inf)
+                sol = solve(cand, budget, max(0.0, remaining), cutoff() if relax else math.inf)
             except SolveTimeout:
                 timed_out = True
                 break
@@ -272,7 +295,7 @@ def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Prec
                 continue
             variables += sol.variables
             rows += sol.constraints
-            if sol.step_time_s < cutoff:
+            if sol.step_time_s < cutoff():
                 best = sol
         floors.append(floor)
     status = ("Time limit reached" if timed_out else best.status) if best else "infeasible"

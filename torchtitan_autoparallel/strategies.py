@@ -13,7 +13,7 @@ from .layout import (
     divisors,
     fsdp_sharded,
     node_reshard_group,
-    tp_as_dp_problem,
+    tp_dp_problem,
 )
 from .pins import Pin
 
@@ -236,7 +236,7 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
     tp_modes: tuple[str, ...] = ("none",)
     if mesh.tp > 1:
         dp_ok = ("tp_dp" in constraints.techniques and not moe_model
-                 and not tp_as_dp_problem(mesh, microbatch))
+                 and not tp_dp_problem(mesh, microbatch))
         tp_modes = TP_MODES if dp_ok else ("sp",)
     out = []
     for mode in tp_modes:
@@ -258,7 +258,7 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
 def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe_model: bool,
                       pin: Pin | None, gpus_per_node: int = 0) -> list[BlockStrategy]:
     """Strategies a block may take given its pin: TorchTitan's recipe only (whole block
-    pinned), no tp-as-dp (a region inside pinned), or all of them."""
+    pinned), no tp_dp (a region inside pinned), or all of them."""
     if pin is not None and pin.whole:
         sharded = fsdp_sharded(mesh)
         return [BlockStrategy(pin.recipe_ac, pin.recipe_reshard and sharded,

@@ -83,10 +83,6 @@ class BlockCost:
 
     # the terms of a block on a pipeline stage (``cost.pipeline.StageBlockCost``) as a flat plan
     # has them: parameters and optimizer state counted per candidate, collectives in time_s
-    @property
-    def act_bytes(self) -> float:
-        return self.kept_bytes
-
     resident_bytes = step_s = step_bytes = 0.0
 
     def plan_fields(self) -> dict[str, float]:
@@ -345,8 +341,38 @@ GEMM_PLATEAU = (8192.0, 8192.0, 8192.0)
 """A shape past every table's grid: the table's large-GEMM throughput."""
 
 
+_COMPUTE_MEMO: dict[tuple, tuple[tuple[float, float], tuple]] = {}
+"""``compute_s`` by (identities of layer, profile, precision, features; tp, cp, strategy,
+micro-batch), each entry holding those objects so that their identities stay theirs."""
+
+
 def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
               hw: HardwareProfile, prec: Precision, features: Features) -> tuple[float, float]:
+    """``block_compute_s`` on the mesh's tp x cp and the strategy's AC and TP modes alone (what
+    it depends on), memoized: the search costs the same block on many meshes that differ only
+    in their data-parallel and expert-parallel degrees, and with several resharding choices."""
+    key = (id(layer), id(hw), id(prec), id(features), mesh.tp, mesh.cp, strategy.ac,
+           strategy.tp_mode, microbatch)
+    hit = _COMPUTE_MEMO.get(key)
+    if hit is None:
+        if len(_COMPUTE_MEMO) >= 1 << 16:
+            _COMPUTE_MEMO.clear()
+        hit = (block_compute_s(layer, Mesh(1, 1, mesh.tp, mesh.cp),
+                               BlockStrategy(strategy.ac, False, strategy.tp_mode), microbatch,
+                               hw, prec, features), (layer, hw, prec, features))
+        _COMPUTE_MEMO[key] = hit
+    return hit[0]
+
+
+def clear_compute_memo() -> None:
+    """Forget memoized compute times (each job is planned from none: a kernel table or cost
+    function changed between jobs is costed afresh)."""
+    _COMPUTE_MEMO.clear()
+
+
+def block_compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+                    hw: HardwareProfile, prec: Precision, features: Features
+                    ) -> tuple[float, float]:
     """(forward, forward + backward + recomputation) compute time of one micro-batch: GEMMs
     (from the measured GEMM table where the profile has one, else at the profile's flat
     efficiency, sped up by float8 / MX linears), attention, and the streaming kernels between

@@ -138,7 +138,7 @@ class StageBlockCost:
     """Forward + backward of one micro-batch (no FSDP collectives: those run once per step)."""
     step_s: float
     """FSDP all-gather, reduce-scatter (and HSDP all-reduce) once per step, exposed."""
-    act_bytes: float
+    kept_bytes: float
     """Activations kept for backward per micro-batch in flight."""
     resident_bytes: float
     """Held all step: parameters + AdamW moments + gradients, and under FSDP the unsharded
@@ -152,7 +152,7 @@ class StageBlockCost:
     def plan_fields(self) -> dict[str, float]:
         """The block's predictions in a plan's layer entry."""
         return {"time_ms": round(self.time_s * 1e3, 6),
-                "memory_mib": round((self.resident_bytes + self.act_bytes) / 2**20, 6)}
+                "memory_mib": round((self.resident_bytes + self.kept_bytes) / 2**20, 6)}
 
     def explained(self) -> tuple[float, float]:
         """(time per micro-batch, per-step FSDP collectives) in seconds, as ``explain`` shows
@@ -193,7 +193,7 @@ def stage_block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbat
     return StageBlockCost(
         time_s=max(0.0, per_mb),
         step_s=share * (fsdp_comm + copies),
-        act_bytes=max(0.0, act),
+        kept_bytes=max(0.0, act),
         resident_bytes=resident,
         step_bytes=per_param * STEP_BYTES_PER_PARAM[features.optimizer],
         transient_bytes=max(0.0, transient),

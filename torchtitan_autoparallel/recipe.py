@@ -1,4 +1,4 @@
-"""An expert (non-auto) TorchTitan config expressed as a Plan, so it can be predicted, explained
+"""A recipe (a non-auto TorchTitan config) expressed as a Plan, so it can be predicted, explained
 and compared with auto plans on the same cost model."""
 
 import dataclasses
@@ -12,7 +12,7 @@ from .plan import Plan
 from .planner import job_inputs, with_global_batch
 
 
-def expert_plan(job_config: Any, world: int) -> Plan:
+def recipe_plan(job_config: Any, world: int) -> Plan:
     """The plan TorchTitan's own recipe runs for ``job_config`` on ``world`` devices."""
     par, training = job_config.parallelism, job_config.training
     inputs = job_inputs(job_config, world)
@@ -50,7 +50,7 @@ def expert_plan(job_config: Any, world: int) -> Plan:
         ac, reshard = recipe(i)
         sharded = fsdp_sharded(mesh, mode, bool(block.expert_params))
         strategies.append(BlockStrategy(ac, reshard and sharded and not keep, mode))
-    solver = {"status": "expert recipe", "gap": 0.0, "candidates": 1, "milps_solved": 0,
+    solver = {"status": "recipe", "gap": 0.0, "candidates": 1, "milps_solved": 0,
               "variables": 0, "constraints": 0}
     if pp > 1:
         plan = _pipeline_recipe_plan(job_config, inputs, mesh, local, global_batch,
