@@ -4,11 +4,11 @@ For each model preset and world size: the auto plan (``plan_job`` on the ``h100_
 profile), TorchTitan's shipped recipe for the model (its config's degrees and AC, where they
 divide the world size), and every legal variant (dp_replicate x dp_shard x cp x tp meshes,
 tp <= 8 inside a node, AC none / selective / full), all costed by the same model
-(``expert_plan``). Experts predicted to exceed device memory do not count as winners. Each auto
+(``recipe_plan``). Recipes predicted to exceed device memory do not count as winners. Each auto
 plan is then dry-run on fake ranks (``COMM_MODE=fake_backend``, the plan replayed from its
 JSON) to show it applies. Weak scaling: the global batch is the shipped local batch x world.
 MoE presets (deepseek_v3, llama4) add every legal recipe-parallel layout (ep / etp by
-TorchTitan's rules) to the expert variants. DeepSeek-V3 671B does not fit 80 GB devices at these
+TorchTitan's rules) to the recipe variants. DeepSeek-V3 671B does not fit 80 GB devices at these
 sizes (fp32 master weights and AdamW moments: 97.6 GiB per device on 128), so it is costed on
 H200s (``MODEL_HW``).
 
@@ -66,13 +66,13 @@ def _parse(config: str, extra: tuple[str, ...]) -> Any:
 
 
 def _memoize_layer_graphs() -> None:
-    """Build each (model, flavor, seq_len) layer graph once: every expert variant of a model
+    """Build each (model, flavor, seq_len) layer graph once: every recipe variant of a model
     shares it (the graph does not depend on the parallelization)."""
-    from torchtitan_autoparallel import planner
+    from torchtitan_autoparallel import planning_inputs
 
-    if getattr(planner.layer_graph_for, "_memoized", False):
+    if getattr(planning_inputs.layer_graph_for, "_memoized", False):
         return
-    original = planner.layer_graph_for
+    original = planning_inputs.layer_graph_for
     cache: dict[tuple[str, str, int], Any] = {}
 
     def layer_graph_for(job_config: Any) -> Any:
@@ -82,10 +82,10 @@ def _memoize_layer_graphs() -> None:
         return cache[key]
 
     layer_graph_for._memoized = True  # type: ignore[attr-defined]
-    planner.layer_graph_for = layer_graph_for
+    planning_inputs.layer_graph_for = layer_graph_for
 
 
-def expert_variants(world: int, n_heads: int, n_kv: int, seq_len: int, gpus_per_node: int,
+def recipe_variants(world: int, n_heads: int, n_kv: int, seq_len: int, gpus_per_node: int,
                     global_batch: int, num_experts: int = 0
                     ) -> list[tuple[int, int, int, int, int, int, str]]:
     """Legal (dp_replicate, dp_shard, cp, tp, ep, etp, ac) recipes: tp inside a node and dividing
@@ -109,9 +109,9 @@ def expert_variants(world: int, n_heads: int, n_kv: int, seq_len: int, gpus_per_
     return out
 
 
-def _expert(config: str, world: int, global_batch: int, degrees: tuple[int, ...] | None,
+def _recipe(config: str, world: int, global_batch: int, degrees: tuple[int, ...] | None,
             ac: str | None, hw: str = HW) -> Any:
-    """The expert plan of ``config`` with the given degrees / AC (None: as shipped). The
+    """The recipe plan of ``config`` with the given degrees / AC (None: as shipped). The
     parsed config is copied and edited rather than re-parsed (parsing dominates otherwise)."""
     import copy
 
@@ -142,7 +142,7 @@ def _fits(plan: Any) -> bool:
 
 
 def evaluate(model: str, world: int) -> dict[str, Any]:
-    """One row: auto plan, shipped recipe and the best legal expert variant, predicted."""
+    """One row: auto plan, shipped recipe and the best legal recipe variant, predicted."""
     from torchtitan_autoparallel.errors import UserError
     from torchtitan_autoparallel.planner import plan_job
 
@@ -165,7 +165,7 @@ def evaluate(model: str, world: int) -> dict[str, Any]:
     except UserError as exc:
         row.update(auto_status="no plan", note=str(exc)[:160])
     try:
-        shipped = _expert(shipped_cfg, world, global_batch, None, None, hw)
+        shipped = _recipe(shipped_cfg, world, global_batch, None, None, hw)
         m = shipped.mesh
         ac = _parse(shipped_cfg, ()).activation_checkpoint.mode
         row.update(shipped=f"{_mesh(m)} ac:{ac}",
@@ -176,10 +176,10 @@ def evaluate(model: str, world: int) -> dict[str, Any]:
     ship = _parse(shipped_cfg, ())
     n_heads, n_kv, n_experts = _heads(ship.model.name, ship.model.flavor)
     best, best_name, costed, fit = None, "", 0, 0
-    for dr, ds, cp, tp, ep, etp, ac in expert_variants(
+    for dr, ds, cp, tp, ep, etp, ac in recipe_variants(
             world, n_heads, n_kv, ship.training.seq_len, 8, global_batch, n_experts):
         try:
-            plan = _expert(shipped_cfg, world, global_batch, (dr, ds, cp, tp, ep, etp), ac, hw)
+            plan = _recipe(shipped_cfg, world, global_batch, (dr, ds, cp, tp, ep, etp), ac, hw)
         except UserError:
             continue
         costed += 1

@@ -1,7 +1,7 @@
 """Re-predict a measured sweep with the current cost model and hardware profiles.
 
 For every measured cell of a sweep CSV, the plan that ran (``plans/<config>.<arm>.json`` next to
-the CSV) is costed again (``planner.recost``: same mesh, batch split and per-block strategies) and
+the CSV) is costed again (``recost.recost``: same mesh, batch split and per-block strategies) and
 set beside the measurement and the prediction stored when the sweep ran: step time, and peak
 memory against the best measurement of it the CSV has (MemTracker's tensor peak, else the
 device's active peak). Use it after a cost-model or profile change, or with ``--hardware`` on a
@@ -58,7 +58,7 @@ def rows_for(csv_path: str, hardware: str = "") -> list[dict]:
         read_rows,
     )
     from torchtitan_autoparallel.plan import Plan
-    from torchtitan_autoparallel.planner import recost
+    from torchtitan_autoparallel.recost import recost
     from torchtitan_autoparallel.registry import register
 
     register()

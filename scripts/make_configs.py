@@ -1,4 +1,4 @@
-"""Write train_configs/*.toml: CPU expert-recipe configs and TorchTitan's large presets.
+"""Write train_configs/*.toml: CPU recipe configs and TorchTitan's large presets.
 
 Names follow ``<family>_<flavor>_<recipe>.toml``. The CPU configs are small, fp32, offline
 (project tokenizer + corpus) and use TorchTitan's own recipes through plain ``[parallelism]``

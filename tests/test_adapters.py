@@ -79,7 +79,7 @@ def test_discovery_finds_what_the_builtin_registrations_say(family, flavor):
 
 
 def test_discovery_reads_the_test_model():
-    from torchtitan_autoparallel.planner import job_inputs
+    from torchtitan_autoparallel.planning_inputs import job_inputs
 
     plan = _plan(2)
     found = job_inputs(_job(), 2).graph.adapter
@@ -202,7 +202,7 @@ def test_selective_ac_without_an_op_list():
     makes it every block's mode; an adapter opts out through ``excluded``."""
     from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
 
-    from torchtitan_autoparallel.planner import job_inputs
+    from torchtitan_autoparallel.planning_inputs import job_inputs
 
     job = _job("--activation_checkpoint.mode=selective",
                "--activation_checkpoint.selective_ac_option=op")

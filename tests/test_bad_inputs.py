@@ -487,6 +487,10 @@ PIPELINE_CASES = [
       "training": {"global_batch_size": 4}},
      "needs at least 4 micro-batches per step (at least 4 for ZBVZeroBubble): global batch 4 "
      "over the data-parallel ranks in micro-batches of 2 gives 1 or 2"),
+    # the real cause, not "too few micro-batches": 3 divides no local batch (16 / dp)
+    ({"parallelism": {"pipeline_parallel_degree": 2, "pipeline_parallel_microbatch_size": 3}},
+     "pipeline_parallel_microbatch_size = 3 divides no local batch: global batch 16 over the "
+     "data-parallel ranks gives 8 or 16 per rank"),
     ({"parallelism": {"data_parallel_replicate_degree": 2, "tensor_parallel_degree": 2,
                       "data_parallel_shard_degree": 1}}, "TorchTitan's DDP, which runs with tp"),
 ]

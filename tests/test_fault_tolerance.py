@@ -113,14 +113,15 @@ SHARED_PLAN_SCRIPT = """
 import os, sys
 from torchtitan_autoparallel.registry import register
 from torchtitan_autoparallel.runtime import cpu
-from torchtitan_autoparallel import job_config as train
+from torchtitan_autoparallel import launch
+from torchtitan_autoparallel.job_config import parse_config
 cpu.install(); register()
 rank = int(os.environ["RANK"])
 # rank 1 alone may not replicate: planning on its own, it would pick another plan
 budget = ["--autoparallel.techniques=fsdp"] if rank == 1 else []
-job = train.parse_config(["--job.config_file", sys.argv[1], *budget])
-own = train.resolve_plan(job, 2).digest() if rank == 1 else ""
-print(f"rank {rank} shared {train.shared_plan(job, 2).digest()} own {own}", flush=True)
+job = parse_config(["--job.config_file", sys.argv[1], *budget])
+own = launch.resolve_plan(job, 2).digest() if rank == 1 else ""
+print(f"rank {rank} shared {launch.shared_plan(job, 2).digest()} own {own}", flush=True)
 """
 
 

@@ -139,7 +139,7 @@ def test_custom_config_module_keeps_the_projects_sections(tmp_path):
 def test_layer_graph_of_hf_model(tmp_path):
     """Blocks captured on meta (HF's rotary autocast, keyword ``position_embeddings``), named
     as TorchTitan's backend names them; sizes from the flavor over the config.json."""
-    from torchtitan_autoparallel.planner import layer_graph_for
+    from torchtitan_autoparallel.planning_inputs import layer_graph_for
 
     graph = layer_graph_for(_job(write_job(tmp_path, auto=True)))
     assert [layer.fqn for layer in graph.layers] == [
@@ -182,7 +182,7 @@ def test_plan_offers_and_names_every_technique(tmp_path, capsys):
 def test_fingerprint_follows_the_config_json(tmp_path):
     """Editing config.json changes the fingerprint (a plan made from the old one is refused);
     a folder without config.json is one line."""
-    from torchtitan_autoparallel.planner import fingerprint_diff, job_inputs
+    from torchtitan_autoparallel.planning_inputs import fingerprint_diff, job_inputs
 
     config = write_job(tmp_path, auto=True)
     before = job_inputs(_job(config), 2).fingerprint

@@ -54,7 +54,7 @@ def test_milp_matches_brute_force(job, schedule, squeeze):
     """``squeeze`` < 1: the budget is that fraction of the unconstrained optimum's peak, so
     memory binds and the optimum moves (0.9), or nothing fits (0.8)."""
     from torchtitan_autoparallel.pipeline_candidate import build_pipeline_candidate
-    from torchtitan_autoparallel.planner import job_inputs
+    from torchtitan_autoparallel.planning_inputs import job_inputs
     from torchtitan_autoparallel.solver import solve
     from torchtitan_autoparallel.strategies import enumerate_meshes
 
@@ -84,7 +84,8 @@ def test_milp_matches_brute_force(job, schedule, squeeze):
 
 def test_pipeline_plan_file_round_trip_explain_and_diff(job, tmp_path):
     from torchtitan_autoparallel.explain import diff_lines, explain_rows, explain_text
-    from torchtitan_autoparallel.planner import plan_job, recost
+    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.recost import recost
 
     base = ("--parallelism.pipeline_parallel_degree=2", "--training.global_batch_size=8",
             "--training.seq_len=128")

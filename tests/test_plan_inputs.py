@@ -64,7 +64,7 @@ def test_explain_and_diff_after_the_profile_file_is_deleted(own_profile_plan, tm
 
 def test_recost_from_the_plan_alone_reproduces_its_prediction(own_profile_plan):
     from torchtitan_autoparallel.assembly import inputs_record
-    from torchtitan_autoparallel.planner import inputs_from_plan, recost
+    from torchtitan_autoparallel.recost import inputs_from_plan, recost
 
     plan = Plan.load(str(own_profile_plan))
     assert inputs_record(inputs_from_plan(plan)) == plan.inputs
@@ -74,7 +74,7 @@ def test_recost_from_the_plan_alone_reproduces_its_prediction(own_profile_plan):
 
 
 def test_version_1_plans_round_trip_and_are_read_with_a_warning(tmp_path, capsys):
-    from torchtitan_autoparallel.planner import recost
+    from torchtitan_autoparallel.recost import recost
 
     plan = Plan.load(str(V1_PLAN))
     assert plan.version == 1 and plan.inputs is None

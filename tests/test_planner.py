@@ -192,6 +192,17 @@ def test_budget_too_small_names_smallest_budget(planning):
     assert plan.predicted["peak_memory_gib"] <= smallest * 1.01
 
 
+def test_budget_too_small_names_the_settings_that_narrowed_the_search(planning):
+    """A budget only the user's own settings rule out: the refusal names them, and the same
+    budget plans once they are dropped."""
+    with pytest.raises(UserError) as info:
+        planning("llama3_debug_auto.toml", 4, "--autoparallel.memory_gib=0.05",
+                 "--autoparallel.techniques=ddp")
+    assert "with what you set (autoparallel.techniques = ['ddp'])" in str(info.value)
+    assert "relax those settings" in str(info.value)
+    assert planning("llama3_debug_auto.toml", 4, "--autoparallel.memory_gib=0.05").mesh.dp_shard > 1
+
+
 @pytest.mark.parametrize("overrides,message", [
     (("--parallelism.tensor_parallel_degree=3",), "no legal mesh"),
     (("--parallelism.pipeline_parallel_degree=3",), "does not divide the world size 4"),
@@ -331,7 +342,7 @@ def test_model_hash_is_stable_within_and_across_processes():
     import sys
 
     from torchtitan_autoparallel.job_config import parse_config
-    from torchtitan_autoparallel.planner import job_inputs
+    from torchtitan_autoparallel.planning_inputs import job_inputs
     from torchtitan_autoparallel.registry import register
 
     from parity import REPO

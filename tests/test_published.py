@@ -11,7 +11,8 @@ import pytest
 
 from torchtitan_autoparallel.errors import UserError
 from torchtitan_autoparallel.job_config import parse_config
-from torchtitan_autoparallel.planner import job_inputs, plan_job
+from torchtitan_autoparallel.planner import plan_job
+from torchtitan_autoparallel.planning_inputs import job_inputs
 from torchtitan_autoparallel.registry import register
 
 REPO = Path(__file__).resolve().parent.parent

@@ -93,7 +93,7 @@ def test_optimizer_implementation_is_costed(implementation, bytes_per_param):
     temporaries)."""
     from torchtitan_autoparallel.assembly import candidate_for
     from torchtitan_autoparallel.plan import Mesh
-    from torchtitan_autoparallel.planner import job_inputs
+    from torchtitan_autoparallel.planning_inputs import job_inputs
 
     register()
     job = parse_config(["--job.config_file", str(REPO / "train_configs/llama3_debug_auto.toml"),

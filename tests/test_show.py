@@ -94,7 +94,7 @@ def test_drawn_cells_have_the_colour_of_their_strategy(drawn, name):
 
 @pytest.mark.parametrize("name", list(PLANS))
 def test_memory_and_time_segments_sum_to_the_prediction(drawn, name):
-    from torchtitan_autoparallel.planner import recost
+    from torchtitan_autoparallel.recost import recost
 
     plan, pic, fig = drawn[name]
     again = recost(plan).predicted  # the cost model's own totals (Candidate.memory / step_time)

@@ -268,10 +268,11 @@ seq_len = 4096
 
 
 def test_repredict_costs_the_plan_that_ran() -> None:
-    """``planner.recost`` (behind repredict.py and the CPU profile fit) costs a stored plan,
+    """``recost.recost`` (behind repredict.py and the CPU profile fit) costs a stored plan,
     mixed AC included, as it ran: unchanged model and profile, unchanged prediction."""
     from torchtitan_autoparallel.job_config import parse_config
-    from torchtitan_autoparallel.planner import plan_job, recost
+    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.recost import recost
     from torchtitan_autoparallel.registry import register
 
     register()

@@ -79,7 +79,8 @@ def _emit(args: argparse.Namespace, plan: Any) -> None:
 def _plan(args: argparse.Namespace) -> int:
     from .checks import check_plan_features
     from .explain import model_lines
-    from .planner import plan_job, reusing_layer_graphs
+    from .planner import plan_job
+    from .planning_inputs import reusing_layer_graphs
 
     job = _job(args, auto=True)
     with reusing_layer_graphs():
@@ -125,7 +126,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 def _load(path: str, cache: dict[str, Any] | None = None) -> Any:
     from .plan import SCHEMA_VERSION, Plan
-    from .planner import recosted_file
+    from .recost import recosted_file
     from .registry import register
 
     register()

@@ -20,7 +20,7 @@ from .cost.model import (
 )
 from .layout import BlockStrategy, reshard_group
 from .plan import Plan, check_plan_for_job
-from .planner import block_counts, inputs_from_plan
+from .recost import block_counts, inputs_from_plan
 
 
 def explain_rows(plan: Plan, cache: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -130,7 +130,7 @@ def margin_note(auto_tps: float, recipe_tps: float, recipe: str, profile: str) -
 def assumed_lines(plan: Plan, inputs: Any, cache: dict[str, Any]) -> list[str]:
     """The assumed constants of the plan's profile that its predicted step time depends on:
     each moved by +-20 % and the plan re-costed; those that move it by 1 % or more."""
-    from .planner import recost
+    from .recost import recost
 
     hw, base = inputs.hw, plan.predicted["step_time_s"]
     swings = []

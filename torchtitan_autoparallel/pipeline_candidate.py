@@ -225,6 +225,11 @@ def no_pipeline_reason(graph: LayerGraph, global_batch: int, constraints: Constr
     mb = constraints.pp_microbatch or 1
     have = sorted({global_batch // m.dp // mb for m in meshes
                    if global_batch % m.dp == 0 and (global_batch // m.dp) % mb == 0})
+    local = sorted({global_batch // m.dp for m in meshes if global_batch % m.dp == 0})
+    if not have and local:
+        return (f"parallelism.pipeline_parallel_microbatch_size = {mb} divides no local batch: "
+                f"global batch {global_batch} over the data-parallel ranks gives "
+                f"{' or '.join(map(str, local))} per rank; choose a divisor of one of them")
     rules: dict[str, list[str]] = {}
     for schedule in dict.fromkeys(s for s, _ in shapes):
         rule = (f"at least {2 * pp}" if schedule in V_SCHEDULES else f"at least {pp}"

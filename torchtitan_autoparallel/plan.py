@@ -22,7 +22,7 @@ from .schedules import SCHEDULES, SINGLE_STAGE, V_SCHEDULES, microbatch_ok
 SCHEMA_VERSION = 2
 """2: the plan stores its resolved planning inputs (``Plan.inputs``). 1 is still read (the
 command line warns): where its inputs are needed they are rebuilt from the fingerprint and the
-hardware profile it names (``planner.inputs_from_plan``)."""
+hardware profile it names (``recost.inputs_from_plan``)."""
 READABLE_VERSIONS = (1, SCHEMA_VERSION)
 MAX_PLAN_BYTES = 16 << 20
 """A plan of the largest model on 1024 ranks is well under 1 MiB."""

@@ -9,7 +9,7 @@ from .errors import UserError
 from .layout import BlockStrategy, Mesh, fsdp_sharded
 from .pins import recipe_from_config, recipe_of
 from .plan import Plan
-from .planner import job_inputs, with_global_batch
+from .planning_inputs import job_inputs, with_global_batch
 
 
 def recipe_plan(job_config: Any, world: int) -> Plan:

@@ -15,7 +15,7 @@ from .assembly import candidate_for, rank_counts
 from .cost.model import STATE_BYTES_PER_PARAM, core_share, fixed_cost
 from .errors import UserError, atomic_write_all, check_output_path
 from .plan import Plan
-from .planner import block_counts, inputs_from_plan
+from .recost import block_counts, inputs_from_plan
 
 ASPECTS = ("params", "tp", "ep", "cp", "ac", "pinned")
 """Columns of the layer table: the aspects of ``layout.strategy_parts`` plus the mesh's cp."""

@@ -16,7 +16,8 @@ import time
 from typing import Any
 
 from .errors import UserError, run_cli
-from .job_config import check_config, parse_config, prepare_planned_job
+from .job_config import check_config, parse_config
+from .launch import prepare_planned_job
 from .runtime.dry_run import dry_run_report, prepare_dry_run
 
 # Set by run_train.sh: parse and check the job in one process before torchrun starts the ranks,

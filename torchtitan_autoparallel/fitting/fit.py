@@ -10,7 +10,7 @@ Public API::
     predicted_times(runs, hw) -> list[float]
 
 A ``Run`` is one measurement: a label, the measured seconds and either a ``Plan`` (its step time
-comes from ``planner.recost``: the plan as it ran, costed on a candidate profile) or a
+comes from ``recost.recost``: the plan as it ran, costed on a candidate profile) or a
 ``time_of(profile) -> seconds`` function (a micro-benchmark priced by the cost model's own
 formula); ``group`` names what ``cross_validate`` leaves out together (a config). A published
 table's rows, for instance::
@@ -61,7 +61,7 @@ import numpy as np
 
 from ..cost.hardware import HardwareProfile
 from ..errors import UserError
-from ..planner import recost
+from ..recost import recost
 
 DEFAULT_FREE = ("matmul_efficiency", "intra_node_gbps", "inter_node_gbps", "intra_node_latency_us",
                 "inter_node_latency_us", "oversubscribed_latency_us", "block_overhead_us",

@@ -6,7 +6,7 @@ left: it logs a gradient norm of 0.0 and clips nothing. Here each gradient's nor
 just before its parameter steps (a hook placed ahead of the optimizer's), and the step's norm
 is combined from those as TorchTitan combines the gradients' (per mesh, then across meshes).
 Clipping cannot apply (the parameters have already stepped); a warning says so. The planner
-keeps such jobs off DDP and gradient accumulation (``planner.early_step_constraints``).
+keeps such jobs off DDP and gradient accumulation (``planning_inputs.early_step_constraints``).
 Tested by tests/test_early_step.py (parity with the same job without the key).
 """
 
