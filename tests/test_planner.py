@@ -511,3 +511,30 @@ def test_float8_linears_in_tp_blocks_stay_float8(planning):
     data["float8_filter_fqns"] = ["output", "attention.wk"]
     with pytest.raises(UserError, match="TP \\+ SP block"):
         Plan.from_dict(data)
+
+
+@pytest.mark.parametrize("features", [{}, dict(
+    compile=True, linear="float8_tensorwise", float8_all_gather=True, async_tp=True)],
+    ids=["eager", "compile+float8+fsdp_float8+async_tp"])
+def test_memoized_compute_equals_the_full_mesh_compute(features):
+    """The search memoizes block compute on part of the mesh: on every mesh and strategy the
+    8B search enumerates on 64 H100s (ep, replication, resharding varied), it equals the
+    unmemoized function given the whole mesh and strategy."""
+    from torchtitan_autoparallel.cost.model import block_compute_s, clear_compute_memo, compute_s
+    from torchtitan_autoparallel.features import Features
+    from torchtitan_autoparallel.job_config import parse_config
+    from torchtitan_autoparallel.planning_inputs import job_inputs
+    from torchtitan_autoparallel.strategies import pinned_strategies
+
+    inputs = job_inputs(parse_config(["--job.config_file", "train_configs/llama3_8b_auto.toml",
+                                      "--autoparallel.hardware=h100_grand_teton"]), 64)
+    layer, gpn = inputs.graph.blocks[0], inputs.gpus_per_node
+    clear_compute_memo()
+    checked = 0
+    for mesh in enumerate_meshes(inputs.graph, 64, gpn, inputs.constraints):
+        for mb in (1, 2):
+            for s in pinned_strategies(mesh, mb, inputs.constraints, False, None, gpn):
+                args = (layer, mesh, s, mb, inputs.hw, inputs.precision, Features(**features))
+                assert compute_s(*args) == block_compute_s(*args), (mesh, s, mb)
+                checked += 1
+    assert checked > 100

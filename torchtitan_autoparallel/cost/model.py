@@ -348,16 +348,17 @@ micro-batch), each entry holding those objects so that their identities stay the
 
 def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
               hw: HardwareProfile, prec: Precision, features: Features) -> tuple[float, float]:
-    """``block_compute_s`` on the mesh's tp x cp and the strategy's AC and TP modes alone (what
-    it depends on), memoized: the search costs the same block on many meshes that differ only
-    in their data-parallel and expert-parallel degrees, and with several resharding choices."""
-    key = (id(layer), id(hw), id(prec), id(features), mesh.tp, mesh.cp, strategy.ac,
-           strategy.tp_mode, microbatch)
+    """``block_compute_s`` on the mesh's dp_shard x cp x tp and the strategy's AC and TP modes
+    alone (what it depends on), memoized: the search costs the same block on many meshes that
+    differ only in their replication and expert-parallel degrees, and with several resharding
+    choices."""
+    key = (id(layer), id(hw), id(prec), id(features), mesh.dp_shard, mesh.tp, mesh.cp,
+           strategy.ac, strategy.tp_mode, microbatch)
     hit = _COMPUTE_MEMO.get(key)
     if hit is None:
         if len(_COMPUTE_MEMO) >= 1 << 16:
             _COMPUTE_MEMO.clear()
-        hit = (block_compute_s(layer, Mesh(1, 1, mesh.tp, mesh.cp),
+        hit = (block_compute_s(layer, Mesh(1, mesh.dp_shard, mesh.tp, mesh.cp),
                                BlockStrategy(strategy.ac, False, strategy.tp_mode), microbatch,
                                hw, prec, features), (layer, hw, prec, features))
         _COMPUTE_MEMO[key] = hit
