@@ -538,3 +538,23 @@ def test_memoized_compute_equals_the_full_mesh_compute(features):
                 assert compute_s(*args) == block_compute_s(*args), (mesh, s, mb)
                 checked += 1
     assert checked > 100
+
+
+def test_plans_after_another_highs_user_in_the_process(planning):
+    """The search runs HiGHS single-threaded; a HiGHS solve made earlier in the process with
+    its default thread pool (another library's) does not stop it, nor change the plan."""
+    import highspy
+
+    before = planning("llama3_debug_auto.toml", 4).to_json()
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 2)
+    highspy.Highs.resetGlobalScheduler(True)
+    h.addCol(1.0, 0.0, 10.0, 0, [], [])
+    h.addRow(3.0, highspy.kHighsInf, 1, [0], [1.0])
+    h.changeColIntegrality(0, highspy.HighsVarType.kInteger)
+    h.run()
+    assert h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    after = planning("llama3_debug_auto.toml", 4).to_json()
+    strip = [line for line in before.splitlines() if "time" not in line]
+    assert [line for line in after.splitlines() if "time" not in line] == strip

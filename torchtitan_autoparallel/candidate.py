@@ -30,7 +30,7 @@ from .cost.model import (
 )
 from .cost.pipeline import StageBlockCost
 from .features import EAGER, Features
-from .graph.layer_graph import LayerGraph
+from .graph.layer_graph import Layer, LayerGraph
 from .layout import BlockStrategy, Mesh
 from .pins import Pin
 from .schedules import V_SCHEDULES
@@ -299,9 +299,12 @@ def compute_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwarePr
     ``mesh``: compute only, no checkpointing, no communication, each layer in its fastest TP
     mode (every strategy's time is at least this)."""
     modes = ("none", "sp", "dp") if mesh.tp > 1 else ("none",)
-    return sum(min(compute_s(layer, mesh, BlockStrategy("none", False, mode), microbatch, hw,
-                             prec, features)[1] for mode in modes)
-               for layer in graph.layers)
+    alike: dict[tuple[str, str], list[Layer]] = defaultdict(list)  # interchangeable layers
+    for layer in graph.layers:
+        alike[(layer.kind, layer.signature)].append(layer)
+    return sum(len(group) * min(compute_s(group[0], mesh, BlockStrategy("none", False, mode),
+                                          microbatch, hw, prec, features)[1] for mode in modes)
+               for group in alike.values())
 
 
 def flat_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Precision,

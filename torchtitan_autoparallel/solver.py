@@ -89,8 +89,11 @@ class SearchResult:
 
 
 def _new_highs() -> highspy.Highs:
-    """A silent HiGHS instance. The first one prints a banner straight to file descriptor 1
-    (not through Python), which would corrupt ``--json`` output: hide fd 1 meanwhile."""
+    """A silent, single-threaded HiGHS instance. The first one prints a banner straight to file
+    descriptor 1 (not through Python), which would corrupt ``--json`` output: hide fd 1
+    meanwhile. One thread: the MILPs are a few dozen variables, and HiGHS's thread pool costs
+    more than it saves on them (a third of the solve time of the 70B grid row on 2 cores, the
+    same plans); ``search`` sizes HiGHS's process-wide scheduler to it."""
     sys.stdout.flush()
     saved = os.dup(1)
     try:
@@ -98,6 +101,7 @@ def _new_highs() -> highspy.Highs:
             os.dup2(null.fileno(), 1)
             h = highspy.Highs()
             h.setOptionValue("output_flag", False)
+            h.setOptionValue("threads", 1)
     finally:
         os.dup2(saved, 1)
         os.close(saved)
@@ -247,6 +251,9 @@ def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Prec
     relaxation with memory (``Candidate.aggregate_bound``) and its LP, before it is solved.
     """
     start = time.perf_counter()
+    # HiGHS refuses to run with a thread count other than its global scheduler's (made by the
+    # first solve in the process, maybe another caller's): start it afresh
+    highspy.Highs.resetGlobalScheduler(True)
     pins = pins or {}
     args = (graph, global_batch, hw, prec, gpus_per_node)
 
