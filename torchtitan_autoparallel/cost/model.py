@@ -124,11 +124,11 @@ def collective_s(kind: str, nbytes: float, group: int, spans_nodes: bool,
     return factor * ((group - 1) * alpha + (group - 1) / group * nbytes / bw)
 
 
-# float8 dynamic scaling, bytes moved per element of a float8 GEMM's activation operand:
-# eager, amax (read 2 B) then cast (read 2 B, write 1 B); compiled, the amax fuses into the
-# producing kernel (read 2 B, write 1 B). Backward casts the output gradient the same way and
-# transposes both float8 operands for the weight gradient (read 1 B, write 1 B each).
-FLOAT8_CAST_BYTES = {False: (5.0, 9.0), True: (3.0, 7.0)}
+# float8 dynamic scaling, bytes moved per element of one cast of a bf16 operand: eager, amax
+# (read 2 B) then cast (read 2 B, write 1 B); compiled, the amax fuses into the producing
+# kernel (read 2 B, write 1 B). A transpose of a float8 operand reads and writes 1 B.
+FLOAT8_CAST_BYTES = {False: 5.0, True: 3.0}
+FLOAT8_TRANSPOSE_BYTES = 2.0
 
 
 def gemm_speedup(layer: Layer, mesh: Mesh, strategy: BlockStrategy, hw: HardwareProfile,
@@ -161,10 +161,21 @@ def _seq_tokens(layer: Layer) -> float:
     return layer.linear_input_elements / width if width else 0.0
 
 
-def _tp_split(k: int, n: int, tp: int) -> tuple[float, float]:
-    """A linear's local (in, out) under tensor parallelism: the wider side is split
-    (colwise wq / w1 / w3 split their outputs, rowwise wo / w2 their inputs)."""
+def _tp_split(k: int, n: int, tp: int, style: str = "") -> tuple[float, float]:
+    """A linear's local (in, out) under tensor parallelism: a column-wise linear splits its
+    outputs, a row-wise one its inputs, a replicated one neither (the TP plan's style); where
+    the style is unknown, the wider side is split."""
+    if style == "replicate" or tp == 1:
+        return k, n
+    if style in ("colwise", "rowwise"):
+        return (k, n / tp) if style == "colwise" else (k / tp, n)
     return (k / tp, n) if k > n else (k, n / tp)
+
+
+def linear_styles(layer: Layer) -> tuple[str, ...]:
+    """The TP style of each of the block's linears ("" where the graph does not record it)."""
+    n = len(layer.linear_shapes)
+    return layer.linear_styles if len(layer.linear_styles) == n else ("",) * n
 
 
 def _low_speedups(hw: HardwareProfile, features: Features) -> tuple[float, float]:
@@ -192,7 +203,7 @@ def gemm_times(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     chunks = tp if features.async_tp and tp > 1 else 1
     low = low_precision_linears(layer, mesh, strategy, microbatch, hw, features)
     return _linears_s(layer.linear_shapes, tokens, tp, chunks, hw.gemm_table, hw.clock_scale,
-                      speedup, wgrad_speedup, low)
+                      speedup, wgrad_speedup, low, linear_styles(layer))
 
 
 def linear_tokens(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
@@ -206,13 +217,13 @@ def linear_tokens(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch:
 @functools.lru_cache(maxsize=65536)
 def _linears_s(shapes: tuple[tuple[int, int], ...], tokens: float, tp: int, chunks: int,
                table: str, clock: float, speedup: float, wgrad_speedup: float,
-               low: tuple[bool, ...]) -> tuple[float, float]:
-    """``gemm_times`` for one set of linear shapes, ``low`` marking those in low precision
-    (memoised: the search asks again and again)."""
+               low: tuple[bool, ...], styles: tuple[str, ...] = ()) -> tuple[float, float]:
+    """``gemm_times`` for one set of linear shapes, ``low`` marking those in low precision,
+    ``styles`` their TP styles (memoised: the search asks again and again)."""
     plateau = kernels.table_flops(table, "bf16", *GEMM_PLATEAU)
     fwd = bwd = 0.0
-    for (k, n), is_low in zip(shapes, low, strict=True):
-        k_loc, n_loc = _tp_split(k, n, tp)
+    for (k, n), is_low, style in zip(shapes, low, styles or ("",) * len(shapes), strict=True):
+        k_loc, n_loc = _tp_split(k, n, tp, style)
         gemms = ((tokens / chunks, n_loc, k_loc, chunks), (tokens / chunks, k_loc, n_loc, chunks),
                  (k_loc, n_loc, tokens, 1))
         times = []
@@ -241,21 +252,86 @@ def _torchao_converts(k: int, n: int, recipe: str) -> bool:
     return bool(_auto_filter_for_recipe(recipe, [])(linear, ""))
 
 
-def cast_s(elements: float, hw: HardwareProfile, features: Features, linears: int
+@dataclass(frozen=True)
+class CastElements:
+    """Elements of one micro-batch's float8 operands that casts read (a rank's local shapes)."""
+
+    inputs: float
+    """The linears' inputs, cast in forward (one shared input counted once where it is cast
+    once)."""
+    inputs_again: float
+    """The inputs once more for the weight gradient (tensorwise: the float8 input transposed;
+    rowwise: cast again along the token dim)."""
+    grads: float
+    """The output gradients, cast in backward."""
+    weights: float
+    """The weights, cast in forward (0 where FSDP all-gathers them in float8)."""
+    weights_again: float
+    """The weights once more for the input gradient (tensorwise: transposed; rowwise: cast
+    again along the output dim)."""
+
+
+def float8_cast_elements(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+                         features: Features, low: tuple[bool, ...]) -> CastElements:
+    """What the float8 casts of the block's low-precision linears (``low``) read, at each
+    linear's local shape under its TP style (a column-wise linear casts its all-gathered input,
+    unsplit; a row-wise one its split input and its unsplit output gradient). The column-wise
+    linears of one module read the same input: compiled, AOTAutograd's common-subexpression
+    pass leaves one amax and cast of it (torch._functorch.config.cse), and TorchTitan's float8
+    TP styles (PrepareFloat8ModuleInput) cast it once, before the all-gather, on the
+    sequence-sharded input. With FSDP's float8 all-gather the weights arrive in float8 (cast on
+    the shard before the gather: a 1 / shard of the casts)."""
+    tp = mesh.tp if strategy.tp_mode == "sp" else 1
+    tokens = linear_tokens(layer, mesh, strategy, microbatch)
+    rowwise = features.linear.startswith("float8_rowwise")
+    gathered_tp = features.linear == "float8_tensorwise" and tp > 1
+    share_fwd, share_bwd = features.compile or gathered_tp, features.compile
+    seen_fwd: set[tuple[str, int]] = set()
+    seen_bwd: set[tuple[str, int]] = set()
+    inputs = again = grads = weights = 0.0
+    for (k, n), is_low, name, style in zip(layer.linear_shapes, low, linear_names(layer),
+                                           linear_styles(layer), strict=True):
+        if not is_low:
+            continue
+        k_loc, n_loc = _tp_split(k, n, tp, style)
+        grads += tokens * n_loc
+        weights += k_loc * n_loc
+        key = (name.rpartition(".")[0], k) if style == "colwise" else None
+        if key is None or not share_fwd or key not in seen_fwd:
+            inputs += tokens * k_loc / (tp if gathered_tp and style == "colwise" else 1)
+        if key is None or not share_bwd or key not in seen_bwd:
+            again += tokens * k_loc
+        if key is not None:
+            seen_fwd.add(key)
+            seen_bwd.add(key)
+    fwd_weights = weights
+    if features.float8_all_gather and not rowwise and mesh.dp_shard > 1:
+        fwd_weights = weights / (mesh.dp_shard * mesh.cp)
+    return CastElements(inputs, again, grads, fwd_weights, weights)
+
+
+def cast_s(elements: CastElements, hw: HardwareProfile, features: Features, linears: int
            ) -> tuple[float, float]:
-    """(forward, backward) seconds of the float8 casts of ``linears`` linears whose inputs hold
-    ``elements`` elements: bytes at device-memory bandwidth, each cast / amax a kernel of its
-    own with a launch-bound floor where the profile has a GEMM table."""
+    """(forward, backward) seconds of the float8 casts of ``linears`` linears: bytes at
+    device-memory bandwidth, each cast / amax a kernel of its own with a launch-bound floor
+    where the profile has a GEMM table. Tensorwise (torchao's Float8Linear): forward casts the
+    input and the weight, backward the output gradient, and transposes the float8 output
+    gradient, input and weight for the weight and input gradients. Rowwise (torchao's rowwise
+    recipe: scales along each GEMM's reduction dim): forward casts the input and the weight
+    along the inner dim, backward casts the output gradient twice (along the output and the
+    token dim), the input along the token dim and the weight along the output dim."""
     if features.linear == "none" or hw.hbm_gbps <= 0 or not linears:
         return 0.0, 0.0
     rowwise = features.linear.startswith("float8_rowwise")
-    fwd_b, bwd_b = FLOAT8_CAST_BYTES[features.compile]
+    cast, move = FLOAT8_CAST_BYTES[features.compile], FLOAT8_TRANSPOSE_BYTES
+    e = elements
+    fwd_bytes = cast * (e.inputs + e.weights)
     if rowwise:
-        # rowwise scales run along each GEMM's reduction dim: every operand is cast twice
-        # (row- and column-wise), and weights too (no float8 all-gather)
-        fwd_b, bwd_b = fwd_b * 2, bwd_b * 2
-    fwd = elements * fwd_b / (hw.hbm_gbps * 1e9)
-    bwd = elements * bwd_b / (hw.hbm_gbps * 1e9)
+        bwd_bytes = cast * (2 * e.grads + e.inputs_again + e.weights_again)
+    else:
+        bwd_bytes = cast * e.grads + move * (e.grads + e.inputs_again + e.weights_again)
+    fwd = fwd_bytes / (hw.hbm_gbps * 1e9)
+    bwd = bwd_bytes / (hw.hbm_gbps * 1e9)
     if hw.gemm_table:
         fwd_k, bwd_k = FLOAT8_CAST_KERNELS[rowwise]
         launch = linears * hw.kernel_launch_us * 1e-6
@@ -303,8 +379,11 @@ def float8_linear_times(k: int, n: int, tokens: float, hw: HardwareProfile,
     backward: its three GEMMs, and in float8 its casts too."""
     speedup, wgrad = _low_speedups(hw, features)
     args = ((k, n),), tokens, 1, 1, hw.gemm_table, hw.clock_scale, speedup, wgrad
+    # FSDP's float8 all-gather (tensorwise) brings the weight in float8
+    gathered = features.float8_all_gather and not features.linear.startswith("float8_rowwise")
+    cast = CastElements(tokens * k, tokens * k, tokens * n, 0.0 if gathered else k * n, k * n)
     return (sum(_linears_s(*args, (False,))),
-            sum(_linears_s(*args, (True,))) + sum(cast_s(tokens * k, hw, features, 1)))
+            sum(_linears_s(*args, (True,))) + sum(cast_s(cast, hw, features, 1)))
 
 
 def _float8_pays(k: int, n: int, tokens: float, hw: HardwareProfile, features: Features
@@ -389,8 +468,9 @@ def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
                    else layer.eager_bytes) * prec.param_bytes / 2
         stream = traffic * scale / (hw.hbm_gbps * 1e9)
         low = low_precision_linears(layer, mesh, strategy, microbatch, hw, features)
-        width = sum(k for (k, _), is_low in zip(layer.linear_shapes, low, strict=True) if is_low)
-        cast_fwd, cast_bwd = cast_s(_seq_tokens(layer) * width * scale, hw, features, sum(low))
+        cast_fwd, cast_bwd = cast_s(float8_cast_elements(layer, mesh, strategy, microbatch,
+                                                         features, low),
+                                    hw, features, sum(low))
     loss_fwd = loss_bwd = 0.0
     if layer.kind == "output" and hw.hbm_gbps > 0 and hw.gemm_table:
         # the eager cross-entropy on fp32 logits (saved_bytes: one sequence's fp32 logits):
