@@ -203,7 +203,34 @@ def gemm_times(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     chunks = tp if features.async_tp and tp > 1 else 1
     low = low_precision_linears(layer, mesh, strategy, microbatch, hw, features)
     return _linears_s(layer.linear_shapes, tokens, tp, chunks, hw.gemm_table, hw.clock_scale,
-                      speedup, wgrad_speedup, low, linear_styles(layer))
+                      speedup, wgrad_speedup, low, linear_styles(layer),
+                      measured_float8_table(hw, features), hw.hbm_gbps)
+
+
+def measured_float8_table(hw: HardwareProfile, features: Features) -> str:
+    """The profile's measured float8 linear table for the job's recipe ("" where it has none:
+    the GEMM speedup and the casts are costed apart)."""
+    return hw.float8_rowwise_table if features.linear == "float8_rowwise" else ""
+
+
+# torchao's float8 micro-benchmark times LayerNorm -> Linear -> Sigmoid (compiled, forward and
+# backward) in both dtypes: the norm and the sigmoid, the same in both, move about 10 B per
+# element of the linear's input and output (forward read + write 4 B, backward read the
+# gradient and the input, write the gradient: 6 B)
+LINEAR_BENCH_STREAM_BYTES = 10.0
+FLOAT8_TENSOR_CORE_RATIO = 2.0
+"""Dense float8 / bf16 tensor-core peak (datasheets: H100 1979 / 989, B200 4.5 / 2.25 PFLOP/s):
+no float8 linear runs faster than this against bf16."""
+
+
+def _measured_float8_s(bf16_s: float, tokens: float, k: float, n: float, measured: str,
+                       hbm_gbps: float) -> float:
+    """Seconds of one float8 linear (GEMMs and casts) from a measured speedup table: the
+    benchmark's speedup covers the norm and sigmoid around the linear too, so they are added
+    to the bf16 time before and taken off after."""
+    around = LINEAR_BENCH_STREAM_BYTES * tokens * (k + n) / (hbm_gbps * 1e9) if hbm_gbps else 0.0
+    speedup = kernels.table_speedup(measured, tokens, k, n)
+    return max(bf16_s / FLOAT8_TENSOR_CORE_RATIO, (bf16_s + around) / speedup - around)
 
 
 def linear_tokens(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
@@ -217,9 +244,11 @@ def linear_tokens(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch:
 @functools.lru_cache(maxsize=65536)
 def _linears_s(shapes: tuple[tuple[int, int], ...], tokens: float, tp: int, chunks: int,
                table: str, clock: float, speedup: float, wgrad_speedup: float,
-               low: tuple[bool, ...], styles: tuple[str, ...] = ()) -> tuple[float, float]:
+               low: tuple[bool, ...], styles: tuple[str, ...] = (), measured: str = "",
+               hbm_gbps: float = 0.0) -> tuple[float, float]:
     """``gemm_times`` for one set of linear shapes, ``low`` marking those in low precision,
-    ``styles`` their TP styles (memoised: the search asks again and again)."""
+    ``styles`` their TP styles, ``measured`` a measured float8 linear table that costs the low
+    ones, casts included (memoised: the search asks again and again)."""
     plateau = kernels.table_flops(table, "bf16", *GEMM_PLATEAU)
     fwd = bwd = 0.0
     for (k, n), is_low, style in zip(shapes, low, styles or ("",) * len(shapes), strict=True):
@@ -229,10 +258,14 @@ def _linears_s(shapes: tuple[tuple[int, int], ...], tokens: float, tp: int, chun
         times = []
         for (m, nn, kk, count), fast in zip(gemms, (speedup, speedup, wgrad_speedup), strict=True):
             t = count * kernels.gemm_s(m, nn, kk, table, clock)
-            if is_low and fast != 1.0:
+            if is_low and fast != 1.0 and not measured:
                 bound = min(1.0, kernels.table_flops(table, "bf16", m, nn, kk) / plateau)
                 t *= bound / fast + 1.0 - bound
             times.append(t)
+        if is_low and measured:
+            bf16 = sum(times)
+            ratio = _measured_float8_s(bf16, tokens, k_loc, n_loc, measured, hbm_gbps) / bf16
+            times = [t * ratio for t in times]
         fwd += times[0]
         bwd += times[1] + times[2]
     return fwd, bwd
@@ -379,11 +412,13 @@ def float8_linear_times(k: int, n: int, tokens: float, hw: HardwareProfile,
     backward: its three GEMMs, and in float8 its casts too."""
     speedup, wgrad = _low_speedups(hw, features)
     args = ((k, n),), tokens, 1, 1, hw.gemm_table, hw.clock_scale, speedup, wgrad
+    measured = measured_float8_table(hw, features)
     # FSDP's float8 all-gather (tensorwise) brings the weight in float8
     gathered = features.float8_all_gather and not features.linear.startswith("float8_rowwise")
     cast = CastElements(tokens * k, tokens * k, tokens * n, 0.0 if gathered else k * n, k * n)
+    casts = 0.0 if measured else sum(cast_s(cast, hw, features, 1))
     return (sum(_linears_s(*args, (False,))),
-            sum(_linears_s(*args, (True,))) + sum(cast_s(cast, hw, features, 1)))
+            sum(_linears_s(*args, (True,), (), measured, hw.hbm_gbps)) + casts)
 
 
 def _float8_pays(k: int, n: int, tokens: float, hw: HardwareProfile, features: Features
@@ -468,9 +503,10 @@ def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
                    else layer.eager_bytes) * prec.param_bytes / 2
         stream = traffic * scale / (hw.hbm_gbps * 1e9)
         low = low_precision_linears(layer, mesh, strategy, microbatch, hw, features)
-        cast_fwd, cast_bwd = cast_s(float8_cast_elements(layer, mesh, strategy, microbatch,
-                                                         features, low),
-                                    hw, features, sum(low))
+        if not measured_float8_table(hw, features):  # else inside the measured linear times
+            cast_fwd, cast_bwd = cast_s(float8_cast_elements(layer, mesh, strategy, microbatch,
+                                                             features, low),
+                                        hw, features, sum(low))
     loss_fwd = loss_bwd = 0.0
     if layer.kind == "output" and hw.hbm_gbps > 0 and hw.gemm_table:
         # the eager cross-entropy on fp32 logits (saved_bytes: one sequence's fp32 logits):
