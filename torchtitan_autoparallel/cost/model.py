@@ -525,6 +525,31 @@ ROW_PARALLEL_FLOP_SHARE = 1 / 3
 34 %, 70B 35 %): the backward GEMMs a fused all-gather of their output gradient can hide under."""
 
 
+def tp_region_gemms(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+                    hw: HardwareProfile, features: Features) -> tuple[tuple[float, float], ...]:
+    """(column-wise, row-wise) forward GEMM seconds of each module the block's TP plan gathers
+    into and scatters out of (attention, FFN), at the job's shapes and precision; empty where
+    the graph does not record the linears' styles or the block is not two such modules."""
+    styles, names = linear_styles(layer), linear_names(layer)
+    if not all(styles):
+        return ()
+    tp = mesh.tp if strategy.tp_mode == "sp" else 1
+    tokens = linear_tokens(layer, mesh, strategy, microbatch)
+    speedup, wgrad = _low_speedups(hw, features)
+    chunks = tp if features.async_tp and tp > 1 else 1
+    low = low_precision_linears(layer, mesh, strategy, microbatch, hw, features)
+    measured = measured_float8_table(hw, features)
+    regions: dict[str, list[float]] = {}
+    for shape, is_low, style, name in zip(layer.linear_shapes, low, styles, names, strict=True):
+        fwd, _ = _linears_s((shape,), tokens, tp, chunks, hw.gemm_table, hw.clock_scale, speedup,
+                            wgrad, (is_low,), (style,), measured, hw.hbm_gbps)
+        region = regions.setdefault(name.rpartition(".")[0], [0.0, 0.0, 0.0])
+        region[0 if style == "colwise" else 1] += fwd
+        region[2] += style == "rowwise"
+    found = tuple((col, row) for col, row, rows in regions.values() if rows == 1)
+    return found if len(found) == 2 else ()
+
+
 def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int, act: float,
               tp_nodes: bool, hw: HardwareProfile, prec: Precision, features: Features
               ) -> float:
@@ -565,9 +590,21 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
         total = sum(n * (t + cat) for t, n, _ in kinds)
         return total * (1.0 - hw.async_tp_overlap) if features.async_tp else total
     fused = sum(n * t for t, n, f in kinds if f)
-    gemm_fwd, _ = gemm_times(layer, mesh, strategy, microbatch, hw, features)
-    hiding = gemm_fwd * (fwd_passes + (ROW_PARALLEL_FLOP_SHARE if kinds[2][2] else 0.0))
-    exposed = max(fused / mesh.tp, fused - hiding)
+    regions = tp_region_gemms(layer, mesh, strategy, microbatch, hw, features)
+    if regions:
+        # each fused collective hides under its own GEMMs only: the gather into a module under
+        # its column-wise GEMMs, the scatter out of it under its row-wise GEMM, the backward
+        # gather of the row-wise output gradient under that linear's input-gradient GEMM (the
+        # forward's FLOPs); a transfer longer than its GEMMs is exposed by the difference
+        exposed = 0.0
+        for col, row in regions:
+            for (t, n, f), gemm in zip(kinds[:3], (col, row, row), strict=True):
+                if f:
+                    exposed += n / 2 * max(t / mesh.tp, t - gemm)
+    else:
+        gemm_fwd, _ = gemm_times(layer, mesh, strategy, microbatch, hw, features)
+        hiding = gemm_fwd * (fwd_passes + (ROW_PARALLEL_FLOP_SHARE if kinds[2][2] else 0.0))
+        exposed = max(fused / mesh.tp, fused - hiding)
     if hw.hbm_gbps > 0:
         # the fused matmul + reduce-scatter sums the tp partial products it gathered after
         # the last chunk: the full activation read, a tp-th written, on the compute stream
