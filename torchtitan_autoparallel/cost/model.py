@@ -441,6 +441,60 @@ def attention_times(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfi
     fwd = flops / (hw.attention_fwd_tflops * 1e12 * hw.clock_scale * sat)
     bwd = (hw.attention_backward_factor * flops
            / (hw.attention_bwd_tflops * 1e12 * hw.clock_scale * sat))
+    if mesh.cp > 1 and hw.hbm_gbps > 0:
+        ring_fwd, ring_bwd = ring_attention_bytes(layer, mesh, microbatch)
+        fwd += ring_fwd / (hw.hbm_gbps * 1e9)
+        bwd += ring_bwd / (hw.hbm_gbps * 1e9)
+    return fwd, bwd
+
+
+# torch's ring attention (torch/distributed/tensor/experimental/_context_parallel/
+# _attention.py: _templated_ring_attention and its backward, _SDPAMerger, _partial_update), in
+# bytes per element of one rank's local queries / outputs (q) or keys / values (kv), eager ops:
+RING_FWD_FIRST_Q = 6.0
+"""Step 0: the block output upcast to fp32 (read 2 B, write 4)."""
+RING_FWD_STEP_Q = 44.0
+"""Each later step: the upcast (6), the merge out - sigmoid(lse_b - lse) * (out - out_b) in
+three fp32 passes (12 + 8 + 12), and on average half of the steps (those past the rank, which
+update only the second half of the outputs) a torch.cat rebuilding the output (8 B on the
+whole): about 4 B."""
+RING_FWD_STEP_KV = 8.0
+"""Every step but the last: the local keys and values concatenated into one send buffer (read
+2 B, write 2)."""
+RING_FWD_END_Q = 6.0
+"""The merged output back to bf16 (read 4, write 2)."""
+RING_BWD_STEP_Q = 14.0
+"""Each backward step: grad_query += the step's (fp32 read 4 + bf16 read 2, write 4) and, half
+of the steps on average, a torch.cat rebuilding it (8 B)."""
+RING_BWD_STEP_KV = 52.0
+"""Each backward step, per key / value element: the send buffer (8 B), grad_key / grad_value
++= the step's (10 B), half of the steps a torch.cat of the partial update (8 B), the fp32
+gradients concatenated for the ring (read 8, write 8 per key / value pair: 16 B), ~42; their
+fp32 zero init, the final downcast and the first-step accumulation spread over the steps."""
+RING_BWD_END_Q = 10.0
+"""grad_query's fp32 zero init (4 B) and downcast (6 B)."""
+RING_BWD_CALL_Q = 10.5
+"""Each flash backward call past the first (the first is in the measured throughput): flash
+attention 2's backward runs a pre-pass rowsum(dO * O) that zeroes its fp32 dq accumulator (read
+2 + 2 B, write 4) and a final dq conversion (read 4, write 2), 14 B per query element it is
+given; later steps give it all queries or the second half, 0.75 of them on average."""
+
+
+def ring_attention_bytes(layer: Layer, mesh: Mesh, microbatch: int) -> tuple[float, float]:
+    """(forward, backward) device-memory bytes of torch's ring attention around the flash
+    kernels on one rank per micro-batch: each of the cp steps upcasts its partial output and
+    log-sum-exp to fp32 and merges it into the running output, and the backward accumulates
+    the query gradient and the ring's key / value gradients in fp32. All of it is elementwise,
+    at device-memory bandwidth, and grows with the local sequence times cp (the steps)."""
+    tokens = _seq_tokens(layer) * microbatch / (mesh.cp * mesh.tp)
+    seq = _seq_tokens(layer)
+    q = tokens * layer.attn_flops / (2.0 * seq * seq) if seq else 0.0
+    kv = tokens * layer.kv_bytes / (4.0 * seq) if seq else 0.0
+    steps = mesh.cp
+    fwd = (RING_FWD_FIRST_Q * q + (steps - 1) * (RING_FWD_STEP_Q * q + RING_FWD_STEP_KV * kv)
+           + RING_FWD_END_Q * q)
+    bwd = (steps * (RING_BWD_STEP_Q * q + RING_BWD_STEP_KV * kv) + RING_BWD_END_Q * q
+           + (steps - 1) * RING_BWD_CALL_Q * q)
     return fwd, bwd
 
 
