@@ -104,6 +104,38 @@ def test_float8_rowwise_linears_predict_held_out_shapes(tmp_path, axis):
     assert sum(clear) / len(clear) >= 0.9, sum(clear) / len(clear)
 
 
+def test_tp_splits_the_side_the_tp_plan_shards():
+    """Llama 3's inferred TP plan: wq / wk / wv / w1 / w3 column-wise (outputs split, wk and wv
+    too, though their outputs are the narrower side), wo / w2 row-wise (inputs split)."""
+    from torchtitan_autoparallel.cost.model import _tp_split, linear_styles
+    from torchtitan_autoparallel.planner import model_layer_graph
+    from torchtitan_autoparallel.registry import register
+
+    register()
+    block = model_layer_graph("llama3", "8B", 8192).blocks[0]
+    styles = dict(zip(block.linear_names, linear_styles(block), strict=True))
+    assert styles == {"attention.wq": "colwise", "attention.wk": "colwise",
+                      "attention.wv": "colwise", "attention.wo": "rowwise",
+                      "feed_forward.w1": "colwise", "feed_forward.w2": "rowwise",
+                      "feed_forward.w3": "colwise"}
+    assert _tp_split(4096, 1024, 8, "colwise") == (4096, 128)
+    assert _tp_split(14336, 4096, 8, "rowwise") == (1792, 4096)
+
+
+def test_ring_attention_work_grows_with_the_ring_at_a_fixed_local_length():
+    """torch's ring attention merges one partial output per step in fp32: at the same local
+    sequence (32k tokens per rank), more ranks in the ring mean more memory-bound work."""
+    from torchtitan_autoparallel.cost.model import ring_attention_bytes
+    from torchtitan_autoparallel.planner import model_layer_graph
+    from torchtitan_autoparallel.registry import register
+
+    register()
+    work = [sum(ring_attention_bytes(model_layer_graph("llama3", "8B", 32768 * cp).blocks[0],
+                                     Mesh(1, 8 // cp, 1, cp), 1)) for cp in (2, 4, 8)]
+    assert work[0] < work[1] < work[2]
+    assert work[2] / work[0] > 3
+
+
 def test_float8_tensorwise_has_a_crossover():
     """Small GEMMs lose under float8 (casts and launch-bound GEMMs), large ones win."""
     hw = load_profile("h100_sxm")
