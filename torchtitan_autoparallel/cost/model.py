@@ -329,7 +329,7 @@ def float8_cast_elements(layer: Layer, mesh: Mesh, strategy: BlockStrategy, micr
         k_loc, n_loc = _tp_split(k, n, tp, style)
         grads += tokens * n_loc
         weights += k_loc * n_loc
-        key = (name.rpartition(".")[0], k) if style == "colwise" else None
+        key = input_key(name, style, k)
         if key is None or not share_fwd or key not in seen_fwd:
             inputs += tokens * k_loc / (tp if gathered_tp and style == "colwise" else 1)
         if key is None or not share_bwd or key not in seen_bwd:
@@ -402,29 +402,47 @@ def low_precision_linears(layer: Layer, mesh: Mesh, strategy: BlockStrategy, mic
             or (strategy.tp_mode == "sp" and mesh.tp > 1):
         return low
     tokens = linear_tokens(layer, mesh, strategy, microbatch)
-    return tuple(is_low and _float8_pays(k, n, tokens, hw, features)
-                 for (k, n), is_low in zip(shapes, low, strict=True))
+    alone = tuple(is_low and _float8_pays(k, n, tokens, hw, features)
+                  for (k, n), is_low in zip(shapes, low, strict=True))
+    # compiled, a column-wise linear whose input another converted linear of its module already
+    # casts (float8_cast_elements) pays only its own GEMMs and output-gradient casts
+    shared = {input_key(name, style, k) for (k, _), name, style, pays in zip(
+        shapes, names, linear_styles(layer), alone, strict=True) if pays} if features.compile \
+        else set()
+    return tuple(pays or (is_low and input_key(name, style, k) in shared - {None}
+                          and _float8_pays(k, n, tokens, hw, features, shared_input=True))
+                 for (k, n), name, style, is_low, pays in zip(
+                     shapes, names, linear_styles(layer), low, alone, strict=True))
+
+
+def input_key(name: str, style: str, k: int) -> tuple[str, int] | None:
+    """Linears with one key read one input (the column-wise linears of a module); None: its
+    own."""
+    return (name.rpartition(".")[0], k) if style == "colwise" else None
 
 
 def float8_linear_times(k: int, n: int, tokens: float, hw: HardwareProfile,
-                        features: Features) -> tuple[float, float]:
+                        features: Features, shared_input: bool = False
+                        ) -> tuple[float, float]:
     """(bf16, float8) seconds of one ``k`` -> ``n`` linear over ``tokens`` tokens, forward and
-    backward: its three GEMMs, and in float8 its casts too."""
+    backward: its three GEMMs, and in float8 its casts too (``shared_input``: its input's casts
+    are another linear's)."""
     speedup, wgrad = _low_speedups(hw, features)
     args = ((k, n),), tokens, 1, 1, hw.gemm_table, hw.clock_scale, speedup, wgrad
     measured = measured_float8_table(hw, features)
     # FSDP's float8 all-gather (tensorwise) brings the weight in float8
     gathered = features.float8_all_gather and not features.linear.startswith("float8_rowwise")
-    cast = CastElements(tokens * k, tokens * k, tokens * n, 0.0 if gathered else k * n, k * n)
+    inputs = 0.0 if shared_input else tokens * k
+    cast = CastElements(inputs, inputs, tokens * n, 0.0 if gathered else k * n, k * n)
     casts = 0.0 if measured else sum(cast_s(cast, hw, features, 1))
     return (sum(_linears_s(*args, (False,))),
             sum(_linears_s(*args, (True,), (), measured, hw.hbm_gbps)) + casts)
 
 
-def _float8_pays(k: int, n: int, tokens: float, hw: HardwareProfile, features: Features
-                 ) -> bool:
+def _float8_pays(k: int, n: int, tokens: float, hw: HardwareProfile, features: Features,
+                 shared_input: bool = False) -> bool:
     """Whether one linear runs faster in float8 than in bf16 (``float8_linear_times``)."""
-    bf16, float8 = float8_linear_times(k, n, tokens, hw, features)
+    bf16, float8 = float8_linear_times(k, n, tokens, hw, features, shared_input)
     return float8 < bf16
 
 
