@@ -468,34 +468,33 @@ def attention_times(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfi
 
 # torch's ring attention (torch/distributed/tensor/experimental/_context_parallel/
 # _attention.py: _templated_ring_attention and its backward, _SDPAMerger, _partial_update), in
-# bytes per element of one rank's local queries / outputs (q) or keys / values (kv), eager ops:
+# bytes per element of one rank's local queries / outputs (q) or keys / values (kv), eager ops,
+# on the rank that sets the pace: the last of the ring, whose every later step takes all its
+# queries against half the keys (the flash work is balanced, the bookkeeping is not)
 RING_FWD_FIRST_Q = 6.0
 """Step 0: the block output upcast to fp32 (read 2 B, write 4)."""
-RING_FWD_STEP_Q = 44.0
-"""Each later step: the upcast (6), the merge out - sigmoid(lse_b - lse) * (out - out_b) in
-three fp32 passes (12 + 8 + 12), and on average half of the steps (those past the rank, which
-update only the second half of the outputs) a torch.cat rebuilding the output (8 B on the
-whole): about 4 B."""
-RING_FWD_STEP_KV = 8.0
-"""Every step but the last: the local keys and values concatenated into one send buffer (read
-2 B, write 2)."""
+RING_FWD_STEP_Q = 38.0
+"""Each later step: the upcast (6) and the merge out - sigmoid(lse_b - lse) * (out - out_b) in
+three fp32 passes (12 + 8 + 12)."""
+RING_FWD_STEP_KV = 4.0
+"""Every step but the last, per key / value element: the local keys and values concatenated
+into one send buffer (read 2 B, write 2)."""
 RING_FWD_END_Q = 6.0
 """The merged output back to bf16 (read 4, write 2)."""
-RING_BWD_STEP_Q = 14.0
-"""Each backward step: grad_query += the step's (fp32 read 4 + bf16 read 2, write 4) and, half
-of the steps on average, a torch.cat rebuilding it (8 B)."""
-RING_BWD_STEP_KV = 52.0
-"""Each backward step, per key / value element: the send buffer (8 B), grad_key / grad_value
-+= the step's (10 B), half of the steps a torch.cat of the partial update (8 B), the fp32
-gradients concatenated for the ring (read 8, write 8 per key / value pair: 16 B), ~42; their
-fp32 zero init, the final downcast and the first-step accumulation spread over the steps."""
+RING_BWD_STEP_Q = 10.0
+"""Each backward step: grad_query += the step's (fp32 read 4 + bf16 read 2, write 4)."""
+RING_BWD_STEP_KV = 27.0
+"""Each backward step, per key / value element: the send buffer (4), the partial update of
+grad_key / grad_value (the first half += the step's: 5, then a torch.cat of both halves: 8),
+the fp32 gradients concatenated for the ring (read 4, write 4: 8), their zero init, first-step
+accumulation and final downcast spread over the steps (2)."""
 RING_BWD_END_Q = 10.0
 """grad_query's fp32 zero init (4 B) and downcast (6 B)."""
-RING_BWD_CALL_Q = 10.5
+RING_BWD_CALL_Q = 14.0
 """Each flash backward call past the first (the first is in the measured throughput): flash
 attention 2's backward runs a pre-pass rowsum(dO * O) that zeroes its fp32 dq accumulator (read
-2 + 2 B, write 4) and a final dq conversion (read 4, write 2), 14 B per query element it is
-given; later steps give it all queries or the second half, 0.75 of them on average."""
+2 + 2 B, write 4) and a final dq conversion (read 4, write 2) over the queries it is given (all
+of them on the pacing rank)."""
 
 
 def ring_attention_bytes(layer: Layer, mesh: Mesh, microbatch: int) -> tuple[float, float]:
