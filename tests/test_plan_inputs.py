@@ -114,3 +114,15 @@ def test_same_inputs_give_byte_identical_plans_with_inputs(tmp_path):
     plan = Plan.load(str(outs[0]))
     stripped = Plan.from_dict({**plan.to_dict(), "inputs": None})
     assert stripped.digest() == plan.digest()
+
+
+def test_optional_fields_take_their_value_or_none():
+    """``X | None`` fields of the stored inputs (float8's filter_fqns) accept an X or None,
+    nothing else (a plan with a filter was refused as "not a finite number")."""
+    import typing
+
+    from torchtitan_autoparallel.errors import rule_for_type
+    from torchtitan_autoparallel.features import Features
+
+    rule = rule_for_type(typing.get_type_hints(Features)["float8_filter"])
+    assert rule.accepts(("output",)) and rule.accepts(None) and not rule.accepts(3)

@@ -9,6 +9,7 @@ import math
 import os
 import sys
 import tempfile
+import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -238,6 +239,11 @@ def _number(value: float) -> str:
 def rule_for_type(annotation: Any) -> Rule:
     """The default rule of a dataclass field from its annotation."""
     kind = annotation if isinstance(annotation, type) else typing.get_origin(annotation)
+    if kind in (types.UnionType, typing.Union):
+        # ``X | None``: X's rule, None accepted
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        inner = rule_for_type(args[0]) if len(args) == 1 else Rule(object)
+        return dataclasses.replace(inner, optional=True)
     if kind is list:
         args = typing.get_args(annotation)
         return Rule(list, item=args[0] if args else None)

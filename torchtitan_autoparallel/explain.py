@@ -14,7 +14,9 @@ except ModuleNotFoundError:  # Python 3.10
 from .assembly import candidate_for, rank_counts
 from .cost.model import (
     float8_linear_times,
+    input_key,
     linear_names,
+    linear_styles,
     linear_tokens,
     low_precision_linears,
 )
@@ -171,12 +173,21 @@ def float8_lines(plan: Plan, inputs: Any) -> list[str]:
         if (layer.signature, tokens, low) in seen:
             continue
         seen.add((layer.signature, tokens, low))
-        for name, (k, n), is_low in zip(linear_names(layer), layer.linear_shapes, low,
-                                        strict=True):
-            bf16, float8 = float8_linear_times(k, n, tokens, inputs.hw, inputs.features)
+        names = linear_names(layer)
+        keys = [input_key(name, style, k) for name, style, (k, _) in zip(
+            names, linear_styles(layer), layer.linear_shapes, strict=True)]
+        for i, (name, (k, n), is_low) in enumerate(zip(names, layer.linear_shapes, low,
+                                                       strict=True)):
+            # compiled, an input another float8 linear of the module casts is cast once
+            shared = inputs.features.compile and keys[i] is not None and any(
+                keys[j] == keys[i] and low[j] for j in range(len(keys)) if j != i)
+            bf16, float8 = float8_linear_times(k, n, tokens, inputs.hw, inputs.features,
+                                               shared)
             lines.append(f"float8 choice in {layer.fqn} and blocks like it: {name} {k}->{n} x "
                          f"{tokens:.0f} tokens: bf16 {bf16 * 1e3:.3g} ms, float8 "
-                         f"{float8 * 1e3:.3g} ms (fwd + bwd) -> {'float8' if is_low else 'bf16'}")
+                         f"{float8 * 1e3:.3g} ms (fwd + bwd"
+                         f"{', input cast shared' if shared else ''}) -> "
+                         f"{'float8' if is_low else 'bf16'}")
     return lines
 
 

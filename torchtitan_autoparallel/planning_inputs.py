@@ -438,11 +438,12 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
 
 
 def layer_identity(layer: Layer) -> list[Any]:
-    """What a model's hash covers of one layer: every field, except the linears' names (they
-    only name what the shapes cost) and parameter bytes where they restate fp32, so that models
-    hash as they did before those were recorded (and their plan files stay valid)."""
+    """What a model's hash covers of one layer: every field, except the linears' names and TP
+    styles (they only name what the shapes cost, and follow from the model) and parameter bytes
+    where they restate fp32, so that models hash as they did before those were recorded (and
+    their plan files stay valid)."""
     out = [getattr(layer, f.name) for f in dataclasses.fields(layer)
-           if f.name not in ("linear_names", "param_bytes")]
+           if f.name not in ("linear_names", "linear_styles", "param_bytes")]
     return out + ([layer.param_bytes] if layer.param_bytes not in (0, 4 * layer.params) else [])
 
 

@@ -113,6 +113,10 @@ class HardwareProfile:
     """Compute-bound float8 (tensorwise, cuBLAS) GEMM throughput / bf16 at the same shape."""
     float8_rowwise_gemm_speedup: float = 1.0
     """The same for rowwise-scaled float8 GEMMs (CUTLASS rowwise kernels)."""
+    float8_rowwise_table: str = ""
+    """Measured float8 rowwise / bf16 speedup of whole linears (GEMMs and casts) by shape
+    (``profiles/kernels/<name>.csv``); "" = ``float8_rowwise_gemm_speedup`` and the casts'
+    bytes."""
     attention_fwd_tflops: float = 0.0
     """Flash-attention forward throughput on long sequences (causal FLOPs), TFLOP/s."""
     attention_bwd_tflops: float = 0.0
@@ -308,6 +312,7 @@ PROFILE_RULES: dict[str, Rule] = {
     "clock_scale": Rule(float, gt=0, le=2),
     "float8_gemm_speedup": Rule(float, gt=0, le=4),
     "float8_rowwise_gemm_speedup": Rule(float, gt=0, le=4),
+    "float8_rowwise_table": Rule(str),
     "attention_fwd_tflops": Rule(float, ge=0, le=TFLOPS_MAX),
     "attention_bwd_tflops": Rule(float, ge=0, le=TFLOPS_MAX),
     "attention_half_seq": Rule(float, ge=0),

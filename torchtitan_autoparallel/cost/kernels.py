@@ -6,7 +6,9 @@ in log space over the three dimensions; outside the measured grid a GEMM keeps t
 of the nearest measured shape (large GEMMs plateau, small ones are launch-bound). A profile
 scales the table by ``clock_scale`` (its device's sustained clock / the table device's) and
 gives float8 the table's bf16 shape dependence at ``float8_gemm_speedup`` of bf16's
-throughput on large shapes, the ratio read from public float8 GEMM benchmarks.
+throughput on large shapes, the ratio read from public float8 GEMM benchmarks. Where a profile
+names a measured float8 linear table (torchao's rowwise micro-benchmark by M, K, N), a float8
+linear's time is read from it instead, its casts included.
 
 Collectives: NCCL bus bandwidth grows with the message size and saturates,
 ``busbw(S) = peak * S / (S + S_half)``, per link class (NVLink inside a node, the network
@@ -57,22 +59,49 @@ def _bracket(axis: tuple[int, ...], x: float) -> tuple[int, int, float]:
     return lo, hi, (math.log(x) - math.log(axis[lo])) / (math.log(axis[hi]) - math.log(axis[lo]))
 
 
+def _interpolate(points: dict[tuple[int, int, int], float],
+                 axes: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]],
+                 at: tuple[float, float, float]) -> float:
+    """``points`` on a full grid (``axes``) at ``at``: trilinear in log space, clamped to the
+    grid."""
+    (a0, a1, wa), (b0, b1, wb), (c0, c1, wc) = (
+        _bracket(axis, x) for axis, x in zip(axes, at, strict=True))
+    total = 0.0
+    for ia, fa in ((a0, 1 - wa), (a1, wa)):
+        for ib, fb in ((b0, 1 - wb), (b1, wb)):
+            for ic, fc in ((c0, 1 - wc), (c1, wc)):
+                weight = fa * fb * fc
+                if weight:
+                    total += weight * math.log(points[(axes[0][ia], axes[1][ib], axes[2][ic])])
+    return math.exp(total)
+
+
 @functools.lru_cache(maxsize=65536)
 def table_flops(name: str, dtype: str, m: float, n: float, k: float) -> float:
     """Measured FLOP/s of an (m, n, k) GEMM, trilinear in log space over the table's grid."""
-    shapes = gemm_table(name)[dtype]
-    axes = _axes(name, dtype)
-    (m0, m1, wm), (n0, n1, wn), (k0, k1, wk) = (
-        _bracket(axis, x) for axis, x in zip(axes, (m, n, k), strict=True))
-    total = 0.0
-    for im, fm in ((m0, 1 - wm), (m1, wm)):
-        for in_, fn in ((n0, 1 - wn), (n1, wn)):
-            for ik, fk in ((k0, 1 - wk), (k1, wk)):
-                weight = fm * fn * fk
-                if weight:
-                    shape = (axes[0][im], axes[1][in_], axes[2][ik])
-                    total += weight * math.log(shapes[shape])
-    return math.exp(total)
+    return _interpolate(gemm_table(name)[dtype], _axes(name, dtype), (m, n, k))
+
+
+@functools.cache
+def speedup_table(name: str) -> tuple[dict[tuple[int, int, int], float],
+                                      tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+    """``profiles/kernels/<name>.csv`` (or a .csv path) of measured float8 / bf16 speedups of
+    one linear by forward GEMM shape: {(M, K, N): speedup} and its grid axes."""
+    path = Path(name) if name.endswith(".csv") else KERNEL_DIR / f"{name}.csv"
+    with open(path) as f:
+        rows = csv.DictReader(line for line in f if not line.startswith("#"))
+        points = {(int(r["M"]), int(r["K"]), int(r["N"])): float(r["speedup_vs_bf16"])
+                  for r in rows}
+    axes = tuple(tuple(sorted({p[i] for p in points})) for i in range(3))
+    return points, axes  # type: ignore[return-value]
+
+
+@functools.lru_cache(maxsize=65536)
+def table_speedup(name: str, m: float, k: float, n: float) -> float:
+    """Measured float8 / bf16 speedup of an (m x k) @ (k x n) linear, forward and backward,
+    trilinear in log space over the table's grid (clamped to it)."""
+    points, axes = speedup_table(name)
+    return _interpolate(points, axes, (m, k, n))
 
 
 def gemm_s(m: float, n: float, k: float, table: str, scale: float) -> float:

@@ -120,11 +120,11 @@ def collective_s(kind: str, nbytes: float, group: int, spans_nodes: bool,
     return factor * ((group - 1) * alpha + (group - 1) / group * nbytes / bw)
 
 
-# float8 dynamic scaling, bytes moved per element of a float8 GEMM's activation operand:
-# eager, amax (read 2 B) then cast (read 2 B, write 1 B); compiled, the amax fuses into the
-# producing kernel (read 2 B, write 1 B). Backward casts the output gradient the same way and
-# transposes both float8 operands for the weight gradient (read 1 B, write 1 B each).
-FLOAT8_CAST_BYTES = {False: (5.0, 9.0), True: (3.0, 7.0)}
+# float8 dynamic scaling, bytes moved per element of one cast of a bf16 operand: eager, amax
+# (read 2 B) then cast (read 2 B, write 1 B); compiled, the amax fuses into the producing
+# kernel (read 2 B, write 1 B). A transpose of a float8 operand reads and writes 1 B.
+FLOAT8_CAST_BYTES = {False: 5.0, True: 3.0}
+FLOAT8_TRANSPOSE_BYTES = 2.0
 
 
 def gemm_speedup(layer: Layer, mesh: Mesh, strategy: BlockStrategy, hw: HardwareProfile,
@@ -157,10 +157,21 @@ def _seq_tokens(layer: Layer) -> float:
     return layer.linear_input_elements / width if width else 0.0
 
 
-def _tp_split(k: int, n: int, tp: int) -> tuple[float, float]:
-    """A linear's local (in, out) under tensor parallelism: the wider side is split
-    (colwise wq / w1 / w3 split their outputs, rowwise wo / w2 their inputs)."""
+def _tp_split(k: int, n: int, tp: int, style: str = "") -> tuple[float, float]:
+    """A linear's local (in, out) under tensor parallelism: a column-wise linear splits its
+    outputs, a row-wise one its inputs, a replicated one neither (the TP plan's style); where
+    the style is unknown, the wider side is split."""
+    if style == "replicate" or tp == 1:
+        return k, n
+    if style in ("colwise", "rowwise"):
+        return (k, n / tp) if style == "colwise" else (k / tp, n)
     return (k / tp, n) if k > n else (k, n / tp)
+
+
+def linear_styles(layer: Layer) -> tuple[str, ...]:
+    """The TP style of each of the block's linears ("" where the graph does not record it)."""
+    n = len(layer.linear_shapes)
+    return layer.linear_styles if len(layer.linear_styles) == n else ("",) * n
 
 
 def _low_speedups(hw: HardwareProfile, features: Features) -> tuple[float, float]:
@@ -188,7 +199,34 @@ def gemm_times(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     chunks = tp if features.async_tp and tp > 1 else 1
     low = low_precision_linears(layer, mesh, strategy, microbatch, hw, features)
     return _linears_s(layer.linear_shapes, tokens, tp, chunks, hw.gemm_table, hw.clock_scale,
-                      speedup, wgrad_speedup, low)
+                      speedup, wgrad_speedup, low, linear_styles(layer),
+                      measured_float8_table(hw, features), hw.hbm_gbps)
+
+
+def measured_float8_table(hw: HardwareProfile, features: Features) -> str:
+    """The profile's measured float8 linear table for the job's recipe ("" where it has none:
+    the GEMM speedup and the casts are costed apart)."""
+    return hw.float8_rowwise_table if features.linear == "float8_rowwise" else ""
+
+
+# torchao's float8 micro-benchmark times LayerNorm -> Linear -> Sigmoid (compiled, forward and
+# backward) in both dtypes: the norm and the sigmoid, the same in both, move about 10 B per
+# element of the linear's input and output (forward read + write 4 B, backward read the
+# gradient and the input, write the gradient: 6 B)
+LINEAR_BENCH_STREAM_BYTES = 10.0
+FLOAT8_TENSOR_CORE_RATIO = 2.0
+"""Dense float8 / bf16 tensor-core peak (datasheets: H100 1979 / 989, B200 4.5 / 2.25 PFLOP/s):
+no float8 linear runs faster than this against bf16."""
+
+
+def _measured_float8_s(bf16_s: float, tokens: float, k: float, n: float, measured: str,
+                       hbm_gbps: float) -> float:
+    """Seconds of one float8 linear (GEMMs and casts) from a measured speedup table: the
+    benchmark's speedup covers the norm and sigmoid around the linear too, so they are added
+    to the bf16 time before and taken off after."""
+    around = LINEAR_BENCH_STREAM_BYTES * tokens * (k + n) / (hbm_gbps * 1e9) if hbm_gbps else 0.0
+    speedup = kernels.table_speedup(measured, tokens, k, n)
+    return max(bf16_s / FLOAT8_TENSOR_CORE_RATIO, (bf16_s + around) / speedup - around)
 
 
 def linear_tokens(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
@@ -202,22 +240,28 @@ def linear_tokens(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch:
 @functools.lru_cache(maxsize=65536)
 def _linears_s(shapes: tuple[tuple[int, int], ...], tokens: float, tp: int, chunks: int,
                table: str, clock: float, speedup: float, wgrad_speedup: float,
-               low: tuple[bool, ...]) -> tuple[float, float]:
-    """``gemm_times`` for one set of linear shapes, ``low`` marking those in low precision
-    (memoised: the search asks again and again)."""
+               low: tuple[bool, ...], styles: tuple[str, ...] = (), measured: str = "",
+               hbm_gbps: float = 0.0) -> tuple[float, float]:
+    """``gemm_times`` for one set of linear shapes, ``low`` marking those in low precision,
+    ``styles`` their TP styles, ``measured`` a measured float8 linear table that costs the low
+    ones, casts included (memoised: the search asks again and again)."""
     plateau = kernels.table_flops(table, "bf16", *GEMM_PLATEAU)
     fwd = bwd = 0.0
-    for (k, n), is_low in zip(shapes, low, strict=True):
-        k_loc, n_loc = _tp_split(k, n, tp)
+    for (k, n), is_low, style in zip(shapes, low, styles or ("",) * len(shapes), strict=True):
+        k_loc, n_loc = _tp_split(k, n, tp, style)
         gemms = ((tokens / chunks, n_loc, k_loc, chunks), (tokens / chunks, k_loc, n_loc, chunks),
                  (k_loc, n_loc, tokens, 1))
         times = []
         for (m, nn, kk, count), fast in zip(gemms, (speedup, speedup, wgrad_speedup), strict=True):
             t = count * kernels.gemm_s(m, nn, kk, table, clock)
-            if is_low and fast != 1.0:
+            if is_low and fast != 1.0 and not measured:
                 bound = min(1.0, kernels.table_flops(table, "bf16", m, nn, kk) / plateau)
                 t *= bound / fast + 1.0 - bound
             times.append(t)
+        if is_low and measured:
+            bf16 = sum(times)
+            ratio = _measured_float8_s(bf16, tokens, k_loc, n_loc, measured, hbm_gbps) / bf16
+            times = [t * ratio for t in times]
         fwd += times[0]
         bwd += times[1] + times[2]
     return fwd, bwd
@@ -237,21 +281,86 @@ def _torchao_converts(k: int, n: int, recipe: str) -> bool:
     return bool(_auto_filter_for_recipe(recipe, [])(linear, ""))
 
 
-def cast_s(elements: float, hw: HardwareProfile, features: Features, linears: int
+@dataclass(frozen=True)
+class CastElements:
+    """Elements of one micro-batch's float8 operands that casts read (a rank's local shapes)."""
+
+    inputs: float
+    """The linears' inputs, cast in forward (one shared input counted once where it is cast
+    once)."""
+    inputs_again: float
+    """The inputs once more for the weight gradient (tensorwise: the float8 input transposed;
+    rowwise: cast again along the token dim)."""
+    grads: float
+    """The output gradients, cast in backward."""
+    weights: float
+    """The weights, cast in forward (0 where FSDP all-gathers them in float8)."""
+    weights_again: float
+    """The weights once more for the input gradient (tensorwise: transposed; rowwise: cast
+    again along the output dim)."""
+
+
+def float8_cast_elements(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+                         features: Features, low: tuple[bool, ...]) -> CastElements:
+    """What the float8 casts of the block's low-precision linears (``low``) read, at each
+    linear's local shape under its TP style (a column-wise linear casts its all-gathered input,
+    unsplit; a row-wise one its split input and its unsplit output gradient). The column-wise
+    linears of one module read the same input: compiled, AOTAutograd's common-subexpression
+    pass leaves one amax and cast of it (torch._functorch.config.cse), and TorchTitan's float8
+    TP styles (PrepareFloat8ModuleInput) cast it once, before the all-gather, on the
+    sequence-sharded input. With FSDP's float8 all-gather the weights arrive in float8 (cast on
+    the shard before the gather: a 1 / shard of the casts)."""
+    tp = mesh.tp if strategy.tp_mode == "sp" else 1
+    tokens = linear_tokens(layer, mesh, strategy, microbatch)
+    rowwise = features.linear.startswith("float8_rowwise")
+    gathered_tp = features.linear == "float8_tensorwise" and tp > 1
+    share_fwd, share_bwd = features.compile or gathered_tp, features.compile
+    seen_fwd: set[tuple[str, int]] = set()
+    seen_bwd: set[tuple[str, int]] = set()
+    inputs = again = grads = weights = 0.0
+    for (k, n), is_low, name, style in zip(layer.linear_shapes, low, linear_names(layer),
+                                           linear_styles(layer), strict=True):
+        if not is_low:
+            continue
+        k_loc, n_loc = _tp_split(k, n, tp, style)
+        grads += tokens * n_loc
+        weights += k_loc * n_loc
+        key = input_key(name, style, k)
+        if key is None or not share_fwd or key not in seen_fwd:
+            inputs += tokens * k_loc / (tp if gathered_tp and style == "colwise" else 1)
+        if key is None or not share_bwd or key not in seen_bwd:
+            again += tokens * k_loc
+        if key is not None:
+            seen_fwd.add(key)
+            seen_bwd.add(key)
+    fwd_weights = weights
+    if features.float8_all_gather and not rowwise and mesh.dp_shard > 1:
+        fwd_weights = weights / (mesh.dp_shard * mesh.cp)
+    return CastElements(inputs, again, grads, fwd_weights, weights)
+
+
+def cast_s(elements: CastElements, hw: HardwareProfile, features: Features, linears: int
            ) -> tuple[float, float]:
-    """(forward, backward) seconds of the float8 casts of ``linears`` linears whose inputs hold
-    ``elements`` elements: bytes at device-memory bandwidth, each cast / amax a kernel of its
-    own with a launch-bound floor where the profile has a GEMM table."""
+    """(forward, backward) seconds of the float8 casts of ``linears`` linears: bytes at
+    device-memory bandwidth, each cast / amax a kernel of its own with a launch-bound floor
+    where the profile has a GEMM table. Tensorwise (torchao's Float8Linear): forward casts the
+    input and the weight, backward the output gradient, and transposes the float8 output
+    gradient, input and weight for the weight and input gradients. Rowwise (torchao's rowwise
+    recipe: scales along each GEMM's reduction dim): forward casts the input and the weight
+    along the inner dim, backward casts the output gradient twice (along the output and the
+    token dim), the input along the token dim and the weight along the output dim."""
     if features.linear == "none" or hw.hbm_gbps <= 0 or not linears:
         return 0.0, 0.0
     rowwise = features.linear.startswith("float8_rowwise")
-    fwd_b, bwd_b = FLOAT8_CAST_BYTES[features.compile]
+    cast, move = FLOAT8_CAST_BYTES[features.compile], FLOAT8_TRANSPOSE_BYTES
+    e = elements
+    fwd_bytes = cast * (e.inputs + e.weights)
     if rowwise:
-        # rowwise scales run along each GEMM's reduction dim: every operand is cast twice
-        # (row- and column-wise), and weights too (no float8 all-gather)
-        fwd_b, bwd_b = fwd_b * 2, bwd_b * 2
-    fwd = elements * fwd_b / (hw.hbm_gbps * 1e9)
-    bwd = elements * bwd_b / (hw.hbm_gbps * 1e9)
+        bwd_bytes = cast * (2 * e.grads + e.inputs_again + e.weights_again)
+    else:
+        bwd_bytes = cast * e.grads + move * (e.grads + e.inputs_again + e.weights_again)
+    fwd = fwd_bytes / (hw.hbm_gbps * 1e9)
+    bwd = bwd_bytes / (hw.hbm_gbps * 1e9)
     if hw.gemm_table:
         fwd_k, bwd_k = FLOAT8_CAST_KERNELS[rowwise]
         launch = linears * hw.kernel_launch_us * 1e-6
@@ -289,24 +398,47 @@ def low_precision_linears(layer: Layer, mesh: Mesh, strategy: BlockStrategy, mic
             or (strategy.tp_mode == "sp" and mesh.tp > 1):
         return low
     tokens = linear_tokens(layer, mesh, strategy, microbatch)
-    return tuple(is_low and _float8_pays(k, n, tokens, hw, features)
-                 for (k, n), is_low in zip(shapes, low, strict=True))
+    alone = tuple(is_low and _float8_pays(k, n, tokens, hw, features)
+                  for (k, n), is_low in zip(shapes, low, strict=True))
+    # compiled, a column-wise linear whose input another converted linear of its module already
+    # casts (float8_cast_elements) pays only its own GEMMs and output-gradient casts
+    shared = {input_key(name, style, k) for (k, _), name, style, pays in zip(
+        shapes, names, linear_styles(layer), alone, strict=True) if pays} if features.compile \
+        else set()
+    return tuple(pays or (is_low and input_key(name, style, k) in shared - {None}
+                          and _float8_pays(k, n, tokens, hw, features, shared_input=True))
+                 for (k, n), name, style, is_low, pays in zip(
+                     shapes, names, linear_styles(layer), low, alone, strict=True))
+
+
+def input_key(name: str, style: str, k: int) -> tuple[str, int] | None:
+    """Linears with one key read one input (the column-wise linears of a module); None: its
+    own."""
+    return (name.rpartition(".")[0], k) if style == "colwise" else None
 
 
 def float8_linear_times(k: int, n: int, tokens: float, hw: HardwareProfile,
-                        features: Features) -> tuple[float, float]:
+                        features: Features, shared_input: bool = False
+                        ) -> tuple[float, float]:
     """(bf16, float8) seconds of one ``k`` -> ``n`` linear over ``tokens`` tokens, forward and
-    backward: its three GEMMs, and in float8 its casts too."""
+    backward: its three GEMMs, and in float8 its casts too (``shared_input``: its input's casts
+    are another linear's)."""
     speedup, wgrad = _low_speedups(hw, features)
     args = ((k, n),), tokens, 1, 1, hw.gemm_table, hw.clock_scale, speedup, wgrad
+    measured = measured_float8_table(hw, features)
+    # FSDP's float8 all-gather (tensorwise) brings the weight in float8
+    gathered = features.float8_all_gather and not features.linear.startswith("float8_rowwise")
+    inputs = 0.0 if shared_input else tokens * k
+    cast = CastElements(inputs, inputs, tokens * n, 0.0 if gathered else k * n, k * n)
+    casts = 0.0 if measured else sum(cast_s(cast, hw, features, 1))
     return (sum(_linears_s(*args, (False,))),
-            sum(_linears_s(*args, (True,))) + sum(cast_s(tokens * k, hw, features, 1)))
+            sum(_linears_s(*args, (True,), (), measured, hw.hbm_gbps)) + casts)
 
 
-def _float8_pays(k: int, n: int, tokens: float, hw: HardwareProfile, features: Features
-                 ) -> bool:
+def _float8_pays(k: int, n: int, tokens: float, hw: HardwareProfile, features: Features,
+                 shared_input: bool = False) -> bool:
     """Whether one linear runs faster in float8 than in bf16 (``float8_linear_times``)."""
-    bf16, float8 = float8_linear_times(k, n, tokens, hw, features)
+    bf16, float8 = float8_linear_times(k, n, tokens, hw, features, shared_input)
     return float8 < bf16
 
 
@@ -323,6 +455,59 @@ def attention_times(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfi
     fwd = flops / (hw.attention_fwd_tflops * 1e12 * hw.clock_scale * sat)
     bwd = (hw.attention_backward_factor * flops
            / (hw.attention_bwd_tflops * 1e12 * hw.clock_scale * sat))
+    if mesh.cp > 1 and hw.hbm_gbps > 0:
+        ring_fwd, ring_bwd = ring_attention_bytes(layer, mesh, microbatch)
+        fwd += ring_fwd / (hw.hbm_gbps * 1e9)
+        bwd += ring_bwd / (hw.hbm_gbps * 1e9)
+    return fwd, bwd
+
+
+# torch's ring attention (torch/distributed/tensor/experimental/_context_parallel/
+# _attention.py: _templated_ring_attention and its backward, _SDPAMerger, _partial_update), in
+# bytes per element of one rank's local queries / outputs (q) or keys / values (kv), eager ops,
+# on the rank that sets the pace: the last of the ring, whose every later step takes all its
+# queries against half the keys (the flash work is balanced, the bookkeeping is not)
+RING_FWD_FIRST_Q = 6.0
+"""Step 0: the block output upcast to fp32 (read 2 B, write 4)."""
+RING_FWD_STEP_Q = 38.0
+"""Each later step: the upcast (6) and the merge out - sigmoid(lse_b - lse) * (out - out_b) in
+three fp32 passes (12 + 8 + 12)."""
+RING_FWD_STEP_KV = 4.0
+"""Every step but the last, per key / value element: the local keys and values concatenated
+into one send buffer (read 2 B, write 2)."""
+RING_FWD_END_Q = 6.0
+"""The merged output back to bf16 (read 4, write 2)."""
+RING_BWD_STEP_Q = 10.0
+"""Each backward step: grad_query += the step's (fp32 read 4 + bf16 read 2, write 4)."""
+RING_BWD_STEP_KV = 27.0
+"""Each backward step, per key / value element: the send buffer (4), the partial update of
+grad_key / grad_value (the first half += the step's: 5, then a torch.cat of both halves: 8),
+the fp32 gradients concatenated for the ring (read 4, write 4: 8), their zero init, first-step
+accumulation and final downcast spread over the steps (2)."""
+RING_BWD_END_Q = 10.0
+"""grad_query's fp32 zero init (4 B) and downcast (6 B)."""
+RING_BWD_CALL_Q = 14.0
+"""Each flash backward call past the first (the first is in the measured throughput): flash
+attention 2's backward runs a pre-pass rowsum(dO * O) that zeroes its fp32 dq accumulator (read
+2 + 2 B, write 4) and a final dq conversion (read 4, write 2) over the queries it is given (all
+of them on the pacing rank)."""
+
+
+def ring_attention_bytes(layer: Layer, mesh: Mesh, microbatch: int) -> tuple[float, float]:
+    """(forward, backward) device-memory bytes of torch's ring attention around the flash
+    kernels on one rank per micro-batch: each of the cp steps upcasts its partial output and
+    log-sum-exp to fp32 and merges it into the running output, and the backward accumulates
+    the query gradient and the ring's key / value gradients in fp32. All of it is elementwise,
+    at device-memory bandwidth, and grows with the local sequence times cp (the steps)."""
+    tokens = _seq_tokens(layer) * microbatch / (mesh.cp * mesh.tp)
+    seq = _seq_tokens(layer)
+    q = tokens * layer.attn_flops / (2.0 * seq * seq) if seq else 0.0
+    kv = tokens * layer.kv_bytes / (4.0 * seq) if seq else 0.0
+    steps = mesh.cp
+    fwd = (RING_FWD_FIRST_Q * q + (steps - 1) * (RING_FWD_STEP_Q * q + RING_FWD_STEP_KV * kv)
+           + RING_FWD_END_Q * q)
+    bwd = (steps * (RING_BWD_STEP_Q * q + RING_BWD_STEP_KV * kv) + RING_BWD_END_Q * q
+           + (steps - 1) * RING_BWD_CALL_Q * q)
     return fwd, bwd
 
 
@@ -416,8 +601,10 @@ def block_compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatc
                    else layer.eager_bytes) * prec.param_bytes / 2
         stream = traffic * scale / (hw.hbm_gbps * 1e9)
         low = low_precision_linears(layer, mesh, strategy, microbatch, hw, features)
-        width = sum(k for (k, _), is_low in zip(layer.linear_shapes, low, strict=True) if is_low)
-        cast_fwd, cast_bwd = cast_s(_seq_tokens(layer) * width * scale, hw, features, sum(low))
+        if not measured_float8_table(hw, features):  # else inside the measured linear times
+            cast_fwd, cast_bwd = cast_s(float8_cast_elements(layer, mesh, strategy, microbatch,
+                                                             features, low),
+                                        hw, features, sum(low))
     loss_fwd = loss_bwd = 0.0
     if layer.kind == "output" and hw.hbm_gbps > 0 and hw.gemm_table:
         # the eager cross-entropy on fp32 logits (saved_bytes: one sequence's fp32 logits):
@@ -434,6 +621,31 @@ def block_compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatc
 ROW_PARALLEL_FLOP_SHARE = 1 / 3
 """Share of a decoder block's linear FLOPs in its row-parallel linears (wo and w2; Llama 3 8B
 34 %, 70B 35 %): the backward GEMMs a fused all-gather of their output gradient can hide under."""
+
+
+def tp_region_gemms(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+                    hw: HardwareProfile, features: Features) -> tuple[tuple[float, float], ...]:
+    """(column-wise, row-wise) forward GEMM seconds of each module the block's TP plan gathers
+    into and scatters out of (attention, FFN), at the job's shapes and precision; empty where
+    the graph does not record the linears' styles or the block is not two such modules."""
+    styles, names = linear_styles(layer), linear_names(layer)
+    if not all(styles):
+        return ()
+    tp = mesh.tp if strategy.tp_mode == "sp" else 1
+    tokens = linear_tokens(layer, mesh, strategy, microbatch)
+    speedup, wgrad = _low_speedups(hw, features)
+    chunks = tp if features.async_tp and tp > 1 else 1
+    low = low_precision_linears(layer, mesh, strategy, microbatch, hw, features)
+    measured = measured_float8_table(hw, features)
+    regions: dict[str, list[float]] = {}
+    for shape, is_low, style, name in zip(layer.linear_shapes, low, styles, names, strict=True):
+        fwd, _ = _linears_s((shape,), tokens, tp, chunks, hw.gemm_table, hw.clock_scale, speedup,
+                            wgrad, (is_low,), (style,), measured, hw.hbm_gbps)
+        region = regions.setdefault(name.rpartition(".")[0], [0.0, 0.0, 0.0])
+        region[0 if style == "colwise" else 1] += fwd
+        region[2] += style == "rowwise"
+    found = tuple((col, row) for col, row, rows in regions.values() if rows == 1)
+    return found if len(found) == 2 else ()
 
 
 def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int, act: float,
@@ -476,9 +688,21 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
         total = sum(n * (t + cat) for t, n, _ in kinds)
         return total * (1.0 - hw.async_tp_overlap) if features.async_tp else total
     fused = sum(n * t for t, n, f in kinds if f)
-    gemm_fwd, _ = gemm_times(layer, mesh, strategy, microbatch, hw, features)
-    hiding = gemm_fwd * (fwd_passes + (ROW_PARALLEL_FLOP_SHARE if kinds[2][2] else 0.0))
-    exposed = max(fused / mesh.tp, fused - hiding)
+    regions = tp_region_gemms(layer, mesh, strategy, microbatch, hw, features)
+    if regions:
+        # each fused collective hides under its own GEMMs only: the gather into a module under
+        # its column-wise GEMMs, the scatter out of it under its row-wise GEMM, the backward
+        # gather of the row-wise output gradient under that linear's input-gradient GEMM (the
+        # forward's FLOPs); a transfer longer than its GEMMs is exposed by the difference
+        exposed = 0.0
+        for col, row in regions:
+            for (t, n, f), gemm in zip(kinds[:3], (col, row, row), strict=True):
+                if f:
+                    exposed += n / 2 * max(t / mesh.tp, t - gemm)
+    else:
+        gemm_fwd, _ = gemm_times(layer, mesh, strategy, microbatch, hw, features)
+        hiding = gemm_fwd * (fwd_passes + (ROW_PARALLEL_FLOP_SHARE if kinds[2][2] else 0.0))
+        exposed = max(fused / mesh.tp, fused - hiding)
     if hw.hbm_gbps > 0:
         # the fused matmul + reduce-scatter sums the tp partial products it gathered after
         # the last chunk: the full activation read, a tp-th written, on the compute stream

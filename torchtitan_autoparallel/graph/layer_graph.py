@@ -77,6 +77,9 @@ class Layer:
     linear_names: tuple[str, ...] = ()
     """Each linear's name inside the block, in ``linear_shapes`` order (what float8's
     ``filter_fqns`` match)."""
+    linear_styles: tuple[str, ...] = ()
+    """Each linear's TP style in ``linear_shapes`` order ("colwise", "rowwise", "replicate";
+    "" where the family's TP plan is not inferred): which side of its weight tp splits."""
     param_bytes: int = 0
     """Bytes of the parameters in the dtypes the model builds them in (TorchTitan's gpt_oss
     builds its blocks in bf16); 0: fp32 (a graph written by hand)."""
@@ -340,6 +343,14 @@ def block_inputs(family: str, model: torch.nn.Module, adapter: ModelAdapter, seq
     return seen["inputs"]
 
 
+def _linear_styles(adapter: ModelAdapter, sig: str, linears: list[tuple[str, Any]]
+                   ) -> tuple[str, ...]:
+    """The TP style of each linear of a block from the family's inferred TP plan (empty where
+    the family has a TP function of its own)."""
+    plan = getattr(adapter.tp_fn, "plans", {}).get(sig, {})
+    return tuple(getattr(plan.get(name), "kind", "") for name, _ in linears) if plan else ()
+
+
 def _signature(module: torch.nn.Module) -> str:
     shapes = ",".join(f"{n}:{tuple(p.shape)}" for n, p in module.named_parameters())
     return f"{type(module).__name__}[{shapes}]"
@@ -453,7 +464,8 @@ def build_layer_graph(
                             attn_flops=attn, kv_bytes=kv_bytes, **moe, **count(block),
                             eager_bytes=eager, gemm_io_bytes=gemm_io, linear_shapes=shapes,
                             linear_input_elements=float(seq_len * sum(k for k, _ in shapes)),
-                            linear_names=tuple(n for n, _ in linears)))
+                            linear_names=tuple(n for n, _ in linears),
+                            linear_styles=_linear_styles(adapter, sig, linears)))
     head = [model.get_submodule(n) for n in (adapter.final_norm, adapter.output) if n]
     # logits are kept in fp32 for the loss, plus their gradient buffer during backward
     layers.append(Layer(adapter.output, "output", fwd_flops=2.0 * seq_len * dim * vocab,
