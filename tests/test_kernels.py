@@ -108,7 +108,7 @@ def test_tp_splits_the_side_the_tp_plan_shards():
     """Llama 3's inferred TP plan: wq / wk / wv / w1 / w3 column-wise (outputs split, wk and wv
     too, though their outputs are the narrower side), wo / w2 row-wise (inputs split)."""
     from torchtitan_autoparallel.cost.model import _tp_split, linear_styles
-    from torchtitan_autoparallel.planner import model_layer_graph
+    from torchtitan_autoparallel.planning_inputs import model_layer_graph
     from torchtitan_autoparallel.registry import register
 
     register()
@@ -126,7 +126,7 @@ def test_ring_attention_work_grows_with_the_ring_at_a_fixed_local_length():
     """torch's ring attention merges one partial output per step in fp32: at the same local
     sequence (32k tokens per rank), more ranks in the ring mean more memory-bound work."""
     from torchtitan_autoparallel.cost.model import ring_attention_bytes
-    from torchtitan_autoparallel.planner import model_layer_graph
+    from torchtitan_autoparallel.planning_inputs import model_layer_graph
     from torchtitan_autoparallel.registry import register
 
     register()

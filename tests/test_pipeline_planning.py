@@ -102,8 +102,14 @@ def test_pipeline_plan_file_round_trip_explain_and_diff(job, tmp_path):
     assert "pipeline: 1F1B, 2 ranks x 1 stages" in table
     assert "stage 0 on rank 0: tok_embeddings, layers.0" in table
     assert "stage 1 on rank 1: layers.3..5, norm, output" in table
-    text = explain_text(one, explain_rows(one))
+    rows = explain_rows(one)
+    text = explain_text(one, rows)
     assert "pipeline schedule: 1F1B chosen" in text
+    # a stage's block is explained by its time per micro-batch and its FSDP per step, labelled
+    # so: the first is the plan file's own per-layer time
+    assert "per mb ms fsdp/step ms" in text and "compute ms" not in text
+    times = {layer.fqn: layer.time_ms for layer in one.layers}
+    assert all(r["microbatch_ms"] == pytest.approx(times[r["layer"]], rel=1e-6) for r in rows)
     assert "pipeline_parallel_degree = 2" in text
     lines = diff_lines(one, two)
     assert "pipeline schedule: '1F1B' -> 'Interleaved1F1B'" in lines

@@ -262,7 +262,7 @@ def test_memory_terms_measured_on_one_gpu():
     """The memory terms MemTracker showed on one H200 (experiments/results/h200_model.md):
     gradients stay resident while accumulating; under autocast (one device / DDP, bf16) the
     cached bf16 weight copies and fp32 residual activations; bf16 logits beside the fp32 ones."""
-    from torchtitan_autoparallel.cost.model import fixed_cost
+    from torchtitan_autoparallel.cost.model import edges_cost
     from torchtitan_autoparallel.layout import Mesh
 
     graph = random_graph(random.Random(3))
@@ -282,13 +282,13 @@ def test_memory_terms_measured_on_one_gpu():
     assert two.edge_memory["first"] - one.edge_memory["first"] == pytest.approx(4 * params / 2)
     # autocast: bf16 weight cache of every non-embedding weight; FSDP (mixed precision) or
     # fp32 training caches nothing
-    cache = (fixed_cost(graph, single, 1, hw, bf16, 8).kept_bytes
-             - fixed_cost(graph, fsdp, 1, hw, bf16, 8).kept_bytes)
+    cache = (edges_cost(graph, single, 1, hw, bf16, 8).kept_bytes
+             - edges_cost(graph, fsdp, 1, hw, bf16, 8).kept_bytes)
     assert cache == pytest.approx(2 * body, rel=1e-3)
-    assert fixed_cost(graph, single, 1, hw, fp32, 8).kept_bytes == pytest.approx(
-        fixed_cost(graph, fsdp, 1, hw, fp32, 8).kept_bytes)
+    assert edges_cost(graph, single, 1, hw, fp32, 8).kept_bytes == pytest.approx(
+        edges_cost(graph, fsdp, 1, hw, fp32, 8).kept_bytes)
     # bf16 logits (2 B) kept beside the fp32 logits and their gradient (8 B)
-    assert fixed_cost(graph, fsdp, 1, hw, bf16, 8).kept_bytes - fixed_cost(
+    assert edges_cost(graph, fsdp, 1, hw, bf16, 8).kept_bytes - edges_cost(
         graph, fsdp, 1, hw, fp32, 8).kept_bytes == pytest.approx(2 * logits, rel=0.01)
     # block activations: DDP trains under autocast like one device (same activations); FSDP
     # casts the parameters itself and keeps them all in bf16 (half of fp32)
@@ -358,7 +358,7 @@ def test_model_hash_is_stable_within_and_across_processes():
     assert model_hash("deepseek_v3_671b_auto.toml") == first
     code = ("from torchtitan_autoparallel.registry import register; register()\n"
             "from torchtitan_autoparallel.job_config import parse_config\n"
-            "from torchtitan_autoparallel.planner import job_inputs\n"
+            "from torchtitan_autoparallel.planning_inputs import job_inputs\n"
             "job = parse_config(['--job.config_file', "
             "'train_configs/deepseek_v3_671b_auto.toml'])\n"
             "print(job_inputs(job, 128).fingerprint['model_hash'])\n")
@@ -449,7 +449,7 @@ def test_embedding_and_output_are_costed_as_applied():
     compute, no latency and no overlap, a ring all-gather or reduce-scatter of B bytes takes
     B / 2 / bandwidth: the embedding all-gathers twice and reduce-scatters once, the output
     all-gathers once and reduce-scatters once."""
-    from torchtitan_autoparallel.cost.model import fixed_cost
+    from torchtitan_autoparallel.cost.model import edges_cost
     from torchtitan_autoparallel.layout import Mesh
 
     graph = random_graph(random.Random(7))
@@ -461,7 +461,7 @@ def test_embedding_and_output_are_costed_as_applied():
     bw = hw.intra_node_gbps * 1e9
     emb, out = graph.layers[0].params * 4, graph.layers[-1].params * 4
     expected = (3 * emb / 2 + 2 * out / 2) / bw
-    got = fixed_cost(graph, Mesh(1, 2, 1), 1, hw, Precision(4, 4), 8).time_s
+    got = edges_cost(graph, Mesh(1, 2, 1), 1, hw, Precision(4, 4), 8).time_s
     assert got == pytest.approx(expected, rel=1e-6)
 
 

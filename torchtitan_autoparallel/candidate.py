@@ -25,7 +25,7 @@ from .cost.model import (
     Precision,
     block_cost,
     compute_s,
-    fixed_cost,
+    edges_cost,
     state_memory,
 )
 from .cost.pipeline import StageBlockCost
@@ -280,16 +280,16 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
                            graph.grouped_experts, features)
         for c in classes for s in strategies[c]
     }
-    fixed = fixed_cost(graph, mesh, microbatch, hw, prec, gpus_per_node, features)
+    edges = edges_cost(graph, mesh, microbatch, hw, prec, gpus_per_node, features)
     # parameters, gradients and optimizer state do not depend on the block's strategy
-    state = fixed.state_bytes + sum(
+    state = edges.state_bytes + sum(
         costs[(c, strategies[c][0])].state_bytes * n for c, n in classes.items())
     accum = global_batch // (microbatch * mesh.dp)
     resident, step_bytes, per_step = state_memory(state, accum, hw, features)
     name = FLAT[0].name
     return Candidate(mesh, microbatch, accum, dict(classes), strategies, costs, FLAT,
-                     {name: 1}, {name: fixed.time_s}, {name: 0.0},
-                     {name: resident + fixed.kept_bytes}, {name: step_bytes},
+                     {name: 1}, {name: edges.time_s}, {name: 0.0},
+                     {name: resident + edges.kept_bytes}, {name: step_bytes},
                      per_step_s=per_step, state_bytes=state)
 
 

@@ -43,9 +43,10 @@ def explain_rows(plan: Plan, cache: dict[str, Any] | None = None) -> list[dict[s
             continue
         sig, chosen = class_of[layer.fqn], BlockStrategy.of(layer)
         cost = cand.costs[(sig, chosen)]
-        compute, comm = cost.explained()
+        first, second = cost.explained()
         row = {"layer": layer.fqn, "strategy": layer.describe(plan.mesh.unsharded_label),
-               "compute_ms": compute * 1e3, "exposed_comm_ms": comm * 1e3,
+               "columns": cost.EXPLAINED, cost.EXPLAINED[0]: first * 1e3,
+               cost.EXPLAINED[1]: second * 1e3,
                "kept_mib": cost.kept_bytes / 2**20, "transient_mib": cost.transient_bytes / 2**20,
                "runner_up": None}
         # under pp the stage keeps its parameters across micro-batches: resharding is the
@@ -204,14 +205,22 @@ def model_lines(plan: Plan, cache: dict[str, Any] | None = None) -> list[str]:
     return lines
 
 
+COLUMN_HEADS = {"compute_ms": "compute ms", "exposed_comm_ms": "comm ms",
+                "microbatch_ms": "per mb ms", "fsdp_step_ms": "fsdp/step ms"}
+"""Headings of the two cost columns of ``explain``'s rows (flat plans: compute and exposed
+communication per micro-batch; pipeline stages: time per micro-batch and FSDP per step)."""
+
+
 def explain_text(plan: Plan, rows: list[dict[str, Any]], extra: list[str] = ()) -> str:
+    columns = rows[0]["columns"] if rows else ("compute_ms", "exposed_comm_ms")
+    heads = [COLUMN_HEADS[c] for c in columns]
     lines = [plan.table(), "", "per block (per micro-batch): chosen vs runner-up",
-             f"  {'layers':<20}{'strategy':<26}{'compute ms':>11}{'comm ms':>9}{'kept MiB':>10}"
+             f"  {'layers':<20}{'strategy':<26}{heads[0]:>11}{heads[1]:>13}{'kept MiB':>10}"
              f"  runner-up (delta time ms, delta kept MiB)"]
     groups: list[list[dict[str, Any]]] = []
     def key(row: dict[str, Any]) -> tuple:
         ru = row["runner_up"]
-        return (row["strategy"], row["compute_ms"], row["kept_mib"], ru and ru["strategy"])
+        return (row["strategy"], row[columns[0]], row["kept_mib"], ru and ru["strategy"])
 
     for row in rows:
         if groups and key(groups[-1][0]) == key(row):
@@ -225,8 +234,8 @@ def explain_text(plan: Plan, rows: list[dict[str, Any]], extra: list[str] = ()) 
         ru = r["runner_up"]
         alt = (f"{ru['strategy']} ({ru['delta_time_ms']:+.4g}, {ru['delta_kept_mib']:+.4g})"
                + ("" if ru["fits_budget"] else " over budget") if ru else "none (only strategy)")
-        lines.append(f"  {name:<20}{r['strategy']:<26}{r['compute_ms']:>11.4g}"
-                     f"{r['exposed_comm_ms']:>9.4g}{r['kept_mib']:>10.4g}  {alt}")
+        lines.append(f"  {name:<20}{r['strategy']:<26}{r[columns[0]]:>11.4g}"
+                     f"{r[columns[1]]:>13.4g}{r['kept_mib']:>10.4g}  {alt}")
     if plan.pipeline is not None:
         lines += ["", *schedule_lines(plan)]
     lines += ["", snippet(plan)]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .assembly import candidate_for, rank_counts
-from .cost.model import STATE_BYTES_PER_PARAM, core_share, fixed_cost
+from .cost.model import STATE_BYTES_PER_PARAM, core_share, edges_cost
 from .errors import UserError, atomic_write_all, check_output_path
 from .plan import Plan
 from .recost import block_counts, inputs_from_plan
@@ -154,7 +154,7 @@ def _breakdown(plan: Plan) -> tuple[list[tuple[str, float]], str, list[tuple[str
     cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
     _, counts = block_counts(plan, inputs)
     costs = {key: cand.costs[key] for key in counts}
-    fixed = fixed_cost(inputs.graph, plan.mesh, plan.local_batch_size, inputs.hw,
+    edges = edges_cost(inputs.graph, plan.mesh, plan.local_batch_size, inputs.hw,
                        inputs.precision, inputs.gpus_per_node, inputs.features)
     t = cand.types[0].name
     per_param = cand.state_bytes / STATE_BYTES_PER_PARAM
@@ -162,7 +162,7 @@ def _breakdown(plan: Plan) -> tuple[list[tuple[str, float]], str, list[tuple[str
     kept = sum(n * costs[key].kept_bytes for key, n in counts.items())
     working = max((c.transient_bytes for c in costs.values()), default=0.0)
     resident, step_bytes = cand.edge_memory[t], cand.edge_state[t]
-    state = resident - fixed.kept_bytes  # parameters, moments (and gradients)
+    state = resident - edges.kept_bytes  # parameters, moments (and gradients)
     if step_bytes >= resident + kept + working:
         phase = "optimizer step"
         memory = [("parameters", 4 * per_param), ("gradients", 4 * per_param),
@@ -173,8 +173,8 @@ def _breakdown(plan: Plan) -> tuple[list[tuple[str, float]], str, list[tuple[str
         held = 4 * per_param if state > 0 else 0.0
         memory = [("parameters", held), ("optimizer state", 2 * held),
                   ("gradients", state - 3 * held),
-                  ("activations", kept + fixed.kept_bytes - fixed.logits_bytes),
-                  ("logits", fixed.logits_bytes), ("working set", working)]
+                  ("activations", kept + edges.kept_bytes - edges.logits_bytes),
+                  ("logits", edges.logits_bytes), ("working set", working)]
     share = core_share(plan.mesh, inputs.hw, inputs.gpus_per_node)
     accum = cand.accum
     time = {"compute": accum * share * sum(n * costs[k].compute_s for k, n in counts.items())}

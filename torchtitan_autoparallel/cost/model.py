@@ -15,6 +15,7 @@ autocast (one device, DDP) also the cached low-precision weight copies.
 import dataclasses
 import functools
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..features import EAGER, Features
 from ..graph.layer_graph import Layer, LayerGraph
@@ -91,8 +92,11 @@ class BlockCost:
                 "comm_ms": round(self.exposed_comm_s * 1e3, 6),
                 "memory_mib": round((self.kept_bytes + self.state_bytes) / 2**20, 6)}
 
+    EXPLAINED: ClassVar[tuple[str, str]] = ("compute_ms", "exposed_comm_ms")
+    """What ``explained`` returns, as ``explain``'s rows name it."""
+
     def explained(self) -> tuple[float, float]:
-        """(compute, exposed communication) in seconds, as ``explain`` shows them."""
+        """(compute, exposed communication) per micro-batch in seconds."""
         return self.compute_s, self.exposed_comm_s
 
 
@@ -920,7 +924,7 @@ def state_memory(state_bytes: float, accum: int, hw: HardwareProfile,
 
 
 @dataclass(frozen=True)
-class FixedCost:
+class EdgeCost:
     """Embedding and norm + output: their per-micro-batch time and memory (not planned per
     layer: they follow the mesh, vocab-parallel with loss parallel when tp > 1)."""
 
@@ -936,13 +940,13 @@ class FixedCost:
 
 def edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int,
               hw: HardwareProfile, prec: Precision, gpus_per_node: int,
-              features: Features = EAGER) -> FixedCost:
+              features: Features = EAGER) -> EdgeCost:
     """The embedding's or the norm + output's time and memory per micro-batch."""
     cost = block_cost(layer, mesh, edge_strategy(layer.kind, mesh), microbatch, hw, prec,
                       gpus_per_node, features=features)
     gathered = cost.unsharded_bytes + cost.grad_bytes
     if layer.kind != "output":
-        return FixedCost(cost.time_s, cost.kept_bytes, cost.state_bytes, 0.0, gathered)
+        return EdgeCost(cost.time_s, cost.kept_bytes, cost.state_bytes, 0.0, gathered)
     # logits stay fp32 for the loss: not scaled by the activation dtype
     logits = layer.saved_bytes * microbatch / (mesh.tp * mesh.cp)
     if prec.param_bytes < 4:
@@ -955,12 +959,14 @@ def edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int,
         # freed upcast's block) are alive, and the freed low-precision logits' block is too
         # small to serve it: 4 B per element more than the tensors above
         logits += graph.seq_len * graph.vocab_size * 4 * microbatch / (mesh.tp * mesh.cp)
-    return FixedCost(cost.time_s, logits, cost.state_bytes, logits, gathered)
+    return EdgeCost(cost.time_s, logits, cost.state_bytes, logits, gathered)
 
 
-def fixed_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
+def edges_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
                prec: Precision, gpus_per_node: int, features: Features = EAGER
-               ) -> FixedCost:
+               ) -> EdgeCost:
+    """Every edge layer's ``edge_cost`` summed (a flat plan holds them all on one rank), with
+    the weight copies autocast keeps."""
     time = kept = state = logits = 0.0
     for layer in graph.layers:
         if layer.kind == "block":
@@ -975,4 +981,4 @@ def fixed_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfi
         # embedding) from the forward until the backward
         kept += prec.param_bytes * sum(layer.params for layer in graph.layers
                                        if layer.kind != "embedding")
-    return FixedCost(time, kept, state, logits)
+    return EdgeCost(time, kept, state, logits)

@@ -36,6 +36,7 @@ per step and the stage holds its unsharded parameters and gradients throughout.
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..features import EAGER, Features
 from ..graph.layer_graph import Layer, LayerGraph
@@ -154,9 +155,11 @@ class StageBlockCost:
         return {"time_ms": round(self.time_s * 1e3, 6),
                 "memory_mib": round((self.resident_bytes + self.kept_bytes) / 2**20, 6)}
 
+    EXPLAINED: ClassVar[tuple[str, str]] = ("microbatch_ms", "fsdp_step_ms")
+    """What ``explained`` returns, as ``explain``'s rows name it."""
+
     def explained(self) -> tuple[float, float]:
-        """(time per micro-batch, per-step FSDP collectives) in seconds, as ``explain`` shows
-        them."""
+        """(time per micro-batch, exposed FSDP collectives once per step) in seconds."""
         return self.time_s, self.step_s
 
 
