@@ -49,6 +49,15 @@ def block_classes(graph: LayerGraph, pins: dict[str, Pin]) -> list[str]:
             for layer in graph.blocks]
 
 
+def class_runs(classes: list[str]) -> dict[str, int]:
+    """Each block class's number of blocks where they are all consecutive (one run, what FSDP
+    units may group), else 1."""
+    where: dict[str, list[int]] = defaultdict(list)
+    for i, c in enumerate(classes):
+        where[c].append(i)
+    return {c: len(ix) if ix[-1] - ix[0] + 1 == len(ix) else 1 for c, ix in where.items()}
+
+
 @dataclass(frozen=True)
 class RankType:
     """pp ranks that hold the same kind of stages (``rank``: the one with the most
@@ -268,12 +277,14 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
     representative = {}
     strategies: dict[str, list[BlockStrategy]] = {}
     moe_model = graph.num_experts > 0
-    for layer, cls in zip(graph.blocks, block_classes(graph, pins), strict=True):
+    order = block_classes(graph, pins)
+    runs = class_runs(order)
+    for layer, cls in zip(graph.blocks, order, strict=True):
         classes[cls] += 1
         if cls not in representative:
             representative[cls] = layer
             strategies[cls] = pinned_strategies(mesh, microbatch, constraints, moe_model,
-                                                pins.get(layer.fqn), gpus_per_node)
+                                                pins.get(layer.fqn), gpus_per_node, runs[cls])
     costs = {
         (c, s): block_cost(representative[c], mesh, s, microbatch, hw, prec, gpus_per_node,
                            graph.grouped_experts, features)
