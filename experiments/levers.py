@@ -11,6 +11,9 @@ and the June 2025 async TP benchmark's 8B / 70B jobs) and on larger FSDP jobs, t
   (``filter_fqns = ["output"]``, TorchTitan's own configs).
 - FSDP resharding to a node (FSDP2's integer ``reshard_after_forward``): offered per block
   where the FSDP group spans nodes; without, only reshard / keep.
+- FSDP units of k blocks (one ``fully_shard`` over k consecutive identical blocks, k = 2 or 4):
+  offered where FSDP shards the blocks (no pp, no EP); without, one unit per block. Declined
+  with ``explain``'s reason.
 
 Per job: predicted tokens/s per GPU with and without, the gain, and what the plan did with the
 lever (or why the planner declined it). Profile: h100_grand_teton (the published machine).
@@ -70,6 +73,19 @@ def without_node_reshard() -> Iterator[None]:
         strategies.node_reshard_group = saved
 
 
+@contextmanager
+def without_units() -> Iterator[None]:
+    """The planner with FSDP units of one block only."""
+    from torchtitan_autoparallel import strategies
+
+    saved = strategies.FSDP_UNIT_SIZES
+    strategies.FSDP_UNIT_SIZES = ()
+    try:
+        yield
+    finally:
+        strategies.FSDP_UNIT_SIZES = saved
+
+
 def plan(fields: dict[str, str], extra: tuple[str, ...] = ()) -> Any:
     from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
@@ -109,6 +125,23 @@ def node_declined(p: Any) -> str:
     return "declined: predicted slower than resharding fully or keeping"
 
 
+def unit_use(p: Any) -> str:
+    blocks = [layer for layer in p.layers if layer.kind == "block"]
+    grouped = [layer for layer in blocks if layer.fsdp_unit > 1]
+    sizes = sorted({layer.fsdp_unit for layer in grouped})
+    return (f"{len(grouped)} of {len(blocks)} blocks in units of "
+            f"{' / '.join(map(str, sizes))}" if grouped else "")
+
+
+def unit_declined(p: Any) -> str:
+    """``explain``'s reason for the first kind of block."""
+    from torchtitan_autoparallel.explain import unit_lines
+    from torchtitan_autoparallel.planner import inputs_from_plan
+
+    line = unit_lines(p, inputs_from_plan(p))[0]
+    return line[line.index("declined"):] if "declined" in line else line
+
+
 def row(label: str, fields: dict[str, str], lever: str,
         run: Callable[[], tuple[Any, Any]], use: Callable[[Any], str],
         declined: Callable[[Any], str]) -> str:
@@ -142,6 +175,14 @@ def main() -> int:
                 return with_it, plan(f)
 
         lines.append(row(label, fields, "reshard to node", node_run, node_use, node_declined))
+        print(lines[-1], flush=True)
+
+        def unit_run(f: dict[str, str] = fields) -> tuple[Any, Any]:
+            with_it = plan(f)
+            with without_units():
+                return with_it, plan(f)
+
+        lines.append(row(label, fields, "FSDP units", unit_run, unit_use, unit_declined))
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     OUT.write_text(text)

@@ -224,3 +224,39 @@ def test_node_reshard_plan_parity(references, tmp_path):
                      [f"--autoparallel.plan_file={path}", *options], seed_checkpoint=seed)
     assert "fsdp-node2" in result.output, result.output[-3000:]
     assert_parity(reference, result)
+
+
+# slow (measured passing: largest relative difference 8.75e-05, the gradient norm of step 2;
+# ``-m slow`` runs it): two 2-rank runs and the 1-rank reference, out of the CI command for time
+@pytest.mark.slow
+def test_fsdp_units_plan_parity(references, tmp_path):
+    """FSDP units of 2 blocks (one ``fully_shard`` over each pair) on fsdp 2: a plan edited to
+    pair the blocks, the pairs resharding or keeping their parameters and with or without full
+    AC (replayed from its file): losses and gradient norms equal the 1-rank run."""
+    from torchtitan_autoparallel.job_config import parse_config
+    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.runtime import cpu
+
+    cpu.install()
+    register()
+    options = ["--parallelism.data_parallel_shard_degree=2"]
+    plan = plan_job(parse_config(["--job.config_file", "train_configs/llama3_debug_auto.toml",
+                                  *PARITY_OVERRIDES, *options]), 2)
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    for i, layer in enumerate(blocks[:len(blocks) // 2 * 2]):
+        layer.fsdp_unit = 2
+        layer.reshard_after_forward = i // 2 % 2 == 0
+        layer.ac = ("none", "full")[i // 4 % 2]
+    path = tmp_path / "units.json"
+    plan.save(str(path))
+    assert Plan.load(str(path)).layers[1].fsdp_unit == 2
+
+    seed, reference = references("llama3")
+    result = run_job("llama3_debug_auto.toml", 2, tmp_path / "run",
+                     [f"--autoparallel.plan_file={path}", *options], seed_checkpoint=seed)
+    assert "unit2" in result.output, result.output[-3000:]
+    worst = assert_parity(reference, result)
+    print(f"FSDP units of 2 on 2 ranks: largest relative difference {worst:.2e}; losses "
+          f"{result.losses} vs 1-rank {reference.losses}; grad norms {result.grad_norms} vs "
+          f"{reference.grad_norms}")
