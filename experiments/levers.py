@@ -61,29 +61,22 @@ def jobs() -> list[tuple[str, dict[str, str]]]:
 
 
 @contextmanager
-def without_node_reshard() -> Iterator[None]:
-    """The planner with the node reshard switched off (only reshard / keep offered)."""
+def switched_off(name: str, value: Any) -> Iterator[None]:
+    """The planner with ``strategies.<name>`` replaced by ``value``: the node reshard
+    (``node_reshard_group`` giving 0: only reshard / keep) or FSDP units
+    (``FSDP_UNIT_SIZES`` empty: one unit per block) switched off."""
     from torchtitan_autoparallel import strategies
 
-    saved = strategies.node_reshard_group
-    strategies.node_reshard_group = lambda *args, **kwargs: 0
+    saved = getattr(strategies, name)
+    setattr(strategies, name, value)
     try:
         yield
     finally:
-        strategies.node_reshard_group = saved
+        setattr(strategies, name, saved)
 
 
-@contextmanager
-def without_units() -> Iterator[None]:
-    """The planner with FSDP units of one block only."""
-    from torchtitan_autoparallel import strategies
-
-    saved = strategies.FSDP_UNIT_SIZES
-    strategies.FSDP_UNIT_SIZES = ()
-    try:
-        yield
-    finally:
-        strategies.FSDP_UNIT_SIZES = saved
+LEVERS_OFF = {"reshard to node": ("node_reshard_group", lambda *args, **kwargs: 0),
+              "FSDP units": ("FSDP_UNIT_SIZES", ())}
 
 
 def plan(fields: dict[str, str], extra: tuple[str, ...] = ()) -> Any:
@@ -169,21 +162,17 @@ def main() -> int:
                                       "need every linear converted)"
                 if p.mesh.tp > 1 else "declined: float8 pays on every linear"))
 
-        def node_run(f: dict[str, str] = fields) -> tuple[Any, Any]:
-            with_it = plan(f)
-            with without_node_reshard():
-                return with_it, plan(f)
+        for lever, use, declined in (("reshard to node", node_use, node_declined),
+                                     ("FSDP units", unit_use, unit_declined)):
 
-        lines.append(row(label, fields, "reshard to node", node_run, node_use, node_declined))
-        print(lines[-1], flush=True)
+            def run(f: dict[str, str] = fields, off: tuple = LEVERS_OFF[lever]
+                    ) -> tuple[Any, Any]:
+                with_it = plan(f)
+                with switched_off(*off):
+                    return with_it, plan(f)
 
-        def unit_run(f: dict[str, str] = fields) -> tuple[Any, Any]:
-            with_it = plan(f)
-            with without_units():
-                return with_it, plan(f)
-
-        lines.append(row(label, fields, "FSDP units", unit_run, unit_use, unit_declined))
-        print(lines[-1], flush=True)
+            lines.append(row(label, fields, lever, run, use, declined))
+            print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     OUT.write_text(text)
     print(text)

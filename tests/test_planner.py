@@ -2,6 +2,7 @@
 
 import dataclasses
 import itertools
+import json
 import random
 
 import pytest
@@ -602,3 +603,32 @@ def test_fsdp_units_match_brute_force():
             chosen.append(max(s.fsdp_unit for (_, s), k in result.best.counts["first"].items()
                               if k))
     assert 1 in chosen and {2, 4} & set(chosen), chosen
+
+
+def test_fsdp_unit_plan_checks(planning):
+    """A plan's FSDP units: k consecutive blocks with one strategy, on blocks FSDP shards;
+    anything else is refused in one line when the plan is read."""
+    plan = planning("llama3_debug_auto.toml", 2, "--parallelism.data_parallel_shard_degree=2")
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    assert len(blocks) % 2 == 0 and all(b.fsdp_unit == 1 for b in blocks)
+    assert "fsdp_unit" not in plan.to_json()
+    for layer in blocks:
+        layer.fsdp_unit = 2
+    units = Plan.from_dict(json.loads(plan.to_json())).layers
+    assert [layer.fsdp_unit for layer in units if layer.kind == "block"] == [2] * len(blocks)
+    blocks[1].ac = "full" if blocks[0].ac != "full" else "none"
+    with pytest.raises(UserError, match=f"{blocks[0].fqn} starts an FSDP unit of 2 blocks"):
+        Plan.from_dict(json.loads(plan.to_json()))
+    blocks[1].ac = blocks[0].ac
+    blocks[-1].fsdp_unit = 1
+    with pytest.raises(UserError, match=f"{blocks[-2].fqn} starts an FSDP unit of 2 blocks"):
+        Plan.from_dict(json.loads(plan.to_json()))
+    blocks[-1].fsdp_unit = 2
+    plan.layers[0].fsdp_unit = 2
+    with pytest.raises(UserError, match="FSDP units group blocks only"):
+        Plan.from_dict(json.loads(plan.to_json()))
+    ddp = planning("llama3_debug_auto.toml", 2, "--parallelism.data_parallel_replicate_degree=2")
+    for layer in ddp.layers:
+        layer.fsdp_unit = 2 if layer.kind == "block" else 1
+    with pytest.raises(UserError, match="FSDP units need blocks FSDP shards"):
+        Plan.from_dict(json.loads(ddp.to_json()))
