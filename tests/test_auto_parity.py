@@ -237,6 +237,7 @@ def test_node_reshard_plan_parity(references, tmp_path):
     def edit(blocks: list[Any]) -> None:
         for i, layer in enumerate(blocks):
             layer.reshard_after_forward = (2, True, False)[i % 3]
+            layer.fsdp_unit = 1
 
     edited_plan_parity(references, tmp_path, 4, ["--autoparallel.gpus_per_node=2",
                                                  "--parallelism.data_parallel_shard_degree=4"],

@@ -46,7 +46,7 @@ def test_auto_plan_dry_run(flavor, ngpu, hardware, tmp_path):
     blocks to the 8 ranks of a node: FSDP2's integer reshard_after_forward), and the blocks
     sharing each FSDP group as the plan's FSDP units (8B on 128 H100s groups its blocks in
     pairs: one fully_shard over two blocks)."""
-    from torchtitan_autoparallel.plan import Plan, fsdp_units
+    from torchtitan_autoparallel.plan import Plan
 
     path = tmp_path / "plan.json"
     result = dry_run(flavor, ngpu, tmp_path, *(hardware or ("--autoparallel.hardware=h100_sxm",)),
@@ -58,13 +58,19 @@ def test_auto_plan_dry_run(flavor, ngpu, hardware, tmp_path):
     blocks = built_blocks(result)
     built = {name: block["reshard_after_forward"] for name, block in blocks.items()}
     assert built == planned
-    units = {layer.fqn.rpartition(".")[2]: [u.fqn.rpartition(".")[2] for u in unit]
-             for unit in fsdp_units(plan.layers) for layer in unit}
-    assert {name: block["fsdp_unit"] for name, block in blocks.items()} == units
+    assert {name: block["fsdp_unit"] for name, block in blocks.items()} == planned_units(plan)
     if (flavor, ngpu) == ("70b", 128):
         assert 8 in built.values(), built
     if (flavor, ngpu) == ("8b", 128):
         assert blocks["0"]["fsdp_unit"] == ["0", "1"], blocks["0"]
+
+
+def planned_units(plan) -> dict[str, list[str]]:
+    """Per block name: the names of the blocks in its FSDP unit, as the plan groups them."""
+    from torchtitan_autoparallel.plan import fsdp_units
+
+    return {layer.fqn.rpartition(".")[2]: [u.fqn.rpartition(".")[2] for u in unit]
+            for unit in fsdp_units(plan.layers) for layer in unit}
 
 
 def check_report(result: subprocess.CompletedProcess, ngpu: int) -> str:
@@ -235,6 +241,8 @@ def test_float8_linears_chosen_by_the_plan_dry_run(tmp_path):
         assert block["float8_linears"] == 5
     assert "float8: kept in bf16 (float8 predicted slower): output, attention.wk, " \
         "attention.wv" in auto.stdout + auto.stderr
+    # compiled float8 blocks in the plan's FSDP units (one fully_shard over each unit)
+    assert {name: block["fsdp_unit"] for name, block in built.items()} == planned_units(plan)
 
 
 # Pipeline parallel at scale. The published 405B layout (TorchTitan's Table 5: FSDP 8 x TP 8 x

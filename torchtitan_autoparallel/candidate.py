@@ -10,6 +10,7 @@ are interchangeable, so nothing here grows with depth or pp.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -267,6 +268,20 @@ class Candidate:
         return out
 
 
+def faster_units(cls: str, strategies: list[BlockStrategy], costs: dict[Key, BlockCost]
+                 ) -> list[BlockStrategy]:
+    """``strategies`` less the FSDP units no faster than the next smaller unit of the same
+    strategy: they hold more memory for nothing (the smaller unit, which also divides every
+    count of the larger one, is always as good), so the MILP need not see them."""
+    out: list[BlockStrategy] = []
+    for s in strategies:
+        smaller = [t for t in out if t.fsdp_unit < s.fsdp_unit
+                   and dataclasses.replace(t, fsdp_unit=s.fsdp_unit) == s]
+        if not smaller or costs[(cls, s)].time_s < costs[(cls, smaller[-1])].time_s:
+            out.append(s)
+    return out
+
+
 def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch: int,
                     hw: HardwareProfile, prec: Precision, gpus_per_node: int,
                     constraints: Constraints, pins: dict[str, Pin] | None = None,
@@ -290,6 +305,8 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
                            graph.grouped_experts, features)
         for c in classes for s in strategies[c]
     }
+    for c in classes:
+        strategies[c] = faster_units(c, strategies[c], costs)
     fixed = fixed_cost(graph, mesh, microbatch, hw, prec, gpus_per_node, features)
     # parameters, gradients and optimizer state do not depend on the block's strategy
     state = fixed.state_bytes + sum(

@@ -351,7 +351,16 @@ def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     (from the measured GEMM table where the profile has one, else at the profile's flat
     efficiency, sped up by float8 / MX linears), attention, and the streaming kernels between
     them at device-memory bandwidth (each eager op reads and writes its operands; compiled,
-    only the GEMM operands move once), plus float8 casts."""
+    only the GEMM operands move once), plus float8 casts. It depends on the strategy's AC and
+    tp mode only: computed once for the strategies that share them (resharding, FSDP units)."""
+    return _compute_s(layer, mesh, strategy.ac, strategy.tp_mode, microbatch, hw, prec,
+                      features)
+
+
+@functools.lru_cache(maxsize=65536)
+def _compute_s(layer: Layer, mesh: Mesh, ac: str, tp_mode: str, microbatch: int,
+               hw: HardwareProfile, prec: Precision, features: Features) -> tuple[float, float]:
+    strategy = BlockStrategy(ac, True, tp_mode)
     _, recompute_frac = AC_EFFECT[strategy.ac]
     # cp splits every sequence (head-tail load balancing evens out causal attention)
     scale = microbatch / (mesh.tp * mesh.cp)
