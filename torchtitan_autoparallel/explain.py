@@ -186,8 +186,8 @@ def unit_lines(plan: Plan, inputs: Any) -> list[str]:
     (not offered on this plan, no faster, or over the memory budget)."""
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
     problem = fsdp_unit_problem(plan.mesh, blocks[0].tp_mode)
-    if problem:
-        return [f"FSDP units: declined: {problem}"]
+    if problem or inputs.graph.num_experts:
+        return [f"FSDP units: declined: {problem or 'not searched on MoE models'}"]
     cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
     class_of, counts = block_counts(plan, inputs)
     budget = plan.predicted["budget_gib"] * 2**30

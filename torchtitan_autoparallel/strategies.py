@@ -234,9 +234,10 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
     """Per-block choices on ``mesh`` for a local batch of ``microbatch`` sequences. The tp dim
     as data parallel is offered on dense models only (MoE blocks follow TorchTitan's MoE TP).
     Where the FSDP group spans nodes, dense blocks of a flat plan may also reshard to the
-    ranks of one node (``node_reshard_group``) when resharding is searched. Blocks of a class
-    that forms one ``run`` of consecutive blocks may share FSDP units of k blocks (k in
-    ``FSDP_UNIT_SIZES`` up to the run, where ``fsdp_unit_problem`` allows)."""
+    ranks of one node (``node_reshard_group``) when resharding is searched. Blocks of a dense
+    model's class that forms one ``run`` of consecutive blocks may share FSDP units of k blocks
+    (k in ``FSDP_UNIT_SIZES`` up to the run, where ``fsdp_unit_problem`` allows; MoE models
+    keep TorchTitan's per-block FSDP, as for the node reshard)."""
     acs = constraints.ac_modes if "ac" in constraints.techniques else ("none",)
     tp_modes: tuple[str, ...] = ("none",)
     if mesh.tp > 1:
@@ -254,7 +255,7 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
         if node and constraints.reshard_after_forward == "default" and mesh.pp == 1 \
                 and not moe_model:
             reshards += (node,)
-        units = (1,) if fsdp_unit_problem(mesh, mode) else (
+        units = (1,) if fsdp_unit_problem(mesh, mode) or moe_model else (
             1, *(k for k in FSDP_UNIT_SIZES if k <= run))
         for ac in acs:
             for reshard in reshards:
