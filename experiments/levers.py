@@ -83,7 +83,8 @@ def plan(fields: dict[str, str], extra: tuple[str, ...] = ()) -> Any:
     from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
 
-    argv = published.auto_overrides(fields, HW) + list(extra)
+    # a time limit no job reaches, so that with and without differ by the lever only
+    argv = published.auto_overrides(fields, HW) + ["--autoparallel.time_limit_s=600", *extra]
     return plan_job(parse_config(argv), int(fields["gpus"]))
 
 
@@ -144,13 +145,23 @@ def row(label: str, fields: dict[str, str], lever: str,
     return f"| {label} | {lever} | {b:.0f} | {a:.0f} | {a / b - 1:+.2%} | {what} |"
 
 
+UNITS_NOTE = (
+    "FSDP units of k blocks are costed as one all-gather / reduce-scatter (and HSDP all-reduce) "
+    "of the k blocks' parameters per unit, each block paying 1/k of it (per-step latency "
+    "amortised, bus bandwidth at the larger message size), against a working set of the unit's "
+    "and the prefetched next unit's parameters and the unit's gradients. Not modelled: the "
+    "first unit's all-gather, which nothing hides, grows with k. Where the planner declines, "
+    "the reason is `explain`'s (`explain.unit_lines`) for the plan's first kind of block.")
+
+
 def main() -> int:
     from torchtitan_autoparallel.registry import register
 
     register()
     lines = ["# Levers no recipe expresses, predicted at scale", "",
              f"`python experiments/levers.py`; profile `{HW}`; the planner with each lever "
-             "against the same search without it (mesh, batch split, AC and resharding free).",
+             "against the same search without it (mesh, batch split, AC, resharding and FSDP "
+             "units free; a time limit no job reaches).", "", UNITS_NOTE,
              "", "| job | lever | tok/s/GPU without | with | gain | what the plan does |",
              "|---|---|---:|---:|---:|---|"]
     for label, fields in jobs():
