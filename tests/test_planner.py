@@ -632,3 +632,23 @@ def test_fsdp_unit_plan_checks(planning):
         layer.fsdp_unit = 2 if layer.kind == "block" else 1
     with pytest.raises(UserError, match="FSDP units need blocks FSDP shards"):
         Plan.from_dict(json.loads(ddp.to_json()))
+
+
+def test_fsdp_units_explained(planning):
+    """explain gives the unit size with its predicted gain where the plan groups blocks (8B on
+    128 H100s: FSDP over 64 ranks, latency-bound collectives), and the reason where it does not
+    (a DDP plan: nothing FSDP shards)."""
+    from torchtitan_autoparallel.explain import unit_lines
+    from torchtitan_autoparallel.planner import inputs_from_plan
+
+    plan = planning("llama3_8b_auto.toml", 128, "--autoparallel.hardware=h100_sxm")
+    units = {layer.fsdp_unit for layer in plan.layers if layer.kind == "block"}
+    assert units - {1}, units
+    lines = unit_lines(plan, inputs_from_plan(plan))
+    assert any(f"units of {max(units)} blocks, predicted" in line and "faster per block" in line
+               for line in lines), lines
+    assert f"unit{max(units)}" in plan.table()
+    ddp = planning("llama3_debug_auto.toml", 2, "--parallelism.data_parallel_replicate_degree=2")
+    assert unit_lines(ddp, inputs_from_plan(ddp)) == [
+        "FSDP units: declined: FSDP units need blocks FSDP shards (dp_shard x cp > 1, or tp as "
+        "data parallel)"]
