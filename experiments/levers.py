@@ -11,6 +11,9 @@ and the June 2025 async TP benchmark's 8B / 70B jobs) and on larger FSDP jobs, t
   (``filter_fqns = ["output"]``, TorchTitan's own configs).
 - FSDP resharding to a node (FSDP2's integer ``reshard_after_forward``): offered per block
   where the FSDP group spans nodes; without, only reshard / keep.
+- FSDP units of k blocks (one ``fully_shard`` over k consecutive identical blocks, k = 2 or 4):
+  offered where FSDP shards the blocks (no pp, no EP); without, one unit per block. Declined
+  with ``explain``'s reason.
 
 Per job: predicted tokens/s per GPU with and without, the gain, and what the plan did with the
 lever (or why the planner declined it). Profile: h100_grand_teton (the published machine).
@@ -58,23 +61,30 @@ def jobs() -> list[tuple[str, dict[str, str]]]:
 
 
 @contextmanager
-def without_node_reshard() -> Iterator[None]:
-    """The planner with the node reshard switched off (only reshard / keep offered)."""
+def switched_off(name: str, value: Any) -> Iterator[None]:
+    """The planner with ``strategies.<name>`` replaced by ``value``: the node reshard
+    (``node_reshard_group`` giving 0: only reshard / keep) or FSDP units
+    (``FSDP_UNIT_SIZES`` empty: one unit per block) switched off."""
     from torchtitan_autoparallel import strategies
 
-    saved = strategies.node_reshard_group
-    strategies.node_reshard_group = lambda *args, **kwargs: 0
+    saved = getattr(strategies, name)
+    setattr(strategies, name, value)
     try:
         yield
     finally:
-        strategies.node_reshard_group = saved
+        setattr(strategies, name, saved)
+
+
+LEVERS_OFF = {"reshard to node": ("node_reshard_group", lambda *args, **kwargs: 0),
+              "FSDP units": ("FSDP_UNIT_SIZES", ())}
 
 
 def plan(fields: dict[str, str], extra: tuple[str, ...] = ()) -> Any:
     from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
 
-    argv = published.auto_overrides(fields, HW) + list(extra)
+    # a time limit no job reaches, so that with and without differ by the lever only
+    argv = published.auto_overrides(fields, HW) + ["--autoparallel.time_limit_s=600", *extra]
     return plan_job(parse_config(argv), int(fields["gpus"]))
 
 
@@ -109,6 +119,23 @@ def node_declined(p: Any) -> str:
     return "declined: predicted slower than resharding fully or keeping"
 
 
+def unit_use(p: Any) -> str:
+    blocks = [layer for layer in p.layers if layer.kind == "block"]
+    grouped = [layer for layer in blocks if layer.fsdp_unit > 1]
+    sizes = sorted({layer.fsdp_unit for layer in grouped})
+    return (f"{len(grouped)} of {len(blocks)} blocks in units of "
+            f"{' / '.join(map(str, sizes))}" if grouped else "")
+
+
+def unit_declined(p: Any) -> str:
+    """``explain``'s reason for the first kind of block."""
+    from torchtitan_autoparallel.explain import unit_lines
+    from torchtitan_autoparallel.recost import inputs_from_plan
+
+    line = unit_lines(p, inputs_from_plan(p))[0]
+    return line[line.index("declined"):] if "declined" in line else line
+
+
 def row(label: str, fields: dict[str, str], lever: str,
         run: Callable[[], tuple[Any, Any]], use: Callable[[Any], str],
         declined: Callable[[Any], str]) -> str:
@@ -118,13 +145,23 @@ def row(label: str, fields: dict[str, str], lever: str,
     return f"| {label} | {lever} | {b:.0f} | {a:.0f} | {a / b - 1:+.2%} | {what} |"
 
 
+UNITS_NOTE = (
+    "FSDP units of k blocks are costed as one all-gather / reduce-scatter (and HSDP all-reduce) "
+    "of the k blocks' parameters per unit, each block paying 1/k of it (per-step latency "
+    "amortised, bus bandwidth at the larger message size), against a working set of the unit's "
+    "and the prefetched next unit's parameters and the unit's gradients. Not modelled: the "
+    "first unit's all-gather, which nothing hides, grows with k. Where the planner declines, "
+    "the reason is `explain`'s (`explain.unit_lines`) for the plan's first kind of block.")
+
+
 def main() -> int:
     from torchtitan_autoparallel.registry import register
 
     register()
     lines = ["# Levers no recipe expresses, predicted at scale", "",
              f"`python experiments/levers.py`; profile `{HW}`; the planner with each lever "
-             "against the same search without it (mesh, batch split, AC and resharding free).",
+             "against the same search without it (mesh, batch split, AC, resharding and FSDP "
+             "units free; a time limit no job reaches).", "", UNITS_NOTE,
              "", "| job | lever | tok/s/GPU without | with | gain | what the plan does |",
              "|---|---|---:|---:|---:|---|"]
     for label, fields in jobs():
@@ -136,13 +173,17 @@ def main() -> int:
                                       "need every linear converted)"
                 if p.mesh.tp > 1 else "declined: float8 pays on every linear"))
 
-        def node_run(f: dict[str, str] = fields) -> tuple[Any, Any]:
-            with_it = plan(f)
-            with without_node_reshard():
-                return with_it, plan(f)
+        for lever, use, declined in (("reshard to node", node_use, node_declined),
+                                     ("FSDP units", unit_use, unit_declined)):
 
-        lines.append(row(label, fields, "reshard to node", node_run, node_use, node_declined))
-        print(lines[-1], flush=True)
+            def run(f: dict[str, str] = fields, off: tuple = LEVERS_OFF[lever]
+                    ) -> tuple[Any, Any]:
+                with_it = plan(f)
+                with switched_off(*off):
+                    return with_it, plan(f)
+
+            lines.append(row(label, fields, lever, run, use, declined))
+            print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     OUT.write_text(text)
     print(text)

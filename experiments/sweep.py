@@ -12,7 +12,7 @@ go to a CSV keyed by cell id (config / arm / round); rerunning skips finished ce
     python experiments/sweep_report.py experiments/results/sweep.csv
 
 The planner's prediction for each arm is computed in-process (auto: ``plan_job``; experts:
-``expert_plan``, the same cost model) and stored next to the measurement.
+``recipe_plan``, the same cost model) and stored next to the measurement.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 whose blocks use different strategies."""
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -196,12 +198,11 @@ def test_tp_only_mesh_parity(references, tmp_path):
     assert_parity(reference, result)
 
 
-# slow (measured passing; ``-m slow`` runs it): 4 ranks, out of the CI command for time
-@pytest.mark.slow
-def test_node_reshard_plan_parity(references, tmp_path):
-    """FSDP2's integer reshard_after_forward: fsdp 4 on "nodes" of 2 ranks, blocks resharding
-    to the 2 ranks of their node after forward, to all 4, or keeping their parameters (the plan
-    edited, then replayed from its file): losses and gradient norms equal the 1-rank run."""
+def edited_plan_parity(references, tmp_path, ngpu: int, options: list[str],
+                       edit: Callable[[list[Any]], None], label: str) -> float:
+    """llama3's debug plan on ``ngpu`` ranks with ``options``, its blocks edited by ``edit``,
+    saved and replayed from the file (which shows ``label`` in its table): losses and gradient
+    norms against the 1-rank run; returns the largest relative difference."""
     from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
     from torchtitan_autoparallel.registry import register
@@ -209,18 +210,53 @@ def test_node_reshard_plan_parity(references, tmp_path):
 
     cpu.install()
     register()
-    options = ["--autoparallel.gpus_per_node=2", "--parallelism.data_parallel_shard_degree=4"]
     plan = plan_job(parse_config(["--job.config_file", "train_configs/llama3_debug_auto.toml",
-                                  *PARITY_OVERRIDES, *options]), 4)
-    blocks = [layer for layer in plan.layers if layer.kind == "block"]
-    for i, layer in enumerate(blocks):
-        layer.reshard_after_forward = (2, True, False)[i % 3]
-    path = tmp_path / "node.json"
+                                  *PARITY_OVERRIDES, *options]), ngpu)
+    edit([layer for layer in plan.layers if layer.kind == "block"])
+    path = tmp_path / "edited.json"
     plan.save(str(path))
-    assert Plan.load(str(path)).layers[1].reshard_after_forward == 2
+    assert Plan.load(str(path)).to_json() == plan.to_json()
 
     seed, reference = references("llama3")
-    result = run_job("llama3_debug_auto.toml", 4, tmp_path / "run",
+    result = run_job("llama3_debug_auto.toml", ngpu, tmp_path / "run",
                      [f"--autoparallel.plan_file={path}", *options], seed_checkpoint=seed)
-    assert "fsdp-node2" in result.output, result.output[-3000:]
-    assert_parity(reference, result)
+    assert label in result.output, result.output[-3000:]
+    worst = assert_parity(reference, result)
+    print(f"{label}: largest relative difference {worst:.2e}; losses {result.losses} vs 1-rank "
+          f"{reference.losses}; grad norms {result.grad_norms} vs {reference.grad_norms}")
+    return worst
+
+
+# slow (measured passing; ``-m slow`` runs it): 4 ranks, out of the CI command for time
+@pytest.mark.slow
+def test_node_reshard_plan_parity(references, tmp_path):
+    """FSDP2's integer reshard_after_forward: fsdp 4 on "nodes" of 2 ranks, blocks resharding
+    to the 2 ranks of their node after forward, to all 4, or keeping their parameters (the plan
+    edited, then replayed from its file): losses and gradient norms equal the 1-rank run."""
+
+    def edit(blocks: list[Any]) -> None:
+        for i, layer in enumerate(blocks):
+            layer.reshard_after_forward = (2, True, False)[i % 3]
+            layer.fsdp_unit = 1
+
+    edited_plan_parity(references, tmp_path, 4, ["--autoparallel.gpus_per_node=2",
+                                                 "--parallelism.data_parallel_shard_degree=4"],
+                       edit, "fsdp-node2")
+
+
+# slow (measured passing: largest relative difference 8.75e-05, the gradient norm of step 2;
+# ``-m slow`` runs it): two 2-rank runs and the 1-rank reference, out of the CI command for time
+@pytest.mark.slow
+def test_fsdp_units_plan_parity(references, tmp_path):
+    """FSDP units of 2 blocks (one ``fully_shard`` over each pair) on fsdp 2: a plan edited to
+    pair the blocks, the pairs resharding or keeping their parameters and with or without full
+    AC (replayed from its file): losses and gradient norms equal the 1-rank run."""
+
+    def edit(blocks: list[Any]) -> None:
+        for i, layer in enumerate(blocks[:len(blocks) // 2 * 2]):
+            layer.fsdp_unit = 2
+            layer.reshard_after_forward = i // 2 % 2 == 0
+            layer.ac = ("none", "full")[i // 4 % 2]
+
+    edited_plan_parity(references, tmp_path, 2, ["--parallelism.data_parallel_shard_degree=2"],
+                       edit, "unit2")

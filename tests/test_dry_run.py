@@ -32,30 +32,45 @@ def dry_run(flavor: str, ngpu: int, tmp_path, *overrides: str) -> subprocess.Com
 # TorchTitan's fused AdamW: 16 B/param / 64 = 94 GiB) on an 80 GB H100: it is planned for H200s
 # with a 128 GiB budget there; the H100 case must fail naming the smallest budget.
 H200 = ("--autoparallel.hardware=h200_sxm", "--autoparallel.memory_gib=128")
-# slow (measured passing; ``-m slow`` runs them): the 64-rank and 8B cases, out of CI for time
+# slow (measured passing; ``-m slow`` runs them): the 64-rank cases, out of CI for time (8B on
+# 128, 18 s, is the FSDP units case)
 CASES = [pytest.param("8b", 64, (), marks=pytest.mark.slow),
          pytest.param("70b", 64, (), marks=pytest.mark.slow),
          pytest.param("405b", 64, H200, marks=pytest.mark.slow),
-         pytest.param("8b", 128, (), marks=pytest.mark.slow), ("70b", 128, ()), ("405b", 128, ())]
+         ("8b", 128, ()), ("70b", 128, ()), ("405b", 128, ())]
 
 
 @pytest.mark.parametrize("flavor,ngpu,hardware", CASES)
 def test_auto_plan_dry_run(flavor, ngpu, hardware, tmp_path):
     """Each block's FSDP group resharding as planned (70B on 128 H100s reshards its last
-    blocks to the 8 ranks of a node: FSDP2's integer reshard_after_forward)."""
+    blocks to the 8 ranks of a node: FSDP2's integer reshard_after_forward), and the blocks
+    sharing each FSDP group as the plan's FSDP units (8B on 128 H100s groups its blocks in
+    pairs: one fully_shard over two blocks)."""
     from torchtitan_autoparallel.plan import Plan
 
     path = tmp_path / "plan.json"
     result = dry_run(flavor, ngpu, tmp_path, *(hardware or ("--autoparallel.hardware=h100_sxm",)),
                      f"--autoparallel.save_plan={path}")
     check_report(result, ngpu)
+    plan = Plan.load(str(path))
     planned = {layer.fqn.rpartition(".")[2]: layer.reshard_after_forward
-               for layer in Plan.load(str(path)).layers if layer.kind == "block"}
-    built = {name: block["reshard_after_forward"]
-             for name, block in built_blocks(result).items()}
+               for layer in plan.layers if layer.kind == "block"}
+    blocks = built_blocks(result)
+    built = {name: block["reshard_after_forward"] for name, block in blocks.items()}
     assert built == planned
+    assert {name: block["fsdp_unit"] for name, block in blocks.items()} == planned_units(plan)
     if (flavor, ngpu) == ("70b", 128):
         assert 8 in built.values(), built
+    if (flavor, ngpu) == ("8b", 128):
+        assert blocks["0"]["fsdp_unit"] == ["0", "1"], blocks["0"]
+
+
+def planned_units(plan) -> dict[str, list[str]]:
+    """Per block name: the names of the blocks in its FSDP unit, as the plan groups them."""
+    from torchtitan_autoparallel.plan import fsdp_units
+
+    return {layer.fqn.rpartition(".")[2]: [u.fqn.rpartition(".")[2] for u in unit]
+            for unit in fsdp_units(plan.layers) for layer in unit}
 
 
 def check_report(result: subprocess.CompletedProcess, ngpu: int) -> str:
@@ -228,6 +243,8 @@ def test_float8_linears_chosen_by_the_plan_dry_run(tmp_path):
         assert block["float8_linears"] == 7 - len(kept)
     assert "float8: kept in bf16 (float8 predicted slower): " + ", ".join(
         ["output", *kept]) in auto.stdout + auto.stderr
+    # compiled float8 blocks in the plan's FSDP units (one fully_shard over each unit)
+    assert {name: block["fsdp_unit"] for name, block in built.items()} == planned_units(plan)
 
 
 # Pipeline parallel at scale. The published 405B layout (TorchTitan's Table 5: FSDP 8 x TP 8 x

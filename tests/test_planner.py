@@ -2,6 +2,7 @@
 
 import dataclasses
 import itertools
+import json
 import random
 
 import pytest
@@ -77,14 +78,23 @@ def brute_force(graph, world, global_batch, hw, prec, gpn, budget, constraints, 
                 per_class.append(options)
             for combo in itertools.product(*per_class):
                 counts = {k: v for part in combo for k, v in part.items()}
+                if any(v % s.fsdp_unit for (_, s), v in counts.items()):
+                    continue  # FSDP units come whole
                 if cand.rank_memory(cand.types[0], counts) <= budget:
                     t = cand.evaluate([counts])[0]
                     best = t if best is None or t < best else best
     return best
 
 
+@pytest.fixture
+def single_block_units(monkeypatch):
+    """FSDP units of one block only: ``brute_force`` enumerates every split of each class over
+    its strategies, which units would triple (they have their own brute force below)."""
+    monkeypatch.setattr("torchtitan_autoparallel.strategies.FSDP_UNIT_SIZES", ())
+
+
 @pytest.mark.parametrize("seed", range(24))
-def test_milp_matches_brute_force(seed):
+def test_milp_matches_brute_force(seed, single_block_units):
     rng = random.Random(seed)
     graph = random_graph(rng)
     world = rng.choice([2, 4, 8])
@@ -465,7 +475,7 @@ def test_embedding_and_output_are_costed_as_applied():
     assert got == pytest.approx(expected, rel=1e-6)
 
 
-def test_node_reshard_matches_brute_force():
+def test_node_reshard_matches_brute_force(single_block_units):
     """FSDP groups across nodes on a slow network: the MILP with the integer reshard (to the
     ranks of one node) against the brute force, under budgets from "keep everything" down to
     the least memory, on 8 random dense models; the node reshard is the optimum in some."""
@@ -558,3 +568,145 @@ def test_plans_after_another_highs_user_in_the_process(planning):
     after = planning("llama3_debug_auto.toml", 4).to_json()
     strip = [line for line in before.splitlines() if "time" not in line]
     assert [line for line in after.splitlines() if "time" not in line] == strip
+
+
+def unit_as_one_layer(layer: Layer, k: int) -> Layer:
+    """k identical blocks as FSDP sees one unit of them: one module with k times every
+    extensive size (parameters, FLOPs, saved activations, linears); the input (``io_bytes``)
+    is one block's (it only matters under AC, TP or CP, which the test leaves out)."""
+    return dataclasses.replace(
+        layer, params=k * layer.params, fwd_flops=k * layer.fwd_flops,
+        saved_bytes=k * layer.saved_bytes, attn_flops=k * layer.attn_flops,
+        kv_bytes=k * layer.kv_bytes, eager_bytes=k * layer.eager_bytes,
+        gemm_io_bytes=k * layer.gemm_io_bytes, linear_shapes=layer.linear_shapes * k,
+        linear_input_elements=k * layer.linear_input_elements,
+        linear_names=layer.linear_names * k, param_bytes=k * layer.param_bytes)
+
+
+def unit_sequences(n: int, reshards: list):
+    """Every way to cut a run of n blocks into consecutive units of 1, 2 or 4 blocks, each
+    with one reshard choice: lists of (unit size, reshard)."""
+    if n == 0:
+        yield []
+        return
+    for k in (1, 2, 4):
+        if k <= n:
+            for r in reshards:
+                for rest in unit_sequences(n - k, reshards):
+                    yield [(k, r), *rest]
+
+
+def test_fsdp_units_match_brute_force():
+    """FSDP units of k blocks: the search against a brute force over every cut of each run of
+    identical blocks into units of 1, 2 or 4 with every reshard choice per unit, each unit
+    costed as one block of k times the size (``unit_as_one_layer``, the cost model's path for a
+    single block), on dense models with FSDP over 4 or 8 ranks, budgets from "keep everything"
+    down to the least memory; units are the optimum in some cases and declined in others."""
+    from torchtitan_autoparallel.cost.model import BlockCost, block_cost
+
+    chosen = []
+    for seed in range(10):
+        rng = random.Random(2000 + seed)
+        graph = random_graph(rng)
+        while graph.num_experts:
+            graph = random_graph(rng)
+        world, gpn = rng.choice([(4, 4), (8, 8), (8, 4)])
+        # no fixed per-block host overhead: the one-layer reference would count it once per unit
+        hw = dataclasses.replace(load_profile("h100_sxm"), block_overhead_us=0.0,
+                                 comm_overlap=rng.choice([0.0, 0.5]),
+                                 intra_node_latency_us=rng.choice([3.0, 200.0]),
+                                 inter_node_latency_us=rng.choice([10.0, 500.0]),
+                                 inter_node_gbps=rng.choice([5.0, 50.0]))
+        prec = Precision(2, 4)
+        constraints = Constraints(dp_shard=world, techniques=("fsdp",))
+        meshes = flat_meshes(graph, world, gpn, constraints)
+        assert [(m.dp_shard, m.tp, m.cp) for m in meshes] == [(world, 1, 1)]
+        (mesh,) = meshes
+        cand = build_candidate(graph, mesh, 1, world, hw, prec, gpn, constraints, {})
+        ref_costs, per_class = {}, []
+        for cls, n in cand.classes.items():
+            layer = next(b for b, c in zip(graph.blocks, [b.signature for b in graph.blocks],
+                                           strict=True) if c == cls)
+            reshards = sorted({s.reshard_after_forward for s in cand.strategies[cls]}, key=str)
+            for k in (1, 2, 4):
+                for r in reshards:
+                    unit = block_cost(unit_as_one_layer(layer, k), mesh, BlockStrategy("none", r),
+                                      1, hw, prec, gpn)
+                    ref_costs[(cls, BlockStrategy("none", r, "none", k))] = BlockCost(
+                        unit.time_s / k, 0.0, 0.0, 0.0, unit.kept_bytes / k,
+                        unit.state_bytes / k, unit.transient_bytes)
+            per_class.append([(cls, seq) for seq in unit_sequences(n, reshards)])
+        reference = dataclasses.replace(cand, costs=ref_costs)
+
+        def counts_of(combo):
+            counts = {}
+            for cls, seq in combo:
+                for k, r in seq:
+                    key = (cls, BlockStrategy("none", r, "none", k))
+                    counts[key] = counts.get(key, 0) + k
+            return counts
+
+        options = [counts_of(combo) for combo in itertools.product(*per_class)]
+        singles = [c for c in options if all(s.fsdp_unit == 1 for _, s in c)]
+        lo = min(reference.rank_memory(reference.types[0], c) for c in options)
+        hi = max(reference.rank_memory(reference.types[0], c) for c in singles)
+        for fraction in (0.2, 0.5, 0.8, 1.0, 1.5):
+            budget = lo + fraction * (hi - lo)
+            result = search(graph, world, hw, prec, gpn, budget, constraints, meshes, 30.0, {})
+            fits = [reference.evaluate([c])[0] for c in options
+                    if reference.rank_memory(reference.types[0], c) <= budget]
+            assert result.best is not None and fits
+            assert result.best.step_time_s == pytest.approx(min(fits), rel=1e-9), \
+                (seed, fraction)
+            chosen.append(max(s.fsdp_unit for (_, s), k in result.best.counts["first"].items()
+                              if k))
+    assert 1 in chosen and {2, 4} & set(chosen), chosen
+
+
+def test_fsdp_unit_plan_checks(planning):
+    """A plan's FSDP units: k consecutive blocks with one strategy, on blocks FSDP shards;
+    anything else is refused in one line when the plan is read."""
+    plan = planning("llama3_debug_auto.toml", 2, "--parallelism.data_parallel_shard_degree=2")
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    assert len(blocks) % 2 == 0 and all(b.fsdp_unit == 1 for b in blocks)
+    assert "fsdp_unit" not in plan.to_json()
+    for layer in blocks:
+        layer.fsdp_unit = 2
+    units = Plan.from_dict(json.loads(plan.to_json())).layers
+    assert [layer.fsdp_unit for layer in units if layer.kind == "block"] == [2] * len(blocks)
+    blocks[1].ac = "full" if blocks[0].ac != "full" else "none"
+    with pytest.raises(UserError, match=f"{blocks[0].fqn} starts an FSDP unit of 2 blocks"):
+        Plan.from_dict(json.loads(plan.to_json()))
+    blocks[1].ac = blocks[0].ac
+    blocks[-1].fsdp_unit = 1
+    with pytest.raises(UserError, match=f"{blocks[-2].fqn} starts an FSDP unit of 2 blocks"):
+        Plan.from_dict(json.loads(plan.to_json()))
+    blocks[-1].fsdp_unit = 2
+    plan.layers[0].fsdp_unit = 2
+    with pytest.raises(UserError, match="FSDP units group blocks only"):
+        Plan.from_dict(json.loads(plan.to_json()))
+    ddp = planning("llama3_debug_auto.toml", 2, "--parallelism.data_parallel_replicate_degree=2")
+    for layer in ddp.layers:
+        layer.fsdp_unit = 2 if layer.kind == "block" else 1
+    with pytest.raises(UserError, match="FSDP units need blocks FSDP shards"):
+        Plan.from_dict(json.loads(ddp.to_json()))
+
+
+def test_fsdp_units_explained(planning):
+    """explain gives the unit size with its predicted gain where the plan groups blocks (8B on
+    128 H100s: FSDP over 64 ranks, latency-bound collectives), and the reason where it does not
+    (a DDP plan: nothing FSDP shards)."""
+    from torchtitan_autoparallel.explain import unit_lines
+    from torchtitan_autoparallel.planner import inputs_from_plan
+
+    plan = planning("llama3_8b_auto.toml", 128, "--autoparallel.hardware=h100_sxm")
+    units = {layer.fsdp_unit for layer in plan.layers if layer.kind == "block"}
+    assert units - {1}, units
+    lines = unit_lines(plan, inputs_from_plan(plan))
+    assert any(f"units of {max(units)} blocks, predicted" in line and "faster per block" in line
+               for line in lines), lines
+    assert f"unit{max(units)}" in plan.table()
+    ddp = planning("llama3_debug_auto.toml", 2, "--parallelism.data_parallel_replicate_degree=2")
+    assert unit_lines(ddp, inputs_from_plan(ddp)) == [
+        "FSDP units: declined: FSDP units need blocks FSDP shards (dp_shard x cp > 1, or tp as "
+        "data parallel)"]

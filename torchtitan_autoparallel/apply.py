@@ -21,7 +21,7 @@ from .graph.adapters import INFER_TP, ModelAdapter, resolve, submodule_or_none
 from .graph.discover import get_adapter
 from .graph.layer_graph import planning_adapter
 from .layout import tp_dp_problem
-from .plan import Plan
+from .plan import Plan, fsdp_units
 from .runtime.moe import reduce_sequence_parallel_moe_grads, reduce_tensor_parallel_router_grads
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -180,8 +180,9 @@ def apply_block_compile(blocks: nn.Module, compile_config: Any, *, moe: bool,
 def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, plan: Plan,
                    fsdp: dict[str, Any], moe_blocks: dict[str, nn.Module]) -> None:
     """FSDP2 per planned group, each with its planned ``reshard_after_forward``: embedding,
-    every block (blocks using tp as data parallel on dp_shard x tp; routed experts of EP
-    blocks on ``efsdp``), norm + output (with the embedding when tied), then the root.
+    every block or FSDP unit of blocks (one ``fully_shard`` over the unit's blocks; blocks
+    using tp as data parallel on dp_shard x tp; routed experts of EP blocks on ``efsdp``),
+    norm + output (with the embedding when tied), then the root.
     ``fsdp``: ``fully_shard`` arguments shared by every group (mesh, mp / offload policy)."""
     from torch.distributed.fsdp import fully_shard
     from torchtitan.models.llama3.infra.parallelize import disable_fsdp_gradient_division
@@ -199,8 +200,10 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
                     reshard_after_forward=by_fqn[adapter.embedding].reshard_after_forward)
     dp_over_tp = None
     groups: list[list[nn.Module]] = []  # each block with its separately sharded experts
+    unit_of = {layer.fqn: unit for unit in fsdp_units(plan.layers) for layer in unit}
     for name, block in blocks.named_children():
-        layer = by_fqn[f"{adapter.blocks}.{name}"]
+        fqn = f"{adapter.blocks}.{name}"
+        layer = by_fqn[fqn]
         group = fsdp
         if layer.tp_mode == "dp":
             dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims, plan)
@@ -210,7 +213,11 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
             experts = adapter.routed_experts(moe_blocks[name])
             _shard_routed_experts(experts, parallel_dims, plan, fsdp, layer.reshard_after_forward)
             groups[-1].append(experts)
-        fully_shard(block, **group, reshard_after_forward=layer.reshard_after_forward)
+        unit = unit_of[fqn]
+        if fqn == unit[-1].fqn:  # an FSDP unit of several blocks: one call on its last
+            members = [blocks.get_submodule(u.fqn[len(adapter.blocks) + 1:]) for u in unit]
+            fully_shard(members if len(members) > 1 else block, **group,
+                        reshard_after_forward=layer.reshard_after_forward)
     # tied embedding/output weights (qwen3 small flavors) must share one FSDP group
     if head:
         fully_shard([embedding, *head] if tied else head, **fsdp,

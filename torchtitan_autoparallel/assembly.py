@@ -114,6 +114,7 @@ def layer_plans(inputs: JobInputs, mesh: Mesh, strategies: list[BlockStrategy],
             **predicted(cls, strategy),
             ep=mesh.ep if layer.expert_params else 1,
             pinned=bool(pin and pin.whole),
+            fsdp_unit=strategy.fsdp_unit,
         ))
     return layers
 

@@ -22,7 +22,9 @@ def block_features(model: Any, blocks: str = "layers") -> dict[str, dict[str, An
         Float8Linear = WeightWithDynamicFloat8CastTensor = ()  # noqa: N806
 
     out: dict[str, dict[str, Any]] = {}
-    for name, block in model.get_submodule(blocks).named_children():
+    children = dict(model.get_submodule(blocks).named_children())
+    groups = {name: _param_group(block) for name, block in children.items()}
+    for name, block in children.items():
         weights = [p for m in block.modules() if isinstance(m, Float8Linear)
                    for p in m.parameters(recurse=False)]
         local = [getattr(p, "_local_tensor", p) for p in weights]
@@ -39,6 +41,8 @@ def block_features(model: Any, blocks: str = "layers") -> dict[str, dict[str, An
             "mesh": list(mesh.mesh_dim_names or ()) if mesh is not None else [],
             **fsdp_group(block),
         }
+        if groups[name] is not None:  # the blocks sharing its FSDP unit (itself alone: [name])
+            out[name]["fsdp_unit"] = [n for n, g in groups.items() if g is groups[name]]
     return out
 
 
@@ -47,19 +51,25 @@ def _plain_name(name: str) -> str:
     return name.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", "")
 
 
+def _param_group(module: Any) -> Any:
+    """FSDP2's parameter group of ``module`` (shared by the modules of one ``fully_shard``
+    call), or None."""
+    state = getattr(module, "_get_fsdp_state", None)
+    return state()._fsdp_param_group if state is not None else None
+
+
 def fsdp_group(module: Any) -> dict[str, Any]:
     """How FSDP2 manages ``module``'s own parameter group (empty when it is no FSDP module):
     resharding after forward, explicit prefetch (groups gathered next in forward, backward),
     CPU offload, parameter and gradient-reduction dtypes."""
-    state = getattr(module, "_get_fsdp_state", None)
-    group = state()._fsdp_param_group if state is not None else None
+    group = _param_group(module)
     if group is None:
         return {}
     # FSDP2: no post-forward mesh = keep; its own mesh = reshard; a smaller one = the integer
     post = group.post_forward_mesh_info
     reshard: bool | int = (False if post is None else True if post is group.mesh_info
                            else post.shard_mesh_size)
-    fsdp_state = state()
+    fsdp_state = module._get_fsdp_state()
     return {"reshard_after_forward": reshard,
             "prefetch": [len(fsdp_state._states_to_forward_prefetch),
                          len(fsdp_state._states_to_backward_prefetch)],

@@ -10,6 +10,7 @@ are interchangeable, so nothing here grows with depth or pp.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -48,6 +49,15 @@ def block_classes(graph: LayerGraph, pins: dict[str, Pin]) -> list[str]:
     """Each block's MILP class, in block order: its signature plus what its pin fixes."""
     return [layer.signature + (pins[layer.fqn].key if layer.fqn in pins else "")
             for layer in graph.blocks]
+
+
+def class_runs(classes: list[str]) -> dict[str, int]:
+    """Each block class's number of blocks where they are all consecutive (one run, what FSDP
+    units may group), else 1."""
+    where: dict[str, list[int]] = defaultdict(list)
+    for i, c in enumerate(classes):
+        where[c].append(i)
+    return {c: len(ix) if ix[-1] - ix[0] + 1 == len(ix) else 1 for c, ix in where.items()}
 
 
 @dataclass(frozen=True)
@@ -259,6 +269,20 @@ class Candidate:
         return out
 
 
+def faster_units(cls: str, strategies: list[BlockStrategy], costs: dict[Key, BlockCost]
+                 ) -> list[BlockStrategy]:
+    """``strategies`` less the FSDP units no faster than the next smaller unit of the same
+    strategy: they hold more memory for nothing (the smaller unit, which also divides every
+    count of the larger one, is always as good), so the MILP need not see them."""
+    out: list[BlockStrategy] = []
+    for s in strategies:
+        smaller = [t for t in out if t.fsdp_unit < s.fsdp_unit
+                   and dataclasses.replace(t, fsdp_unit=s.fsdp_unit) == s]
+        if not smaller or costs[(cls, s)].time_s < costs[(cls, smaller[-1])].time_s:
+            out.append(s)
+    return out
+
+
 def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch: int,
                     hw: HardwareProfile, prec: Precision, gpus_per_node: int,
                     constraints: Constraints, pins: dict[str, Pin] | None = None,
@@ -269,17 +293,21 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
     representative = {}
     strategies: dict[str, list[BlockStrategy]] = {}
     moe_model = graph.num_experts > 0
-    for layer, cls in zip(graph.blocks, block_classes(graph, pins), strict=True):
+    order = block_classes(graph, pins)
+    runs = class_runs(order)
+    for layer, cls in zip(graph.blocks, order, strict=True):
         classes[cls] += 1
         if cls not in representative:
             representative[cls] = layer
             strategies[cls] = pinned_strategies(mesh, microbatch, constraints, moe_model,
-                                                pins.get(layer.fqn), gpus_per_node)
+                                                pins.get(layer.fqn), gpus_per_node, runs[cls])
     costs = {
         (c, s): block_cost(representative[c], mesh, s, microbatch, hw, prec, gpus_per_node,
                            graph.grouped_experts, features)
         for c in classes for s in strategies[c]
     }
+    for c in classes:
+        strategies[c] = faster_units(c, strategies[c], costs)
     edges = edges_cost(graph, mesh, microbatch, hw, prec, gpus_per_node, features)
     # parameters, gradients and optimizer state do not depend on the block's strategy
     state = edges.state_bytes + sum(

@@ -20,7 +20,7 @@ from .cost.model import (
     linear_tokens,
     low_precision_linears,
 )
-from .layout import BlockStrategy, reshard_group
+from .layout import BlockStrategy, fsdp_unit_problem, reshard_group
 from .plan import Plan, check_plan_for_job
 from .recost import block_counts, inputs_from_plan
 
@@ -192,12 +192,70 @@ def float8_lines(plan: Plan, inputs: Any) -> list[str]:
     return lines
 
 
+def unit_lines(plan: Plan, inputs: Any) -> list[str]:
+    """FSDP units, per kind of block in the plan: the unit size chosen with its predicted gain
+    per block and micro-batch over units of one block, or why the planner declined units
+    (not offered on this plan, no faster, or over the memory budget)."""
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    problem = fsdp_unit_problem(plan.mesh, blocks[0].tp_mode)
+    if problem or inputs.graph.num_experts:
+        return [f"FSDP units: declined: {problem or 'not searched on MoE models'}"]
+    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
+    class_of, counts = block_counts(plan, inputs)
+    budget = plan.predicted["budget_gib"] * 2**30
+    grouped = {sig for sig, s in counts if s.fsdp_unit > 1}
+    lines, seen = [], set()
+    for layer in blocks:
+        key = sig, chosen = class_of[layer.fqn], BlockStrategy.of(layer)
+        if key in seen:
+            continue
+        seen.add(key)
+        n, single = counts[key], dataclasses.replace(chosen, fsdp_unit=1)
+        one, mine = cand.costs[(sig, single)], cand.costs[key]
+        what = f"FSDP units: {n} blocks like {layer.fqn} ({layer.describe()})"
+        if chosen.fsdp_unit > 1:
+            lines.append(
+                f"{what}: units of {chosen.fsdp_unit} blocks, predicted "
+                f"{(one.time_s - mine.time_s) * 1e3:.3g} ms faster per block and micro-batch "
+                f"than units of one (exposed communication {one.exposed_comm_s * 1e3:.3g} -> "
+                f"{mine.exposed_comm_s * 1e3:.3g} ms), working set "
+                f"{(mine.transient_bytes - one.transient_bytes) / 2**30:+.3g} GiB")
+            continue
+        if sig in grouped:
+            lines.append(f"{what}: the rest of the run, in units of one")
+            continue
+        offered = [s for s in cand.strategies[sig]
+                   if s.fsdp_unit > 1 and dataclasses.replace(s, fsdp_unit=1) == chosen]
+        if not offered:
+            lines.append(f"{what}: declined: blocks of this kind are not a run of 2 or more "
+                         "consecutive blocks")
+            continue
+        best = min(offered, key=lambda s: (cand.costs[(sig, s)].time_s, s.fsdp_unit))
+        alt = cand.costs[(sig, best)]
+        gain = (one.time_s - alt.time_s) * 1e3
+        if gain <= 0:
+            lines.append(f"{what}: declined: units of {best.fsdp_unit} predicted no faster "
+                         f"({-gain:.3g} ms slower per block and micro-batch)")
+            continue
+        moved = n - n % best.fsdp_unit
+        swapped = {**counts, key: n - moved, (sig, best): counts.get((sig, best), 0) + moved}
+        peak = cand.rank_memory(cand.types[0], swapped)
+        lines.append(
+            f"{what}: declined: units of {best.fsdp_unit} would be {gain:.3g} ms faster per "
+            f"block and micro-batch but need a working set "
+            f"{(alt.transient_bytes - one.transient_bytes) / 2**30:+.3g} GiB: peak "
+            f"{peak / 2**30:.3g} GiB " + (f"over the {budget / 2**30:.3g} GiB budget"
+                                         if peak > budget else "within the budget"))
+    return lines
+
+
 def model_lines(plan: Plan, cache: dict[str, Any] | None = None) -> list[str]:
     """How far to trust the plan's numbers: the assumed constants its step time depends on and
     the model's measured error on its hardware."""
     cache = {} if cache is None else cache
     inputs = inputs_from_plan(plan, cache)
-    lines = assumed_lines(plan, inputs, cache) + float8_lines(plan, inputs)
+    lines = (assumed_lines(plan, inputs, cache) + float8_lines(plan, inputs)
+             + unit_lines(plan, inputs))
     err = model_error(inputs.hw.name)
     lines.append(f"the cost model's measured error on {inputs.hw.name!r}: " + (
         f"median {err['median_error']:.0%}, max {err['max_error']:.0%} of tokens/s "
@@ -261,6 +319,10 @@ def snippet(plan: Plan) -> str:
         return (f"not expressible as TorchTitan settings: every block reshards to {node} ranks "
                 "after forward (FSDP2's integer reshard_after_forward), which "
                 "parallelism.fsdp_reshard_after_forward cannot say")
+    if any(b.fsdp_unit > 1 for b in blocks):
+        return (f"not expressible as TorchTitan settings: blocks share FSDP units of "
+                f"{max(b.fsdp_unit for b in blocks)} (one fully_shard over consecutive blocks), "
+                "which TorchTitan's apply_fsdp (one per block) cannot say")
     m = plan.mesh
     ac = {"none": 'mode = "none"', "full": 'mode = "full"',
           "selective": 'mode = "selective"\nselective_ac_option = "op"'}[b.ac]

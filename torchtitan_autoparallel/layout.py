@@ -28,15 +28,19 @@ planned job accepts: the plan picks per block among them)."""
 
 
 def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep: int = 1,
-                   pinned: bool = False, unsharded: str = "") -> dict[str, str]:
+                   pinned: bool = False, unsharded: str = "", fsdp_unit: int = 1
+                   ) -> dict[str, str]:
     """The one vocabulary of a strategy, by aspect (tables, explain, diff and pictures):
     params "fsdp" / "fsdp-keep" / "fsdp-node<n>" (reshard after forward, keep, or reshard to
     groups of n ranks of one node; ``unsharded``: the mesh's label
-    when it shards nothing, "ddp" / "single", see ``Mesh.unsharded_label``), tp "tp+sp" /
-    "tp_dp", ep "ep<k>", ac "ac:<mode>", pinned "pinned"; absent aspects are left out."""
+    when it shards nothing, "ddp" / "single", see ``Mesh.unsharded_label``), unit "unit<k>"
+    (FSDP units of k blocks), tp "tp+sp" / "tp_dp", ep "ep<k>", ac "ac:<mode>", pinned
+    "pinned"; absent aspects are left out."""
     node = reshard_group(reshard_after_forward)
     parts = {"params": unsharded or (f"fsdp-node{node}" if node else
                                      "fsdp" if reshard_after_forward else "fsdp-keep")}
+    if fsdp_unit > 1:
+        parts["unit"] = f"unit{fsdp_unit}"
     if tp_mode == "sp":
         parts["tp"] = "tp+sp"
     elif tp_mode == "dp":
@@ -51,10 +55,10 @@ def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
 
 
 def strategy_label(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep: int = 1,
-                   pinned: bool = False, unsharded: str = "") -> str:
+                   pinned: bool = False, unsharded: str = "", fsdp_unit: int = 1) -> str:
     """A strategy as one string: its ``strategy_parts`` joined by "+"."""
     return "+".join(strategy_parts(ac, reshard_after_forward, tp_mode, ep, pinned,
-                                   unsharded).values())
+                                   unsharded, fsdp_unit).values())
 
 
 def reshard_group(reshard_after_forward: bool | int) -> int:
@@ -140,27 +144,30 @@ class StrategyFields(Protocol):
     ac: str
     reshard_after_forward: bool | int
     tp_mode: str
+    fsdp_unit: int
 
 
 @dataclass(frozen=True, order=True)
 class BlockStrategy:
     """How one transformer block runs: activation checkpointing, FSDP resharding (True / False,
-    or an integer group size, see ``reshard_group``), and what the tp mesh dim does for it
-    ("none" when tp = 1, else one of TP_MODES)."""
+    or an integer group size, see ``reshard_group``), what the tp mesh dim does for it
+    ("none" when tp = 1, else one of TP_MODES), and the blocks of its FSDP unit (``fsdp_unit``
+    consecutive blocks with this strategy share one ``fully_shard`` group)."""
 
     ac: str
     reshard_after_forward: bool | int
     tp_mode: str = "none"
+    fsdp_unit: int = 1
 
     @classmethod
     def of(cls, layer: StrategyFields) -> "BlockStrategy":
         """The strategy a planned block runs (its plan-file fields)."""
-        return cls(layer.ac, layer.reshard_after_forward, layer.tp_mode)
+        return cls(layer.ac, layer.reshard_after_forward, layer.tp_mode, layer.fsdp_unit)
 
     def describe(self, ep: int = 1, unsharded: str = "") -> str:
         """Label of this strategy for a block with experts on ``ep`` ranks (``strategy_label``)."""
         return strategy_label(self.ac, self.reshard_after_forward, self.tp_mode, ep,
-                              unsharded=unsharded)
+                              unsharded=unsharded, fsdp_unit=self.fsdp_unit)
 
 
 def fsdp_sharded(mesh: Mesh, tp_mode: str = "none", experts: bool = False) -> bool:
@@ -182,6 +189,27 @@ def node_reshard_group(mesh: Mesh, gpus_per_node: int, tp_mode: str = "none") ->
         return 0
     n = gpus_per_node // stride
     return n if 1 < n < group and group % n == 0 else 0
+
+
+FSDP_UNIT_SIZES = (2, 4)
+"""Blocks per FSDP unit the search offers besides 1 (at most the run of identical blocks):
+one ``fully_shard`` call over k consecutive blocks gathers and reduces them in one collective
+each, fewer and larger, and holds k blocks' parameters (and the next unit's) unsharded."""
+
+
+def fsdp_unit_problem(mesh: Mesh, tp_mode: str = "none", kind: str = "block") -> str:
+    """Why blocks cannot share FSDP units of several blocks on ``mesh`` (empty if they can):
+    a unit is a dense block's FSDP group over dp_shard x cp (x tp for tp mode "dp") in a plan
+    without pp or EP (whose stages and explicit expert prefetch are per block)."""
+    if kind != "block":
+        return "FSDP units group blocks only"
+    if mesh.pp > 1:
+        return "FSDP units are not planned with pipeline parallelism (stages keep parameters)"
+    if mesh.ep > 1:
+        return "FSDP units are not planned with expert parallelism (per-block expert prefetch)"
+    if not fsdp_sharded(mesh, tp_mode):
+        return "FSDP units need blocks FSDP shards (dp_shard x cp > 1, or tp as data parallel)"
+    return ""
 
 
 def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block") -> str:

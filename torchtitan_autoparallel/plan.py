@@ -12,6 +12,7 @@ from .layout import (
     AC_MODES,
     TP_MODES,
     Mesh,
+    fsdp_unit_problem,
     reshard_group,
     strategy_label,
     strategy_parts,
@@ -56,16 +57,20 @@ class LayerPlan:
     sharded like the rest of the block)."""
     pinned: bool = False
     """Fixed by ``autoparallel.pin``: the block runs TorchTitan's own recipe for the job."""
+    fsdp_unit: int = 1
+    """Blocks in this block's FSDP unit: k consecutive blocks with the same strategy and
+    ``fsdp_unit`` k, taken in order from the first, share one ``fully_shard`` call (see
+    ``fsdp_units``); written to the file only when above 1."""
 
     def parts(self, unsharded: str = "") -> dict[str, str]:
         """This layer's strategy by aspect (see ``strategy_parts``)."""
         return strategy_parts(self.ac, self.reshard_after_forward, self.tp_mode, self.ep,
-                              self.pinned, unsharded)
+                              self.pinned, unsharded, self.fsdp_unit)
 
     def describe(self, unsharded: str = "") -> str:
         """This layer's strategy label (see ``strategy_label``)."""
         return strategy_label(self.ac, self.reshard_after_forward, self.tp_mode, self.ep,
-                              self.pinned, unsharded)
+                              self.pinned, unsharded, self.fsdp_unit)
 
 
 @dataclass
@@ -139,6 +144,9 @@ class Plan:
             del data["pipeline"]  # plans without pp keep their files (and digests)
         if data["float8_filter_fqns"] is None:
             del data["float8_filter_fqns"]  # likewise plans without the float8 choice
+        for layer in data["layers"]:
+            if layer["fsdp_unit"] == 1:
+                del layer["fsdp_unit"]  # and blocks in FSDP units of their own
         if data["mesh"]["pp"] == 1:
             del data["mesh"]["pp"]
         return data
@@ -344,6 +352,7 @@ LAYER_RULES: dict[str, Rule] = {
     "tp_mode": Rule(str, choices=("none", *TP_MODES)),
     "ep": Rule(int, ge=1),
     "pinned": Rule(bool),
+    "fsdp_unit": Rule(int, ge=1),
 }
 PREDICTED_KEYS = ("step_time_s", "tokens_per_s", "peak_memory_gib", "state_memory_gib",
                   "budget_gib")
@@ -423,6 +432,7 @@ def check_plan(plan: Any, source: str) -> None:
         problem = layer_problem(layer, m, plan.local_batch_size)
         if problem:
             raise UserError(f"{where}{layer.fqn}: {problem}; {PLAN_FIX}")
+    fsdp_units(plan.layers, where)
     problem = float8_problem(plan)
     if problem:
         raise UserError(f"{where}{problem}; {PLAN_FIX}")
@@ -504,6 +514,10 @@ def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
                 or group % node:
             return (f"reshard_after_forward {node} needs a dense block of a plan without pp "
                     f"and a proper divisor of its FSDP group ({group} ranks)")
+    if layer.fsdp_unit > 1:
+        problem = fsdp_unit_problem(m, layer.tp_mode, layer.kind)
+        if problem:
+            return f"fsdp_unit {layer.fsdp_unit}: {problem}"
     if m.tp == 1:
         return "" if layer.tp_mode == "none" else f"tp_mode {layer.tp_mode!r} needs tp > 1"
     if layer.tp_mode == "none":
@@ -512,6 +526,27 @@ def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
     if layer.tp_mode == "dp":
         return tp_dp_problem(m, microbatch, layer.kind)
     return ""
+
+
+def fsdp_units(layers: list[LayerPlan], where: str = "plan: ") -> list[list[LayerPlan]]:
+    """The plan's blocks grouped into FSDP units, in order: a block with ``fsdp_unit`` k
+    starts a unit of itself and the k - 1 blocks after it, which must have its strategy and
+    ``fsdp_unit``; raises UserError (``where`` first) when they do not."""
+    blocks = [layer for layer in layers if layer.kind == "block"]
+    units: list[list[LayerPlan]] = []
+    i = 0
+    while i < len(blocks):
+        first = blocks[i]
+        unit = blocks[i:i + first.fsdp_unit]
+        if len(unit) < first.fsdp_unit or any(
+                b.describe() != first.describe() or b.fsdp_unit != first.fsdp_unit
+                for b in unit):
+            raise UserError(f"{where}{first.fqn} starts an FSDP unit of {first.fsdp_unit} "
+                            f"blocks: the {first.fsdp_unit - 1} blocks after it must have its "
+                            f"strategy and fsdp_unit; {PLAN_FIX}")
+        units.append(unit)
+        i += first.fsdp_unit
+    return units
 
 
 def check_plan_for_job(plan: Any, world: int, layers: list[tuple[str, str]],

@@ -16,6 +16,7 @@ its one stage holds every block):
                edge_time[t] + sum n[t,c,s] * time[c,s] <= T
                edge_step[t] + sum n[t,c,s] * step[c,s] <= F
                n[t,c,s] <= N[c] y[t,c,s],  W[t] >= transient[c,s] * y[t,c,s]
+               n[t,c,s] = k u[t,c,s], u integer (s: FSDP units of k blocks)
                edge_mem[t] + sum n[t,c,s] (resident[c,s] + in_flight[t] act[c,s]) + W[t] <= budget
                edge_state[t] + sum n[t,c,s] * step_bytes[c,s] <= budget (optimizer step)
 
@@ -175,6 +176,9 @@ def solve(cand: Candidate, budget: float, time_limit_s: float,
             n, y = n_idx[(t.name, k)], y_idx[(t.name, k)]
             h.addRow(-inf, 0.0, 2, [n, y], [1.0, -float(cand.classes[k[0]])])
             h.addRow(0.0, inf, 2, [w_idx[t.name], y], [1.0, -cand.costs[k].transient_bytes / GIB])
+            if k[1].fsdp_unit > 1:  # whole units: n = fsdp_unit x (units)
+                units = col(0.0, 0.0, inf, True)
+                h.addRow(0.0, 0.0, 2, [n, units], [1.0, -float(k[1].fsdp_unit)])
         flight = cand.in_flight[t.name]
         h.addRow(-inf, (budget - cand.edge_memory[t.name]) / GIB, len(ns) + 1,
                  ns + [w_idx[t.name]],

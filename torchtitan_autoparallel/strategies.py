@@ -6,12 +6,14 @@ from .errors import UserError
 from .graph.layer_graph import LayerGraph
 from .layout import (
     AC_MODES,
+    FSDP_UNIT_SIZES,
     TECHNIQUES,
     TP_MODES,
     BlockStrategy,
     Mesh,
     divisors,
     fsdp_sharded,
+    fsdp_unit_problem,
     node_reshard_group,
     tp_dp_problem,
 )
@@ -227,11 +229,15 @@ def check_expert_constraints(graph: LayerGraph, world: int, constraints: Constra
 
 
 def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
-                     moe_model: bool = False, gpus_per_node: int = 0) -> list[BlockStrategy]:
+                     moe_model: bool = False, gpus_per_node: int = 0, run: int = 1
+                     ) -> list[BlockStrategy]:
     """Per-block choices on ``mesh`` for a local batch of ``microbatch`` sequences. The tp dim
     as data parallel is offered on dense models only (MoE blocks follow TorchTitan's MoE TP).
     Where the FSDP group spans nodes, dense blocks of a flat plan may also reshard to the
-    ranks of one node (``node_reshard_group``) when resharding is searched."""
+    ranks of one node (``node_reshard_group``) when resharding is searched. Blocks of a dense
+    model's class that forms one ``run`` of consecutive blocks may share FSDP units of k blocks
+    (k in ``FSDP_UNIT_SIZES`` up to the run, where ``fsdp_unit_problem`` allows; MoE models
+    keep TorchTitan's per-block FSDP, as for the node reshard)."""
     acs = constraints.ac_modes if "ac" in constraints.techniques else ("none",)
     tp_modes: tuple[str, ...] = ("none",)
     if mesh.tp > 1:
@@ -249,21 +255,25 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
         if node and constraints.reshard_after_forward == "default" and mesh.pp == 1 \
                 and not moe_model:
             reshards += (node,)
+        units = (1,) if fsdp_unit_problem(mesh, mode) or moe_model else (
+            1, *(k for k in FSDP_UNIT_SIZES if k <= run))
         for ac in acs:
             for reshard in reshards:
-                out.append(BlockStrategy(ac, reshard, mode))
+                out.extend(BlockStrategy(ac, reshard, mode, unit) for unit in units)
     return out
 
 
 def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe_model: bool,
-                      pin: Pin | None, gpus_per_node: int = 0) -> list[BlockStrategy]:
+                      pin: Pin | None, gpus_per_node: int = 0, run: int = 1
+                      ) -> list[BlockStrategy]:
     """Strategies a block may take given its pin: TorchTitan's recipe only (whole block
-    pinned), no tp_dp (a region inside pinned), or all of them."""
+    pinned), no tp_dp (a region inside pinned), or all of them (``run``: see
+    ``block_strategies``)."""
     if pin is not None and pin.whole:
         sharded = fsdp_sharded(mesh)
         return [BlockStrategy(pin.recipe_ac, pin.recipe_reshard and sharded,
                               "sp" if mesh.tp > 1 else "none")]
-    free = block_strategies(mesh, microbatch, constraints, moe_model, gpus_per_node)
+    free = block_strategies(mesh, microbatch, constraints, moe_model, gpus_per_node, run)
     if pin is not None and pin.regions:
         return [s for s in free if s.tp_mode != "dp"]
     return free

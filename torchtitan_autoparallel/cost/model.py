@@ -567,7 +567,9 @@ def block_compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatc
     (from the measured GEMM table where the profile has one, else at the profile's flat
     efficiency, sped up by float8 / MX linears), attention, and the streaming kernels between
     them at device-memory bandwidth (each eager op reads and writes its operands; compiled,
-    only the GEMM operands move once), plus float8 casts."""
+    only the GEMM operands move once), plus float8 casts. It depends on the strategy's AC and
+    tp mode only (``compute_s`` memoizes it for the strategies that share them: resharding,
+    FSDP units)."""
     _, recompute_frac = AC_EFFECT[strategy.ac]
     # cp splits every sequence (head-tail load balancing evens out causal attention)
     scale = microbatch / (mesh.tp * mesh.cp)
@@ -772,6 +774,9 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     # an integer reshard keeps a 1/node shard after forward and all-gathers it back over the
     # node's ranks (NVLink) in backward
     node = reshard_group(strategy.reshard_after_forward)
+    # an FSDP unit of k blocks gathers, reduce-scatters (and all-reduces) the k blocks'
+    # parameters in one collective each: this block's share is 1/k of the unit's collective
+    unit = strategy.fsdp_unit
     ag = rs = ar = node_ag = unsharded = gbytes = copied = 0.0
     # float8 all-gather: the float8 linears' weights travel as 1 byte each
     # (TorchTitan's converter turns it off when dp_shard = 1)
@@ -787,12 +792,12 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         rails = max(1, min(group, gpus_per_node * group // max(mesh.dp_shard * mesh.cp
                                                                 * mesh.tp, 1)))
         rep_rails = max(1, gpus_per_node // (mesh.dp_shard * mesh.cp * mesh.tp))
-        ag += collective_s("all_gather", pb, group, ds_nodes, hw, rails)
+        ag += collective_s("all_gather", unit * pb, group, ds_nodes, hw, rails) / unit
         if node:
-            node_ag += collective_s("all_gather", pb, node, False, hw)
-        rs += collective_s("reduce_scatter", gb, group, ds_nodes, hw, rails)
-        ar += collective_s("all_reduce", gb / group, mesh.dp_replicate, rep_nodes, hw,
-                           rep_rails)
+            node_ag += collective_s("all_gather", unit * pb, node, False, hw) / unit
+        rs += collective_s("reduce_scatter", unit * gb, group, ds_nodes, hw, rails) / unit
+        ar += collective_s("all_reduce", unit * gb / group, mesh.dp_replicate, rep_nodes, hw,
+                           rep_rails) / unit
         unsharded += pb
         gbytes += gb
         if group > 1:
@@ -853,10 +858,10 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         kept += unsharded / node
     state = state_bytes(layer) / (mesh.dp_shard * mesh.cp * mesh.tp)
     # backward of this block: its recomputed activations and, when FSDP shards it, the
-    # unsharded params of it and the prefetched next one and its unsharded gradients (DDP:
-    # the gradients' reduction buckets; one device: nothing beyond the state)
+    # unsharded params of its unit and the prefetched next one and the unit's unsharded
+    # gradients (DDP: the gradients' reduction buckets; one device: nothing beyond the state)
     if fsdp_group > 1 or ep > 1:
-        gathered = 2 * unsharded + gbytes
+        gathered = unit * (2 * unsharded + gbytes)
     else:
         gathered = gbytes if mesh.dp_replicate > 1 else 0.0
     transient = (saved if strategy.ac != "none" else 0.0) + gathered
