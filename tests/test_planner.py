@@ -697,7 +697,7 @@ def test_fsdp_units_explained(planning):
     128 H100s: FSDP over 64 ranks, latency-bound collectives), and the reason where it does not
     (a DDP plan: nothing FSDP shards)."""
     from torchtitan_autoparallel.explain import unit_lines
-    from torchtitan_autoparallel.planner import inputs_from_plan
+    from torchtitan_autoparallel.recost import inputs_from_plan
 
     plan = planning("llama3_8b_auto.toml", 128, "--autoparallel.hardware=h100_sxm")
     units = {layer.fsdp_unit for layer in plan.layers if layer.kind == "block"}
