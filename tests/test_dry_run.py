@@ -190,6 +190,7 @@ def test_float8_compile_dry_run(tmp_path):
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
     for i, layer in enumerate(blocks):
         layer.tp_mode = "dp" if i % 2 else "sp"
+        layer.fsdp_unit = 1  # alternating blocks: one FSDP unit each
     # every block linear float8, as in the recipe (TP + SP blocks need them all converted)
     plan.float8_filter_fqns = None
     # tp used as data parallel splits the local batch over tp: 8 sequences per dp rank
