@@ -97,6 +97,7 @@ def test_mixed_tp_plan_parity(references, tmp_path):
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
     for i, layer in enumerate(blocks):
         layer.tp_mode = "dp" if i % 2 else "sp"
+        layer.fsdp_unit = 1  # alternating blocks: one FSDP unit each
     blocks[2].ac = "full"
     path = tmp_path / "mixed.json"
     plan.save(str(path))

@@ -276,6 +276,7 @@ def test_mixed_plan_parity(hf_reference, tmp_path):
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
     for i, layer in enumerate(blocks):
         layer.tp_mode = "dp" if i % 2 else "sp"
+        layer.fsdp_unit = 1  # alternating blocks: one FSDP unit each
     blocks[0].ac, blocks[1].ac = "selective", "full"
     path = tmp_path / "mixed.json"
     plan.save(str(path))
