@@ -251,8 +251,8 @@ def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Prec
 
     Flat meshes first (their best bounds the pipeline ones), each group in order of its
     options' step-time bound: the search stops once no remaining bound can win. A candidate
-    is pruned by its full time bound and its memory floor, and a pipeline one by the
-    relaxation with memory (``Candidate.aggregate_bound``) and its LP, before it is solved.
+    is pruned by its full time bound, its memory floor, the relaxation with memory
+    (``Candidate.aggregate_bound``) and its LP, before its MILP is branched on.
     """
     start = time.perf_counter()
     # HiGHS refuses to run with a thread count other than its global scheduler's (made by the
@@ -262,8 +262,7 @@ def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Prec
     args = (graph, global_batch, hw, prec, gpus_per_node)
 
     def groups() -> Iterator[tuple[tuple[list[Option], int, float], bool]]:
-        """(options, how many, memory floor) per group, and whether its MILPs are bounded by
-        their relaxation first: flat MILPs are a few dozen variables, solved outright."""
+        """(options, how many, memory floor) per group, and whether it is the pipeline one."""
         yield flat_options(*args, constraints, [m for m in meshes if m.pp == 1], pins,
                            features), False
         piped = [m for m in meshes if m.pp > 1]
@@ -278,26 +277,26 @@ def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Prec
     def cutoff() -> float:
         return min(beat_s, best.step_time_s if best else math.inf)
 
-    for (options, count, floor), relax in groups():
+    for (options, count, floor), piped in groups():
         candidates += count
         # flat candidates in the order of their full time bound; pipeline ones in the order
         # of their compute floor (their relaxation and LP prune the rest)
-        for cand in in_bound_order(options, cutoff, exact=not relax):
+        for cand in in_bound_order(options, cutoff, exact=not piped):
             if cand.time_lower_bound() >= cutoff():
                 continue
             low = cand.memory_lower_bound()
-            if low > budget or not relax:
+            if low > budget or not piped:
                 floor = min(floor, low)  # flat: every costed candidate's (achievable) floor
             if low > budget:
                 pruned += 1
                 continue
-            bound = cand.aggregate_bound(budget) if relax else -math.inf
+            bound = cand.aggregate_bound(budget)
             if bound >= cutoff():
                 pruned += math.isinf(bound)
                 continue
             remaining = time_limit_s - (time.perf_counter() - start)
             try:
-                sol = solve(cand, budget, max(0.0, remaining), cutoff() if relax else math.inf)
+                sol = solve(cand, budget, max(0.0, remaining), cutoff())
             except SolveTimeout:
                 timed_out = True
                 break
