@@ -35,7 +35,7 @@ from .graph.layer_graph import Layer, LayerGraph
 from .layout import BlockStrategy, Mesh
 from .pins import Pin
 from .schedules import V_SCHEDULES
-from .strategies import Constraints, microbatch_sizes, pinned_strategies
+from .strategies import Constraints, fastest_strategies, microbatch_sizes, pinned_strategies
 
 Key = tuple[str, BlockStrategy]
 """(block class, strategy)."""
@@ -286,8 +286,10 @@ def faster_units(cls: str, strategies: list[BlockStrategy], costs: dict[Key, Blo
 def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch: int,
                     hw: HardwareProfile, prec: Precision, gpus_per_node: int,
                     constraints: Constraints, pins: dict[str, Pin] | None = None,
-                    features: Features = EAGER) -> Candidate:
-    """Costs of every block strategy for one flat (mesh, micro-batch): one rank type."""
+                    features: Features = EAGER, fastest: bool = False) -> Candidate:
+    """Costs of every block strategy for one flat (mesh, micro-batch): one rank type.
+    ``fastest``: only the strategies that set the time bound (``fastest_strategies``), enough
+    for ``Candidate.time_lower_bound``."""
     pins = pins or {}
     classes: dict[str, int] = defaultdict(int)
     representative = {}
@@ -301,6 +303,8 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
             representative[cls] = layer
             strategies[cls] = pinned_strategies(mesh, microbatch, constraints, moe_model,
                                                 pins.get(layer.fqn), gpus_per_node, runs[cls])
+            if fastest:
+                strategies[cls] = fastest_strategies(strategies[cls])
     costs = {
         (c, s): block_cost(representative[c], mesh, s, microbatch, hw, prec, gpus_per_node,
                            graph.grouped_experts, features)

@@ -48,7 +48,7 @@ from .schedules import (
     schedule_stages,
     stage_options,
 )
-from .strategies import Constraints, pinned_strategies
+from .strategies import Constraints, fastest_strategies, pinned_strategies
 
 
 def prefix_classes(graph: LayerGraph, pins: dict[str, Pin]) -> tuple[str, tuple[str, ...]] | None:
@@ -66,12 +66,12 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
                              microbatch: int, microbatches: int, hw: HardwareProfile,
                              prec: Precision, gpus_per_node: int, constraints: Constraints,
                              pins: dict[str, Pin], features: Features = EAGER,
-                             cache: dict | None = None, keep_strategies: bool = False
-                             ) -> Candidate | None:
+                             cache: dict | None = None, keep_strategies: bool = False,
+                             fastest: bool = False) -> Candidate | None:
     """Costs of one pipeline candidate (None when its block classes interleave or a class has
     no strategy the schedule can run).
     ``keep_strategies``: cost every strategy a plan file or recipe may give a block, not only
-    those the search offers."""
+    those the search offers. ``fastest``: only those that set the time bound."""
     cache = {} if cache is None else cache
     if "order" not in cache:  # the same for every candidate of a search
         cache["order"] = prefix_classes(graph, pins)
@@ -82,11 +82,11 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
         return None
     _, prefix = order
     hide_ep = schedule == "DualPipeV" and constraints.pp_ep_overlap
-    key = (mesh, microbatch, hide_ep, keep_strategies)
+    key = (mesh, microbatch, hide_ep, keep_strategies, fastest)
     if key not in cache:
         cache[key] = _block_costs(graph, cache["classes"], mesh, microbatch, hw, prec,
                                   gpus_per_node, constraints, pins, features, hide_ep,
-                                  keep_strategies)
+                                  keep_strategies, fastest)
     classes, strategies, costs, edges = cache[key]
     if not all(strategies.values()):
         return None  # a pinned block's recipe the schedule cannot run (DualPipeV's EP with AC)
@@ -127,7 +127,7 @@ def _block_costs(graph: LayerGraph, block_class: list[str], mesh: Mesh, microbat
                  hw: HardwareProfile,
                  prec: Precision, gpus_per_node: int, constraints: Constraints,
                  pins: dict[str, Pin], features: Features, hide_ep: bool,
-                 keep_strategies: bool = False) -> tuple:
+                 keep_strategies: bool = False, fastest: bool = False) -> tuple:
     classes: dict[str, int] = {}
     representative = {}
     strategies: dict[str, list[BlockStrategy]] = {}
@@ -148,6 +148,8 @@ def _block_costs(graph: LayerGraph, block_class: list[str], mesh: Mesh, microbat
                 mode = "sp" if mesh.tp > 1 else "none"
                 strategies[cls] = [BlockStrategy(ac, reshard, mode) for ac in AC_MODES
                                    for reshard in (False, True)]
+            if fastest:
+                strategies[cls] = fastest_strategies(strategies[cls])
     costs = {(c, s): stage_block_cost(representative[c], mesh, s, microbatch, hw, prec,
                                       gpus_per_node, graph.grouped_experts, features, hide_ep)
              for c in classes for s in strategies[c]}

@@ -221,24 +221,36 @@ def solve(cand: Candidate, budget: float, time_limit_s: float,
 
 def in_bound_order(options: list[Option], cutoff: Callable[[], float], exact: bool
                    ) -> Iterator[Candidate]:
-    """The candidates of ``options`` whose step-time floor is below ``cutoff()``, costed on
+    """The candidates of ``options`` whose full time bound is below ``cutoff()``, costed on
     demand, in the order of their floor or, ``exact``, of their full time bound (ties by mesh,
     schedule, stages per rank and micro-batch size): a candidate is yielded once no option
-    left uncosted has a smaller floor."""
+    left unbounded has a smaller floor. The full bound comes from the fastest strategies
+    alone (``fastest=True``); every strategy is costed only for the candidates yielded."""
     options.sort(key=lambda o: o[:5])
-    heap: list[tuple[tuple[float, Mesh, str, int, int], int, Candidate]] = []
+    heap: list[tuple[tuple[float, Mesh, str, int, int], int, Callable[..., Candidate | None]]] \
+        = []
+
+    def popped() -> Iterator[Candidate]:
+        key, _, make = heapq.heappop(heap)
+        if not key[0] >= cutoff():  # a NaN bound goes on to the finiteness check
+            cand = make()
+            if cand is not None:
+                yield cand
+
     for i, (floor, mesh, schedule, stages, mb, make) in enumerate(options):
         while heap and heap[0][0][0] < floor:
-            yield heapq.heappop(heap)[2]
+            yield from popped()
         if floor >= cutoff():
             break
-        cand = make()
-        if cand is None:
+        quick = make(fastest=True)
+        if quick is None:
             continue  # block kinds interleave, or a pinned recipe the schedule cannot run
-        bound = cand.time_lower_bound() if exact else floor
-        heapq.heappush(heap, ((bound, mesh, schedule, stages, mb), i, cand))
+        bound = quick.time_lower_bound()
+        if bound >= cutoff():
+            continue
+        heapq.heappush(heap, ((bound if exact else floor, mesh, schedule, stages, mb), i, make))
     while heap:
-        yield heapq.heappop(heap)[2]
+        yield from popped()
 
 
 def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Precision,

@@ -279,6 +279,14 @@ def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe
     return free
 
 
+def fastest_strategies(strategies: list[BlockStrategy]) -> list[BlockStrategy]:
+    """The strategies that set a block's fastest time: no activation checkpointing and no
+    resharding after forward (recomputing and gathering again only add time; TP modes and FSDP
+    units may go either way). All of them when none qualifies (a pinned recipe)."""
+    fast = [s for s in strategies if s.ac == "none" and not s.reshard_after_forward]
+    return fast or strategies
+
+
 def microbatch_sizes(global_batch: int, mesh: Mesh, accumulation: bool = True) -> list[int]:
     """Local batch sizes that split the global batch evenly over the data-parallel ranks
     (without ``accumulation``: only the whole local batch)."""
