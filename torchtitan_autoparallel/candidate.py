@@ -25,13 +25,13 @@ from .cost.model import (
     BlockCost,
     Precision,
     block_cost,
-    compute_s,
+    block_time_floor,
     edges_cost,
     state_memory,
 )
 from .cost.pipeline import StageBlockCost
 from .features import EAGER, Features
-from .graph.layer_graph import Layer, LayerGraph
+from .graph.layer_graph import LayerGraph
 from .layout import BlockStrategy, Mesh
 from .pins import Pin
 from .schedules import V_SCHEDULES
@@ -326,17 +326,15 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
 
 
 def compute_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
-                  prec: Precision, features: Features) -> float:
+                  prec: Precision, gpus_per_node: int, features: Features,
+                  hide_ep: bool = False) -> float:
     """A floor under the forward + backward time of one micro-batch through the whole model on
-    ``mesh``: compute only, no checkpointing, no communication, each layer in its fastest TP
-    mode (every strategy's time is at least this)."""
+    ``mesh``: each layer's ``block_time_floor`` (compute without checkpointing in its fastest
+    TP mode, and the expert all-to-alls every strategy pays unless ``hide_ep``)."""
     modes = ("none", "sp", "dp") if mesh.tp > 1 else ("none",)
-    alike: dict[tuple[str, str], list[Layer]] = defaultdict(list)  # interchangeable layers
-    for layer in graph.layers:
-        alike[(layer.kind, layer.signature)].append(layer)
-    return sum(len(group) * min(compute_s(group[0], mesh, BlockStrategy("none", False, mode),
-                                          microbatch, hw, prec, features)[1] for mode in modes)
-               for group in alike.values())
+    return sum(n * block_time_floor(layer, mesh, microbatch, hw, prec, gpus_per_node,
+                                    features, modes, hide_ep)
+               for layer, n in graph.alike)
 
 
 def flat_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Precision,
@@ -345,15 +343,12 @@ def flat_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec
                  ) -> tuple[list[Option], int, float]:
     """(options, how many, inf) for ``meshes`` (all with pp = 1), each bounded by its compute
     floor and costed on demand (the search takes the memory floor from those it costs)."""
-    floors: dict[tuple[int, int, int], float] = {}
     options: list[Option] = []
     for mesh in meshes:
         for mb in microbatch_sizes(global_batch, mesh, constraints.accumulation):
-            key = (mesh.tp, mesh.cp, mb)
-            if key not in floors:
-                floors[key] = compute_floor(graph, mesh, mb, hw, prec, features)
+            floor = compute_floor(graph, mesh, mb, hw, prec, gpus_per_node, features)
             accum = global_batch // (mb * mesh.dp)
-            options.append((accum * floors[key], mesh, "", 1, mb, functools.partial(
+            options.append((accum * floor, mesh, "", 1, mb, functools.partial(
                 build_candidate, graph, mesh, mb, global_batch, hw, prec, gpus_per_node,
                 constraints, pins, features)))
     return options, len(options), math.inf

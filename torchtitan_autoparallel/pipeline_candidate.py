@@ -62,6 +62,11 @@ def prefix_classes(graph: LayerGraph, pins: dict[str, Pin]) -> tuple[str, tuple[
     return main, tuple(dict.fromkeys(classes[:first_main]))
 
 
+def hides_ep(schedule: str, constraints: Constraints) -> bool:
+    """DualPipeV with its expert-parallel overlap on hides the token all-to-alls."""
+    return schedule == "DualPipeV" and constraints.pp_ep_overlap
+
+
 def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: int,
                              microbatch: int, microbatches: int, hw: HardwareProfile,
                              prec: Precision, gpus_per_node: int, constraints: Constraints,
@@ -81,7 +86,7 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
     if order is None:
         return None
     _, prefix = order
-    hide_ep = schedule == "DualPipeV" and constraints.pp_ep_overlap
+    hide_ep = hides_ep(schedule, constraints)
     key = (mesh, microbatch, hide_ep, keep_strategies, fastest)
     if key not in cache:
         cache[key] = _block_costs(graph, cache["classes"], mesh, microbatch, hw, prec,
@@ -154,9 +159,7 @@ def _block_costs(graph: LayerGraph, block_class: list[str], mesh: Mesh, microbat
                                       gpus_per_node, graph.grouped_experts, features, hide_ep)
              for c in classes for s in strategies[c]}
     edges = {}
-    for layer in graph.layers:
-        if layer.kind == "block":
-            continue
+    for layer in graph.edges:
         cost = edge_cost(graph, layer, mesh, microbatch, hw, prec, gpus_per_node, features)
         per_param = cost.state_bytes / STATE_BYTES_PER_PARAM
         sharded = fsdp_sharded(mesh)
@@ -255,7 +258,7 @@ def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
     schedules = schedules_for(graph, constraints, features)
     n_blocks = len(graph.blocks)
     cache: dict = {}
-    compute: dict[tuple[int, int, int], tuple[float, Split]] = {}
+    compute: dict[tuple[Mesh, int, bool], tuple[float, Split]] = {}
     options: list[Option] = []
     splits = 0
     min_floor = math.inf
@@ -278,10 +281,12 @@ def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
                     if floor > budget:  # no split of this mesh fits: not costed
                         min_floor = min(min_floor, floor)
                         continue
-                    key = (mesh.tp, mesh.cp, mb)
+                    hide_ep = hides_ep(schedule, constraints)
+                    key = (mesh, mb, hide_ep)
                     if key not in compute:
                         none = BlockStrategy("none", False, "sp" if mesh.tp > 1 else "none")
-                        compute[key] = (compute_floor(graph, mesh, mb, hw, prec, features),
+                        compute[key] = (compute_floor(graph, mesh, mb, hw, prec, gpus_per_node,
+                                                      features, hide_ep),
                                         backward_split(graph.blocks[-1], none, hw))
                     work, split = compute[key]
                     bound = (m + bubble(schedule, mesh.pp, v, split)) * work / mesh.pp

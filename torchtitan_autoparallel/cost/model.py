@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from ..features import EAGER, Features
 from ..graph.layer_graph import Layer, LayerGraph
-from ..layout import BlockStrategy, Mesh, edge_strategy, reshard_group
+from ..layout import TP_MODES, BlockStrategy, Mesh, edge_strategy, reshard_group
 from . import kernels
 from .hardware import HardwareProfile
 
@@ -876,6 +876,30 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
                      kept, state, transient, parts, unsharded, gbytes)
 
 
+_NO_AC = {mode: BlockStrategy("none", False, mode) for mode in ("none", *TP_MODES)}
+
+
+def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfile,
+                     prec: Precision, gpus_per_node: int, features: Features,
+                     tp_modes: tuple[str, ...], hide_ep: bool = False) -> float:
+    """A floor under ``block_cost(...).time_s`` of every strategy on ``mesh`` whose TP mode is
+    in ``tp_modes``: the compute of the fastest mode without AC, plus what every strategy pays
+    on top of it (routed experts: the four token all-to-alls, unless a schedule hides them,
+    ``hide_ep``, and the busiest rank's extra expert work), as run on the host; no FSDP, TP
+    or CP communication."""
+    hw = host_profile(hw, mesh, gpus_per_node)
+    device = min(compute_s(layer, mesh, _NO_AC[mode], microbatch, hw, prec, features)[1]
+                 for mode in tp_modes)
+    if layer.expert_params and mesh.ep > 1:
+        act_scale = prec.param_bytes / 4
+        if not hide_ep:
+            device += 4 * moe_dispatch_s(layer, mesh, microbatch, act_scale, hw,
+                                         gpus_per_node)
+        expert = layer.expert_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
+        device += expert * 3.0 * (hw.moe_load_imbalance - 1.0)
+    return host_time_s(device, mesh, hw, gpus_per_node)
+
+
 def moe_dispatch_s(layer: Layer, mesh: Mesh, microbatch: int, act_scale: float,
                    hw: HardwareProfile, gpus_per_node: int) -> float:
     """One token dispatch (or combine) all-to-all over the ep group: every local token goes to
@@ -973,9 +997,7 @@ def edges_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfi
     """Every edge layer's ``edge_cost`` summed (a flat plan holds them all on one rank), with
     the weight copies autocast keeps."""
     time = kept = state = logits = 0.0
-    for layer in graph.layers:
-        if layer.kind == "block":
-            continue
+    for layer in graph.edges:
         cost = edge_cost(graph, layer, mesh, microbatch, hw, prec, gpus_per_node, features)
         time += cost.time_s
         kept += cost.kept_bytes
@@ -984,6 +1006,6 @@ def edges_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfi
     if autocast(mesh, prec):
         # autocast caches the low-precision copy of every weight it casts (all but the
         # embedding) from the forward until the backward
-        kept += prec.param_bytes * sum(layer.params for layer in graph.layers
-                                       if layer.kind != "embedding")
+        kept += prec.param_bytes * (graph.total_params - sum(
+            layer.params for layer in graph.edges if layer.kind == "embedding"))
     return EdgeCost(time, kept, state, logits)

@@ -9,6 +9,7 @@ the counter has no formula for it.
 """
 
 import copy
+import functools
 import logging
 import types
 from dataclasses import dataclass, field
@@ -117,16 +118,31 @@ class LayerGraph:
     """The family's adapter as the graph was read with it (registered, completed by
     discovery from the model)."""
 
-    @property
-    def blocks(self) -> list[Layer]:
-        return [layer for layer in self.layers if layer.kind == "block"]
+    # read on every candidate the search costs: computed once per graph
+    @functools.cached_property
+    def blocks(self) -> tuple[Layer, ...]:
+        return tuple(layer for layer in self.layers if layer.kind == "block")
 
-    @property
+    @functools.cached_property
+    def edges(self) -> tuple[Layer, ...]:
+        """The layers that are not blocks (embedding, norm + output), in model order."""
+        return tuple(layer for layer in self.layers if layer.kind != "block")
+
+    @functools.cached_property
+    def alike(self) -> tuple[tuple[Layer, int], ...]:
+        """One layer of each (kind, signature), in model order, with how many layers share
+        it (interchangeable for every cost)."""
+        counts: dict[tuple[str, str], list] = {}
+        for layer in self.layers:
+            counts.setdefault((layer.kind, layer.signature), [layer, 0])[1] += 1
+        return tuple((layer, n) for layer, n in counts.values())
+
+    @functools.cached_property
     def num_experts(self) -> int:
         """Routed experts per MoE block (0 for a dense model)."""
         return max((layer.num_experts for layer in self.layers), default=0)
 
-    @property
+    @functools.cached_property
     def total_params(self) -> int:
         return sum(layer.params for layer in self.layers)
 
