@@ -50,9 +50,12 @@ WORLDS = (8, 16, 32, 64, 128)
 HW = "h100_sxm"
 MODEL_HW = {"deepseek_v3_671b": "h200_sxm"}
 ACS = ("none", "selective", "full")
+OLD_COLUMNS = {"best_expert": "best_recipe", "best_expert_tps": "best_recipe_tps",
+               "experts_costed": "recipes_costed", "experts_fit": "recipes_fit"}
+"""Columns of older at_scale.csv files, read under their current names."""
 FIELDS = ["model", "world", "global_batch", "auto_status", "auto_mesh", "auto_tps",
-          "auto_peak_gib", "shipped", "shipped_tps", "shipped_fits", "best_expert",
-          "best_expert_tps", "experts_costed", "experts_fit", "vs_best", "vs_shipped",
+          "auto_peak_gib", "shipped", "shipped_tps", "shipped_fits", "best_recipe",
+          "best_recipe_tps", "recipes_costed", "recipes_fit", "vs_best", "vs_shipped",
           "dry_run", "note"]
 
 
@@ -188,11 +191,11 @@ def evaluate(model: str, world: int) -> dict[str, Any]:
         fit += 1
         if best is None or plan.predicted["tokens_per_s"] > best.predicted["tokens_per_s"]:
             best, best_name = plan, f"{_mesh(plan.mesh)} ac:{ac}"
-    row.update(experts_costed=costed, experts_fit=fit, best_expert=best_name or "none fits",
-               best_expert_tps=best.predicted["tokens_per_s"] if best else math.nan)
+    row.update(recipes_costed=costed, recipes_fit=fit, best_recipe=best_name or "none fits",
+               best_recipe_tps=best.predicted["tokens_per_s"] if best else math.nan)
     if row.get("auto_status") == "ok":
         if best is not None:
-            row["vs_best"] = row["auto_tps"] / row["best_expert_tps"]
+            row["vs_best"] = row["auto_tps"] / row["best_recipe_tps"]
         if row.get("shipped_fits"):
             row["vs_shipped"] = row["auto_tps"] / row["shipped_tps"]
     return row
@@ -252,7 +255,7 @@ def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
         lines.append(
             f"| {r['model']} | {r['world']} | {r.get('auto_mesh', r.get('auto_status'))} | "
             f"{_num(r.get('auto_tps'))} | {r.get('shipped', '')} | {shipped} | "
-            f"{r.get('best_expert', '')} | {_num(r.get('best_expert_tps'))} | "
+            f"{r.get('best_recipe', '')} | {_num(r.get('best_recipe_tps'))} | "
             f"{_num(r.get('vs_best'), '.3f')} | {_num(r.get('vs_shipped'), '.3f')} | "
             f"{r.get('dry_run', '')} |")
     (out / "at_scale.md").write_text("\n".join(lines) + "\n")
@@ -278,7 +281,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     for ax, model in zip(axes[0], models, strict=True):
         rs = [r for r in rows if r["model"] == model]
         worlds = [int(r["world"]) for r in rs]
-        for key, label, marker in (("auto_tps", "auto", "o"), ("best_expert_tps",
+        for key, label, marker in (("auto_tps", "auto", "o"), ("best_recipe_tps",
                                    "best recipe", "s"), ("shipped_tps", "shipped", "x")):
             ys = [float(r[key]) if r.get(key) not in (None, "") else math.nan for r in rs]
             if key == "shipped_tps":  # a recipe predicted to run out of memory is no point
@@ -286,7 +289,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
                       for y, r in zip(ys, rs, strict=True)]
             ax.plot(worlds, ys, marker=marker, label=label)
         ax.set_xscale("log", base=2)
-        if any(float(r.get("auto_tps") or 0) > 0 or float(r.get("best_expert_tps") or 0) > 0
+        if any(float(r.get("auto_tps") or 0) > 0 or float(r.get("best_recipe_tps") or 0) > 0
                for r in rs):
             ax.set_yscale("log")  # (a model with no feasible plan yet has nothing to scale)
         ax.set_title(model)
@@ -315,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     done: dict[tuple[str, int], dict[str, Any]] = {}
     if (out / "at_scale.csv").exists():
         with open(out / "at_scale.csv", newline="") as f:
-            done = {(r["model"], int(r["world"])): r for r in csv.DictReader(f)}
+            done = {(r["model"], int(r["world"])): {OLD_COLUMNS.get(k, k): v for k, v in r.items()}
+                    for r in csv.DictReader(f)}
     rows = []
     for model in models:
         for world in map(int, args.worlds.split(",")):
@@ -331,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["dry_run"] = dry_run(model, world, plan)
             rows.append(row)
             print(f"{model} x{world}: auto {row.get('auto_mesh', row.get('auto_status'))} "
-                  f"{_num(row.get('auto_tps'))} tok/s, best recipe {row['best_expert']} "
-                  f"{_num(row.get('best_expert_tps'))}, dry run {row.get('dry_run', '-')}",
+                  f"{_num(row.get('auto_tps'))} tok/s, best recipe {row['best_recipe']} "
+                  f"{_num(row.get('best_recipe_tps'))}, dry run {row.get('dry_run', '-')}",
                   flush=True)
             write_outputs(rows + [r for k, r in done.items() if k not in
                                   {(x["model"], int(x["world"])) for x in rows}], out)

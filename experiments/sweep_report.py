@@ -109,7 +109,7 @@ def headline(arms: dict[str, Arm]) -> dict[str, float | str]:
     auto = arms.get("auto")
     experts = [a for name, a in arms.items() if name != "auto" and a.status == "ok"]
     best = max(experts, key=lambda a: a.tokens_per_s, default=None)
-    out: dict[str, float | str] = {"best_expert": best.arm if best else "",
+    out: dict[str, float | str] = {"best_recipe": best.arm if best else "",
                                    "experts_measured": len(experts),
                                    "experts_over_budget": sum(a.status == "over_budget"
                                                               for a in arms.values())}
@@ -173,11 +173,11 @@ def write_markdown(rows: list[dict[str, str]], path: Path, notes: str = "",
     for config in sorted(agg):
         h = headline(agg[config])
         if h.get("auto_status") != "ok":
-            lines.append(f"| {config} | auto {h.get('auto_status')} | {h['best_expert']} | "
-                         f"{_tps(agg[config], h['best_expert'])} | | | | |")
+            lines.append(f"| {config} | auto {h.get('auto_status')} | {h['best_recipe']} | "
+                         f"{_tps(agg[config], h['best_recipe'])} | | | | |")
             continue
-        per_round = ", ".join(f"{r:.3f}" for r in round_ratios(rows, config, h["best_expert"]))
-        lines.append(f"| {config} | {h['auto_tps']:.0f} | {h['best_expert']} | "
+        per_round = ", ".join(f"{r:.3f}" for r in round_ratios(rows, config, h["best_recipe"]))
+        lines.append(f"| {config} | {h['auto_tps']:.0f} | {h['best_recipe']} | "
                      f"{h['best_tps']:.0f} | {h['median_tps']:.0f} | {h['vs_best']:.3f} | "
                      f"{per_round} | {h['vs_median']:.3f} |")
     spread = round_spread(rows)
@@ -229,7 +229,7 @@ def write_plots(rows: list[dict[str, str]], folder: Path) -> list[Path]:
     import matplotlib.ticker
 
     agg = aggregate(rows)
-    configs = [c for c in sorted(agg) if headline(agg[c]).get("best_expert")]
+    configs = [c for c in sorted(agg) if headline(agg[c]).get("best_recipe")]
     paths = []
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(configs) + 2), 4.5))
     x = range(len(configs))
@@ -238,7 +238,7 @@ def write_plots(rows: list[dict[str, str]], folder: Path) -> list[Path]:
     for offset, key, label in ((-width, "auto_tps", "auto"), (0, "best_tps", "best recipe"),
                                (width, "median_tps", "median recipe")):
         values = [h.get(key, math.nan) if key != "best_tps" or "best_tps" in h
-                  else agg[c][h["best_expert"]].tokens_per_s
+                  else agg[c][h["best_recipe"]].tokens_per_s
                   for c, h in zip(configs, heads, strict=True)]
         ax.bar([i + offset for i in x], values, width, label=label)
     ax.set_xticks(list(x), configs, rotation=35, ha="right", fontsize=8)

@@ -721,9 +721,10 @@ def test_fsdp_units_explained(planning):
 ], ids=["8b-eager", "8b-compile+float8+async_tp", "dsv3-16b", "llama4-debug"])
 def test_search_bounds_are_below_every_strategy(config, world, features):
     """The search skips an option when its floor, then its bound from the fastest strategies
-    alone (no AC, no reshard), cannot win. On a sample of the options the job enumerates (pp
-    and DualPipeV's hidden all-to-alls included): floor <= that bound == the minimum over
-    every strategy of the fully costed candidate."""
+    alone (no AC, no reshard), cannot win, or its state memory exceeds the budget. On a sample
+    of the options the job enumerates (pp and DualPipeV's hidden all-to-alls included): floor
+    <= that bound == the minimum over every strategy of the fully costed candidate, and the
+    state floor is the full candidate's, below its exact memory floor (flat)."""
     from torchtitan_autoparallel.candidate import flat_options
     from torchtitan_autoparallel.features import Features
     from torchtitan_autoparallel.job_config import parse_config
@@ -756,6 +757,10 @@ def test_search_bounds_are_below_every_strategy(config, world, features):
         assert floor <= fast.time_lower_bound() * (1 + 1e-12), (mesh, schedule)
         assert fast.time_lower_bound() == pytest.approx(full.time_lower_bound(),
                                                         rel=1e-12), (mesh, schedule)
+        # what the search prunes by memory before costing every strategy
+        assert fast.state_floor() == full.state_floor()
+        if mesh.pp == 1:
+            assert full.state_floor() <= full.memory_lower_bound()
         checked += 1
         pipelined += mesh.pp > 1
     assert checked > 20 and fewer > checked / 2 and (pipelined or world < 64)

@@ -132,7 +132,7 @@ def test_finished_cells_are_skipped(tmp_path: Path, monkeypatch) -> None:
     # the report reads it back: auto (2 s/step) is half the expert's (1 s/step) speed
     head = sweep_report.headline(sweep_report.aggregate(sweep_report.read_rows(
         tmp_path / "sweep.csv"))["llama3_ws2_b8_s256"])
-    assert head["best_expert"] == "fsdp2" and head["vs_best"] == pytest.approx(0.5)
+    assert head["best_recipe"] == "fsdp2" and head["vs_best"] == pytest.approx(0.5)
     assert head["experts_measured"] == 1
     rows = sweep_report.read_rows(tmp_path / "sweep.csv")
     assert sweep_report.round_ratios(rows, "llama3_ws2_b8_s256", "fsdp2") == [

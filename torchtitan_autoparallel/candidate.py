@@ -191,6 +191,12 @@ class Candidate:
         return self.accum * ((self.microbatches + self.beta) * work / self.mesh.pp
                              + self.fill_s) + self.per_step_s
 
+    def state_floor(self) -> float:
+        """The memory every split holds whatever its blocks' strategies (each rank type's
+        parameters, gradients, optimizer state and edge activations), a floor under every
+        split's peak: the same for the fastest-strategies candidate as for the full one."""
+        return max(max(self.edge_memory[t.name], self.edge_state[t.name]) for t in self.types)
+
     def memory_lower_bound(self) -> float:
         """No split fits below this. One rank type: exact, the smallest peak reached by giving
         every block of each class one strategy, tried for each strategy (a class that cannot

@@ -219,13 +219,17 @@ def solve(cand: Candidate, budget: float, time_limit_s: float,
                     float(h.getInfo().mip_gap), h.getNumCol(), h.getNumRow())
 
 
-def in_bound_order(options: list[Option], cutoff: Callable[[], float], exact: bool
-                   ) -> Iterator[Candidate]:
+def in_bound_order(options: list[Option], cutoff: Callable[[], float], exact: bool,
+                   budget: float = math.inf,
+                   over_budget: list[tuple[float, int, Callable[[], Candidate | None]]]
+                   | None = None) -> Iterator[Candidate]:
     """The candidates of ``options`` whose full time bound is below ``cutoff()``, costed on
     demand, in the order of their floor or, ``exact``, of their full time bound (ties by mesh,
     schedule, stages per rank and micro-batch size): a candidate is yielded once no option
     left unbounded has a smaller floor. The full bound comes from the fastest strategies
-    alone (``fastest=True``); every strategy is costed only for the candidates yielded."""
+    alone (``fastest=True``); every strategy is costed only for the candidates yielded. One
+    whose ``Candidate.state_floor`` exceeds ``budget`` is not yielded: (its floor, index,
+    costing) goes to ``over_budget``."""
     options.sort(key=lambda o: o[:5])
     heap: list[tuple[tuple[float, Mesh, str, int, int], int, Callable[..., Candidate | None]]] \
         = []
@@ -247,6 +251,10 @@ def in_bound_order(options: list[Option], cutoff: Callable[[], float], exact: bo
             continue  # block kinds interleave, or a pinned recipe the schedule cannot run
         bound = quick.time_lower_bound()
         if bound >= cutoff():
+            continue
+        if quick.state_floor() > budget:
+            if over_budget is not None:
+                over_budget.append((quick.state_floor(), i, make))
             continue
         heapq.heappush(heap, ((bound if exact else floor, mesh, schedule, stages, mb), i, make))
     while heap:
@@ -293,7 +301,8 @@ def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Prec
         candidates += count
         # flat candidates in the order of their full time bound; pipeline ones in the order
         # of their compute floor (their relaxation and LP prune the rest)
-        for cand in in_bound_order(options, cutoff, exact=not piped):
+        over_budget: list[tuple[float, int, Callable[[], Candidate | None]]] = []
+        for cand in in_bound_order(options, cutoff, not piped, budget, over_budget):
             if cand.time_lower_bound() >= cutoff():
                 continue
             low = cand.memory_lower_bound()
@@ -319,6 +328,14 @@ def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Prec
             rows += sol.constraints
             if sol.step_time_s < cutoff():
                 best = sol
+        pruned += len(over_budget)
+        if best is None:  # the floor names what budget would do: those costed in full too
+            for state, _, make in sorted(over_budget, key=lambda o: o[:2]):
+                if state >= floor and not piped:
+                    break  # a flat candidate's floor is at least its state floor
+                cand = make()
+                if cand is not None and (cand.memory_lower_bound() > budget or not piped):
+                    floor = min(floor, cand.memory_lower_bound())
         floors.append(floor)
     status = ("Time limit reached" if timed_out else best.status) if best else "infeasible"
     stats = {"status": status, "gap": best.gap if best else 0.0,
