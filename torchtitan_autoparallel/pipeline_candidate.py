@@ -253,8 +253,8 @@ def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
                      constraints: Constraints, meshes: list[Mesh], pins: dict[str, Pin],
                      features: Features = EAGER) -> tuple[list[Option], int, float]:
     """(options, how many, a floor under the memory of those skipped) for ``meshes`` (all with
-    pp > 1). The bound is compute only (no communication or memory costed): a mesh whose
-    memory floor exceeds ``budget`` is skipped without costing."""
+    pp > 1). The bound is ``compute_floor``'s (no FSDP, TP or CP communication, no memory
+    costed): a mesh whose memory floor exceeds ``budget`` is skipped without costing."""
     schedules = schedules_for(graph, constraints, features)
     n_blocks = len(graph.blocks)
     cache: dict = {}
