@@ -20,18 +20,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "experiments")]
 
 CONFIG = REPO / "train_configs" / "llama3_bench_auto.toml"
 NGPU = 4
@@ -79,19 +75,19 @@ def label(plan: Any) -> str:
     return ", ".join(f"{name} x{n}" for name, n in parts)
 
 
-def run(plan_path: Path, steps: int, work: Path) -> list[float]:
-    """Step times of one training run replaying ``plan_path``."""
-    metrics = work / "metrics.jsonl"
-    env = {**os.environ, "NGPU": str(NGPU), "CONFIG_FILE": str(CONFIG), "LOG_RANK": "0",
-           "PREFLIGHT": "0", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [str(REPO / "run_train.sh"), *OPTIONS, f"--autoparallel.plan_file={plan_path}",
-           f"--training.steps={steps}", "--metrics.log_freq=1",
-           f"--job.dump_folder={work / 'outputs'}", f"--autoparallel.metrics_file={metrics}"]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise SystemExit(f"run failed ({plan_path.name}):\n{(proc.stdout + proc.stderr)[-3000:]}")
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line]
-    return [r["step_time_s"] for r in rows if r.get("step", 0) > 2 and "step_time_s" in r]
+def run(plan_path: Path, steps: int, work: Path) -> float:
+    """Median step time (steps 3 on) of one training run replaying ``plan_path``, launched as
+    ``sweep.py`` launches its arms."""
+    from sweep import Config, Grid, run_training, steady_stats
+
+    config = Config(family="llama3", ngpu=NGPU, global_batch=16, seq_len=256)  # CONFIG's
+    grid = Grid("lever_sweep", steps=steps, timeout_s=1800)
+    code, rows, tail = run_training(config, grid,
+                                    [*OPTIONS, f"--autoparallel.plan_file={plan_path}"], True,
+                                    work)
+    if code != 0:
+        raise SystemExit(f"run failed ({plan_path.name}):\n{tail}")
+    return steady_stats(rows, grid.steady_from)["step_time_s"]
 
 
 def main() -> int:
@@ -114,8 +110,8 @@ def main() -> int:
         for r in range(args.rounds):
             order = list(arms) if r % 2 == 0 else list(reversed(arms))
             for name in order:
-                times = run(paths[name], args.steps, Path(tmp) / f"r{r}_{name.replace(' ', '_')}")
-                measured[name].append(statistics.median(times))
+                measured[name].append(
+                    run(paths[name], args.steps, Path(tmp) / f"r{r}_{name.replace(' ', '_')}"))
                 print(f"round {r + 1} {name:15s} {measured[name][-1]:.3f} s", flush=True)
     med = {name: statistics.median(v) for name, v in measured.items()}
     by_pred = {n: i + 1 for i, n in enumerate(sorted(arms, key=predicted.get))}
