@@ -345,16 +345,20 @@ def compute_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwarePr
 
 def flat_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Precision,
                  gpus_per_node: int, constraints: Constraints, meshes: list[Mesh],
-                 pins: dict[str, Pin] | None = None, features: Features = EAGER
-                 ) -> tuple[list[Option], int, float]:
+                 pins: dict[str, Pin] | None = None, features: Features = EAGER,
+                 cutoff: float = math.inf) -> tuple[list[Option], int, float]:
     """(options, how many, inf) for ``meshes`` (all with pp = 1), each bounded by its compute
-    floor and costed on demand (the search takes the memory floor from those it costs)."""
+    floor and costed on demand (the search takes the memory floor from those it costs); an
+    option whose bound reaches ``cutoff`` (a step time already reached) is not listed."""
     options: list[Option] = []
+    count = 0
     for mesh in meshes:
         for mb in microbatch_sizes(global_batch, mesh, constraints.accumulation):
+            count += 1
             floor = compute_floor(graph, mesh, mb, hw, prec, gpus_per_node, features)
             accum = global_batch // (mb * mesh.dp)
-            options.append((accum * floor, mesh, "", 1, mb, functools.partial(
-                build_candidate, graph, mesh, mb, global_batch, hw, prec, gpus_per_node,
-                constraints, pins, features)))
-    return options, len(options), math.inf
+            if accum * floor < cutoff:
+                options.append((accum * floor, mesh, "", 1, mb, functools.partial(
+                    build_candidate, graph, mesh, mb, global_batch, hw, prec, gpus_per_node,
+                    constraints, pins, features)))
+    return options, count, math.inf

@@ -2,14 +2,16 @@
 modes and techniques they are made of, and how a strategy is named. Imports nothing of the
 package."""
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol
 
 
-def divisors(n: int) -> list[int]:
+@functools.lru_cache(maxsize=4096)
+def divisors(n: int) -> tuple[int, ...]:
     """The divisors of ``n`` >= 1, ascending (O(sqrt n): batches reach millions)."""
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return small + [n // d for d in reversed(small) if d * d != n]
+    return tuple(small + [n // d for d in reversed(small) if d * d != n])
 
 
 TECHNIQUES = ("fsdp", "hsdp", "ddp", "tp", "tp_dp", "cp", "ep", "ac", "pp")

@@ -25,7 +25,6 @@ from .cost.model import (
     state_bytes,
 )
 from .cost.pipeline import (
-    Split,
     backward_split,
     boundary_bytes,
     boundary_tensors,
@@ -251,45 +250,45 @@ def no_pipeline_reason(graph: LayerGraph, global_batch: int, constraints: Constr
 def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
                      prec: Precision, gpus_per_node: int, budget: float,
                      constraints: Constraints, meshes: list[Mesh], pins: dict[str, Pin],
-                     features: Features = EAGER) -> tuple[list[Option], int, float]:
+                     features: Features = EAGER, cutoff: float = math.inf
+                     ) -> tuple[list[Option], int, float]:
     """(options, how many, a floor under the memory of those skipped) for ``meshes`` (all with
     pp > 1). The bound is ``compute_floor``'s (no FSDP, TP or CP communication, no memory
-    costed): a mesh whose memory floor exceeds ``budget`` is skipped without costing."""
+    costed): a mesh whose memory floor exceeds ``budget`` is skipped without costing, an
+    option whose bound reaches ``cutoff`` (a step time already reached) is not listed."""
     schedules = schedules_for(graph, constraints, features)
     n_blocks = len(graph.blocks)
     cache: dict = {}
-    compute: dict[tuple[Mesh, int, bool], tuple[float, Split]] = {}
     options: list[Option] = []
     splits = 0
     min_floor = math.inf
+    # the bubble's shares of one micro-batch's time (checkpointing only lengthens B)
+    split = backward_split(graph.blocks[-1], BlockStrategy("none", False), hw)
     for mesh in meshes:
         if global_batch % mesh.dp:
             continue
         floor = _memory_floor(graph, mesh, prec)
         local = global_batch // mesh.dp
-        for schedule in schedules:
-            for v in stage_options(schedule, mesh.pp, n_blocks):
-                if constraints.pp_stages_per_rank and v != constraints.pp_stages_per_rank:
+        shapes = [(schedule, v, hides_ep(schedule, constraints)) for schedule in schedules
+                  for v in stage_options(schedule, mesh.pp, n_blocks)
+                  if not constraints.pp_stages_per_rank or v == constraints.pp_stages_per_rank]
+        for mb in divisors(local):
+            if constraints.pp_microbatch and mb != constraints.pp_microbatch:
+                continue
+            m = local // mb
+            work: dict[bool, float] = {}
+            for schedule, v, hide_ep in shapes:
+                if not microbatch_ok(schedule, mesh.pp, v, m):
                     continue
-                for mb in divisors(local):
-                    if constraints.pp_microbatch and mb != constraints.pp_microbatch:
-                        continue
-                    m = local // mb
-                    if not microbatch_ok(schedule, mesh.pp, v, m):
-                        continue
-                    splits += 1
-                    if floor > budget:  # no split of this mesh fits: not costed
-                        min_floor = min(min_floor, floor)
-                        continue
-                    hide_ep = hides_ep(schedule, constraints)
-                    key = (mesh, mb, hide_ep)
-                    if key not in compute:
-                        none = BlockStrategy("none", False, "sp" if mesh.tp > 1 else "none")
-                        compute[key] = (compute_floor(graph, mesh, mb, hw, prec, gpus_per_node,
-                                                      features, hide_ep),
-                                        backward_split(graph.blocks[-1], none, hw))
-                    work, split = compute[key]
-                    bound = (m + bubble(schedule, mesh.pp, v, split)) * work / mesh.pp
+                splits += 1
+                if floor > budget:  # no split of this mesh fits: not costed
+                    min_floor = min(min_floor, floor)
+                    continue
+                if hide_ep not in work:
+                    work[hide_ep] = compute_floor(graph, mesh, mb, hw, prec, gpus_per_node,
+                                                  features, hide_ep)
+                bound = (m + bubble(schedule, mesh.pp, v, split)) * work[hide_ep] / mesh.pp
+                if bound < cutoff:
                     options.append((bound, mesh, schedule, v, mb, functools.partial(
                         build_pipeline_candidate, graph, mesh, schedule, v, mb, m, hw, prec,
                         gpus_per_node, constraints, pins, features, cache)))
@@ -302,10 +301,10 @@ def _memory_floor(graph: LayerGraph, mesh: Mesh, prec: Precision) -> float:
     byte each at least) and their unreduced gradients."""
     shards = mesh.dp_shard * mesh.cp * mesh.tp
     total = 0.0
-    for layer in graph.layers:
+    for layer, n in graph.alike:
         experts = layer.expert_params if mesh.ep > 1 else 0
-        total += state_bytes(layer) / shards
+        total += n * state_bytes(layer) / shards
         if fsdp_sharded(mesh, experts=bool(layer.expert_params)):
             split = (layer.params - experts) / mesh.tp + experts / (mesh.ep * mesh.etp)
-            total += split * (1 + prec.reduce_bytes)
+            total += n * split * (1 + prec.reduce_bytes)
     return total / mesh.pp

@@ -1,6 +1,8 @@
 """TorchTitan 0.2.2's pipeline schedules and the rules on stages per rank and micro-batches
 each accepts. Imports nothing of the package."""
 
+import functools
+
 SCHEDULES = ("1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble", "ZBVZeroBubble",
              "DualPipeV")
 """TorchTitan 0.2.2's pipeline schedules (``parallelism.pipeline_parallel_schedule``)."""
@@ -25,10 +27,11 @@ def schedule_stages(schedule: str) -> tuple[int, ...]:
     return (2, 3, 4)
 
 
-def stage_options(schedule: str, pp: int, n_blocks: int) -> list[int]:
+@functools.lru_cache(maxsize=1024)
+def stage_options(schedule: str, pp: int, n_blocks: int) -> tuple[int, ...]:
     """Stages per rank ``schedule`` can run with ``pp`` ranks and ``n_blocks`` blocks (every
     stage holds at least one block)."""
-    return [v for v in schedule_stages(schedule) if pp * v <= n_blocks]
+    return tuple(v for v in schedule_stages(schedule) if pp * v <= n_blocks)
 
 
 def microbatch_ok(schedule: str, pp: int, v: int, m: int) -> bool:

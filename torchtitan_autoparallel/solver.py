@@ -284,10 +284,11 @@ def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Prec
     def groups() -> Iterator[tuple[tuple[list[Option], int, float], bool]]:
         """(options, how many, memory floor) per group, and whether it is the pipeline one."""
         yield flat_options(*args, constraints, [m for m in meshes if m.pp == 1], pins,
-                           features), False
+                           features, cutoff()), False
         piped = [m for m in meshes if m.pp > 1]
         if piped:
-            yield pipeline_options(*args, budget, constraints, piped, pins, features), True
+            yield pipeline_options(*args, budget, constraints, piped, pins, features,
+                                   cutoff()), True
 
     best: Solution | None = None
     candidates = solved = pruned = variables = rows = 0

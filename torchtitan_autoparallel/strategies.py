@@ -161,7 +161,7 @@ def pipeline_degrees(graph: LayerGraph, world: int, constraints: Constraints,
         if world % constraints.pp:
             raise UserError(
                 f"parallelism.pipeline_parallel_degree = {constraints.pp} does not divide the "
-                f"world size {world}: choose one of {divisors(world)[1:]}, 1 (no pipeline) "
+                f"world size {world}: choose one of {list(divisors(world)[1:])}, 1 (no pipeline) "
                 "or leave it unset (searched)")
         if constraints.pp > len(graph.blocks):
             raise UserError(
@@ -293,4 +293,4 @@ def microbatch_sizes(global_batch: int, mesh: Mesh, accumulation: bool = True) -
     if global_batch % mesh.dp:
         return []
     local = global_batch // mesh.dp
-    return divisors(local) if accumulation else [local]
+    return list(divisors(local)) if accumulation else [local]

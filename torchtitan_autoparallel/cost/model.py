@@ -14,8 +14,9 @@ autocast (one device, DDP) also the cached low-precision weight copies.
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..features import EAGER, Features
 from ..graph.layer_graph import Layer, LayerGraph
@@ -530,9 +531,23 @@ GEMM_PLATEAU = (8192.0, 8192.0, 8192.0)
 """A shape past every table's grid: the table's large-GEMM throughput."""
 
 
-_COMPUTE_MEMO: dict[tuple, tuple[tuple[float, float], tuple]] = {}
-"""``compute_s`` by (identities of layer, profile, precision, features; tp, cp, strategy,
-micro-batch), each entry holding those objects so that their identities stay theirs."""
+_MEMOS: tuple[dict[tuple, tuple[Any, tuple]], ...] = ({}, {}, {})
+"""Memoized compute times, block time floors and edge costs of the job being planned: each
+entry keyed by the identities of the objects it was costed from (layer, profile, precision,
+features) and what it reads of the rest, and holding those objects so that their identities
+stay theirs."""
+_COMPUTE, _FLOOR, _EDGE = _MEMOS
+
+
+def _memoized(memo: dict[tuple, tuple[Any, tuple]], key: tuple, held: tuple,
+              cost: Callable[[], Any]) -> Any:
+    """``cost()`` once per ``key`` (``held``: the objects whose identities the key holds)."""
+    hit = memo.get(key)
+    if hit is None:
+        if len(memo) >= 1 << 16:
+            memo.clear()
+        hit = memo[key] = (cost(), held)
+    return hit[0]
 
 
 def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
@@ -541,23 +556,25 @@ def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     alone (what it depends on), memoized: the search costs the same block on many meshes that
     differ only in their replication and expert-parallel degrees, and with several resharding
     choices."""
-    key = (id(layer), id(hw), id(prec), id(features), mesh.dp_shard, mesh.tp, mesh.cp,
+    shard = _compute_shard(mesh, features)
+    key = (id(layer), id(hw), id(prec), id(features), shard, mesh.tp, mesh.cp,
            strategy.ac, strategy.tp_mode, microbatch)
-    hit = _COMPUTE_MEMO.get(key)
-    if hit is None:
-        if len(_COMPUTE_MEMO) >= 1 << 16:
-            _COMPUTE_MEMO.clear()
-        hit = (block_compute_s(layer, Mesh(1, mesh.dp_shard, mesh.tp, mesh.cp),
-                               BlockStrategy(strategy.ac, False, strategy.tp_mode), microbatch,
-                               hw, prec, features), (layer, hw, prec, features))
-        _COMPUTE_MEMO[key] = hit
-    return hit[0]
+    return _memoized(_COMPUTE, key, (layer, hw, prec, features), lambda: block_compute_s(
+        layer, Mesh(1, shard, mesh.tp, mesh.cp),
+        BlockStrategy(strategy.ac, False, strategy.tp_mode), microbatch, hw, prec, features))
+
+
+def _compute_shard(mesh: Mesh, features: Features) -> int:
+    """The dp_shard degree as compute sees it: only the float8 all-gather's weight casts
+    (``float8_cast_elements``) depend on it."""
+    return mesh.dp_shard if features.float8_all_gather else 1
 
 
 def clear_compute_memo() -> None:
-    """Forget memoized compute times (each job is planned from none: a kernel table or cost
-    function changed between jobs is costed afresh)."""
-    _COMPUTE_MEMO.clear()
+    """Forget memoized compute times, floors and edge costs (each job is planned from none: a
+    kernel table or cost function changed between jobs is costed afresh)."""
+    for memo in _MEMOS:
+        memo.clear()
 
 
 def block_compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
@@ -886,7 +903,18 @@ def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProf
     in ``tp_modes``: the compute of the fastest mode without AC, plus what every strategy pays
     on top of it (routed experts: the four token all-to-alls, unless a schedule hides them,
     ``hide_ep``, and the busiest rank's extra expert work), as run on the host; no FSDP, TP
-    or CP communication."""
+    or CP communication. Memoized: it reads cp, tp, ep and etp of the mesh, its ranks per node
+    and (``_compute_shard``) dp_shard, the same on the many meshes that differ in pp and dp."""
+    key = (id(layer), id(hw), id(prec), id(features), _compute_shard(mesh, features), mesh.cp,
+           mesh.tp, mesh.ep, mesh.etp, min(mesh.world, gpus_per_node), gpus_per_node,
+           microbatch, tp_modes, hide_ep)
+    return _memoized(_FLOOR, key, (layer, hw, prec, features), lambda: _block_time_floor(
+        layer, mesh, microbatch, hw, prec, gpus_per_node, features, tp_modes, hide_ep))
+
+
+def _block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfile,
+                      prec: Precision, gpus_per_node: int, features: Features,
+                      tp_modes: tuple[str, ...], hide_ep: bool) -> float:
     hw = host_profile(hw, mesh, gpus_per_node)
     device = min(compute_s(layer, mesh, _NO_AC[mode], microbatch, hw, prec, features)[1]
                  for mode in tp_modes)
@@ -970,7 +998,17 @@ class EdgeCost:
 def edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int,
               hw: HardwareProfile, prec: Precision, gpus_per_node: int,
               features: Features = EAGER) -> EdgeCost:
-    """The embedding's or the norm + output's time and memory per micro-batch."""
+    """The embedding's or the norm + output's time and memory per micro-batch (memoized: the
+    search costs a mesh's edges for several candidates)."""
+    key = (id(graph), id(layer), id(hw), id(prec), id(features), mesh, microbatch,
+           gpus_per_node)
+    return _memoized(_EDGE, key, (graph, layer, hw, prec, features), lambda: _edge_cost(
+        graph, layer, mesh, microbatch, hw, prec, gpus_per_node, features))
+
+
+def _edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int,
+               hw: HardwareProfile, prec: Precision, gpus_per_node: int,
+               features: Features) -> EdgeCost:
     cost = block_cost(layer, mesh, edge_strategy(layer.kind, mesh), microbatch, hw, prec,
                       gpus_per_node, features=features)
     gathered = cost.unsharded_bytes + cost.grad_bytes
