@@ -10,7 +10,6 @@ are interchangeable, so nothing here grows with depth or pp.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import math
@@ -281,11 +280,13 @@ def faster_units(cls: str, strategies: list[BlockStrategy], costs: dict[Key, Blo
     strategy: they hold more memory for nothing (the smaller unit, which also divides every
     count of the larger one, is always as good), so the MILP need not see them."""
     out: list[BlockStrategy] = []
+    kept: dict[tuple, list[BlockStrategy]] = {}  # by the strategy without its unit
     for s in strategies:
-        smaller = [t for t in out if t.fsdp_unit < s.fsdp_unit
-                   and dataclasses.replace(t, fsdp_unit=s.fsdp_unit) == s]
+        same = kept.setdefault((s.ac, s.reshard_after_forward, s.tp_mode), [])
+        smaller = [t for t in same if t.fsdp_unit < s.fsdp_unit]
         if not smaller or costs[(cls, s)].time_s < costs[(cls, smaller[-1])].time_s:
             out.append(s)
+            same.append(s)
     return out
 
 
@@ -335,8 +336,9 @@ def compute_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwarePr
                   prec: Precision, gpus_per_node: int, features: Features,
                   hide_ep: bool = False) -> float:
     """A floor under the forward + backward time of one micro-batch through the whole model on
-    ``mesh``: each layer's ``block_time_floor`` (compute without checkpointing in its fastest
-    TP mode, and the expert all-to-alls every strategy pays unless ``hide_ep``)."""
+    ``mesh``: each layer's ``block_time_floor`` (compute and TP communication without
+    checkpointing in its fastest TP mode, CP's ring latency, and the expert all-to-alls every
+    strategy pays unless ``hide_ep``)."""
     modes = ("none", "sp", "dp") if mesh.tp > 1 else ("none",)
     return sum(n * block_time_floor(layer, mesh, microbatch, hw, prec, gpus_per_node,
                                     features, modes, hide_ep)
@@ -357,7 +359,7 @@ def flat_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec
             count += 1
             floor = compute_floor(graph, mesh, mb, hw, prec, gpus_per_node, features)
             accum = global_batch // (mb * mesh.dp)
-            if accum * floor < cutoff:
+            if not accum * floor >= cutoff:  # a NaN goes on to the finiteness check
                 options.append((accum * floor, mesh, "", 1, mb, functools.partial(
                     build_candidate, graph, mesh, mb, global_batch, hw, prec, gpus_per_node,
                     constraints, pins, features)))

@@ -253,9 +253,9 @@ def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
                      features: Features = EAGER, cutoff: float = math.inf
                      ) -> tuple[list[Option], int, float]:
     """(options, how many, a floor under the memory of those skipped) for ``meshes`` (all with
-    pp > 1). The bound is ``compute_floor``'s (no FSDP, TP or CP communication, no memory
-    costed): a mesh whose memory floor exceeds ``budget`` is skipped without costing, an
-    option whose bound reaches ``cutoff`` (a step time already reached) is not listed."""
+    pp > 1). The bound is ``compute_floor``'s (no FSDP communication, no memory costed): a
+    mesh whose memory floor exceeds ``budget`` is skipped without costing, an option whose
+    bound reaches ``cutoff`` (a step time already reached) is not listed."""
     schedules = schedules_for(graph, constraints, features)
     n_blocks = len(graph.blocks)
     cache: dict = {}
@@ -288,7 +288,7 @@ def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
                     work[hide_ep] = compute_floor(graph, mesh, mb, hw, prec, gpus_per_node,
                                                   features, hide_ep)
                 bound = (m + bubble(schedule, mesh.pp, v, split)) * work[hide_ep] / mesh.pp
-                if bound < cutoff:
+                if not bound >= cutoff:  # a NaN goes on to the finiteness check
                     options.append((bound, mesh, schedule, v, mb, functools.partial(
                         build_pipeline_candidate, graph, mesh, schedule, v, mb, m, hw, prec,
                         gpus_per_node, constraints, pins, features, cache)))

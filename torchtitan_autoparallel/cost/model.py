@@ -733,6 +733,43 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     return exposed + sum(n * (t + cat) for t, n, f in kinds if not f)
 
 
+def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+              hw: HardwareProfile, prec: Precision, gpus_per_node: int, features: Features
+              ) -> float:
+    """Exposed TP communication of one micro-batch through a block: TP + SP's collectives
+    (``sp_comm_s``) or, with tp as data parallel, the all-to-alls between sequence and batch
+    shards; none in tp mode "none". It only grows with checkpointing (more passes, gathers)."""
+    act = layer.io_bytes * microbatch * (prec.param_bytes / 4) / mesh.cp
+    tp_nodes = mesh.spans_nodes("tp", gpus_per_node)
+    if strategy.tp_mode == "sp":
+        return sp_comm_s(layer, mesh, strategy, microbatch, act, tp_nodes, hw, prec, features)
+    if strategy.tp_mode == "dp":
+        # residual stream sequence-shard <-> batch-shard: one all-to-all at entry and exit,
+        # both again in backward (and the entry again for a full recompute)
+        a2a = collective_s("all_to_all", act / mesh.tp, mesh.tp, tp_nodes, hw)
+        return a2a * (4 + (2 if strategy.ac == "full" else 0))
+    return 0.0
+
+
+def cp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+              hw: HardwareProfile, prec: Precision, gpus_per_node: int) -> tuple[float, float]:
+    """(exposed transfer time, latency) of ring attention for one micro-batch through a block
+    (zeros without CP): cp - 1 exchanges of the local keys/values in forward, twice that in
+    backward (keys/values and their gradients), hidden under the attention compute; each ring
+    step also synchronises the neighbours, a latency never hidden."""
+    if mesh.cp == 1:
+        return 0.0, 0.0
+    kv = layer.kv_bytes * microbatch * (prec.param_bytes / 4) / (mesh.cp * mesh.tp)
+    cp_nodes = mesh.spans_nodes("cp", gpus_per_node)
+    step = collective_s("all_to_all", kv * 2, 2, cp_nodes, hw)  # one neighbour exchange
+    exchanges = (mesh.cp - 1) * (3 + (1 if strategy.ac == "full" else 0))
+    attn = layer.attn_flops * microbatch / (mesh.tp * mesh.cp) / hw.attention_flops_per_s
+    attn *= 1.0 + hw.attention_backward_factor + AC_EFFECT[strategy.ac][1]
+    hidden = max(0.0, step * exchanges - hw.comm_overlap * attn)
+    alpha = (hw.inter_node_latency_us if cp_nodes else hw.intra_node_latency_us) * 1e-6
+    return hidden, exchanges * alpha
+
+
 def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
                hw: HardwareProfile, prec: Precision, gpus_per_node: int,
                grouped_experts: bool = True, features: Features = EAGER) -> BlockCost:
@@ -745,38 +782,13 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     io_scale = 1.0 if cast else act_scale  # the residual stream stays fp32 under autocast
     fwd, compute = compute_s(layer, mesh, strategy, microbatch, hw, prec, features)
 
-    act = layer.io_bytes * microbatch * act_scale / mesh.cp
-    tp_nodes = mesh.spans_nodes("tp", gpus_per_node)
     full_ac = strategy.ac == "full"
     # tp mode "dp": parameters are not split by tp but FSDP-sharded over dp_shard x tp
     param_split = 1 if strategy.tp_mode == "dp" else mesh.tp
     fsdp_group = mesh.dp_shard * mesh.cp * (mesh.tp if strategy.tp_mode == "dp" else 1)
-    if strategy.tp_mode == "sp":
-        tp_comm = sp_comm_s(layer, mesh, strategy, microbatch, act, tp_nodes, hw, prec, features)
-    elif strategy.tp_mode == "dp":
-        # residual stream sequence-shard <-> batch-shard: one all-to-all at entry and exit,
-        # both again in backward (and the entry again for a full recompute)
-        a2a = collective_s("all_to_all", act / mesh.tp, mesh.tp, tp_nodes, hw)
-        tp_comm = a2a * (4 + (2 if full_ac else 0))
-    else:
-        tp_comm = 0.0
-    if mesh.cp > 1:
-        # ring attention: cp - 1 exchanges of the local keys/values in forward, twice that in
-        # backward (keys/values and their gradients), hidden under the attention compute
-        kv = layer.kv_bytes * microbatch * act_scale / (mesh.cp * mesh.tp)
-        cp_nodes = mesh.spans_nodes("cp", gpus_per_node)
-        step = collective_s("all_to_all", kv * 2, 2, cp_nodes, hw)  # one neighbour exchange
-        exchanges = (mesh.cp - 1) * (3 + (1 if full_ac else 0))
-        attn = layer.attn_flops * microbatch / (mesh.tp * mesh.cp) / hw.attention_flops_per_s
-        attn *= 1.0 + hw.attention_backward_factor + recompute_frac
-        hidden = max(0.0, step * exchanges - hw.comm_overlap * attn)
-        # each ring step also synchronises the neighbours: its latency is never hidden
-        alpha = (hw.inter_node_latency_us if cp_nodes else hw.intra_node_latency_us) * 1e-6
-        cp_comm = hidden + exchanges * alpha
-        tp_comm += cp_comm
-    else:
-        cp_comm = 0.0
-    tp_only = tp_comm - cp_comm
+    tp_only = tp_comm_s(layer, mesh, strategy, microbatch, hw, prec, gpus_per_node, features)
+    cp_comm = sum(cp_comm_s(layer, mesh, strategy, microbatch, hw, prec, gpus_per_node))
+    tp_comm = tp_only + cp_comm
 
     # FSDP: all-gather params in forward (and again in backward if resharded), reduce-scatter
     # grads; HSDP adds an all-reduce of the shard over dp_replicate. With ep > 1 the routed
@@ -902,9 +914,11 @@ def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProf
     """A floor under ``block_cost(...).time_s`` of every strategy on ``mesh`` whose TP mode is
     in ``tp_modes``: the compute of the fastest mode without AC, plus what every strategy pays
     on top of it (routed experts: the four token all-to-alls, unless a schedule hides them,
-    ``hide_ep``, and the busiest rank's extra expert work), as run on the host; no FSDP, TP
-    or CP communication. Memoized: it reads cp, tp, ep and etp of the mesh, its ranks per node
-    and (``_compute_shard``) dp_shard, the same on the many meshes that differ in pp and dp."""
+    ``hide_ep``, and the busiest rank's extra expert work), as run on the host. TP
+    communication counts in its mode without AC, CP's ring its latency alone (its transfers
+    hide under more attention with AC); no FSDP communication. Memoized: it reads cp, tp, ep
+    and etp of the mesh, its ranks per node and (``_compute_shard``) dp_shard, the same on the
+    many meshes that differ in pp and dp."""
     key = (id(layer), id(hw), id(prec), id(features), _compute_shard(mesh, features), mesh.cp,
            mesh.tp, mesh.ep, mesh.etp, min(mesh.world, gpus_per_node), gpus_per_node,
            microbatch, tp_modes, hide_ep)
@@ -917,7 +931,10 @@ def _block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwarePro
                       tp_modes: tuple[str, ...], hide_ep: bool) -> float:
     hw = host_profile(hw, mesh, gpus_per_node)
     device = min(compute_s(layer, mesh, _NO_AC[mode], microbatch, hw, prec, features)[1]
+                 + tp_comm_s(layer, mesh, _NO_AC[mode], microbatch, hw, prec, gpus_per_node,
+                             features)
                  for mode in tp_modes)
+    device += cp_comm_s(layer, mesh, _NO_AC["none"], microbatch, hw, prec, gpus_per_node)[1]
     if layer.expert_params and mesh.ep > 1:
         act_scale = prec.param_bytes / 4
         if not hide_ep:
