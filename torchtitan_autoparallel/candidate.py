@@ -34,7 +34,13 @@ from .graph.layer_graph import LayerGraph
 from .layout import BlockStrategy, Mesh
 from .pins import Pin
 from .schedules import V_SCHEDULES
-from .strategies import Constraints, fastest_strategies, microbatch_sizes, pinned_strategies
+from .strategies import (
+    Constraints,
+    block_tp_modes,
+    fastest_strategies,
+    microbatch_sizes,
+    pinned_strategies,
+)
 
 Key = tuple[str, BlockStrategy]
 """(block class, strategy)."""
@@ -192,9 +198,12 @@ class Candidate:
 
     def state_floor(self) -> float:
         """The memory every split holds whatever its blocks' strategies (each rank type's
-        parameters, gradients, optimizer state and edge activations), a floor under every
-        split's peak: the same for the fastest-strategies candidate as for the full one."""
-        return max(max(self.edge_memory[t.name], self.edge_state[t.name]) for t in self.types)
+        parameters, gradients, optimizer state and edge activations; with several rank types,
+        also the average rank's resident memory, which AC does not change), a floor under
+        every split's peak: the same for the fastest-strategies candidate as for the full
+        one."""
+        edges = max(max(self.edge_memory[t.name], self.edge_state[t.name]) for t in self.types)
+        return max(edges, self.memory_lower_bound()) if len(self.types) > 1 else edges
 
     def memory_lower_bound(self) -> float:
         """No split fits below this. One rank type: exact, the smallest peak reached by giving
@@ -334,14 +343,14 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
 
 def compute_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
                   prec: Precision, gpus_per_node: int, features: Features,
-                  hide_ep: bool = False) -> float:
+                  tp_modes: tuple[str, ...], hide_ep: bool = False) -> float:
     """A floor under the forward + backward time of one micro-batch through the whole model on
-    ``mesh``: each layer's ``block_time_floor`` (compute and TP communication without
-    checkpointing in its fastest TP mode, CP's ring latency, and the expert all-to-alls every
-    strategy pays unless ``hide_ep``)."""
-    modes = ("none", "sp", "dp") if mesh.tp > 1 else ("none",)
+    ``mesh`` whose blocks run one of ``tp_modes`` (``block_tp_modes``; edges run "sp" on
+    tp > 1, one of them): each layer's ``block_time_floor`` (compute and TP communication
+    without checkpointing in its fastest TP mode, CP's ring latency, and the expert all-to-alls
+    every strategy pays unless ``hide_ep``)."""
     return sum(n * block_time_floor(layer, mesh, microbatch, hw, prec, gpus_per_node,
-                                    features, modes, hide_ep)
+                                    features, tp_modes, hide_ep)
                for layer, n in graph.alike)
 
 
@@ -357,7 +366,8 @@ def flat_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec
     for mesh in meshes:
         for mb in microbatch_sizes(global_batch, mesh, constraints.accumulation):
             count += 1
-            floor = compute_floor(graph, mesh, mb, hw, prec, gpus_per_node, features)
+            floor = compute_floor(graph, mesh, mb, hw, prec, gpus_per_node, features,
+                                  block_tp_modes(mesh, mb, constraints, graph.num_experts > 0))
             accum = global_batch // (mb * mesh.dp)
             if not accum * floor >= cutoff:  # a NaN goes on to the finiteness check
                 options.append((accum * floor, mesh, "", 1, mb, functools.partial(

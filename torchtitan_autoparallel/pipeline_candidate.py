@@ -127,6 +127,12 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
                      prefix, beta, fill)
 
 
+def stage_tp_modes(mesh: Mesh) -> tuple[str, ...]:
+    """What the tp dim may do for a block on a pipeline stage: TorchTitan's TP + SP where
+    tp > 1 (tp as data parallel is not offered: its batch split is per micro-batch)."""
+    return ("sp",) if mesh.tp > 1 else ("none",)
+
+
 def _block_costs(graph: LayerGraph, block_class: list[str], mesh: Mesh, microbatch: int,
                  hw: HardwareProfile,
                  prec: Precision, gpus_per_node: int, constraints: Constraints,
@@ -140,12 +146,11 @@ def _block_costs(graph: LayerGraph, block_class: list[str], mesh: Mesh, microbat
         classes[cls] = classes.get(cls, 0) + 1
         if cls not in representative:
             representative[cls] = layer
-            # under PP, TorchTitan keeps parameters unsharded across micro-batches; tp as
-            # data parallel is not offered (its batch split is per micro-batch)
+            # under PP, TorchTitan keeps parameters unsharded across micro-batches
             options = pinned_strategies(mesh, microbatch, constraints, moe_model,
                                         pins.get(layer.fqn))
             strategies[cls] = sorted({BlockStrategy(s.ac, False, s.tp_mode) for s in options
-                                      if s.tp_mode != "dp"})
+                                      if s.tp_mode in stage_tp_modes(mesh)})
             if hide_ep and mesh.ep > 1:  # TorchTitan: no AC with EP under DualPipeV
                 strategies[cls] = [s for s in strategies[cls] if s.ac == "none"]
             if keep_strategies:
@@ -269,6 +274,7 @@ def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
             continue
         floor = _memory_floor(graph, mesh, prec)
         local = global_batch // mesh.dp
+        modes = stage_tp_modes(mesh)
         shapes = [(schedule, v, hides_ep(schedule, constraints)) for schedule in schedules
                   for v in stage_options(schedule, mesh.pp, n_blocks)
                   if not constraints.pp_stages_per_rank or v == constraints.pp_stages_per_rank]
@@ -286,7 +292,7 @@ def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
                     continue
                 if hide_ep not in work:
                     work[hide_ep] = compute_floor(graph, mesh, mb, hw, prec, gpus_per_node,
-                                                  features, hide_ep)
+                                                  features, modes, hide_ep)
                 bound = (m + bubble(schedule, mesh.pp, v, split)) * work[hide_ep] / mesh.pp
                 if not bound >= cutoff:  # a NaN goes on to the finiteness check
                     options.append((bound, mesh, schedule, v, mb, functools.partial(

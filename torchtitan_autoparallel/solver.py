@@ -330,7 +330,9 @@ def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Prec
             if sol.step_time_s < cutoff():
                 best = sol
         pruned += len(over_budget)
-        if best is None:  # the floor names what budget would do: those costed in full too
+        if best is None and math.isinf(beat_s):
+            # the floor names what budget would do (needed only when no job has a plan):
+            # those costed in full too
             for state, _, make in sorted(over_budget, key=lambda o: o[:2]):
                 if state >= floor and not piped:
                     break  # a flat candidate's floor is at least its state floor

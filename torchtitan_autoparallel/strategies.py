@@ -228,6 +228,17 @@ def check_expert_constraints(graph: LayerGraph, world: int, constraints: Constra
         )
 
 
+def block_tp_modes(mesh: Mesh, microbatch: int, constraints: Constraints,
+                   moe_model: bool = False) -> tuple[str, ...]:
+    """What the tp dim may do for a block on ``mesh``: nothing (tp = 1); TorchTitan's TP + SP;
+    on dense models, where the job allows it, data parallel."""
+    if mesh.tp == 1:
+        return ("none",)
+    dp_ok = ("tp_dp" in constraints.techniques and not moe_model
+             and not tp_dp_problem(mesh, microbatch))
+    return TP_MODES if dp_ok else ("sp",)
+
+
 def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
                      moe_model: bool = False, gpus_per_node: int = 0, run: int = 1
                      ) -> list[BlockStrategy]:
@@ -239,13 +250,8 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
     (k in ``FSDP_UNIT_SIZES`` up to the run, where ``fsdp_unit_problem`` allows; MoE models
     keep TorchTitan's per-block FSDP, as for the node reshard)."""
     acs = constraints.ac_modes if "ac" in constraints.techniques else ("none",)
-    tp_modes: tuple[str, ...] = ("none",)
-    if mesh.tp > 1:
-        dp_ok = ("tp_dp" in constraints.techniques and not moe_model
-                 and not tp_dp_problem(mesh, microbatch))
-        tp_modes = TP_MODES if dp_ok else ("sp",)
     out = []
-    for mode in tp_modes:
+    for mode in block_tp_modes(mesh, microbatch, constraints, moe_model):
         sharded = fsdp_sharded(mesh, mode)
         reshards: tuple[bool | int, ...] = {
             "default": (True, False), "always": (True,), "never": (False,),
