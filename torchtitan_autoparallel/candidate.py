@@ -302,16 +302,18 @@ def faster_units(cls: str, strategies: list[BlockStrategy], costs: dict[Key, Blo
 def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch: int,
                     hw: HardwareProfile, prec: Precision, gpus_per_node: int,
                     constraints: Constraints, pins: dict[str, Pin] | None = None,
-                    features: Features = EAGER, fastest: bool = False) -> Candidate:
+                    features: Features = EAGER, fastest: bool = False,
+                    order: list[str] | None = None) -> Candidate:
     """Costs of every block strategy for one flat (mesh, micro-batch): one rank type.
     ``fastest``: only the strategies that set the time bound (``fastest_strategies``), enough
-    for ``Candidate.time_lower_bound``."""
+    for ``Candidate.time_lower_bound``. ``order``: ``block_classes(graph, pins)`` when the
+    caller has it."""
     pins = pins or {}
     classes: dict[str, int] = defaultdict(int)
     representative = {}
     strategies: dict[str, list[BlockStrategy]] = {}
     moe_model = graph.num_experts > 0
-    order = block_classes(graph, pins)
+    order = order or block_classes(graph, pins)
     runs = class_runs(order)
     for layer, cls in zip(graph.blocks, order, strict=True):
         classes[cls] += 1
@@ -363,6 +365,7 @@ def flat_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec
     option whose bound reaches ``cutoff`` (a step time already reached) is not listed."""
     options: list[Option] = []
     count = 0
+    order = block_classes(graph, pins or {})
     for mesh in meshes:
         for mb in microbatch_sizes(global_batch, mesh, constraints.accumulation):
             count += 1
@@ -372,5 +375,5 @@ def flat_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec
             if not accum * floor >= cutoff:  # a NaN goes on to the finiteness check
                 options.append((accum * floor, mesh, "", 1, mb, functools.partial(
                     build_candidate, graph, mesh, mb, global_batch, hw, prec, gpus_per_node,
-                    constraints, pins, features)))
+                    constraints, pins, features, order=order)))
     return options, count, math.inf

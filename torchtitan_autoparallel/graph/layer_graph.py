@@ -147,6 +147,22 @@ class LayerGraph:
         return sum(layer.params for layer in self.layers)
 
 
+class _NoMetaInit(TorchFunctionMode):
+    """Skip ``torch.nn.init``'s initialisers and in-place random fills on meta tensors (there
+    are no values to fill): building a large model on meta otherwise spends most of its time
+    decomposing ``uniform_`` for every linear."""
+
+    _FILLS = (torch.Tensor.uniform_, torch.Tensor.normal_)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init" or func in self._FILLS:
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
 class _FlashSDPA(TorchFunctionMode):
     """Route F.scaled_dot_product_attention to the flash op (what real kernels save)."""
 
@@ -403,7 +419,7 @@ def _planning_model(family: str, args: Any, model_cls: type, seq_len: int
                     ) -> tuple[torch.nn.Module, ModelAdapter, tuple[tuple, dict]]:
     """The model on meta, its adapter (registered, discovered, TP inferred where it has no
     ``tp_fn``, CP found where it names no attention module) and its first block's inputs."""
-    with torch.device("meta"):
+    with torch.device("meta"), _NoMetaInit():
         model = model_cls(args)
     adapter = get_adapter(family, model)
     check_adapter(family, adapter, model)
