@@ -531,12 +531,12 @@ GEMM_PLATEAU = (8192.0, 8192.0, 8192.0)
 """A shape past every table's grid: the table's large-GEMM throughput."""
 
 
-_MEMOS: tuple[dict[tuple, tuple[Any, tuple]], ...] = ({}, {}, {})
-"""Memoized compute times, block time floors and edge costs of the job being planned: each
-entry keyed by the identities of the objects it was costed from (layer, profile, precision,
-features) and what it reads of the rest, and holding those objects so that their identities
-stay theirs."""
-_COMPUTE, _FLOOR, _EDGE = _MEMOS
+_MEMOS: tuple[dict[tuple, tuple[Any, tuple]], ...] = ({}, {}, {}, {})
+"""Memoized compute times, block time floors, edge costs and host profiles (``host_profile``)
+of the job being planned: each entry keyed by the identities of the objects it was costed from
+(layer, profile, precision, features) and what it reads of the rest, and holding those objects
+so that their identities stay theirs."""
+_COMPUTE, _FLOOR, _EDGE, _HOST = _MEMOS
 
 
 def _memoized(memo: dict[tuple, tuple[Any, tuple]], key: tuple, held: tuple,
@@ -571,8 +571,8 @@ def _compute_shard(mesh: Mesh, features: Features) -> int:
 
 
 def clear_compute_memo() -> None:
-    """Forget memoized compute times, floors and edge costs (each job is planned from none: a
-    kernel table or cost function changed between jobs is costed afresh)."""
+    """Forget memoized compute times, floors, edge costs and host profiles (each job is planned
+    from none: a kernel table or cost function changed between jobs is costed afresh)."""
     for memo in _MEMOS:
         memo.clear()
 
@@ -970,8 +970,10 @@ def host_profile(hw: HardwareProfile, mesh: Mesh, gpus_per_node: int) -> Hardwar
     if core_share(mesh, hw, gpus_per_node) <= 1.0 or not hw.oversubscribed_latency_us:
         return hw
     extra = hw.oversubscribed_latency_us
-    return dataclasses.replace(hw, intra_node_latency_us=hw.intra_node_latency_us + extra,
-                               inter_node_latency_us=hw.inter_node_latency_us + extra)
+    # one object per profile: what the memoized costs of the job are keyed by
+    return _memoized(_HOST, (id(hw),), (hw,), lambda: dataclasses.replace(
+        hw, intra_node_latency_us=hw.intra_node_latency_us + extra,
+        inter_node_latency_us=hw.inter_node_latency_us + extra))
 
 
 def host_time_s(device_s: float, mesh: Mesh, hw: HardwareProfile, gpus_per_node: int) -> float:
