@@ -49,7 +49,9 @@ def plan_job(job_config: Any, world: int) -> Plan:
     min_feasible = min_pipeline = float("inf")
     candidates = 0
     limit = job_config.autoparallel.time_limit_s
-    deadline = start + limit  # one limit for every solve of the job, whatever it searches
+    # one limit for every solve of the job, whatever it searches (from here: reading the model
+    # into its layer graph, which may compile its attention masks, is not solving)
+    deadline = time.perf_counter() + limit
     timed_out = False
     for job, job_meshes in jobs:
         # only a plan with more tokens/s than the best so far (any job) can win
