@@ -1,5 +1,6 @@
 """Candidates: legal mesh shapes for a world size, and per-block strategies on a mesh."""
 
+import functools
 from dataclasses import dataclass
 
 from .errors import UserError
@@ -239,10 +240,12 @@ def block_tp_modes(mesh: Mesh, microbatch: int, constraints: Constraints,
     return TP_MODES if dp_ok else ("sp",)
 
 
+@functools.lru_cache(maxsize=8192)
 def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
                      moe_model: bool = False, gpus_per_node: int = 0, run: int = 1
-                     ) -> list[BlockStrategy]:
-    """Per-block choices on ``mesh`` for a local batch of ``microbatch`` sequences. The tp dim
+                     ) -> tuple[BlockStrategy, ...]:
+    """Per-block choices on ``mesh`` for a local batch of ``microbatch`` sequences (cached: the
+    search asks for the same ones for several candidates of a mesh). The tp dim
     as data parallel is offered on dense models only (MoE blocks follow TorchTitan's MoE TP).
     Where the FSDP group spans nodes, dense blocks of a flat plan may also reshard to the
     ranks of one node (``node_reshard_group``) when resharding is searched. Blocks of a dense
@@ -266,7 +269,7 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
         for ac in acs:
             for reshard in reshards:
                 out.extend(BlockStrategy(ac, reshard, mode, unit) for unit in units)
-    return out
+    return tuple(out)
 
 
 def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe_model: bool,
@@ -282,7 +285,7 @@ def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe
     free = block_strategies(mesh, microbatch, constraints, moe_model, gpus_per_node, run)
     if pin is not None and pin.regions:
         return [s for s in free if s.tp_mode != "dp"]
-    return free
+    return list(free)
 
 
 def fastest_strategies(strategies: list[BlockStrategy]) -> list[BlockStrategy]:

@@ -559,6 +559,9 @@ def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     shard = _compute_shard(mesh, features)
     key = (id(layer), id(hw), id(prec), id(features), shard, mesh.tp, mesh.cp,
            strategy.ac, strategy.tp_mode, microbatch)
+    hit = _COMPUTE.get(key)  # the hot path: no closure made on a hit
+    if hit is not None:
+        return hit[0]
     return _memoized(_COMPUTE, key, (layer, hw, prec, features), lambda: block_compute_s(
         layer, Mesh(1, shard, mesh.tp, mesh.cp),
         BlockStrategy(strategy.ac, False, strategy.tp_mode), microbatch, hw, prec, features))
@@ -922,6 +925,9 @@ def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProf
     key = (id(layer), id(hw), id(prec), id(features), _compute_shard(mesh, features), mesh.cp,
            mesh.tp, mesh.ep, mesh.etp, min(mesh.world, gpus_per_node), gpus_per_node,
            microbatch, tp_modes, hide_ep)
+    hit = _FLOOR.get(key)  # the hot path: no closure made on a hit
+    if hit is not None:
+        return hit[0]
     return _memoized(_FLOOR, key, (layer, hw, prec, features), lambda: _block_time_floor(
         layer, mesh, microbatch, hw, prec, gpus_per_node, features, tp_modes, hide_ep))
 
