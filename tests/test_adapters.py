@@ -316,3 +316,26 @@ def test_plan_offers_found_context_parallel():
     plan = _plan(2, "--parallelism.context_parallel_degree=2")
     assert plan.mesh.cp == 2
     assert not any(note.startswith("excluded cp") for note in plan.notes), plan.notes
+
+
+def test_layer_graph_read_without_meta_init_is_the_same(monkeypatch):
+    """The planning model is built on meta without running ``torch.nn.init`` (there are no
+    values to fill): every layer it reads (parameters, FLOPs, bytes, shapes) equals what the
+    model built with its initialisers gives, dense (llama3) and MoE (DeepSeek-V3) alike."""
+    from torch.overrides import TorchFunctionMode
+
+    from torchtitan_autoparallel.graph import layer_graph
+    from torchtitan_autoparallel.planning_inputs import model_layer_graph
+    from torchtitan_autoparallel.registry import register
+
+    class Initialising(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    register()
+    for family in ("llama3", "deepseek_v3"):
+        skipped = model_layer_graph(family, "debugmodel", 256)
+        with monkeypatch.context() as patched:
+            patched.setattr(layer_graph, "_NoMetaInit", Initialising)
+            initialised = model_layer_graph(family, "debugmodel", 256)
+        assert skipped.layers == initialised.layers, family
