@@ -540,13 +540,14 @@ _COMPUTE, _FLOOR, _EDGE, _HOST = _MEMOS
 
 
 def _memoized(memo: dict[tuple, tuple[Any, tuple]], key: tuple, held: tuple,
-              cost: Callable[[], Any]) -> Any:
-    """``cost()`` once per ``key`` (``held``: the objects whose identities the key holds)."""
+              cost: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``cost(*args, **kwargs)`` once per ``key`` (``held``: the objects whose identities the
+    key holds)."""
     hit = memo.get(key)
     if hit is None:
         if len(memo) >= 1 << 16:
             memo.clear()
-        hit = memo[key] = (cost(), held)
+        hit = memo[key] = (cost(*args, **kwargs), held)
     return hit[0]
 
 
@@ -559,12 +560,18 @@ def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     shard = _compute_shard(mesh, features)
     key = (id(layer), id(hw), id(prec), id(features), shard, mesh.tp, mesh.cp,
            strategy.ac, strategy.tp_mode, microbatch)
-    hit = _COMPUTE.get(key)  # the hot path: no closure made on a hit
-    if hit is not None:
-        return hit[0]
-    return _memoized(_COMPUTE, key, (layer, hw, prec, features), lambda: block_compute_s(
-        layer, Mesh(1, shard, mesh.tp, mesh.cp),
-        BlockStrategy(strategy.ac, False, strategy.tp_mode), microbatch, hw, prec, features))
+    return _memoized(_COMPUTE, key, (layer, hw, prec, features), _compute_of, layer, shard,
+                     mesh, strategy, microbatch, hw, prec, features)
+
+
+def _compute_of(layer: Layer, shard: int, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+                hw: HardwareProfile, prec: Precision, features: Features
+                ) -> tuple[float, float]:
+    """``block_compute_s`` on dp_shard ``shard`` x the mesh's cp x tp, the strategy's AC and TP
+    mode alone (what ``compute_s`` keys it by)."""
+    return block_compute_s(layer, Mesh(1, shard, mesh.tp, mesh.cp),
+                           BlockStrategy(strategy.ac, False, strategy.tp_mode), microbatch, hw,
+                           prec, features)
 
 
 def _compute_shard(mesh: Mesh, features: Features) -> int:
@@ -925,11 +932,8 @@ def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProf
     key = (id(layer), id(hw), id(prec), id(features), _compute_shard(mesh, features), mesh.cp,
            mesh.tp, mesh.ep, mesh.etp, min(mesh.world, gpus_per_node), gpus_per_node,
            microbatch, tp_modes, hide_ep)
-    hit = _FLOOR.get(key)  # the hot path: no closure made on a hit
-    if hit is not None:
-        return hit[0]
-    return _memoized(_FLOOR, key, (layer, hw, prec, features), lambda: _block_time_floor(
-        layer, mesh, microbatch, hw, prec, gpus_per_node, features, tp_modes, hide_ep))
+    return _memoized(_FLOOR, key, (layer, hw, prec, features), _block_time_floor, layer, mesh,
+                     microbatch, hw, prec, gpus_per_node, features, tp_modes, hide_ep)
 
 
 def _block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfile,
@@ -977,9 +981,9 @@ def host_profile(hw: HardwareProfile, mesh: Mesh, gpus_per_node: int) -> Hardwar
         return hw
     extra = hw.oversubscribed_latency_us
     # one object per profile: what the memoized costs of the job are keyed by
-    return _memoized(_HOST, (id(hw),), (hw,), lambda: dataclasses.replace(
-        hw, intra_node_latency_us=hw.intra_node_latency_us + extra,
-        inter_node_latency_us=hw.inter_node_latency_us + extra))
+    return _memoized(_HOST, (id(hw),), (hw,), dataclasses.replace, hw,
+                     intra_node_latency_us=hw.intra_node_latency_us + extra,
+                     inter_node_latency_us=hw.inter_node_latency_us + extra)
 
 
 def host_time_s(device_s: float, mesh: Mesh, hw: HardwareProfile, gpus_per_node: int) -> float:
@@ -1027,8 +1031,8 @@ def edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int,
     search costs a mesh's edges for several candidates)."""
     key = (id(graph), id(layer), id(hw), id(prec), id(features), mesh, microbatch,
            gpus_per_node)
-    return _memoized(_EDGE, key, (graph, layer, hw, prec, features), lambda: _edge_cost(
-        graph, layer, mesh, microbatch, hw, prec, gpus_per_node, features))
+    return _memoized(_EDGE, key, (graph, layer, hw, prec, features), _edge_cost, graph, layer,
+                     mesh, microbatch, hw, prec, gpus_per_node, features)
 
 
 def _edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int,
