@@ -258,9 +258,9 @@ def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
                      features: Features = EAGER, cutoff: float = math.inf
                      ) -> tuple[list[Option], int, float]:
     """(options, how many, a floor under the memory of those skipped) for ``meshes`` (all with
-    pp > 1). The bound is ``compute_floor``'s (no FSDP communication, no memory costed): a
-    mesh whose memory floor exceeds ``budget`` is skipped without costing, an option whose
-    bound reaches ``cutoff`` (a step time already reached) is not listed."""
+    pp > 1). The bound is ``compute_floor``'s (FSDP's collectives once per step, no memory
+    costed): a mesh whose memory floor exceeds ``budget`` is skipped without costing, an
+    option whose bound reaches ``cutoff`` (a step time already reached) is not listed."""
     schedules = schedules_for(graph, constraints, features)
     n_blocks = len(graph.blocks)
     cache: dict = {}
@@ -282,7 +282,7 @@ def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
             if constraints.pp_microbatch and mb != constraints.pp_microbatch:
                 continue
             m = local // mb
-            work: dict[bool, float] = {}
+            work: dict[tuple[bool, str], float] = {}
             for schedule, v, hide_ep in shapes:
                 if not microbatch_ok(schedule, mesh.pp, v, m):
                     continue
@@ -290,10 +290,15 @@ def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
                 if floor > budget:  # no split of this mesh fits: not costed
                     min_floor = min(min_floor, floor)
                     continue
-                if hide_ep not in work:
-                    work[hide_ep] = compute_floor(graph, mesh, mb, hw, prec, gpus_per_node,
-                                                  features, modes, hide_ep)
-                bound = (m + bubble(schedule, mesh.pp, v, split)) * work[hide_ep] / mesh.pp
+                share = (m + bubble(schedule, mesh.pp, v, split)) / mesh.pp
+                for fsdp in ("", "step"):  # FSDP's share only for the fewer left
+                    if (hide_ep, fsdp) not in work:
+                        work[(hide_ep, fsdp)] = compute_floor(
+                            graph, mesh, mb, hw, prec, gpus_per_node, features, modes, hide_ep,
+                            fsdp)
+                    bound = share * work[(hide_ep, fsdp)]
+                    if bound >= cutoff:
+                        break
                 if not bound >= cutoff:  # a NaN goes on to the finiteness check
                     options.append((bound, mesh, schedule, v, mb, functools.partial(
                         build_pipeline_candidate, graph, mesh, schedule, v, mb, m, hw, prec,

@@ -108,19 +108,21 @@ def autocast(mesh: Mesh, prec: Precision) -> bool:
 
 
 def collective_s(kind: str, nbytes: float, group: int, spans_nodes: bool,
-                 hw: HardwareProfile, rails: int = 1) -> float:
+                 hw: HardwareProfile, rails: int = 1, saturated: bool = False) -> float:
     """Time of one ring collective of ``nbytes`` (full buffer) over ``group`` ranks: a latency
     per ring step and the bytes each rank moves at the link's bus bandwidth for that message
     size (saturating in the size where the profile gives ``*_half_mib``). Across nodes NCCL
     runs one ring per network rail: a group with ``rails`` members on each node moves its
-    bytes over that many NICs at once (never faster than inside the node)."""
+    bytes over that many NICs at once (never faster than inside the node). ``saturated``: at
+    the peak bandwidth without latency, the limit of a large message's time per byte."""
     if group <= 1 or nbytes <= 0:
         return 0.0
     peak = (min(hw.intra_node_gbps, rails * hw.inter_node_gbps) if spans_nodes
             else hw.intra_node_gbps)
     half = (hw.inter_node_half_mib if spans_nodes else hw.intra_node_half_mib) * 2**20
-    bw = kernels.bus_gbps(nbytes, peak, half) * 1e9
-    alpha = (hw.inter_node_latency_us if spans_nodes else hw.intra_node_latency_us) * 1e-6
+    bw = (peak if saturated else kernels.bus_gbps(nbytes, peak, half)) * 1e9
+    alpha = 0.0 if saturated else (
+        hw.inter_node_latency_us if spans_nodes else hw.intra_node_latency_us) * 1e-6
     factor = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0, "all_to_all": 1.0}[kind]
     return factor * ((group - 1) * alpha + (group - 1) / group * nbytes / bw)
 
@@ -531,12 +533,12 @@ GEMM_PLATEAU = (8192.0, 8192.0, 8192.0)
 """A shape past every table's grid: the table's large-GEMM throughput."""
 
 
-_MEMOS: tuple[dict[tuple, tuple[Any, tuple]], ...] = ({}, {}, {}, {})
-"""Memoized compute times, block time floors, edge costs and host profiles (``host_profile``)
-of the job being planned: each entry keyed by the identities of the objects it was costed from
-(layer, profile, precision, features) and what it reads of the rest, and holding those objects
-so that their identities stay theirs."""
-_COMPUTE, _FLOOR, _EDGE, _HOST = _MEMOS
+_MEMOS: tuple[dict[tuple, tuple[Any, tuple]], ...] = ({}, {}, {}, {}, {})
+"""Memoized compute times, block time floors, FSDP floors, edge costs and host profiles
+(``host_profile``) of the job being planned: each entry keyed by the identities of the objects
+it was costed from (layer, profile, precision, features) and what it reads of the rest, and
+holding those objects so that their identities stay theirs."""
+_COMPUTE, _FLOOR, _FSDP, _EDGE, _HOST = _MEMOS
 
 
 def _memoized(memo: dict[tuple, tuple[Any, tuple]], key: tuple, held: tuple,
@@ -780,26 +782,16 @@ def cp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     return hidden, exchanges * alpha
 
 
-def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
-               hw: HardwareProfile, prec: Precision, gpus_per_node: int,
-               grouped_experts: bool = True, features: Features = EAGER) -> BlockCost:
-    """Time for one micro-batch through one block (forward + backward) and its memory."""
-    hw = host_profile(hw, mesh, gpus_per_node)
-    keep_frac, recompute_frac = AC_EFFECT[strategy.ac]
-    act_scale = prec.param_bytes / 4
-    cast = autocast(mesh, prec)
-    saved_scale = act_scale * (AUTOCAST_ACTIVATION_FACTOR if cast else 1.0)
-    io_scale = 1.0 if cast else act_scale  # the residual stream stays fp32 under autocast
-    fwd, compute = compute_s(layer, mesh, strategy, microbatch, hw, prec, features)
-
-    full_ac = strategy.ac == "full"
-    # tp mode "dp": parameters are not split by tp but FSDP-sharded over dp_shard x tp
+def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, hw: HardwareProfile,
+           prec: Precision, gpus_per_node: int, features: Features, low: float,
+           saturated: bool = False) -> tuple[float, float, float, float, float]:
+    """FSDP / HSDP for one micro-batch through ``layer``: (forward collectives, backward
+    collectives, copies on the training stream, unsharded parameter bytes, unsharded gradient
+    bytes). ``low``: the share of the parameters all-gathered in float8. ``saturated``: every
+    collective at its link's peak bandwidth without latency, a floor under every FSDP unit's
+    share of its unit's collectives."""
     param_split = 1 if strategy.tp_mode == "dp" else mesh.tp
     fsdp_group = mesh.dp_shard * mesh.cp * (mesh.tp if strategy.tp_mode == "dp" else 1)
-    tp_only = tp_comm_s(layer, mesh, strategy, microbatch, hw, prec, gpus_per_node, features)
-    cp_comm = sum(cp_comm_s(layer, mesh, strategy, microbatch, hw, prec, gpus_per_node))
-    tp_comm = tp_only + cp_comm
-
     # FSDP: all-gather params in forward (and again in backward if resharded), reduce-scatter
     # grads; HSDP adds an all-reduce of the shard over dp_replicate. With ep > 1 the routed
     # experts are split over ep x etp and FSDP-sharded over the remaining efsdp ranks.
@@ -817,12 +809,6 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     # parameters in one collective each: this block's share is 1/k of the unit's collective
     unit = strategy.fsdp_unit
     ag = rs = ar = node_ag = unsharded = gbytes = copied = 0.0
-    # float8 all-gather: the float8 linears' weights travel as 1 byte each
-    # (TorchTitan's converter turns it off when dp_shard = 1)
-    low = sum(k * n for (k, n), is_low in zip(
-        layer.linear_shapes, low_precision_linears(layer, mesh, strategy, microbatch, hw, features),
-        strict=True) if is_low) / max(layer.params, 1) \
-        if features.float8_all_gather and mesh.dp_shard > 1 else 0.0
     for n_params, split, group in groups:
         gathered_bytes = (1.0 - low) * prec.param_bytes + low * 1.0
         pb, gb = n_params * gathered_bytes / split, n_params * prec.reduce_bytes / split
@@ -831,12 +817,15 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         rails = max(1, min(group, gpus_per_node * group // max(mesh.dp_shard * mesh.cp
                                                                 * mesh.tp, 1)))
         rep_rails = max(1, gpus_per_node // (mesh.dp_shard * mesh.cp * mesh.tp))
-        ag += collective_s("all_gather", unit * pb, group, ds_nodes, hw, rails) / unit
+        ag += collective_s("all_gather", unit * pb, group, ds_nodes, hw, rails,
+                           saturated) / unit
         if node:
-            node_ag += collective_s("all_gather", unit * pb, node, False, hw) / unit
-        rs += collective_s("reduce_scatter", unit * gb, group, ds_nodes, hw, rails) / unit
+            node_ag += collective_s("all_gather", unit * pb, node, False, hw, 1,
+                                   saturated) / unit
+        rs += collective_s("reduce_scatter", unit * gb, group, ds_nodes, hw, rails,
+                           saturated) / unit
         ar += collective_s("all_reduce", unit * gb / group, mesh.dp_replicate, rep_nodes, hw,
-                           rep_rails) / unit
+                           rep_rails, saturated) / unit
         unsharded += pb
         gbytes += gb
         if group > 1:
@@ -860,7 +849,40 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     if features.float8_all_gather and not features.precompute_scale and fsdp_group > 1:
         # without the precomputed scale, every float8 weight all-reduces its amax when gathered
         copy_s += len(layer.linear_shapes) * gathers * collective_s(
-            "all_reduce", 4.0, fsdp_group, ds_nodes, hw)
+            "all_reduce", 4.0, fsdp_group, ds_nodes, hw, 1, saturated)
+    return fwd_comm, bwd_comm, copy_s, unsharded, gbytes
+
+
+def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+               hw: HardwareProfile, prec: Precision, gpus_per_node: int,
+               grouped_experts: bool = True, features: Features = EAGER) -> BlockCost:
+    """Time for one micro-batch through one block (forward + backward) and its memory."""
+    hw = host_profile(hw, mesh, gpus_per_node)
+    keep_frac, recompute_frac = AC_EFFECT[strategy.ac]
+    act_scale = prec.param_bytes / 4
+    cast = autocast(mesh, prec)
+    saved_scale = act_scale * (AUTOCAST_ACTIVATION_FACTOR if cast else 1.0)
+    io_scale = 1.0 if cast else act_scale  # the residual stream stays fp32 under autocast
+    fwd, compute = compute_s(layer, mesh, strategy, microbatch, hw, prec, features)
+
+    full_ac = strategy.ac == "full"
+    # tp mode "dp": parameters are not split by tp but FSDP-sharded over dp_shard x tp
+    fsdp_group = mesh.dp_shard * mesh.cp * (mesh.tp if strategy.tp_mode == "dp" else 1)
+    ep = mesh.ep if layer.expert_params else 1
+    node = reshard_group(strategy.reshard_after_forward)
+    unit = strategy.fsdp_unit
+    tp_only = tp_comm_s(layer, mesh, strategy, microbatch, hw, prec, gpus_per_node, features)
+    cp_comm = sum(cp_comm_s(layer, mesh, strategy, microbatch, hw, prec, gpus_per_node))
+    tp_comm = tp_only + cp_comm
+
+    # float8 all-gather: the float8 linears' weights travel as 1 byte each
+    # (TorchTitan's converter turns it off when dp_shard = 1)
+    low = sum(k * n for (k, n), is_low in zip(
+        layer.linear_shapes, low_precision_linears(layer, mesh, strategy, microbatch, hw, features),
+        strict=True) if is_low) / max(layer.params, 1) \
+        if features.float8_all_gather and mesh.dp_shard > 1 else 0.0
+    fwd_comm, bwd_comm, copy_s, unsharded, gbytes = fsdp_s(layer, mesh, strategy, hw, prec,
+                                                           gpus_per_node, features, low)
     exposed = max(0.0, fwd_comm - hw.comm_overlap * fwd) + max(
         0.0, bwd_comm - hw.comm_overlap * (compute - fwd)
     )
@@ -918,41 +940,87 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
 _NO_AC = {mode: BlockStrategy("none", False, mode) for mode in ("none", *TP_MODES)}
 
 
+FSDP_WHEN = ("", "step", "microbatch")
+"""When a floor counts FSDP's collectives: not at all; once per step (pipeline stages keep
+their parameters gathered over the micro-batches, so each micro-batch pays only the SMs NCCL
+holds beside its compute); in every micro-batch (flat plans)."""
+
+
 def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfile,
                      prec: Precision, gpus_per_node: int, features: Features,
-                     tp_modes: tuple[str, ...], hide_ep: bool = False) -> float:
+                     tp_modes: tuple[str, ...], hide_ep: bool = False, fsdp: str = ""
+                     ) -> float:
     """A floor under ``block_cost(...).time_s`` of every strategy on ``mesh`` whose TP mode is
     in ``tp_modes``: the compute of the fastest mode without AC, plus what every strategy pays
     on top of it (routed experts: the four token all-to-alls, unless a schedule hides them,
     ``hide_ep``, and the busiest rank's extra expert work), as run on the host. TP
     communication counts in its mode without AC, CP's ring its latency alone (its transfers
-    hide under more attention with AC); no FSDP communication. Memoized: it reads cp, tp, ep
-    and etp of the mesh, its ranks per node and (``_compute_shard``) dp_shard, the same on the
-    many meshes that differ in pp and dp."""
+    hide under more attention with AC). ``fsdp`` (``FSDP_WHEN``): FSDP's collectives at their
+    links' peak bandwidth (``fsdp_floor``), with the SMs NCCL holds while they overlap the
+    compute and, "microbatch", what the compute cannot hide and the copies. The compute part is
+    memoized: it reads cp, tp, ep and etp of the mesh, its ranks per node and
+    (``_compute_shard``) dp_shard, the same on the many meshes that differ in pp and dp."""
     key = (id(layer), id(hw), id(prec), id(features), _compute_shard(mesh, features), mesh.cp,
            mesh.tp, mesh.ep, mesh.etp, min(mesh.world, gpus_per_node), gpus_per_node,
            microbatch, tp_modes, hide_ep)
-    return _memoized(_FLOOR, key, (layer, hw, prec, features), _block_time_floor, layer, mesh,
-                     microbatch, hw, prec, gpus_per_node, features, tp_modes, hide_ep)
+    modes, extra, device = _memoized(_FLOOR, key, (layer, hw, prec, features),
+                                     _block_time_floor, layer, mesh, microbatch, hw, prec,
+                                     gpus_per_node, features, tp_modes, hide_ep)
+    if fsdp:
+        # as block_cost: monotone in the compute and in each collective's time, so the least
+        # of both bounds it for every strategy (AC and resharding only add to them)
+        ov, sm, each = hw.comm_overlap, hw.nccl_sm_fraction, fsdp == "microbatch"
+        device = extra + min(
+            compute + tp + sm * (min(ahead, ov * fwd) + min(back, ov * (compute - fwd))) + (
+                max(0.0, ahead - ov * fwd) + max(0.0, back - ov * (compute - fwd)) + copies
+                if each else 0.0)
+            for (fwd, compute, tp), (ahead, back, copies) in zip(
+                modes, fsdp_floor(layer, mesh, hw, prec, gpus_per_node, features, tp_modes),
+                strict=True))
+    return host_time_s(device, mesh, hw, gpus_per_node)
 
 
 def _block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfile,
                       prec: Precision, gpus_per_node: int, features: Features,
-                      tp_modes: tuple[str, ...], hide_ep: bool) -> float:
+                      tp_modes: tuple[str, ...], hide_ep: bool
+                      ) -> tuple[tuple[tuple[float, float, float], ...], float, float]:
+    """((forward compute, compute, TP communication) without AC per mode of ``tp_modes``, the
+    rest of the floor, the floor without FSDP) on the device."""
     hw = host_profile(hw, mesh, gpus_per_node)
-    device = min(compute_s(layer, mesh, _NO_AC[mode], microbatch, hw, prec, features)[1]
-                 + tp_comm_s(layer, mesh, _NO_AC[mode], microbatch, hw, prec, gpus_per_node,
-                             features)
-                 for mode in tp_modes)
-    device += cp_comm_s(layer, mesh, _NO_AC["none"], microbatch, hw, prec, gpus_per_node)[1]
+    modes = tuple((*compute_s(layer, mesh, _NO_AC[mode], microbatch, hw, prec, features),
+                   tp_comm_s(layer, mesh, _NO_AC[mode], microbatch, hw, prec, gpus_per_node,
+                             features))
+                  for mode in tp_modes)
+    extra = cp_comm_s(layer, mesh, _NO_AC["none"], microbatch, hw, prec, gpus_per_node)[1]
     if layer.expert_params and mesh.ep > 1:
         act_scale = prec.param_bytes / 4
         if not hide_ep:
-            device += 4 * moe_dispatch_s(layer, mesh, microbatch, act_scale, hw,
-                                         gpus_per_node)
+            extra += 4 * moe_dispatch_s(layer, mesh, microbatch, act_scale, hw, gpus_per_node)
         expert = layer.expert_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
-        device += expert * 3.0 * (hw.moe_load_imbalance - 1.0)
-    return host_time_s(device, mesh, hw, gpus_per_node)
+        extra += expert * 3.0 * (hw.moe_load_imbalance - 1.0)
+    return modes, extra, extra + min(compute + tp for _, compute, tp in modes)
+
+
+def fsdp_floor(layer: Layer, mesh: Mesh, hw: HardwareProfile, prec: Precision,
+               gpus_per_node: int, features: Features, tp_modes: tuple[str, ...]
+               ) -> tuple[tuple[float, float, float], ...]:
+    """(forward collectives, backward collectives, copies) of FSDP per mode of ``tp_modes``
+    that every strategy's micro-batch pays at least: ``fsdp_s`` without resharding, saturated,
+    every float8 linear's weight gathered in float8. Memoized per mesh (it does not depend on
+    the micro-batch)."""
+    key = (id(layer), id(hw), id(prec), id(features), mesh, gpus_per_node, tp_modes)
+    return _memoized(_FSDP, key, (layer, hw, prec, features), _fsdp_floor, layer, mesh, hw,
+                     prec, gpus_per_node, features, tp_modes)
+
+
+def _fsdp_floor(layer: Layer, mesh: Mesh, hw: HardwareProfile, prec: Precision,
+                gpus_per_node: int, features: Features, tp_modes: tuple[str, ...]
+                ) -> tuple[tuple[float, float, float], ...]:
+    hw = host_profile(hw, mesh, gpus_per_node)
+    low = sum(k * n for k, n in layer.linear_shapes) / max(layer.params, 1) \
+        if features.float8_all_gather and mesh.dp_shard > 1 else 0.0
+    return tuple(fsdp_s(layer, mesh, _NO_AC[mode], hw, prec, gpus_per_node, features, low,
+                        saturated=True)[:3] for mode in tp_modes)
 
 
 def moe_dispatch_s(layer: Layer, mesh: Mesh, microbatch: int, act_scale: float,
