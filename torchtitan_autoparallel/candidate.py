@@ -24,8 +24,8 @@ from .cost.model import (
     BlockCost,
     Precision,
     block_cost,
-    block_time_floor,
     edges_cost,
+    model_time_floor,
     state_memory,
 )
 from .cost.pipeline import StageBlockCost
@@ -343,21 +343,6 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
                      per_step_s=per_step, state_bytes=state)
 
 
-def compute_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
-                  prec: Precision, gpus_per_node: int, features: Features,
-                  tp_modes: tuple[str, ...], hide_ep: bool = False, fsdp: str = ""
-                  ) -> float:
-    """A floor under the forward + backward time of one micro-batch through the whole model on
-    ``mesh`` whose blocks run one of ``tp_modes`` (``block_tp_modes``; edges run "sp" on
-    tp > 1, one of them): each layer's ``block_time_floor`` (compute and TP communication
-    without checkpointing in its fastest TP mode, CP's ring latency, and the expert all-to-alls
-    every strategy pays unless ``hide_ep``; FSDP's collectives as ``fsdp`` says,
-    ``FSDP_WHEN``)."""
-    return sum(n * block_time_floor(layer, mesh, microbatch, hw, prec, gpus_per_node,
-                                    features, tp_modes, hide_ep, fsdp)
-               for layer, n in graph.alike)
-
-
 def flat_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Precision,
                  gpus_per_node: int, constraints: Constraints, meshes: list[Mesh],
                  pins: dict[str, Pin] | None = None, features: Features = EAGER,
@@ -373,9 +358,9 @@ def flat_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec
             count += 1
             modes = block_tp_modes(mesh, mb, constraints, graph.num_experts > 0)
             accum = global_batch // (mb * mesh.dp)
-            floor = compute_floor(graph, mesh, mb, hw, prec, gpus_per_node, features, modes)
+            floor = model_time_floor(graph, mesh, mb, hw, prec, gpus_per_node, features, modes)
             if not accum * floor >= cutoff:  # then FSDP's share, for the fewer left
-                floor = compute_floor(graph, mesh, mb, hw, prec, gpus_per_node, features,
+                floor = model_time_floor(graph, mesh, mb, hw, prec, gpus_per_node, features,
                                       modes, fsdp="microbatch")
             if not accum * floor >= cutoff:  # a NaN goes on to the finiteness check
                 options.append((accum * floor, mesh, "", 1, mb, functools.partial(

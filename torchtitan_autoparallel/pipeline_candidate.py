@@ -13,7 +13,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from .candidate import Candidate, Option, block_classes, compute_floor, rank_types
+from .candidate import Candidate, Option, block_classes, rank_types
 from .cost.hardware import HardwareProfile
 from .cost.model import (
     FWD_BWD_BYTES_PER_PARAM,
@@ -22,6 +22,7 @@ from .cost.model import (
     STEP_BYTES_PER_PARAM,
     Precision,
     edge_cost,
+    model_time_floor,
     state_bytes,
 )
 from .cost.pipeline import (
@@ -258,7 +259,7 @@ def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
                      features: Features = EAGER, cutoff: float = math.inf
                      ) -> tuple[list[Option], int, float]:
     """(options, how many, a floor under the memory of those skipped) for ``meshes`` (all with
-    pp > 1). The bound is ``compute_floor``'s (FSDP's collectives once per step, no memory
+    pp > 1). The bound is ``model_time_floor``'s (FSDP's collectives once per step, no memory
     costed): a mesh whose memory floor exceeds ``budget`` is skipped without costing, an
     option whose bound reaches ``cutoff`` (a step time already reached) is not listed."""
     schedules = schedules_for(graph, constraints, features)
@@ -293,7 +294,7 @@ def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
                 share = (m + bubble(schedule, mesh.pp, v, split)) / mesh.pp
                 for fsdp in ("", "step"):  # FSDP's share only for the fewer left
                     if (hide_ep, fsdp) not in work:
-                        work[(hide_ep, fsdp)] = compute_floor(
+                        work[(hide_ep, fsdp)] = model_time_floor(
                             graph, mesh, mb, hw, prec, gpus_per_node, features, modes, hide_ep,
                             fsdp)
                     bound = share * work[(hide_ep, fsdp)]

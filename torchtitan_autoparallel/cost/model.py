@@ -1023,6 +1023,32 @@ def _fsdp_floor(layer: Layer, mesh: Mesh, hw: HardwareProfile, prec: Precision,
                         saturated=True)[:3] for mode in tp_modes)
 
 
+def model_time_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
+                     prec: Precision, gpus_per_node: int, features: Features,
+                     tp_modes: tuple[str, ...], hide_ep: bool = False, fsdp: str = ""
+                     ) -> float:
+    """A floor under the forward + backward time of one micro-batch through the whole model on
+    ``mesh`` whose blocks run one of ``tp_modes`` (``block_tp_modes``; edges run "sp" on
+    tp > 1, one of them): every layer's ``block_time_floor``. Memoized without FSDP, on what
+    ``block_time_floor`` reads of the mesh."""
+    if fsdp:
+        return _model_time_floor(graph, mesh, microbatch, hw, prec, gpus_per_node, features,
+                                 tp_modes, hide_ep, fsdp)
+    key = ("model", id(graph), id(hw), id(prec), id(features), _compute_shard(mesh, features),
+           mesh.cp, mesh.tp, mesh.ep, mesh.etp, min(mesh.world, gpus_per_node), gpus_per_node,
+           microbatch, tp_modes, hide_ep)
+    return _memoized(_FLOOR, key, (graph, hw, prec, features), _model_time_floor, graph, mesh,
+                     microbatch, hw, prec, gpus_per_node, features, tp_modes, hide_ep)
+
+
+def _model_time_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
+                      prec: Precision, gpus_per_node: int, features: Features,
+                      tp_modes: tuple[str, ...], hide_ep: bool, fsdp: str = "") -> float:
+    return sum(n * block_time_floor(layer, mesh, microbatch, hw, prec, gpus_per_node,
+                                    features, tp_modes, hide_ep, fsdp)
+               for layer, n in graph.alike)
+
+
 def moe_dispatch_s(layer: Layer, mesh: Mesh, microbatch: int, act_scale: float,
                    hw: HardwareProfile, gpus_per_node: int) -> float:
     """One token dispatch (or combine) all-to-all over the ep group: every local token goes to
