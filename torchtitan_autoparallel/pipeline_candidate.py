@@ -270,28 +270,33 @@ def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
     min_floor = math.inf
     # the bubble's shares of one micro-batch's time (checkpointing only lengthens B)
     split = backward_split(graph.blocks[-1], BlockStrategy("none", False), hw)
+    # per (pp, micro-batches): the (schedule, stages per rank, hidden all-to-alls, share of the
+    # work per pp rank with the bubble) that can run
+    runnable: dict[tuple[int, int], list[tuple[str, int, bool, float]]] = {}
     for mesh in meshes:
         if global_batch % mesh.dp:
             continue
         floor = _memory_floor(graph, mesh, prec)
         local = global_batch // mesh.dp
         modes = stage_tp_modes(mesh)
-        shapes = [(schedule, v, hides_ep(schedule, constraints)) for schedule in schedules
-                  for v in stage_options(schedule, mesh.pp, n_blocks)
-                  if not constraints.pp_stages_per_rank or v == constraints.pp_stages_per_rank]
         for mb in divisors(local):
             if constraints.pp_microbatch and mb != constraints.pp_microbatch:
                 continue
             m = local // mb
+            if (mesh.pp, m) not in runnable:
+                runnable[(mesh.pp, m)] = [
+                    (schedule, v, hides_ep(schedule, constraints),
+                     (m + bubble(schedule, mesh.pp, v, split)) / mesh.pp)
+                    for schedule in schedules for v in stage_options(schedule, mesh.pp, n_blocks)
+                    if (not constraints.pp_stages_per_rank or v == constraints.pp_stages_per_rank)
+                    and microbatch_ok(schedule, mesh.pp, v, m)]
+            shapes = runnable[(mesh.pp, m)]
+            splits += len(shapes)
+            if shapes and floor > budget:  # no split of this mesh fits: not costed
+                min_floor = min(min_floor, floor)
+                continue
             work: dict[tuple[bool, str], float] = {}
-            for schedule, v, hide_ep in shapes:
-                if not microbatch_ok(schedule, mesh.pp, v, m):
-                    continue
-                splits += 1
-                if floor > budget:  # no split of this mesh fits: not costed
-                    min_floor = min(min_floor, floor)
-                    continue
-                share = (m + bubble(schedule, mesh.pp, v, split)) / mesh.pp
+            for schedule, v, hide_ep, share in shapes:
                 for fsdp in ("", "step"):  # FSDP's share only for the fewer left
                     if (hide_ep, fsdp) not in work:
                         work[(hide_ep, fsdp)] = model_time_floor(
