@@ -764,3 +764,52 @@ def test_search_bounds_are_below_every_strategy(config, world, features):
         checked += 1
         pipelined += mesh.pp > 1
     assert checked > 20 and fewer > checked / 2 and (pipelined or world < 64)
+
+
+@pytest.mark.parametrize("config,world,features", [
+    ("llama3_8b_auto.toml", 64, dict(compile=True, linear="float8_tensorwise",
+                                     float8_all_gather=True, async_tp=True)),
+    ("deepseek_v3_16b_auto.toml", 64, {}),
+], ids=["8b-compile+float8+async_tp", "dsv3-16b"])
+def test_block_floors_with_fsdp_are_below_every_strategy_of_every_mesh(config, world, features):
+    """The search's per-block floors with FSDP (every micro-batch on flat meshes, once per
+    step on pipeline stages) against the block's cost under every strategy, on every mesh of
+    the job (brute force over mesh x micro-batch x strategy of the costs the floor bounds);
+    FSDP makes the floor tighter than the compute alone on some meshes."""
+    from torchtitan_autoparallel.cost.model import block_cost, block_time_floor
+    from torchtitan_autoparallel.cost.pipeline import stage_block_cost
+    from torchtitan_autoparallel.features import Features
+    from torchtitan_autoparallel.job_config import parse_config
+    from torchtitan_autoparallel.pipeline_candidate import stage_tp_modes
+    from torchtitan_autoparallel.planning_inputs import job_inputs
+    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.strategies import block_strategies, block_tp_modes
+
+    register()
+    inputs = job_inputs(parse_config(["--job.config_file", f"train_configs/{config}",
+                                      "--autoparallel.hardware=h100_grand_teton"]), world)
+    graph, hw, prec, gpn = inputs.graph, inputs.hw, inputs.precision, inputs.gpus_per_node
+    feats, moe = Features(**features), graph.num_experts > 0
+    layer = graph.blocks[-1]
+    checked = tighter = 0
+    for mesh in enumerate_meshes(graph, world, gpn, inputs.constraints):
+        for mb in (1, 2):
+            flat = mesh.pp == 1
+            modes = (block_tp_modes(mesh, mb, inputs.constraints, moe) if flat
+                     else stage_tp_modes(mesh))
+            floor = block_time_floor(layer, mesh, mb, hw, prec, gpn, feats, modes,
+                                     fsdp="microbatch" if flat else "step")
+            for s in block_strategies(mesh, mb, inputs.constraints, moe, gpn, len(graph.blocks)):
+                if flat:
+                    time_s = block_cost(layer, mesh, s, mb, hw, prec, gpn, graph.grouped_experts,
+                                        feats).time_s
+                elif s.tp_mode in modes:
+                    time_s = stage_block_cost(layer, mesh, s, mb, hw, prec, gpn,
+                                              graph.grouped_experts, feats).time_s
+                else:
+                    continue
+                assert floor <= time_s * (1 + 1e-12), (mesh, mb, s)
+                checked += 1
+            tighter += floor > 1.01 * block_time_floor(layer, mesh, mb, hw, prec, gpn, feats,
+                                                       modes)
+    assert checked > 500 and tighter > 10, (checked, tighter)
