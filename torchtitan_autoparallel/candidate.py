@@ -81,7 +81,9 @@ FLAT = (RankType("first", 1, 0, True, True),)
 """The rank types of a flat plan: one rank holds every layer."""
 
 
+@functools.lru_cache(maxsize=256)
 def rank_types(pp: int, schedule: str) -> tuple[RankType, ...]:
+    """The rank types of a pipeline of ``pp`` ranks under ``schedule`` (cached)."""
     if schedule in V_SCHEDULES:
         return (RankType("first", 1, 0, True, True),
                 RankType("middle", pp - 1, 1, False, False))

@@ -960,24 +960,37 @@ def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProf
     compute and, "microbatch", what the compute cannot hide and the copies. The compute part is
     memoized: it reads cp, tp, ep and etp of the mesh, its ranks per node and
     (``_compute_shard``) dp_shard, the same on the many meshes that differ in pp and dp."""
-    key = (id(layer), id(hw), id(prec), id(features), _compute_shard(mesh, features), mesh.cp,
-           mesh.tp, mesh.ep, mesh.etp, min(mesh.world, gpus_per_node), gpus_per_node,
-           microbatch, tp_modes, hide_ep)
+    key = (id(layer), id(hw), id(prec), id(features), *_floor_key(mesh, microbatch, features,
+                                                                  gpus_per_node),
+           tp_modes, hide_ep)
     modes, extra, device = _memoized(_FLOOR, key, (layer, hw, prec, features),
                                      _block_time_floor, layer, mesh, microbatch, hw, prec,
                                      gpus_per_node, features, tp_modes, hide_ep)
     if fsdp:
-        # as block_cost: monotone in the compute and in each collective's time, so the least
-        # of both bounds it for every strategy (AC and resharding only add to them)
-        ov, sm, each = hw.comm_overlap, hw.nccl_sm_fraction, fsdp == "microbatch"
-        device = extra + min(
-            compute + tp + sm * (min(ahead, ov * fwd) + min(back, ov * (compute - fwd))) + (
-                max(0.0, ahead - ov * fwd) + max(0.0, back - ov * (compute - fwd)) + copies
-                if each else 0.0)
-            for (fwd, compute, tp), (ahead, back, copies) in zip(
-                modes, fsdp_floor(layer, mesh, hw, prec, gpus_per_node, features, tp_modes),
-                strict=True))
+        device = _with_fsdp(modes, extra, fsdp_floor(layer, mesh, hw, prec, gpus_per_node,
+                                                     features, tp_modes), hw, fsdp)
     return host_time_s(device, mesh, hw, gpus_per_node)
+
+
+def _floor_key(mesh: Mesh, microbatch: int, features: Features, gpus_per_node: int) -> tuple:
+    """What a block's floor without FSDP reads of the mesh: cp, tp, ep, etp, the ranks per
+    node and (``_compute_shard``) dp_shard."""
+    return (_compute_shard(mesh, features), mesh.cp, mesh.tp, mesh.ep, mesh.etp,
+            min(mesh.world, gpus_per_node), gpus_per_node, microbatch)
+
+
+def _with_fsdp(modes: tuple[tuple[float, float, float], ...], extra: float,
+               fsdp_modes: tuple[tuple[float, float, float], ...], hw: HardwareProfile,
+               fsdp: str) -> float:
+    """A block floor's device time with FSDP's collectives (``block_time_floor``): as
+    ``block_cost`` counts them, monotone in the compute and in each collective's time, so the
+    least of both bounds it for every strategy (AC and resharding only add to them)."""
+    ov, sm, each = hw.comm_overlap, hw.nccl_sm_fraction, fsdp == "microbatch"
+    return extra + min(
+        compute + tp + sm * (min(ahead, ov * fwd) + min(back, ov * (compute - fwd))) + (
+            max(0.0, ahead - ov * fwd) + max(0.0, back - ov * (compute - fwd)) + copies
+            if each else 0.0)
+        for (fwd, compute, tp), (ahead, back, copies) in zip(modes, fsdp_modes, strict=True))
 
 
 def _block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfile,
@@ -1029,24 +1042,42 @@ def model_time_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: Hardwar
                      ) -> float:
     """A floor under the forward + backward time of one micro-batch through the whole model on
     ``mesh`` whose blocks run one of ``tp_modes`` (``block_tp_modes``; edges run "sp" on
-    tp > 1, one of them): every layer's ``block_time_floor``. Memoized without FSDP, on what
-    ``block_time_floor`` reads of the mesh."""
-    if fsdp:
-        return _model_time_floor(graph, mesh, microbatch, hw, prec, gpus_per_node, features,
-                                 tp_modes, hide_ep, fsdp)
-    key = ("model", id(graph), id(hw), id(prec), id(features), _compute_shard(mesh, features),
-           mesh.cp, mesh.tp, mesh.ep, mesh.etp, min(mesh.world, gpus_per_node), gpus_per_node,
-           microbatch, tp_modes, hide_ep)
-    return _memoized(_FLOOR, key, (graph, hw, prec, features), _model_time_floor, graph, mesh,
-                     microbatch, hw, prec, gpus_per_node, features, tp_modes, hide_ep)
+    tp > 1, one of them): every layer's ``block_time_floor``, from two memoized tables, one
+    per what the compute reads of the mesh, one per mesh for FSDP."""
+    key = ("model", id(graph), id(hw), id(prec), id(features),
+           *_floor_key(mesh, microbatch, features, gpus_per_node), tp_modes, hide_ep)
+    layers, plain = _memoized(_FLOOR, key, (graph, hw, prec, features), _model_floor_parts,
+                              graph, mesh, microbatch, hw, prec, gpus_per_node, features,
+                              tp_modes, hide_ep)
+    if not fsdp:
+        return plain
+    key = ("model", id(graph), id(hw), id(prec), id(features), mesh, gpus_per_node, tp_modes)
+    per_mesh = _memoized(_FSDP, key, (graph, hw, prec, features), _model_fsdp_parts, graph,
+                         mesh, hw, prec, gpus_per_node, features, tp_modes)
+    return sum(n * host_time_s(_with_fsdp(modes, extra, fsdp_modes, hw, fsdp), mesh, hw,
+                               gpus_per_node)
+               for (n, modes, extra), fsdp_modes in zip(layers, per_mesh, strict=True))
 
 
-def _model_time_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
-                      prec: Precision, gpus_per_node: int, features: Features,
-                      tp_modes: tuple[str, ...], hide_ep: bool, fsdp: str = "") -> float:
-    return sum(n * block_time_floor(layer, mesh, microbatch, hw, prec, gpus_per_node,
-                                    features, tp_modes, hide_ep, fsdp)
-               for layer, n in graph.alike)
+def _model_floor_parts(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
+                       prec: Precision, gpus_per_node: int, features: Features,
+                       tp_modes: tuple[str, ...], hide_ep: bool) -> tuple[tuple, float]:
+    """((layers of a kind, ``_block_time_floor``'s parts) per kind of layer, the model's floor
+    without FSDP)."""
+    layers, plain = [], 0.0
+    for layer, n in graph.alike:
+        modes, extra, device = _block_time_floor(layer, mesh, microbatch, hw, prec,
+                                                 gpus_per_node, features, tp_modes, hide_ep)
+        layers.append((n, modes, extra))
+        plain += n * host_time_s(device, mesh, hw, gpus_per_node)
+    return tuple(layers), plain
+
+
+def _model_fsdp_parts(graph: LayerGraph, mesh: Mesh, hw: HardwareProfile, prec: Precision,
+                      gpus_per_node: int, features: Features, tp_modes: tuple[str, ...]
+                      ) -> tuple:
+    return tuple(_fsdp_floor(layer, mesh, hw, prec, gpus_per_node, features, tp_modes)
+                 for layer, _ in graph.alike)
 
 
 def moe_dispatch_s(layer: Layer, mesh: Mesh, microbatch: int, act_scale: float,
