@@ -813,3 +813,16 @@ def test_block_floors_with_fsdp_are_below_every_strategy_of_every_mesh(config, w
             tighter += floor > 1.01 * block_time_floor(layer, mesh, mb, hw, prec, gpn, feats,
                                                        modes)
     assert checked > 500 and tighter > 10, (checked, tighter)
+
+
+def test_planning_leaves_garbage_collection_as_it_found_it(planning):
+    """Planning keeps the process's older objects out of garbage collection while it runs and
+    gives them back when it ends, also when it fails (frozen objects are never collected)."""
+    import gc
+
+    before = gc.get_freeze_count()
+    planning("llama3_debug_auto.toml", 2)
+    assert gc.get_freeze_count() == before
+    with pytest.raises(UserError, match="no plan fits the memory budget"):
+        planning("llama3_debug_auto.toml", 2, "--autoparallel.memory_gib=0.001")
+    assert gc.get_freeze_count() == before
