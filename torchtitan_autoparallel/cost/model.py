@@ -534,10 +534,10 @@ GEMM_PLATEAU = (8192.0, 8192.0, 8192.0)
 
 
 _MEMOS: tuple[dict[tuple, tuple[Any, tuple]], ...] = ({}, {}, {}, {}, {})
-"""Memoized compute times, block time floors, FSDP floors, edge costs and host profiles
-(``host_profile``) of the job being planned: each entry keyed by the identities of the objects
-it was costed from (layer, profile, precision, features) and what it reads of the rest, and
-holding those objects so that their identities stay theirs."""
+"""Memoized compute times, model time floors (without FSDP; FSDP's parts per mesh), edge costs
+and host profiles (``host_profile``) of the job being planned: each entry keyed by the identities
+of the objects it was costed from (layer or graph, profile, precision, features) and what it
+reads of the rest, and holding those objects so that their identities stay theirs."""
 _COMPUTE, _FLOOR, _FSDP, _EDGE, _HOST = _MEMOS
 
 
@@ -940,12 +940,6 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
 _NO_AC = {mode: BlockStrategy("none", False, mode) for mode in ("none", *TP_MODES)}
 
 
-FSDP_WHEN = ("", "step", "microbatch")
-"""When a floor counts FSDP's collectives: not at all; once per step (pipeline stages keep
-their parameters gathered over the micro-batches, so each micro-batch pays only the SMs NCCL
-holds beside its compute); in every micro-batch (flat plans)."""
-
-
 def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfile,
                      prec: Precision, gpus_per_node: int, features: Features,
                      tp_modes: tuple[str, ...], hide_ep: bool = False, fsdp: str = ""
@@ -955,28 +949,18 @@ def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProf
     on top of it (routed experts: the four token all-to-alls, unless a schedule hides them,
     ``hide_ep``, and the busiest rank's extra expert work), as run on the host. TP
     communication counts in its mode without AC, CP's ring its latency alone (its transfers
-    hide under more attention with AC). ``fsdp`` (``FSDP_WHEN``): FSDP's collectives at their
-    links' peak bandwidth (``fsdp_floor``), with the SMs NCCL holds while they overlap the
-    compute and, "microbatch", what the compute cannot hide and the copies. The compute part is
-    memoized: it reads cp, tp, ep and etp of the mesh, its ranks per node and
-    (``_compute_shard``) dp_shard, the same on the many meshes that differ in pp and dp."""
-    key = (id(layer), id(hw), id(prec), id(features), *_floor_key(mesh, microbatch, features,
-                                                                  gpus_per_node),
-           tp_modes, hide_ep)
-    modes, extra, device = _memoized(_FLOOR, key, (layer, hw, prec, features),
-                                     _block_time_floor, layer, mesh, microbatch, hw, prec,
-                                     gpus_per_node, features, tp_modes, hide_ep)
+    hide under more attention with AC). ``fsdp``: when FSDP's collectives (at their links'
+    peak bandwidth, ``_fsdp_floor``) count: "" not at all; "step" once per step (pipeline
+    stages keep their parameters gathered over the micro-batches, so each micro-batch pays only
+    the SMs NCCL holds beside its compute); "microbatch" in every micro-batch (flat plans:
+    also what the compute cannot hide, and the copies). ``model_time_floor`` sums it over a
+    model, memoized."""
+    modes, extra, device = _block_time_floor(layer, mesh, microbatch, hw, prec, gpus_per_node,
+                                             features, tp_modes, hide_ep)
     if fsdp:
-        device = _with_fsdp(modes, extra, fsdp_floor(layer, mesh, hw, prec, gpus_per_node,
-                                                     features, tp_modes), hw, fsdp)
+        device = _with_fsdp(modes, extra, _fsdp_floor(layer, mesh, hw, prec, gpus_per_node,
+                                                      features, tp_modes), hw, fsdp)
     return host_time_s(device, mesh, hw, gpus_per_node)
-
-
-def _floor_key(mesh: Mesh, microbatch: int, features: Features, gpus_per_node: int) -> tuple:
-    """What a block's floor without FSDP reads of the mesh: cp, tp, ep, etp, the ranks per
-    node and (``_compute_shard``) dp_shard."""
-    return (_compute_shard(mesh, features), mesh.cp, mesh.tp, mesh.ep, mesh.etp,
-            min(mesh.world, gpus_per_node), gpus_per_node, microbatch)
 
 
 def _with_fsdp(modes: tuple[tuple[float, float, float], ...], extra: float,
@@ -1014,21 +998,12 @@ def _block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwarePro
     return modes, extra, extra + min(compute + tp for _, compute, tp in modes)
 
 
-def fsdp_floor(layer: Layer, mesh: Mesh, hw: HardwareProfile, prec: Precision,
-               gpus_per_node: int, features: Features, tp_modes: tuple[str, ...]
-               ) -> tuple[tuple[float, float, float], ...]:
-    """(forward collectives, backward collectives, copies) of FSDP per mode of ``tp_modes``
-    that every strategy's micro-batch pays at least: ``fsdp_s`` without resharding, saturated,
-    every float8 linear's weight gathered in float8. Memoized per mesh (it does not depend on
-    the micro-batch)."""
-    key = (id(layer), id(hw), id(prec), id(features), mesh, gpus_per_node, tp_modes)
-    return _memoized(_FSDP, key, (layer, hw, prec, features), _fsdp_floor, layer, mesh, hw,
-                     prec, gpus_per_node, features, tp_modes)
-
-
 def _fsdp_floor(layer: Layer, mesh: Mesh, hw: HardwareProfile, prec: Precision,
                 gpus_per_node: int, features: Features, tp_modes: tuple[str, ...]
                 ) -> tuple[tuple[float, float, float], ...]:
+    """(forward collectives, backward collectives, copies) of FSDP per mode of ``tp_modes``
+    that every strategy's micro-batch pays at least: ``fsdp_s`` without resharding, saturated,
+    every float8 linear's weight gathered in float8 (it does not depend on the micro-batch)."""
     hw = host_profile(hw, mesh, gpus_per_node)
     low = sum(k * n for k, n in layer.linear_shapes) / max(layer.params, 1) \
         if features.float8_all_gather and mesh.dp_shard > 1 else 0.0
@@ -1044,14 +1019,17 @@ def model_time_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: Hardwar
     ``mesh`` whose blocks run one of ``tp_modes`` (``block_tp_modes``; edges run "sp" on
     tp > 1, one of them): every layer's ``block_time_floor``, from two memoized tables, one
     per what the compute reads of the mesh, one per mesh for FSDP."""
-    key = ("model", id(graph), id(hw), id(prec), id(features),
-           *_floor_key(mesh, microbatch, features, gpus_per_node), tp_modes, hide_ep)
+    # what the layers' floors without FSDP read of the mesh: the same on the many meshes that
+    # differ in pp and dp
+    key = (id(graph), id(hw), id(prec), id(features), _compute_shard(mesh, features), mesh.cp,
+           mesh.tp, mesh.ep, mesh.etp, min(mesh.world, gpus_per_node), gpus_per_node,
+           microbatch, tp_modes, hide_ep)
     layers, plain = _memoized(_FLOOR, key, (graph, hw, prec, features), _model_floor_parts,
                               graph, mesh, microbatch, hw, prec, gpus_per_node, features,
                               tp_modes, hide_ep)
     if not fsdp:
         return plain
-    key = ("model", id(graph), id(hw), id(prec), id(features), mesh, gpus_per_node, tp_modes)
+    key = (id(graph), id(hw), id(prec), id(features), mesh, gpus_per_node, tp_modes)
     per_mesh = _memoized(_FSDP, key, (graph, hw, prec, features), _model_fsdp_parts, graph,
                          mesh, hw, prec, gpus_per_node, features, tp_modes)
     return sum(n * host_time_s(_with_fsdp(modes, extra, fsdp_modes, hw, fsdp), mesh, hw,
