@@ -11,6 +11,10 @@ Part 1 (about 2 minutes) measures, on the first GPU:
   backward by sequence length, ``attention_<device>.csv``;
 - streaming bandwidth (an elementwise add and a copy of 1 GiB) and the fused / foreach AdamW
   step, ``streaming_<device>.csv``;
+- torch's ring attention (context parallel) forward and backward on the rank of a ring of
+  1 / 2 / 4 / 8 that the model costs, at TorchTitan's published Llama 3 8B CP shapes (32,768
+  tokens per rank), the ring's transfers left out (``ring_rank``): the compute side of CP
+  against ``attention_times``, ``ring_attention_<device>.csv``;
 each beside what the device's profile predicts for it (``kernels.md``). Part 2 (about 5
 minutes) runs ``experiments/grids/gpu_check.toml`` through ``experiments/sweep.py`` with the
 device's profile and writes its report. Everything lands under ``--out/<device>/``.
@@ -19,12 +23,16 @@ device's profile and writes its report. Everything lands under ``--out/<device>/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import statistics
 import subprocess
 import sys
 import time
+import types
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -39,6 +47,9 @@ GEMM_SHAPES = [
         (4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336))],
 ]
 SEQS = (1024, 2048, 4096, 8192, 16384)
+RING_CPS = (1, 2, 4, 8)
+RING_ROWS = "2"
+"""The published CP rows (Table 2: Llama 3 8B, 8 GPUs, 32,768 tokens per rank at cp 1-8)."""
 
 
 def timed(fn, *args, warmup: int = 3, reps: int = 10, **kwargs) -> float:
@@ -134,6 +145,101 @@ def streaming_rows() -> list[dict[str, object]]:
     return rows
 
 
+class LoopbackRotater:
+    """A ring rotater that hands every buffer back to the rank that sent it: each step of
+    torch's ring attention then runs this rank's kernels at their real shapes, without the
+    transfers (the keys and values are this rank's own)."""
+
+    def __init__(self, *_: object, **__: object) -> None:
+        self._buffer: Any = None
+
+    def exchange_buffers(self, buffer: Any) -> None:
+        self._buffer = buffer
+
+    def next_buffer(self) -> Any:
+        return self._buffer
+
+
+@contextlib.contextmanager
+def ring_rank(rank: int, cp: int) -> Iterator[types.ModuleType]:
+    """torch's ring attention module (torch/distributed/tensor/experimental/_context_parallel/
+    _attention.py) as rank ``rank`` of a ring of ``cp``, in this process alone: ranks and ring
+    size answered from the arguments, rotaters replaced by ``LoopbackRotater``."""
+    from torch.distributed.tensor.experimental._context_parallel import _attention as ring
+
+    saved = ring.dist, ring._create_rotater
+    ring.dist = types.SimpleNamespace(ProcessGroup=object, get_rank=lambda group: rank,
+                                      get_world_size=lambda group: cp)
+    ring._create_rotater = LoopbackRotater
+    try:
+        yield ring
+    finally:
+        ring.dist, ring._create_rotater = saved
+
+
+def ring_attention_s(cp: int, seq: int, heads: int = 32, dim: int = 128
+                     ) -> tuple[float, float]:
+    """Measured (forward, backward) seconds of torch's flash ring attention on the last rank
+    of a ring of ``cp`` (``seq`` local tokens, causal, head-tail load balanced): plain flash
+    attention at cp 1, as TorchTitan runs it. Keys and values have all the query heads (the
+    published runs repeated Llama's 8 KV heads before attention), so the ring's key / value
+    bookkeeping moves 4x the bytes the model counts for GQA's 8 heads (about 2 % of the cp 8
+    backward); the FLOPs are the same."""
+    import torch
+
+    aten = torch.ops.aten
+    q, k, v = (torch.randn(1, heads, seq, dim, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    mesh = types.SimpleNamespace(get_group=object)
+    with ring_rank(cp - 1, cp) as ring:
+        if cp == 1:
+            def forward() -> tuple:
+                return aten._scaled_dot_product_flash_attention(q, k, v, is_causal=True)
+
+            def backward_op(*args: Any) -> tuple:
+                return aten._scaled_dot_product_flash_attention_backward(*args[1:])
+        else:
+            def forward() -> tuple:
+                return ring._scaled_dot_product_ring_flash_attention(mesh, q, k, v,
+                                                                     is_causal=True)
+
+            backward_op = ring._scaled_dot_product_ring_flash_attention_backward
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset = forward()[:8]
+        grad = torch.randn_like(out)
+        fwd = timed(forward, warmup=1, reps=3)
+        bwd = timed(backward_op, mesh, grad, q, k, v, out, lse, cum_q, cum_k, max_q, max_k,
+                    0.0, True, seed, offset, warmup=1, reps=3)
+    return fwd, bwd
+
+
+def ring_rows(profile: Any) -> list[dict[str, object]]:
+    """The published CP rows' attention, measured on this device (``ring_attention_s``) and
+    predicted by ``attention_times`` with the device's profile (flash kernels and the ring's
+    bookkeeping at device-memory bandwidth; no transfers on either side)."""
+    from published import overrides, published_rows
+
+    from torchtitan_autoparallel.cost.model import attention_times
+    from torchtitan_autoparallel.job_config import parse_config
+    from torchtitan_autoparallel.recipe import recipe_plan
+    from torchtitan_autoparallel.recost import inputs_from_plan
+
+    rows = []
+    for row in published_rows():
+        f = row.fields
+        if f["table"] != RING_ROWS or int(f["cp"]) not in RING_CPS:
+            continue
+        cp = int(f["cp"])
+        plan = recipe_plan(parse_config(overrides(f, profile.name)), int(f["gpus"]))
+        block = next(layer for layer in inputs_from_plan(plan).graph.layers
+                     if layer.kind == "block")
+        predicted = attention_times(block, plan.mesh, 1, profile)
+        measured = ring_attention_s(cp, int(f["seq_len"]) // cp)
+        for direction, m, p in zip(("fwd", "bwd"), measured, predicted, strict=True):
+            rows.append(dict(cp=cp, seq_len=f["seq_len"], local_seq=int(f["seq_len"]) // cp,
+                             direction=direction, measured_s=m, predicted_s=p))
+    return rows
+
+
 def write_csv(path: Path, rows: list[dict[str, object]], header: list[str]) -> None:
     with open(path, "w", newline="") as f:
         for line in header:
@@ -143,7 +249,8 @@ def write_csv(path: Path, rows: list[dict[str, object]], header: list[str]) -> N
         writer.writerows(rows)
 
 
-def compare(profile, gemms: list[dict], attention: list[dict], stream: list[dict]) -> list[str]:
+def compare(profile, gemms: list[dict], attention: list[dict], stream: list[dict],
+            ring: list[dict]) -> list[str]:
     """What the profile predicts for each measured kernel, and the ratio."""
     from torchtitan_autoparallel.cost import kernels
 
@@ -173,6 +280,10 @@ def compare(profile, gemms: list[dict], attention: list[dict], stream: list[dict
     for r in stream:
         lines.append(f"| {r['kernel']} | {r['gbps']:.0f} GB/s | {profile.hbm_gbps:.0f} | "
                      f"{r['gbps'] / profile.hbm_gbps:.2f} |")
+    for r in ring:
+        lines.append(f"| ring attention cp {r['cp']} {r['direction']} (seq {r['seq_len']}) | "
+                     f"{r['measured_s'] * 1e3:.1f} ms | {r['predicted_s'] * 1e3:.1f} | "
+                     f"{r['measured_s'] / r['predicted_s']:.2f} |")
     return lines
 
 
@@ -206,7 +317,9 @@ def main() -> int:
     write_csv(out / f"attention_{slug}.csv", attention, header)
     stream = streaming_rows()
     write_csv(out / f"streaming_{slug}.csv", stream, header)
-    report = compare(profile, gemms, attention, stream)
+    ring = ring_rows(profile)
+    write_csv(out / f"ring_attention_{slug}.csv", ring, header)
+    report = compare(profile, gemms, attention, stream, ring)
     (out / "kernels.md").write_text("\n".join(report) + "\n")
     print("\n".join(report))
     print(f"kernels: {time.time() - start:.0f} s")

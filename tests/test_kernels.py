@@ -243,3 +243,49 @@ def test_plan_and_explain_give_the_margin_and_the_assumptions(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "model: the predicted step time depends on assumed constants" in text
     assert "measured error on 'h100_grand_teton': median" in text
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_every_ring_rank_runs_cp_flash_calls_with_a_cp_th_of_the_causal_work(cp):
+    """What the model charges context parallelism's attention (``attention_times``: each rank a
+    cp-th of the sequence's causal attention FLOPs; ``ring_attention_bytes``: cp flash calls
+    per direction on every rank) against torch's own ring attention, run rank by rank with its
+    transfers looped back (experiments/gpu_check.py's ``ring_rank``, which the GPU check times):
+    the FLOPs of the flash calls it makes, forward and backward, on CPU."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(REPO / "experiments"))
+    from gpu_check import ring_rank
+
+    aten = torch.ops.aten
+    heads, local, dim = 2, 8, 4
+    full_causal = 4.0 * heads * (local * cp) ** 2 * dim / 2
+
+    def flops(q: torch.Tensor, k: torch.Tensor, causal: bool) -> float:
+        return 4.0 * heads * q.shape[2] * k.shape[2] * dim * (0.5 if causal else 1.0)
+
+    calls: dict[str, list[float]] = {}
+
+    def forward(query, key, value, is_causal, **_):
+        calls["fwd"].append(flops(query, key, is_causal))
+        return aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0,
+                                                                is_causal)
+
+    def backward(query, key, value, out, logsumexp, is_causal, grad_out, **_):
+        calls["bwd"].append(flops(query, key, is_causal))
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, query, key, value, out, logsumexp, 0.0, is_causal)
+
+    for rank in range(cp):
+        calls.update(fwd=[], bwd=[])
+        q, k, v = (torch.randn(1, heads, local, dim) for _ in range(3))
+        with ring_rank(rank, cp) as ring:
+            out, lse = ring._templated_ring_attention(object(), 2, forward, q, k, v, is_causal=True)
+            grads = ring._templated_ring_attention_backward(
+                object(), 2, backward, torch.randn_like(out), "grad_out", q, k, v, out, lse,
+                is_causal=True)
+        assert [g.shape for g in grads[:3]] == [q.shape, k.shape, v.shape]
+        assert len(calls["fwd"]) == len(calls["bwd"]) == cp
+        assert sum(calls["fwd"]) == sum(calls["bwd"]) == full_causal / cp
