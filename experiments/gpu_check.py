@@ -47,9 +47,11 @@ GEMM_SHAPES = [
         (4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336))],
 ]
 SEQS = (1024, 2048, 4096, 8192, 16384)
-RING_CPS = (1, 2, 4, 8)
-RING_ROWS = "2"
-"""The published CP rows (Table 2: Llama 3 8B, 8 GPUs, 32,768 tokens per rank at cp 1-8)."""
+RING_JOBS = [dict(model="llama3_8b", gpus="8", fsdp=str(8 // cp), tp="1", cp=str(cp),
+                  seq_len=str(32768 * cp), local_batch="1", global_batch=str(8 // cp),
+                  ac="full", compile="yes", float8="yes", async_tp="no") for cp in (1, 2, 4, 8)]
+"""TorchTitan's published CP jobs (Table 2 of ../shared/anchors/torchtitan_h100_202412.csv:
+Llama 3 8B on 8 GPUs, 32,768 tokens per rank at cp 1-8), in experiments/published.py's fields."""
 
 
 def timed(fn, *args, warmup: int = 3, reps: int = 10, **kwargs) -> float:
@@ -216,7 +218,7 @@ def ring_rows(profile: Any) -> list[dict[str, object]]:
     """The published CP rows' attention, measured on this device (``ring_attention_s``) and
     predicted by ``attention_times`` with the device's profile (flash kernels and the ring's
     bookkeeping at device-memory bandwidth; no transfers on either side)."""
-    from published import overrides, published_rows
+    from published import overrides
 
     from torchtitan_autoparallel.cost.model import attention_times
     from torchtitan_autoparallel.job_config import parse_config
@@ -224,10 +226,7 @@ def ring_rows(profile: Any) -> list[dict[str, object]]:
     from torchtitan_autoparallel.recost import inputs_from_plan
 
     rows = []
-    for row in published_rows():
-        f = row.fields
-        if f["table"] != RING_ROWS or int(f["cp"]) not in RING_CPS:
-            continue
+    for f in RING_JOBS:
         cp = int(f["cp"])
         plan = recipe_plan(parse_config(overrides(f, profile.name)), int(f["gpus"]))
         block = next(layer for layer in inputs_from_plan(plan).graph.layers
