@@ -3,7 +3,9 @@ every planned block, what the cost model charges for, and what the plan's finger
 
 One place decides what each setting means under ``auto`` (see the README's settings table):
 - ``[compile] enable`` with ``"model"`` in components: every block compiled after AC and before
-  FSDP, as TorchTitan's recipes do (``"loss"``: TorchTitan's trainer compiles the loss itself).
+  FSDP, as TorchTitan's recipes do; with ``"loss"``: TorchTitan's trainer compiles the loss
+  itself, costed as one fused kernel per direction that keeps no fp32 logits (Inductor only:
+  other backends run the loss's eager kernels).
 - ``model.converters`` ``quantize.linear.float8`` / ``quantize.linear.mx`` and their
   ``[quantize.linear.*]`` recipe: TorchTitan's converter swaps the linears; FSDP all-gathers
   float8 weights when the tensorwise recipe asks for it; TP uses TorchTitan's float8 styles.
@@ -40,6 +42,9 @@ class Features:
     compile: bool = False
     """Blocks are compiled (``compile.enable`` and ``"model"`` in ``compile.components``)."""
     compile_backend: str = "inductor"
+    compile_loss: bool = False
+    """TorchTitan's trainer compiles the loss with Inductor (``compile.enable``, ``"loss"`` in
+    ``compile.components``, backend ``inductor``)."""
     linear: str = "none"
     """Low-precision linears: "none", "float8_tensorwise", "float8_rowwise",
     "float8_rowwise_with_gw_hp" or "mx"."""
@@ -77,6 +82,8 @@ class Features:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        if not data["compile_loss"]:
+            del data["compile_loss"]  # jobs that do not set it keep their plan files
         if data["float8_filter"] is None:
             del data["float8_filter"]  # jobs that do not set it keep their plan files
         else:
@@ -140,6 +147,8 @@ def features_from_config(job_config: Any) -> Features:
     return Features(
         compile=compiled,
         compile_backend=str(compile_cfg.backend) if compiled else "inductor",
+        compile_loss=bool(compile_cfg.enable and "loss" in compile_cfg.components
+                          and str(compile_cfg.backend) == "inductor"),
         linear=linear,
         float8_all_gather=float8_all_gather,
         precompute_scale=precompute,

@@ -525,6 +525,11 @@ rowwise casts each operand along both dims)."""
 LOSS_FWD_BYTES = 18.0
 LOSS_BWD_BYTES = 18.0
 """Bytes moved per logit by TorchTitan's eager cross-entropy (fp32), forward / backward."""
+COMPILED_LOSS_PASSES = (2, 2)
+"""Passes over the logits (each their element size) of the cross-entropy compiled by Inductor
+(``compile.components`` with "loss"), forward / backward: the upcast, log-softmax and NLL fuse
+into reductions that read the low-precision logits twice (max, then the sum of exponentials);
+the backward reads them once and writes their gradient once."""
 FSDP_COPY_BYTES_PER_PARAM = 18.0
 """Device-memory traffic per parameter of one FSDP2 gather + reduce-scatter round: the
 all-gather's copy-out into the unsharded bf16 parameters (2 B read + 2 written), the bf16
@@ -646,8 +651,11 @@ def block_compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatc
         # upcast (2 B read, 4 B written), log-softmax (max, sum and output passes: 12 B),
         # and in backward its gradient (8 B read, 4 B written) and the downcast (4 + 2 B)
         logits = layer.saved_bytes / 4 * scale
-        loss_fwd = logits * LOSS_FWD_BYTES / (hw.hbm_gbps * 1e9)
-        loss_bwd = logits * LOSS_BWD_BYTES / (hw.hbm_gbps * 1e9)
+        fwd_bytes, bwd_bytes = LOSS_FWD_BYTES, LOSS_BWD_BYTES
+        if features.compile_loss:
+            fwd_bytes, bwd_bytes = (n * prec.param_bytes for n in COMPILED_LOSS_PASSES)
+        loss_fwd = logits * fwd_bytes / (hw.hbm_gbps * 1e9)
+        loss_bwd = logits * bwd_bytes / (hw.hbm_gbps * 1e9)
     fwd = gemm_fwd + attn_fwd + stream + cast_fwd + loss_fwd
     bwd = gemm_bwd + attn_bwd + 2.0 * stream + cast_bwd + loss_bwd
     return fwd, fwd + bwd + recompute_frac * fwd
@@ -1146,6 +1154,13 @@ def _edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int,
     gathered = cost.unsharded_bytes + cost.grad_bytes
     if layer.kind != "output":
         return EdgeCost(cost.time_s, cost.kept_bytes, cost.state_bytes, 0.0, gathered)
+    if features.compile_loss:
+        # Inductor's partitioner keeps the loss's input (recomputing its upcast is cheaper
+        # than saving fp32 logits) and the fused backward writes its gradient: two copies of
+        # the low-precision logits, no fp32 ones
+        logits = (2 * graph.seq_len * graph.vocab_size * prec.param_bytes * microbatch
+                  / (mesh.tp * mesh.cp))
+        return EdgeCost(cost.time_s, logits, cost.state_bytes, logits, gathered)
     # logits stay fp32 for the loss: not scaled by the activation dtype
     logits = layer.saved_bytes * microbatch / (mesh.tp * mesh.cp)
     if prec.param_bytes < 4:
