@@ -1154,25 +1154,25 @@ def _edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int,
     gathered = cost.unsharded_bytes + cost.grad_bytes
     if layer.kind != "output":
         return EdgeCost(cost.time_s, cost.kept_bytes, cost.state_bytes, 0.0, gathered)
+    # one rank's logits per micro-batch (vocab-parallel under tp, sequence-split under cp)
+    elements = graph.seq_len * graph.vocab_size * microbatch / (mesh.tp * mesh.cp)
     if features.compile_loss:
         # Inductor's partitioner keeps the loss's input (recomputing its upcast is cheaper
         # than saving fp32 logits) and the fused backward writes its gradient: two copies of
         # the low-precision logits, no fp32 ones
-        logits = (2 * graph.seq_len * graph.vocab_size * prec.param_bytes * microbatch
-                  / (mesh.tp * mesh.cp))
-        return EdgeCost(cost.time_s, logits, cost.state_bytes, logits, gathered)
-    # logits stay fp32 for the loss: not scaled by the activation dtype
-    logits = layer.saved_bytes * microbatch / (mesh.tp * mesh.cp)
-    if prec.param_bytes < 4:
-        # the output projection's low-precision logits, upcast by the loss (kept as well)
-        logits += (graph.seq_len * graph.vocab_size * prec.param_bytes * microbatch
-                   / (mesh.tp * mesh.cp))
-    if hw.reserved_logits:
-        # the caching allocator's reserve: the log-softmax backward allocates the gradient
-        # of its input (fp32) while its output and the NLL gradient (which reuses the
-        # freed upcast's block) are alive, and the freed low-precision logits' block is too
-        # small to serve it: 4 B per element more than the tensors above
-        logits += graph.seq_len * graph.vocab_size * 4 * microbatch / (mesh.tp * mesh.cp)
+        logits = 2 * elements * prec.param_bytes
+    else:
+        # logits stay fp32 for the loss: not scaled by the activation dtype
+        logits = layer.saved_bytes * microbatch / (mesh.tp * mesh.cp)
+        if prec.param_bytes < 4:
+            # the output projection's low-precision logits, upcast by the loss (kept as well)
+            logits += elements * prec.param_bytes
+        if hw.reserved_logits:
+            # the caching allocator's reserve: the log-softmax backward allocates the gradient
+            # of its input (fp32) while its output and the NLL gradient (which reuses the
+            # freed upcast's block) are alive, and the freed low-precision logits' block is
+            # too small to serve it: 4 B per element more than the tensors above
+            logits += elements * 4
     return EdgeCost(cost.time_s, logits, cost.state_bytes, logits, gathered)
 
 
