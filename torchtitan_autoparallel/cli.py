@@ -27,7 +27,7 @@ from .errors import UserError, check_output_path, run_cli
 
 def _job(args: argparse.Namespace, auto: bool) -> Any:
     from .checks import check_auto_settings, check_job_keys
-    from .job_config import parse_config
+    from .job_config import parse_config, read_toml
     from .registry import import_custom_module, register
 
     register()
@@ -47,6 +47,16 @@ def _job(args: argparse.Namespace, auto: bool) -> Any:
         check_output_path(args.out, "plan")
     job = parse_config(overrides)
     import_custom_module(job)
+    if auto and job.autoparallel.plan_file:
+        raise UserError(f"autoparallel.plan_file = {job.autoparallel.plan_file!r} with plan: "
+                        "plan solves the job afresh; read a plan file with explain / show / "
+                        "diff, or drop the key")
+    if auto and not (read_toml(args.config).get("parallelism") or {}).get("auto") \
+            and not user_set_auto(args.overrides):
+        print(f"note: {args.config} does not set parallelism.auto = true: run_train.sh runs "
+              "TorchTitan's own recipe for it (python -m torchtitan_autoparallel predict costs "
+              "that); this is the plan auto = true would run",
+              file=sys.stderr if getattr(args, "json", False) else sys.stdout)
     # what run_train.sh's preflight refuses, refused here too (before any planning)
     check_job_keys(job)
     if auto:
@@ -58,6 +68,12 @@ def _job(args: argparse.Namespace, auto: bool) -> Any:
               "a100_sxm, b200, a .toml) for a GPU job",
               file=sys.stderr if getattr(args, "json", False) else sys.stdout)
     return job
+
+
+def user_set_auto(overrides: list[str]) -> bool:
+    """Whether the command line's TorchTitan overrides turn ``parallelism.auto`` on."""
+    return any(arg.replace("-", "_") in ("__parallelism.auto", "__parallelism.auto=true",
+                                         "__parallelism.auto=True") for arg in overrides)
 
 
 def _emit(args: argparse.Namespace, plan: Any) -> None:
@@ -124,7 +140,9 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(path: str, cache: dict[str, Any] | None = None) -> Any:
+def _load(path: str, cache: dict[str, Any] | None = None, quiet: bool = False) -> Any:
+    """The plan file at ``path``, re-costed (a warning where its predictions differ, unless
+    ``quiet``: the same file read a second time)."""
     from .plan import SCHEMA_VERSION, Plan
     from .recost import recosted_file
     from .registry import register
@@ -136,7 +154,7 @@ def _load(path: str, cache: dict[str, Any] | None = None) -> Any:
               "inputs, so they are rebuilt from its fingerprint and the hardware profile it "
               "names; re-plan to store them", file=sys.stderr)
     plan, note = recosted_file(plan, cache)
-    if note:
+    if note and not quiet:
         print(f"warning: {path}: {note}", file=sys.stderr)
     return plan
 
@@ -159,7 +177,7 @@ def _explain(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     from .explain import diff_lines
 
-    a, b = _load(args.a), _load(args.b)
+    a, b = _load(args.a), _load(args.b, quiet=args.b == args.a)
     lines = diff_lines(a, b)
     if args.out or args.html:
         from .show import render
@@ -186,6 +204,12 @@ def _calibrate(args: argparse.Namespace) -> int:
     from .cost.profile_file import write_profile
     from .fitting.calibrate import calibrate
 
+    # the target is checked before the measurements (minutes on a GPU), not after them
+    check_output_path(args.out, "profile")
+    if not args.out.endswith(".toml"):
+        raise UserError(f"calibrate writes a TOML hardware profile: name --out {args.out!r} "
+                        "with a .toml suffix (it is what --hardware and autoparallel.hardware "
+                        "read)")
     profile, notes = calibrate(args.ngpu, args.name, args.gpus_per_node or 0, quick=args.quick)
     where = (f"measured by `python -m torchtitan_autoparallel calibrate` on "
              f"{platform.node() or 'this machine'} with {args.ngpu} ranks")

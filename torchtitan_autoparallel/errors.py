@@ -15,6 +15,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (requires-python >= 3.10): tomli is a dependency
+    import tomli as tomllib
+
+__all__ = ["tomllib"]  # the one TOML reader of the package (TOML configs, profiles)
+
 
 class UserError(Exception):
     """A mistake in the user's input; the message names the problem and the fix."""
@@ -77,6 +84,10 @@ def check_output_path(path: str, what: str) -> None:
     device or folder: writing there would replace or block on something that is not ours)."""
     import stat
 
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UserError(f"cannot write {what} to {shown(path, 300)}: its folder does not exist "
+                        "(or is not a folder); create it first or name another path")
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -137,7 +148,6 @@ def atomic_write_all(files: list[tuple[str, str | bytes]], what: str) -> None:
     try:
         for current, data in files:
             folder = os.path.dirname(os.path.abspath(current))
-            os.makedirs(folder, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{what}-", suffix=".tmp")
             temps.append(tmp)
             with os.fdopen(fd, "wb") as f:

@@ -6,11 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
 from .assembly import candidate_for, rank_counts
 from .cost.model import (
     float8_linear_times,
@@ -20,6 +15,7 @@ from .cost.model import (
     linear_tokens,
     low_precision_linears,
 )
+from .errors import tomllib
 from .layout import BlockStrategy, fsdp_unit_problem, reshard_group
 from .plan import Plan, check_plan_for_job
 from .recost import block_counts, inputs_from_plan

@@ -40,12 +40,10 @@ def _config_path(argv: list[str]) -> str | None:
     return None
 
 
-def _check_toml(path: str) -> dict[str, Any]:
+def read_toml(path: str) -> dict[str, Any]:
     """The config file's data; one line if it is missing or not TOML (TorchTitan would print a
     traceback first)."""
-    import tomllib
-
-    from .errors import read_input, shown
+    from .errors import read_input, shown, tomllib
 
     if not os.path.exists(path):
         raise UserError(f"config file not found: {shown(path)} (set CONFIG_FILE to an existing "
@@ -67,7 +65,7 @@ def parse_config(argv: list[str]) -> Any:
     from .errors import shown
 
     path = _config_path(argv)
-    toml = _check_toml(path) if path is not None else {}
+    toml = read_toml(path) if path is not None else {}
     usage = io.StringIO()
     try:
         with contextlib.redirect_stderr(usage):

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from .checks import check_auto_settings, check_plan_features
-from .errors import UserError
+from .errors import UserError, shown
 from .explicit import user_set
 
 
@@ -20,8 +20,11 @@ def world_size(job_config: Any) -> int:
 
 def resolve_plan(job_config: Any, world: int) -> Any:
     """The job's plan: the plan file (validated against the job) or a fresh solve."""
+    import json
+
     from torchtitan.tools.logging import logger
 
+    from .assembly import inputs_record
     from .plan import Plan, check_plan_for_job
     from .planner import plan_job
     from .planning_inputs import fingerprint_diff, job_inputs
@@ -44,10 +47,26 @@ def resolve_plan(job_config: Any, world: int) -> Any:
     if plan.fingerprint.get("versions") != job_fp["versions"]:
         logger.warning(f"plan {ap.plan_file} was made with {plan.fingerprint.get('versions')}"
                        f", this job runs {job_fp['versions']}")
-    plan, note = recosted_file(plan)
+    plan, note = recosted_file(plan)  # the stored inputs checked by their rules first
+    if plan.inputs is not None:
+        diff = record_diff(plan.inputs, json.loads(json.dumps(inputs_record(inputs))))
+        if diff:
+            raise UserError(f"plan {ap.plan_file} stores planning inputs that are not the "
+                            f"job's ({'; '.join(diff[:3])}); re-plan (drop "
+                            "autoparallel.plan_file) or run the job the plan was made for")
     if note:
         logger.warning(f"plan {ap.plan_file}: {note}")
     return plan
+
+
+def record_diff(plan: Any, job: Any, prefix: str = "") -> list[str]:
+    """Readable differences ``key: plan -> job`` between two stored-inputs records."""
+    if isinstance(plan, dict) and isinstance(job, dict):
+        return [line for key in sorted(set(plan) | set(job))
+                for line in record_diff(plan.get(key), job.get(key), f"{prefix}{key}.")]
+    if plan == job:
+        return []
+    return [f"{prefix.rstrip('.')}: plan {shown(plan, 60)} -> job {shown(job, 60)}"]
 
 
 PLAN_KEY = "autoparallel/plan"

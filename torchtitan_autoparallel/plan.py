@@ -10,6 +10,7 @@ from typing import Any
 from .errors import Rule, UserError, atomic_write, check_fields, check_value, read_input, shown
 from .layout import (
     AC_MODES,
+    FSDP_UNIT_SIZES,
     TP_MODES,
     Mesh,
     fsdp_unit_problem,
@@ -360,6 +361,8 @@ SOLVER_KEYS = {"status": Rule(str), "gap": Rule(float, ge=0), "milps_solved": Ru
                "candidates": Rule(int, ge=0), "variables": Rule(int, ge=0),
                "constraints": Rule(int, ge=0)}
 FINGERPRINT_KEYS = ("model", "flavor", "seq_len", "global_batch_size", "world_size")
+RECORD_KEYS = ("model", "flavor", "seq_len", "global_batch_size", "world_size", "gpus_per_node")
+"""What a plan's stored inputs and its fingerprint both say, and must say alike."""
 
 
 def check_plan_data(data: Any, source: str) -> None:
@@ -416,9 +419,17 @@ def check_plan(plan: Any, source: str) -> None:
             f"{where}global_batch_size {plan.global_batch_size} != local_batch_size "
             f"{plan.local_batch_size} x dp {m.dp} x gradient_accumulation_steps "
             f"{plan.gradient_accumulation_steps}; {PLAN_FIX}")
-    if plan.seq_len != plan.fingerprint.get("seq_len"):
-        raise UserError(f"{where}seq_len {plan.seq_len} differs from its fingerprint's "
-                        f"{plan.fingerprint.get('seq_len')}; {PLAN_FIX}")
+    for key, value in (("seq_len", plan.seq_len),
+                       ("global_batch_size", plan.global_batch_size)):
+        if value != plan.fingerprint.get(key):
+            raise UserError(f"{where}{key} {value} differs from its fingerprint's "
+                            f"{shown(plan.fingerprint.get(key))} (the job's); {PLAN_FIX}")
+    if plan.inputs is not None:
+        for key in RECORD_KEYS:
+            if plan.inputs.get(key) != plan.fingerprint.get(key):
+                raise UserError(f"{where}inputs.{key} {shown(plan.inputs.get(key))} differs "
+                                f"from its fingerprint's {shown(plan.fingerprint.get(key))}; "
+                                f"{PLAN_FIX}")
     fqns = [layer.fqn for layer in plan.layers]
     dup = next((f for f in fqns if fqns.count(f) > 1), None)
     if dup is not None:
@@ -439,10 +450,21 @@ def check_plan(plan: Any, source: str) -> None:
 
 
 def float8_problem(plan: Any) -> str:
-    """Why the plan's ``float8_filter_fqns`` cannot run (empty if it can): with float8
+    """Why the plan's ``float8_filter_fqns`` cannot run (empty if it can): only a job with
+    float8 linears and no ``filter_fqns`` of its own lets the planner choose them; with float8
     tensorwise, TorchTitan's float8 TP styles need every linear of a TP + SP block converted,
     so no entry may match inside one."""
-    linear = ((plan.inputs or {}).get("features") or {}).get("linear")
+    if plan.float8_filter_fqns is None:
+        return ""
+    features = (plan.inputs if plan.inputs is not None else plan.fingerprint).get(
+        "features") or {}
+    linear = features.get("linear", "none")
+    if not str(linear).startswith("float8"):
+        return ("float8_filter_fqns is set, but the job runs no float8 linears "
+                "(model.converters without quantize.linear.float8): remove the field")
+    if features.get("float8_filter") is not None:
+        return ("float8_filter_fqns is set, but the job sets quantize.linear.float8."
+                "filter_fqns itself: remove the field (the job's list is what runs)")
     if not plan.float8_filter_fqns or linear != "float8_tensorwise" or plan.mesh.tp == 1:
         return ""
     sp = [layer.fqn for layer in plan.layers if layer.kind == "block" and layer.tp_mode == "sp"]
@@ -514,6 +536,10 @@ def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
                 or group % node:
             return (f"reshard_after_forward {node} needs a dense block of a plan without pp "
                     f"and a proper divisor of its FSDP group ({group} ranks)")
+    if layer.fsdp_unit not in (1, *FSDP_UNIT_SIZES):
+        sizes = (1, *FSDP_UNIT_SIZES)
+        return (f"fsdp_unit {layer.fsdp_unit}: FSDP units are "
+                f"{', '.join(map(str, sizes[:-1]))} or {sizes[-1]} consecutive blocks")
     if layer.fsdp_unit > 1:
         problem = fsdp_unit_problem(m, layer.tp_mode, layer.kind)
         if problem:

@@ -24,7 +24,7 @@ from .model_config import (
     model_config_from_fingerprint,
 )
 from .pins import Pin, recipe_of, resolve_pins
-from .plan import Plan
+from .plan import Plan, check_plan_for_job
 from .planning_inputs import DTYPE_BYTES, model_layer_graph
 from .strategies import Constraints
 
@@ -39,8 +39,33 @@ def recost(plan: Plan, hw: HardwareProfile | None = None,
     pipe = plan.pipeline
     cand = candidate_for(inputs, plan.mesh, plan.local_batch_size, pipe)
     strategies = [BlockStrategy.of(lp) for lp in plan.layers if lp.kind == "block"]
+    check_costable(plan, inputs, set(cand.costs))
     return build_plan(inputs, cand, strategies, {},
                       None if pipe is None else [list(s) for s in pipe.stages])
+
+
+def check_costable(plan: Plan, inputs: JobInputs, costed: set[tuple[str, BlockStrategy]]
+                   ) -> None:
+    """Every block's strategy is one the cost model has for that block on the plan's mesh
+    (``costed``: the candidate's (class, strategy) keys); an FSDP unit holds blocks of one
+    kind (an edited plan that fails here would be applied uncosted, or not at all)."""
+    from .plan import PLAN_FIX, fsdp_units
+
+    class_of = dict(zip([b.fqn for b in inputs.graph.blocks],
+                        block_classes(inputs.graph, inputs.pins), strict=True))
+    for unit in fsdp_units(plan.layers):
+        if len({class_of[b.fqn] for b in unit}) > 1:
+            raise UserError(f"plan: {unit[0].fqn} starts an FSDP unit of {len(unit)} blocks "
+                            "that are not all of one kind (same parameters and pins); "
+                            f"{PLAN_FIX}")
+    for layer in plan.layers:
+        if layer.kind == "block" and (class_of[layer.fqn], BlockStrategy.of(layer)) \
+                not in costed:
+            raise UserError(
+                f"plan: {layer.fqn} runs {layer.describe(plan.mesh.unsharded_label)!r}, which "
+                f"is no strategy the planner has for this block on mesh {plan.mesh} (e.g. an "
+                "FSDP unit longer than its run of identical blocks, or a pinned block's "
+                f"strategy changed); {PLAN_FIX}")
 
 
 def recosted_file(plan: Plan, cache: dict[str, Any] | None = None) -> tuple[Plan, str]:
@@ -92,6 +117,8 @@ def inputs_from_plan(plan: Plan, cache: dict[str, Any] | None = None,
                 experimental=SimpleNamespace(custom_import=fp["custom_import"])))
         cache[key] = model_layer_graph(fp["model"], fp["flavor"], fp["seq_len"], model_config)
     graph = cache[key]
+    check_plan_for_job(plan, fp["world_size"], [(layer.fqn, layer.kind) for layer in
+                                                graph.layers], "file")
     record = plan.inputs or record_from_fingerprint(fp, graph, hw)
     if plan.inputs:
         check_inputs_record(record, "file (its stored inputs)")

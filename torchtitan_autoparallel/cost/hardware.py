@@ -2,18 +2,12 @@
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
-from collections.abc import Mapping
 from typing import Any
 
-from ..errors import Rule, UserError, check_fields, read_input, shown
+from ..errors import Rule, UserError, check_fields, read_input, shown, tomllib
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -180,9 +174,12 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     if not (name_or_path.endswith(".toml") or os.sep in name_or_path):
         path = PROFILE_DIR / f"{name_or_path}.toml"
     try:
-        found = path.is_file()
+        found, folder = path.is_file(), path.is_dir()
     except OSError:
-        found = False
+        found = folder = False
+    if folder:
+        raise UserError(f"hardware profile {shown(name_or_path)} is a directory: name a profile "
+                        f".toml file, or one of {available_profiles()}")
     if not found:
         raise UserError(
             f"unknown hardware profile {shown(name_or_path)}: use one of {available_profiles()} "
@@ -277,41 +274,41 @@ US_MAX = 1e6
 
 PROFILE_RULES: dict[str, Rule] = {
     "name": Rule(str),
-    "peak_tflops": Rule(float, gt=0, le=TFLOPS_MAX),
-    "matmul_efficiency": Rule(float, gt=0, le=1),
-    "memory_gib": Rule(float, gt=0, le=1e4),
-    "usable_memory_fraction": Rule(float, gt=0, le=1),
+    "peak_tflops": Rule(float, ge=1e-3, le=TFLOPS_MAX),
+    "matmul_efficiency": Rule(float, ge=1e-3, le=1),
+    "memory_gib": Rule(float, ge=1e-2, le=1e4),
+    "usable_memory_fraction": Rule(float, ge=1e-2, le=1),
     "gpus_per_node": Rule(int, ge=1, le=1024),
-    "intra_node_gbps": Rule(float, gt=0, le=GBPS_MAX),
-    "inter_node_gbps": Rule(float, gt=0, le=GBPS_MAX),
+    "intra_node_gbps": Rule(float, ge=1e-3, le=GBPS_MAX),
+    "inter_node_gbps": Rule(float, ge=1e-3, le=GBPS_MAX),
     "intra_node_latency_us": Rule(float, ge=0, le=US_MAX),
     "inter_node_latency_us": Rule(float, ge=0, le=US_MAX),
     "comm_overlap": Rule(float, ge=0, le=1),
     "grouped_mm": Rule(bool),
     "kernel_launch_us": Rule(float, ge=0, le=US_MAX),
-    "moe_load_imbalance": Rule(float, ge=1),
+    "moe_load_imbalance": Rule(float, ge=1, le=1e3),
     "host_cores": Rule(int, ge=0, le=1e5),
     "oversubscribed_latency_us": Rule(float, ge=0, le=US_MAX),
     "block_overhead_us": Rule(float, ge=0, le=US_MAX),
     "host_copy_gbps": Rule(float, ge=0, le=GBPS_MAX),
     "attention_efficiency": Rule(float, ge=0, le=1),
-    "attention_backward_factor": Rule(float, gt=0),
+    "attention_backward_factor": Rule(float, ge=0.1, le=10),
     "hbm_gbps": Rule(float, ge=0, le=GBPS_MAX),
-    "compile_saved_fraction": Rule(float, gt=0, le=1),
-    "float8_speedup": Rule(float, gt=0),
-    "float8_rowwise_speedup": Rule(float, gt=0),
+    "compile_saved_fraction": Rule(float, ge=1e-2, le=1),
+    "float8_speedup": Rule(float, ge=0.1, le=4),
+    "float8_rowwise_speedup": Rule(float, ge=0.1, le=4),
     "float8_full_speed_dim": Rule(int, ge=0),
-    "mx_speedup": Rule(float, gt=0),
+    "mx_speedup": Rule(float, ge=0.1, le=8),
     "async_tp_overlap": Rule(float, ge=0, le=1),
     "reserved_gradients": Rule(bool),
     "reserved_logits": Rule(bool),
-    "recompute_grad_factor": Rule(float, ge=0),
+    "recompute_grad_factor": Rule(float, ge=0, le=10),
     "pcie_gbps": Rule(float, ge=0, le=GBPS_MAX),
     "host_optimizer_gbps": Rule(float, ge=0, le=GBPS_MAX),
     "gemm_table": Rule(str),
-    "clock_scale": Rule(float, gt=0, le=2),
-    "float8_gemm_speedup": Rule(float, gt=0, le=4),
-    "float8_rowwise_gemm_speedup": Rule(float, gt=0, le=4),
+    "clock_scale": Rule(float, ge=1e-2, le=2),
+    "float8_gemm_speedup": Rule(float, ge=0.1, le=4),
+    "float8_rowwise_gemm_speedup": Rule(float, ge=0.1, le=4),
     "float8_rowwise_table": Rule(str),
     "attention_fwd_tflops": Rule(float, ge=0, le=TFLOPS_MAX),
     "attention_bwd_tflops": Rule(float, ge=0, le=TFLOPS_MAX),
