@@ -312,3 +312,17 @@ def test_configs_parse_without_tomllib():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, timeout=120)
     assert out.returncode == 0 and out.stdout.split() == ["True", "h100_sxm"], out.stderr
+
+
+def test_float8_emulate_plans_on_a_profile_without_gemm_tables(capsys):
+    """``--quantize.linear.float8.emulate`` on the CPU profile ended in a FileNotFoundError
+    traceback (``profiles/kernels/.csv``) while the notes were written."""
+    from torchtitan_autoparallel.cli import main as cli_main
+    from torchtitan_autoparallel.errors import run_cli
+
+    code = run_cli(lambda: cli_main(["plan", "--config", str(DEBUG_AUTO), "--ngpu", "2",
+                                     "--model.converters", "quantize.linear.float8",
+                                     "--quantize.linear.float8.emulate"]))
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "has no GEMM table" in captured.out and "Traceback" not in captured.err

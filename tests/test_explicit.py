@@ -153,14 +153,28 @@ def test_ac_mode_unset_is_searched_and_set_is_a_constraint():
     assert _acs(roomy) == {"none"}
 
 
-def test_layer_wise_selective_ac_needs_pinned_blocks():
-    from torchtitan_autoparallel.errors import UserError
+def test_layer_wise_selective_ac_is_a_constraint_and_predicted():
+    """TorchTitan's layer-wise selective AC (``selective_ac_option = k``) was refused: under
+    auto every k-th block is checkpointed, as TorchTitan's recipe does, the rest of each block
+    searched; pinned blocks run the recipe itself; ``predict`` costs the recipe as written."""
+    from torchtitan_autoparallel.cli import main as cli_main
+    from torchtitan_autoparallel.errors import run_cli
 
-    with pytest.raises(UserError, match="layer-wise AC"):
-        plan_job(job("--activation_checkpoint.mode=selective"), 4)
+    for k in (2, 3):
+        plan = plan_job(job("--activation_checkpoint.mode=selective",
+                            f"--activation_checkpoint.selective_ac_option={k}"), 4)
+        blocks = [layer for layer in plan.layers if layer.kind == "block"]
+        assert [b.ac for b in blocks] == ["full" if (i + 1) % k == 0 else "none"
+                                          for i in range(len(blocks))], plan.table()
+        assert not any(b.pinned for b in blocks)
     plan = plan_job(job("--activation_checkpoint.mode=selective", "--autoparallel.pin=layers.*",
                         "--parallelism.data_parallel_shard_degree=4"), 4)
     assert [layer.ac for layer in plan.layers if layer.kind == "block"][:2] == ["none", "full"]
+    code = run_cli(lambda: cli_main([
+        "predict", "--config", "train_configs/llama3_8b_fsdp.toml", "--ngpu", "8",
+        "--hardware", "h100_sxm", "--activation_checkpoint.mode=selective",
+        "--activation_checkpoint.selective_ac_option=2"]))
+    assert code == 0
 
 
 @pytest.mark.parametrize("pp", [1, 2])

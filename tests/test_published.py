@@ -132,3 +132,38 @@ def test_h200_runs_published_elsewhere_within_targets():
 def test_async_tp_without_compile_is_refused():
     with pytest.raises(UserError, match="needs compile"):
         job_inputs(_job("--parallelism.enable_async_tensor_parallel"), 8)
+
+
+def _published_md_errors() -> tuple[list[float], list[float]]:
+    """|error| of tokens/s and of memory of Tables 1-4 as committed in published.md."""
+    text = (Path(__file__).resolve().parent.parent / "experiments" / "results"
+            / "published.md").read_text()
+    tps, mem = [], []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 7 and cells[1].startswith("T") and cells[4].endswith("%"):
+            tps.append(abs(float(cells[4].rstrip("%")) / 100))
+            mem.append(abs(float(cells[7].rstrip("%")) / 100))
+    return tps, mem
+
+
+def test_plan_notes_give_the_measured_error_of_their_gpu():
+    """A plan for h100_sxm said "never measured" though published.md measures H100 runs: its
+    notes now give that error (measured with the Grand Teton profile of the same GPU) and the
+    memory margin against the measured memory error; A100 has no published row."""
+    from torchtitan_autoparallel.explain import model_error, model_lines
+
+    tps, mem = _published_md_errors()
+    assert len(tps) == 12
+    err = model_error("h100_sxm")
+    assert err["measured_with"] == "h100_grand_teton"
+    assert err["median_error"] == pytest.approx(statistics.median(tps), abs=1e-3)
+    assert err["max_error"] == pytest.approx(max(tps), abs=1e-3)
+    assert err["memory_max_error"] == pytest.approx(max(mem), abs=1e-3)
+    register()
+    for hardware, wanted in (("h100_sxm", "same GPU"), ("a100_sxm", "no published row")):
+        job = parse_config(["--job.config_file", "train_configs/llama3_8b_auto.toml",
+                            f"--autoparallel.hardware={hardware}"])
+        lines = model_lines(plan_job(job, 64))
+        assert any(wanted in line for line in lines), lines
+        assert any(line.startswith("memory margin") for line in lines) == (hardware == "h100_sxm")

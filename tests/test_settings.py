@@ -288,6 +288,24 @@ def test_pinned_blocks_run_the_configured_ac():
         ac == "full" for ac in wanted]
 
 
+@pytest.mark.parametrize("k", ["2", "3"])
+def test_layer_wise_selective_ac_under_auto_checkpoints_what_torchtitan_does(monkeypatch, k):
+    """``selective_ac_option = k`` under auto: the built blocks TorchTitan's own recipe
+    checkpoints (its ``_apply_layer_sac`` on the recipe config) are the ones checkpointed."""
+    import torchtitan.distributed.activation_checkpoint as titan_ac
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    ac = ("--activation_checkpoint.mode=selective",
+          f"--activation_checkpoint.selective_ac_option={k}")
+    monkeypatch.setattr(titan_ac, "_layer_sac_count", 0)  # TorchTitan counts per process
+    recipe, _, _ = build("llama3_debug_fsdp.toml", *FSDP, *ac)
+    model, _, plan = build(LLAMA, *FSDP, *ac)
+    wrapped = [isinstance(block, CheckpointWrapper) for block in model.layers.values()]
+    assert wrapped == [isinstance(block, CheckpointWrapper) for block in recipe.layers.values()]
+    assert any(wrapped) and not all(wrapped)
+    assert not any(layer.pinned for layer in plan.layers)
+
+
 def test_activation_checkpoint_options_reach_torchtitan(monkeypatch):
     """AC mode is searched per block (test_auto_parity.py::test_heterogeneous_plan_parity); the
     other [activation_checkpoint] keys reach TorchTitan's AC for the blocks the plan checkpoints:

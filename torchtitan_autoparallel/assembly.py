@@ -55,7 +55,8 @@ def inputs_record(inputs: JobInputs) -> dict[str, Any]:
                         for key, value in dataclasses.asdict(inputs.constraints).items()},
         "features": inputs.features.to_dict(),
         "pins": {fqn: {"recipe_ac": pin.recipe_ac, "recipe_reshard": pin.recipe_reshard,
-                       "regions": list(pin.regions)} for fqn, pin in sorted(inputs.pins.items())},
+                       "regions": list(pin.regions), **({"ac": pin.ac} if pin.ac else {})}
+                 for fqn, pin in sorted(inputs.pins.items())},
     }
 
 
@@ -90,9 +91,11 @@ def check_inputs_record(record: Any, source: str) -> None:
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in record[name].items()}
         check_fields(f"{where}{name}.", values, cls, {}, fix)
     for fqn, pin in record["pins"].items():
-        if not isinstance(pin, dict) or set(pin) != {"recipe_ac", "recipe_reshard", "regions"}:
+        if not isinstance(pin, dict) or set(pin) - {"ac"} != {"recipe_ac", "recipe_reshard",
+                                                              "regions"} \
+                or pin.get("ac", "none") not in ("none", "full"):
             raise UserError(f"{where}pins.{shown(fqn)} must hold recipe_ac, recipe_reshard "
-                            f"and regions; {fix}")
+                            f"and regions (and ac 'none' or 'full' where set); {fix}")
 
 
 def layer_plans(inputs: JobInputs, mesh: Mesh, strategies: list[BlockStrategy],

@@ -107,9 +107,28 @@ experiments/repredict.py, each entry naming its source)."""
 
 
 def model_error(profile: str) -> dict[str, Any] | None:
-    """The measured error of the cost model on ``profile``'s hardware, None if never measured."""
+    """The cost model's measured error over published runs on ``profile``'s GPU: the
+    profile's own entry, else that of a profile of the same GPU (``measured_with`` names it);
+    None where no published row of its GPU was predicted."""
     with open(VALIDATION, "rb") as f:
-        return tomllib.load(f).get(profile)
+        data = tomllib.load(f)
+    gpus = data.pop("gpu_of_profile", {})
+    if profile in data:
+        return {**data[profile], "measured_with": profile}
+    same = [name for name in sorted(data) if gpus.get(name) and gpus.get(name) ==
+            gpus.get(profile)]
+    return {**data[same[0]], "measured_with": same[0]} if same else None
+
+
+def error_source(err: dict[str, Any], profile: str) -> str:
+    """Where a ``model_error`` entry comes from, naming the profile it was measured with when
+    that is another one of the same GPU."""
+    other = err["measured_with"]
+    return err["source"] + (f", predicted with {other!r} (same GPU)" if other != profile
+                            else "")
+
+
+NO_ROW = "no published row for this GPU"
 
 
 def margin_note(auto_tps: float, recipe_tps: float, recipe: str, profile: str) -> str:
@@ -119,11 +138,36 @@ def margin_note(auto_tps: float, recipe_tps: float, recipe: str, profile: str) -
     text = (f"predicted {gain:+.1%} tokens/s over TorchTitan's recipe for this job ({recipe}: "
             f"{recipe_tps:.4g} tokens/s)")
     if err is None:
-        return text + f"; the cost model's error on {profile!r} was never measured"
+        return text + f"; the cost model's error on {profile!r}: {NO_ROW}"
     verdict = ("within it: the two are a tie as far as the model can tell"
                if abs(gain) <= err["median_error"] else "beyond it")
     return (text + f"; the model's median |error| on {profile!r} is {err['median_error']:.0%} "
-            f"({err['source']}): {verdict}")
+            f"({error_source(err, profile)}): {verdict}")
+
+
+def error_lines(plan: Plan, profile: str) -> list[str]:
+    """The model's measured error on the plan's GPU, and the memory margin the plan keeps
+    against its measured memory error."""
+    err = model_error(profile)
+    if err is None:
+        return [f"the cost model's measured error on {profile!r}: {NO_ROW}"]
+    peak, budget = plan.predicted["peak_memory_gib"], plan.predicted["budget_gib"]
+    margin = 1 - peak / budget if budget else 0.0
+    mem = err.get("memory_max_error")
+    device = ((plan.inputs or {}).get("hardware") or {}).get("memory_gib", 0)
+    lines = [f"the cost model's measured error on {profile!r}: median "
+             f"{err['median_error']:.0%}, max {err['max_error']:.0%} of tokens/s over "
+             f"{err['runs']} runs ({error_source(err, profile)})"]
+    if mem is not None:
+        enough = peak * (1 + mem) <= budget
+        lines.append(
+            f"memory margin: predicted peak {peak:.3g} of {budget:.3g} GiB leaves {margin:.0%}; "
+            f"the model's max |memory error| there is {mem:.0%}: "
+            + ("the plan fits even at that error" if enough else
+               f"at that error the peak would be {peak * (1 + mem):.3g} GiB, over the budget"
+               + (f" (the device has {device:.3g} GiB)" if device else "")
+               + "; a lower autoparallel.memory_gib plans with more room"))
+    return lines
 
 
 def assumed_lines(plan: Plan, inputs: Any, cache: dict[str, Any]) -> list[str]:
@@ -159,6 +203,10 @@ def float8_lines(plan: Plan, inputs: Any) -> list[str]:
     predicted forward + backward time per micro-batch in bf16 and in float8 (casts included)."""
     if plan.float8_filter_fqns is None:
         return []
+    if not inputs.hw.gemm_table:
+        return [f"float8 choice: not weighed per linear (profile {inputs.hw.name!r} has no "
+                "GEMM table to time bf16 against float8): the block linears torchao converts "
+                "run float8"]
     strategies = {layer.fqn: BlockStrategy.of(layer) for layer in plan.layers}
     lines, seen = [], set()
     microbatch = plan.pipeline.microbatch_size if plan.pipeline else plan.local_batch_size
@@ -252,11 +300,7 @@ def model_lines(plan: Plan, cache: dict[str, Any] | None = None) -> list[str]:
     inputs = inputs_from_plan(plan, cache)
     lines = (assumed_lines(plan, inputs, cache) + float8_lines(plan, inputs)
              + unit_lines(plan, inputs))
-    err = model_error(inputs.hw.name)
-    lines.append(f"the cost model's measured error on {inputs.hw.name!r}: " + (
-        f"median {err['median_error']:.0%}, max {err['max_error']:.0%} of tokens/s "
-        f"({err['source']})" if err else "never measured"))
-    return lines
+    return lines + error_lines(plan, inputs.hw.name)
 
 
 COLUMN_HEADS = {"compute_ms": "compute ms", "exposed_comm_ms": "comm ms",

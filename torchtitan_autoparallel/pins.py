@@ -28,6 +28,9 @@ class Pin:
     """TorchTitan's ``reshard_after_forward`` for the block (whole-block pins)."""
     regions: tuple[str, ...] = ()
     """Pinned modules inside the block (relative names)."""
+    ac: str | None = None
+    """The AC mode the job fixes for this searched block (TorchTitan's layer-wise selective
+    AC, ``selective_ac_option = k``: every k-th block full, the others none); None: free."""
 
     @property
     def whole(self) -> bool:
@@ -38,20 +41,21 @@ class Pin:
         """Suffix of the block's MILP class (blocks with equal keys are interchangeable)."""
         if self.whole:
             return f"|pinned:{self.recipe_ac}:{self.recipe_reshard}"
-        return "|keep-tp" if self.regions else ""
+        return ("|keep-tp" if self.regions else "") + (f"|ac:{self.ac}" if self.ac else "")
 
 
 def recipe_block_ac(mode: str, option: str, index: int) -> str:
     """TorchTitan's AC for block ``index`` under ``[activation_checkpoint]`` ``mode`` /
-    ``selective_ac_option``: "selective" with an integer k checkpoints every k-th block fully;
-    "op" is op-level selective AC."""
+    ``selective_ac_option``: "selective" with an integer k checkpoints every k-th block fully
+    (0: every block); "op" is op-level selective AC."""
     if mode in ("none", "full"):
         return mode
     if mode == "selective" and option == "op":
         return "selective"
     if mode == "selective" and option.isdigit():
+        # TorchTitan 0.2.2 counts blocks from 1 and wraps each k-th; k = 0 wraps them all
         k = int(option)
-        return "full" if k > 0 and (index + 1) % k == 0 else "none"
+        return "full" if k == 0 or (index + 1) % k == 0 else "none"
     raise UserError(f"activation_checkpoint mode {shown(mode)} / selective_ac_option "
                     f"{shown(option)} is not modelled by the planner")
 

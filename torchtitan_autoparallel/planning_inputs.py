@@ -21,14 +21,14 @@ from .exclusions import without_excluded
 from .explicit import user_set
 from .features import Features, features_from_config
 from .graph.layer_graph import Layer, LayerGraph, build_layer_graph
-from .layout import TECHNIQUES
+from .layout import AC_MODES, TECHNIQUES
 from .model_config import (
     ModelConfig,
     config_identity,
     graph_job_config,
     model_config_of,
 )
-from .pins import Pin, recipe_from_config, recipe_of, resolve_pins
+from .pins import Pin, recipe_block_ac, recipe_from_config, recipe_of, resolve_pins
 from .strategies import Constraints
 from .validate import check_job_options
 
@@ -62,29 +62,35 @@ def constraint_keys(job_config: Any) -> list[str]:
 
 
 def ac_constraints(job_config: Any, constraints: Constraints, graph: LayerGraph,
-                   pins: dict[str, Pin]) -> Constraints:
+                   pins: dict[str, Pin]) -> tuple[Constraints, dict[str, Pin]]:
     """``activation_checkpoint.mode`` set by the user (even to "none") is every searched
     block's AC mode; unset, the mode is searched per block. Whole-block pins run TorchTitan's
-    recipe from the same keys. Layer-wise selective AC (an integer ``selective_ac_option``)
-    has no per-block mode the search could keep to, so it needs every block pinned."""
+    recipe from the same keys. Layer-wise selective AC (an integer ``selective_ac_option`` k)
+    fixes each searched block's mode as TorchTitan's recipe does (every k-th block full, the
+    others none; ``Pin.ac``), the rest of each block's strategy still searched."""
     if not user_set(job_config, "activation_checkpoint.mode"):
-        return constraints
+        return constraints, pins
     ac = job_config.activation_checkpoint
-    searched = [b.fqn for b in graph.blocks if not (b.fqn in pins and pins[b.fqn].whole)]
+    searched = [i for i, b in enumerate(graph.blocks)
+                if not (b.fqn in pins and pins[b.fqn].whole)]
     if not searched:
-        return constraints
+        return constraints, pins
+    modes = (ac.mode,)
     if ac.mode == "selective" and ac.selective_ac_option != "op":
+        option = str(ac.selective_ac_option)
+        fixed = {i: recipe_block_ac(ac.mode, option, i) for i in searched}
+        modes = tuple(m for m in AC_MODES if m in fixed.values())
+        pins = dict(pins)
+        for i, mode in fixed.items():
+            fqn = graph.blocks[i].fqn
+            pins[fqn] = dataclasses.replace(pins.get(fqn, Pin()), ac=mode)
+    missing = [m for m in modes if m not in constraints.ac_modes]
+    if missing:
         raise UserError(
-            f"activation_checkpoint.mode = 'selective' with selective_ac_option = "
-            f"{shown(ac.selective_ac_option)} (TorchTitan's layer-wise AC) under auto: set "
-            "selective_ac_option = 'op', mode 'full' or 'none', pin the blocks to TorchTitan's "
-            "recipe (autoparallel.pin), or leave mode unset (chosen per block)")
-    if ac.mode not in constraints.ac_modes:
-        raise UserError(
-            f"activation_checkpoint.mode = {ac.mode!r}: model {graph.family!r} can run "
-            f"{list(constraints.ac_modes)} (see the plan's exclusions); set one of them or "
-            "leave mode unset")
-    return dataclasses.replace(constraints, ac_modes=(ac.mode,))
+            f"activation_checkpoint.mode = {ac.mode!r} (AC {missing[0]!r}): model "
+            f"{graph.family!r} can run {list(constraints.ac_modes)} (see the plan's "
+            "exclusions); set one of them or leave mode unset")
+    return dataclasses.replace(constraints, ac_modes=modes), pins
 
 
 def constraints_from_config(job_config: Any, features: Features) -> Constraints:
@@ -382,7 +388,9 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
     recipe = recipe_from_config(job_config)
     globs = list(getattr(ap, "pin", []))
     pins = resolve_pins(graph, globs, graph.adapter.default_pins, recipe_of(recipe))
-    constraints = ac_constraints(job_config, constraints, graph, pins)
+    constraints, pins = ac_constraints(job_config, constraints, graph, pins)
+    ac_option = (str(job_config.activation_checkpoint.selective_ac_option)
+                 if any(pin.ac for pin in pins.values()) else "")
     layers_text = json.dumps([layer_identity(layer) for layer in graph.layers])
     fingerprint = {
         "model": job_config.model.name,
@@ -408,6 +416,8 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
                         **({"accumulation": False} if not constraints.accumulation else {}),
                         **({"ac_modes": list(constraints.ac_modes)}
                            if user_set(job_config, "activation_checkpoint.mode") else {}),
+                        # layer-wise selective AC: every k-th searched block full (Pin.ac)
+                        **({"ac_layerwise": int(ac_option)} if ac_option.isdigit() else {}),
                         # pipeline constraints only when set: other plans keep their digests
                         **{key: list(value) if isinstance(value, tuple) else value
                            for key, value in (("pp", constraints.pp),

@@ -138,7 +138,8 @@ SETTINGS: dict[str, tuple[str, str]] = {
     # [activation_checkpoint]
     "activation_checkpoint.mode": ("searched, constraint, error",
                                    "unset: per block; set: every block; memory_budget: error"),
-    "activation_checkpoint.selective_ac_option": ("applied", "pinned blocks"),
+    "activation_checkpoint.selective_ac_option": (
+        "applied, constraint", "pinned blocks; an integer k: every k-th searched block full"),
     "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns": ("applied", ""),
     "activation_checkpoint.early_stop": ("applied", ""),
     "activation_checkpoint.memory_budget": ("error", "mode memory_budget only"),

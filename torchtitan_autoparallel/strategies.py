@@ -276,16 +276,15 @@ def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe
                       pin: Pin | None, gpus_per_node: int = 0, run: int = 1
                       ) -> list[BlockStrategy]:
     """Strategies a block may take given its pin: TorchTitan's recipe only (whole block
-    pinned), no tp_dp (a region inside pinned), or all of them (``run``: see
-    ``block_strategies``)."""
+    pinned), no tp_dp (a region inside pinned), only the AC mode the job fixes for it
+    (layer-wise selective AC), or all of them (``run``: see ``block_strategies``)."""
     if pin is not None and pin.whole:
         sharded = fsdp_sharded(mesh)
         return [BlockStrategy(pin.recipe_ac, pin.recipe_reshard and sharded,
                               "sp" if mesh.tp > 1 else "none")]
     free = block_strategies(mesh, microbatch, constraints, moe_model, gpus_per_node, run)
-    if pin is not None and pin.regions:
-        return [s for s in free if s.tp_mode != "dp"]
-    return list(free)
+    return [s for s in free if not (pin is not None and pin.regions and s.tp_mode == "dp")
+            and (pin is None or pin.ac is None or s.ac == pin.ac)]
 
 
 def fastest_strategies(strategies: list[BlockStrategy]) -> list[BlockStrategy]:
