@@ -201,9 +201,10 @@ READING = """
   at 250-265 GiB per GPU, where this planner's plans keep to the 71 GiB budget with AC.
 - Not compared here: AutoParallel's exact placements costed by this project's model (the
   planner's per-block vocabulary has no block with TP on the feed-forward and a data-parallel
-  attention; the nearest recipe stands in), DeepSeek-V3 (graph_trainer's efsdp x ep path, not run), and
-  both plans trained side by side on CPU ranks (AutoParallel's placements are applied through
-  graph_trainer's aot_fx_trace compile on TorchTitan 0.3.0, which this project does not run).
+  attention; the nearest recipe stands in), DeepSeek-V3 (graph_trainer's efsdp x ep path, not
+  run), and both plans trained side by side on CPU ranks (AutoParallel's placements are applied
+  through graph_trainer's aot_fx_trace compile on TorchTitan 0.3.0, which this project does not
+  run).
 """
 
 
