@@ -102,8 +102,8 @@ def schedule_lines(plan: Plan) -> list[str]:
 
 VALIDATION = Path(__file__).resolve().parent / "profiles" / "validation" / "model_error.toml"
 """The cost model's measured error per hardware profile: median and max |error| of predicted
-tokens/s against measured runs (written by experiments/published.py and by hand from
-experiments/repredict.py, each entry naming its source)."""
+tokens/s and max |error| of peak memory against published runs (written by
+experiments/published.py, each entry naming its source), and the GPU each profile models."""
 
 
 def model_error(profile: str) -> dict[str, Any] | None:
