@@ -315,31 +315,3 @@ def test_memory_measurement_keeps_to_schedules_it_can_measure(capsys):
     assert "cannot measure pipeline schedule ZBVZeroBubble" in line
     plan = cli_ok(capsys, *base, "--json")
     assert plan["pipeline"]["schedule"] in ("1F1B", "GPipe", "Interleaved1F1B")
-
-
-def test_plan_with_an_edited_mesh_trains(references, tmp_path):
-    """A DDP plan edited to FSDP (another valid factorisation of 2 ranks) is applied as edited,
-    with the warning that its predictions were re-costed, and trains with the 1-rank losses."""
-    from parity import PARITY_OVERRIDES, assert_grad_norm_parity, assert_parity, run_job
-
-    seed, reference = references("llama3")
-    plan = tmp_path / "plan.json"
-    assert subprocess.run([sys.executable, "-m", "torchtitan_autoparallel", "plan", "--config",
-                           str(DEBUG_AUTO), "--ngpu", "2", "--out", str(plan),
-                           *PARITY_OVERRIDES, "--parallelism.data_parallel_replicate_degree=2"],
-                          cwd=REPO, capture_output=True, timeout=300).returncode == 0
-    data = json.loads(plan.read_text())
-    assert data["mesh"]["dp_replicate"] == 2
-    data["mesh"].update(dp_replicate=1, dp_shard=2)
-    for layer in data["layers"]:
-        layer["reshard_after_forward"] = True
-    data["fingerprint"]["constraints"].update(dp_replicate=0)
-    data["inputs"]["constraints"].update(dp_replicate=0)
-    plan.write_text(json.dumps(data))
-    result = run_job("llama3_debug_auto.toml", 2, tmp_path / "run",
-                     [f"--autoparallel.plan_file={plan}"], seed_checkpoint=seed)
-    assert result.returncode == 0, result.output[-3000:]
-    assert "mesh dp_replicate=1 dp_shard=2" in result.output
-    assert "the re-costed ones are used" in result.output
-    assert_parity(reference, result)
-    assert_grad_norm_parity(reference, result)

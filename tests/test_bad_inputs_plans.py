@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -214,11 +215,19 @@ def test_edited_field_that_changes_nothing_applies_the_files_decisions(plan_file
 @pytest.mark.parametrize("field", [k for k, (_, outcome) in TOP_LEVEL_EDITS.items()
                                    if outcome == "trains"])
 def test_edited_decision_trains_with_the_jobs_losses(plan_file, references, tmp_path, field):
+    """The DDP plan edited to FSDP (another factorisation of 2 ranks), or with full AC on its
+    first block: applied as edited, with the warning that its predictions were re-costed, and
+    trained with the 1-rank losses."""
     seed, reference = references("llama3")
     path = _write(plan_file, tmp_path, TOP_LEVEL_EDITS[field][0])
     result = run_job("llama3_debug_auto.toml", 2, tmp_path / "run",
                      [f"--autoparallel.plan_file={path}"], seed_checkpoint=seed)
     assert result.returncode == 0, result.output[-3000:]
+    assert "the re-costed ones are used" in result.output
+    if field == "mesh":
+        assert "mesh dp_replicate=1 dp_shard=2" in result.output
+    else:
+        assert re.search(r"layers\.0\s+\S*ac:full", result.output), result.output[-3000:]
     assert_parity(reference, result)
     assert_grad_norm_parity(reference, result)
 

@@ -86,6 +86,7 @@ def test_bad_input_is_one_line(env, args, message):
     assert "[rank" not in result.stdout + result.stderr  # refused before torchrun started ranks
 
 
+@pytest.mark.slow  # measured passing; out of CI for time
 def test_metrics_file_with_log_freq_2(references, tmp_path: Path):
     """TorchTitan computes the loss on log steps only (step 1 and every log_freq-th): the
     other rows carry the step time alone, never the previous step's loss, and the logged

@@ -32,7 +32,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [
+    # pp2-free and pp2-1f1b: measured passing, out of CI for time (pp2-fsdp2 and pp2-tp2 run
+    # 1F1B with data and tensor parallelism, pp2-interleaved pipelines 2 ranks alone)
+    pytest.param(c, marks=pytest.mark.slow) if c in ("pp2-free", "pp2-1f1b") else c
+    for c in CASES])
 def test_pipeline_auto_parity(case, references, tmp_path):
     ngpu, overrides, mesh_text, schedule, stages = CASES[case]
     seed, reference = references("llama3")
