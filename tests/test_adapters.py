@@ -49,10 +49,10 @@ def _plan(world: int, *overrides: str):
 def _meta_model(family: str, flavor: str) -> nn.Module:
     from torchtitan.protocols.train_spec import get_train_spec
 
-    from torchtitan_autoparallel.graph.layer_graph import _measurable_args
+    from torchtitan_autoparallel.titan.v0_2.model import measurable_args
 
     spec = get_train_spec(family)
-    args, _ = _measurable_args(spec.model_args[flavor], 64)
+    args, _ = measurable_args(spec.model_args[flavor], 64)
     with torch.device("meta"):
         return spec.model_cls(args)
 
@@ -141,7 +141,7 @@ def _odd_model_cls():
 
 
 def test_blocks_with_differing_signatures():
-    from torchtitan_autoparallel.graph.layer_graph import build_layer_graph
+    from torchtitan_autoparallel.titan.v0_2.model import build_layer_graph
 
     model_cls, args = _odd_model_cls()
     with pytest.raises(UserError, match=r"no repeated blocks found .*\(ModelAdapter.blocks\)"):

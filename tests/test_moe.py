@@ -27,8 +27,8 @@ def planning():
 def test_layer_graph_of_hybrid_moe_model():
     from torchtitan.protocols.train_spec import get_train_spec
 
-    from torchtitan_autoparallel.graph.layer_graph import build_layer_graph
     from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.model import build_layer_graph
 
     register()
     spec = get_train_spec("deepseek_v3")

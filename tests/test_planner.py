@@ -255,7 +255,7 @@ def test_moe_config_errors(planning, config, overrides, message):
 def test_layer_graph_counts_llama3_8b():
     from torchtitan.models.llama3 import Transformer, llama3_args
 
-    from torchtitan_autoparallel.graph.layer_graph import build_layer_graph
+    from torchtitan_autoparallel.titan.v0_2.model import build_layer_graph
 
     graph = build_layer_graph("llama3", "8B", llama3_args["8B"], Transformer, 4096)
     assert len(graph.blocks) == 32

@@ -76,12 +76,13 @@ def _meta_model(family: str, flavor: str) -> tuple[nn.Module, Any, tuple]:
     from torchtitan.protocols.train_spec import get_train_spec
 
     from torchtitan_autoparallel.graph.discover import get_adapter
-    from torchtitan_autoparallel.graph.layer_graph import _measurable_args, block_inputs
+    from torchtitan_autoparallel.graph.layer_graph import block_inputs
     from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.model import measurable_args
 
     register()
     spec = get_train_spec(family)
-    args, _ = _measurable_args(spec.model_args[flavor], SEQ)
+    args, _ = measurable_args(spec.model_args[flavor], SEQ)
     with torch.device("meta"):
         model = spec.model_cls(args)
     adapter = get_adapter(family, model)

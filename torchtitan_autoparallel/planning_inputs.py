@@ -16,16 +16,16 @@ from .assembly import (
 )
 from .cost.hardware import CPU_PROFILE, HardwareProfile, load_profile
 from .cost.model import Precision
-from .errors import UserError, shown
+from .errors import UserError
 from .exclusions import without_excluded
 from .explicit import user_set
 from .features import Features, features_from_config
-from .graph.layer_graph import Layer, LayerGraph, build_layer_graph
+from .frontend import frontend
+from .graph.layer_graph import Layer, LayerGraph
 from .layout import AC_MODES, TECHNIQUES
 from .model_config import (
     ModelConfig,
     config_identity,
-    graph_job_config,
     model_config_of,
 )
 from .pins import Pin, recipe_block_ac, recipe_from_config, recipe_of, resolve_pins
@@ -322,25 +322,13 @@ def reusing_layer_graphs() -> Iterator[None]:
 
 def model_layer_graph(name: str, flavor: str, seq_len: int,
                       model_config: ModelConfig | None = None) -> LayerGraph:
-    """The layer graph of a registered model flavor at ``seq_len``; ``model_config``: the job's
-    custom config sections the model args read (e.g. the HF backend's ``[hf_transformers]``)."""
-    from .registry import train_spec_of
-
+    """The layer graph of a model flavor at ``seq_len``, read by the installed TorchTitan's
+    front-end; ``model_config``: the job's custom config sections the model args read (e.g.
+    the HF backend's ``[hf_transformers]``)."""
     key = (name, flavor, seq_len, repr(model_config))
     if _REUSED_GRAPHS is not None and key in _REUSED_GRAPHS:
         return _REUSED_GRAPHS[key]
-
-    spec = train_spec_of(name)
-    if flavor not in spec.model_args:
-        raise UserError(f"unknown flavor {shown(flavor)} for {name}: choose one of "
-                        f"{sorted(spec.model_args)}")
-    job = graph_job_config(model_config, seq_len) if model_config and model_config.sections \
-        else None
-    graph = build_layer_graph(name, flavor, spec.model_args[flavor], spec.model_cls, seq_len,
-                              job)
-    if spec.pipelining_fn is None:
-        graph = dataclasses.replace(graph, excluded=tuple(sorted((*graph.excluded, (
-            "pp", f"train spec {name!r} has no pipelining function")))))
+    graph = frontend().read_model(name, flavor, seq_len, model_config)
     if _REUSED_GRAPHS is not None:
         _REUSED_GRAPHS[key] = graph
     return graph

@@ -8,9 +8,7 @@ score matrix that flash attention never stores); its causal FLOPs are added anal
 the counter has no formula for it.
 """
 
-import copy
 import functools
-import logging
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -388,65 +386,33 @@ def _signature(module: torch.nn.Module) -> str:
     return f"{type(module).__name__}[{shapes}]"
 
 
-def _measurable_args(model_args: Any, seq_len: int, job: Any = None) -> tuple[Any, str]:
-    """A private copy of the model args for ``seq_len``, set up as TorchTitan's trainer does
-    (``update_from_config`` with ``job``, default TorchTitan's default job config), with
-    attention measured as causal SDPA: flex / varlen kernels with document masks do at most the
-    causal work. Returns (args, the model's own attention)."""
-    from torchtitan.config import JobConfig
-
-    args = copy.deepcopy(model_args)
-    attn_type = getattr(args, "attn_type", "sdpa")
-    if hasattr(args, "attn_type"):
-        args.attn_type = "sdpa"
-    if hasattr(args, "attn_mask_type"):
-        args.attn_mask_type = "causal"
-    job = JobConfig() if job is None else job
-    job.training.seq_len = seq_len
-    # quiet: TorchTitan warns about this machine's kernels (grouped mm), not the job's
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        args.update_from_config(job)
-    finally:
-        root.setLevel(level)
-    args.max_seq_len = seq_len
-    return args, attn_type
-
-
-def _planning_model(family: str, args: Any, model_cls: type, seq_len: int
-                    ) -> tuple[torch.nn.Module, ModelAdapter, tuple[tuple, dict]]:
-    """The model on meta, its adapter (registered, discovered, TP inferred where it has no
-    ``tp_fn``, CP found where it names no attention module) and its first block's inputs."""
-    with torch.device("meta"), _NoMetaInit():
-        model = model_cls(args)
+def planning_model(family: str, model: torch.nn.Module, seq_len: int
+                   ) -> tuple[ModelAdapter, tuple[tuple, dict]]:
+    """The adapter of ``model`` (built on meta; registered, discovered, TP inferred where it
+    has no ``tp_fn``, CP found where it names no attention module) and its first block's
+    inputs."""
     adapter = get_adapter(family, model)
     check_adapter(family, adapter, model)
     inputs = block_inputs(family, model, adapter, seq_len)
     dim = model.get_submodule(adapter.embedding).embedding_dim
     adapter = with_found_cp(adapter, model, inputs, seq_len, dim)
-    return model, with_inferred_tp(adapter, model, inputs, dim, seq_len), inputs
+    return with_inferred_tp(adapter, model, inputs, dim, seq_len), inputs
 
 
-def planning_adapter(family: str, model_args: Any, model_cls: type, seq_len: int,
-                     job_config: Any = None) -> ModelAdapter:
-    """The adapter ``build_layer_graph`` reads the model with (an inferred TP function
-    included): what applying a plan needs where the registered adapter has no ``tp_fn``."""
-    args, _ = _measurable_args(model_args, seq_len, job_config)
-    return _planning_model(family, args, model_cls, seq_len)[1]
+def meta_model(build: Any) -> torch.nn.Module:
+    """``build()`` on the meta device, without initialisers (no values to fill)."""
+    with torch.device("meta"), _NoMetaInit():
+        return build()
 
 
-def build_layer_graph(
-    family: str, flavor: str, model_args: Any, model_cls: type, seq_len: int,
-    job_config: Any = None,
-) -> LayerGraph:
-    """Read the model (built on meta) into a LayerGraph for sequences of ``seq_len`` tokens.
-    ``job_config``: what the model args' ``update_from_config`` reads (default: TorchTitan's
-    default job config)."""
-    grouped = bool(getattr(getattr(model_args, "moe_args", None), "use_grouped_mm", True))
-    args, attn_type = _measurable_args(model_args, seq_len, job_config)
-    model, adapter, inputs = _planning_model(family, args, model_cls, seq_len)
+def graph_of_model(family: str, flavor: str, model: torch.nn.Module, seq_len: int,
+                   attn_type: str = "sdpa", grouped: bool = True, args: Any = None
+                   ) -> LayerGraph:
+    """Read ``model`` (built on meta, its attention measurable as causal SDPA) into a
+    LayerGraph for sequences of ``seq_len`` tokens. ``attn_type``: the attention kernel the
+    job runs; ``grouped``: routed experts run as grouped GEMMs; ``args``: the model's config
+    (where its head counts are read first)."""
+    adapter, inputs = planning_model(family, model, seq_len)
     embedding = model.get_submodule(adapter.embedding)
     dim, vocab = embedding.embedding_dim, embedding.num_embeddings
     heads = heads_of(adapter, args, dim,

@@ -1,0 +1,63 @@
+"""The TorchTitan release a job is read and applied with.
+
+Each release has one package (``titan/v0_2``: TOML + JobConfig + train specs; ``titan/v0_3``:
+Python config registries + tyro + ``Trainer.Config``) that registers one ``Frontend``. The
+planning pipeline (layer graph, costs, search, Plan) asks the front-end of the installed
+TorchTitan for what only a release knows (its model built on meta, read into a layer graph) and
+imports neither package: ``frontend()`` loads the installed release's package by name, as a
+plugin.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import UserError
+
+PACKAGES = {"0.2": "torchtitan_autoparallel.titan.v0_2",
+            "0.3": "torchtitan_autoparallel.titan.v0_3"}
+"""TorchTitan release (major.minor) -> the package that reads and applies its jobs."""
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """What one TorchTitan release gives the planner."""
+
+    release: str
+    """The TorchTitan release the front-end is written for ("0.2", "0.3")."""
+    read_model: Callable[[str, str, int, Any], Any]
+    """(model name, flavor, sequence length, the job's model config record or None) -> the
+    model's ``LayerGraph``: the model built on meta and measured."""
+
+
+_FRONTENDS: dict[str, Frontend] = {}
+
+
+def register_frontend(frontend: Frontend) -> None:
+    """Register the front-end of one TorchTitan release (its package does at import)."""
+    _FRONTENDS[frontend.release] = frontend
+
+
+def installed_release() -> str:
+    """The installed TorchTitan's release as major.minor ("0.2", "0.3")."""
+    try:
+        version = importlib.metadata.version("torchtitan")
+    except importlib.metadata.PackageNotFoundError:
+        raise UserError("TorchTitan is not installed: pip install -e . (TorchTitan 0.2.2) or "
+                        "pip install -e . 'torchtitan==0.3.0'") from None
+    return ".".join(version.split(".")[:2])
+
+
+def frontend() -> Frontend:
+    """The front-end of the installed TorchTitan release."""
+    release = installed_release()
+    if release not in _FRONTENDS:
+        if release not in PACKAGES:
+            raise UserError(f"TorchTitan {release} is not supported: install TorchTitan 0.2.2 "
+                            "or 0.3.0")
+        importlib.import_module(PACKAGES[release])
+    return _FRONTENDS[release]
