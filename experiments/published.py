@@ -14,7 +14,8 @@ predicted gain is set beside the published one with its sign; async TP also on T
 June 2025 benchmark (8B and 70B; bf16, float8 tensorwise, rowwise). The Table 1 jobs are also
 predicted with ``h100_sxm`` and ``h200_sxm``, with the ratio to the Grand Teton prediction
 explained by datasheet differences. TorchTitan's published H200 runs (June 2025, not in
-../shared) are predicted with ``h200_sxm``, as further out-of-sample rows (``FURTHER_ROWS``).
+../shared) are predicted with ``h200_sxm``, and its first published runs on 64 A100s (April
+2024) with ``a100_sxm``, as further out-of-sample rows (``FURTHER_ROWS``).
 Writes experiments/results/published.md and prints the same; exits 1 if a target is missed.
 Tables 5-6 (pipeline parallel): experiments/published_pp.py.
 """
@@ -81,6 +82,19 @@ FURTHER_ROWS = [
         float8="yes", async_tp="no", loss="compiled"), "h200_sxm", tps, gib,
      "benchmarks/llama3_8b_h200_2025-06_torchtitan.md in pytorch/torchtitan (June 2025)")
     for gpus, tps, gib in ((32, 10938, 47.96), (64, 10753, 46.97))
+] + [
+    # TorchTitan's first published runs (April 2024): Llama 3 on 64 A100 80GB, FSDP 64, local
+    # batch 1, seq 8192, eager, bf16 parameters with fp32 gradient reduction; memory not
+    # published. Selective "layer" AC is TorchTitan's selective_ac_option = 2 (every other
+    # block checkpointed).
+    (f"{size.upper()} 64 A100 FSDP 64, eager, {ac_label} AC", dict(
+        model=f"llama3_{size}", gpus="64", fsdp="64", tp="1", cp="1", seq_len="8192",
+        local_batch="1", global_batch="64", ac=ac, ac_option=option, compile="no",
+        float8="no", async_tp="no"), "a100_sxm", tps, None,
+     "docs/performance.md in pytorch/torchtitan (1ea476e9f, April 2024)")
+    for size, ac_label, ac, option, tps in (("8b", "selective layer", "selective", "2", 2904),
+                                            ("8b", "selective op", "selective", "op", 2973),
+                                            ("70b", "full", "full", "", 331))
 ]
 
 
@@ -128,6 +142,8 @@ def overrides(f: dict[str, str], hardware: str) -> list[str]:
         f"--parallelism.tensor_parallel_degree={f['tp']}",
         f"--parallelism.context_parallel_degree={f['cp']}",
         f"--activation_checkpoint.mode={f['ac']}",
+        *([f"--activation_checkpoint.selective_ac_option={f['ac_option']}"]
+          if f.get("ac_option") else []),
         f"--autoparallel.hardware={hardware}",
     ]
     if f["compile"] == "yes":
@@ -223,12 +239,14 @@ def further_rows() -> list[str]:
     for label, fields, profile, tps, gib, _ in FURTHER_ROWS:
         row = Row(dict(fields))
         predict([row], profile)
+        memory = (f"{gib:.1f} | {row.memory:.1f} | {row.memory / gib - 1:+.1%}" if gib
+                  else f"- | {row.memory:.1f} | -")
         lines.append(f"| {label} | {profile} | {tps:.0f} | {row.tps:.0f} | "
-                     f"{row.tps / tps - 1:+.1%} | {gib:.1f} | {row.memory:.1f} | "
-                     f"{row.memory / gib - 1:+.1%} |")
+                     f"{row.tps / tps - 1:+.1%} | {memory} |")
         errs, mems = errors.setdefault(profile, ([], []))
         errs.append(abs(row.tps / tps - 1))
-        mems.append(abs(row.memory / gib - 1))
+        if gib:
+            mems.append(abs(row.memory / gib - 1))
     for profile, (errs, mems) in errors.items():
         write_model_error(profile, errs, mems, "experiments/published.py: TorchTitan's "
                           "published runs on this GPU (further rows of published.md)")
@@ -273,12 +291,14 @@ MODEL_ERROR = REPO / "torchtitan_autoparallel" / "profiles" / "validation" / "mo
 def write_model_error(profile: str, errors: list[float], memory_errors: list[float],
                       source: str) -> None:
     """Record the model's |error| on ``profile`` (tokens/s and peak memory over published
-    rows) where `plan` / `explain` read it (``explain.model_error``); other sections kept."""
+    rows) where `plan` / `explain` read it (``explain.model_error``); other sections kept.
+    Without published memory (``memory_errors`` empty) the section has no memory error."""
     text = MODEL_ERROR.read_text()
     head = f"[{profile}]"
+    memory = (f"memory_max_error = {max(memory_errors):.3f}\n" if memory_errors else "")
     section = (f"{head}\nmedian_error = {statistics.median(errors):.3f}\n"
                f"max_error = {max(errors):.3f}\n"
-               f"memory_max_error = {max(memory_errors):.3f}\nruns = {len(errors)}\n"
+               f"{memory}runs = {len(errors)}\n"
                f"source = \"{source}\"\n")
     if head not in text:
         MODEL_ERROR.write_text(text.rstrip("\n") + "\n\n" + section)

@@ -112,10 +112,12 @@ class HardwareProfile:
     (``profiles/kernels/<name>.csv``); "" = ``float8_rowwise_gemm_speedup`` and the casts'
     bytes."""
     attention_fwd_tflops: float = 0.0
-    """Flash-attention forward throughput on long sequences (causal FLOPs), TFLOP/s."""
+    """Flash-attention forward throughput on long sequences (causal FLOPs), TFLOP/s, in the GEMM
+    table device's units: the model multiplies it by ``clock_scale`` (a device measured at X
+    TFLOP/s with clock_scale c has X / c here)."""
     attention_bwd_tflops: float = 0.0
     """Flash-attention backward throughput (``attention_backward_factor`` x the forward's
-    FLOPs), TFLOP/s."""
+    FLOPs), TFLOP/s, in the same units as ``attention_fwd_tflops``."""
     attention_half_seq: float = 0.0
     """Sequence length at which flash attention reaches half its long-sequence throughput."""
     intra_node_half_mib: float = 0.0
