@@ -69,7 +69,8 @@ FURTHER = [
                                         ("8b", "64", "8", "12", "selective"))
     for name, float8, gain in (
         ("bf16", "no", {"70b": 652.4 / 597.3, "8b": 4809.4 / 4378}[size] - 1),
-        ("float8 tensorwise", "yes", {"70b": 942.4 / 809.8, "8b": 5570.1 / 5078.1}[size] - 1),
+        ("float8 tensorwise", "tensorwise",
+         {"70b": 942.4 / 809.8, "8b": 5570.1 / 5078.1}[size] - 1),
         ("float8 rowwise", "rowwise", {"70b": 624.8 / 599.6, "8b": 3914.9 / 3708.5}[size] - 1))
 ]
 
@@ -158,6 +159,10 @@ def overrides(f: dict[str, str], hardware: str) -> list[str]:
         out += ["--model.converters=quantize.linear.float8",
                 "--quantize.linear.float8.enable_fsdp_float8_all_gather",
                 "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"]
+    elif f["float8"] == "tensorwise":
+        # the June 2025 async TP benchmark's commands: --model.converters="float8" alone (FSDP
+        # all-gathers the weights in bf16, no precomputed scale)
+        out += ["--model.converters=quantize.linear.float8"]
     elif f["float8"] == "rowwise":
         out += ["--model.converters=quantize.linear.float8",
                 "--quantize.linear.float8.recipe_name=rowwise"]
