@@ -26,6 +26,50 @@ from .errors import UserError, check_output_path, run_cli
 
 
 def _job(args: argparse.Namespace, auto: bool) -> Any:
+    from .frontend import frontend
+
+    release = frontend().release
+    if args.module or release != "0.2":
+        return _job_by_module(args, auto, release)
+    return _job_from_toml(args, auto)
+
+
+def _autoparallel_overrides(args: argparse.Namespace, auto: bool) -> list[str]:
+    """The command's own options as TorchTitan overrides."""
+    out = ["--parallelism.auto"] if auto else []
+    if args.hardware:
+        out.append(f"--autoparallel.hardware={args.hardware}")
+    if args.gpus_per_node is not None:
+        out.append(f"--autoparallel.gpus_per_node={args.gpus_per_node}")
+    if args.memory_gib is not None:
+        out.append(f"--autoparallel.memory_gib={args.memory_gib}")
+    return out
+
+
+def _job_by_module(args: argparse.Namespace, auto: bool, release: str) -> Any:
+    """A TorchTitan 0.3.0 job: ``--module M --config FN`` and tyro overrides."""
+    from .frontend import frontend
+
+    if release == "0.2":
+        raise UserError("--module names a TorchTitan 0.3.0 config registry, and TorchTitan "
+                        "0.2.2 is installed: name a TOML file with --config (or pip install -e "
+                        ". 'torchtitan==0.3.0')")
+    if not args.module:
+        raise UserError(f"TorchTitan {release} names jobs with --module M --config FUNCTION "
+                        "(e.g. --module llama3 --config llama3_8b), not a TOML file")
+    if getattr(args, "out", None):
+        check_output_path(args.out, "plan")
+    job = frontend().read_job(["--module", args.module, "--config", args.config,
+                               *args.overrides, *_autoparallel_overrides(args, auto)])
+    if not job.autoparallel.hardware:
+        print("note: no hardware profile chosen (--hardware or --autoparallel.hardware): "
+              "planned for 'cpu'; pass --hardware h100_sxm (or h200_sxm, h100_grand_teton, "
+              "a100_sxm, b200, a .toml) for a GPU job",
+              file=sys.stderr if getattr(args, "json", False) else sys.stdout)
+    return job
+
+
+def _job_from_toml(args: argparse.Namespace, auto: bool) -> Any:
     from .checks import check_auto_settings, check_job_keys
     from .job_config import parse_config, read_toml
     from .registry import import_custom_module, register
@@ -34,15 +78,8 @@ def _job(args: argparse.Namespace, auto: bool) -> Any:
     for arg in args.overrides:
         if arg.split("=", 1)[0][2:].replace("-", "_") == "job.config_file":
             raise UserError("name the config with --config, not --job.config_file")
-    overrides = ["--job.config_file", args.config, *args.overrides]
-    if auto:
-        overrides.append("--parallelism.auto")
-    if args.hardware:
-        overrides.append(f"--autoparallel.hardware={args.hardware}")
-    if args.gpus_per_node is not None:
-        overrides.append(f"--autoparallel.gpus_per_node={args.gpus_per_node}")
-    if args.memory_gib is not None:
-        overrides.append(f"--autoparallel.memory_gib={args.memory_gib}")
+    overrides = ["--job.config_file", args.config, *args.overrides,
+                 *_autoparallel_overrides(args, auto)]
     if getattr(args, "out", None):
         check_output_path(args.out, "plan")
     job = parse_config(overrides)
@@ -101,7 +138,8 @@ def _plan(args: argparse.Namespace) -> int:
     job = _job(args, auto=True)
     with reusing_layer_graphs():
         plan = plan_job(job, args.ngpu)
-        check_plan_features(job, plan)
+        if not args.module:
+            check_plan_features(job, plan)
         margin = _recipe_margin(job, plan, args.ngpu)
         lines = model_lines(plan)
     if margin:
@@ -235,7 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, text in (("plan", _plan, "plan a TorchTitan config for N devices"),
                              ("predict", _predict, "a recipe config's plan and prediction")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("--config", required=True, help="TorchTitan TOML config")
+        p.add_argument("--config", required=True, help="TorchTitan 0.2.2: the TOML config; "
+                       "0.3.0: the config function of --module's config_registry")
+        p.add_argument("--module", default="", help="TorchTitan 0.3.0: the model family or "
+                       "module whose config_registry holds --config (e.g. llama3)")
         p.add_argument("--ngpu", type=int, required=True, help="world size (devices)")
         p.add_argument("--gpus-per-node", type=int, default=None)
         p.add_argument("--hardware", default="", help="profile name or .toml path")

@@ -32,6 +32,22 @@ class Frontend:
     read_model: Callable[[str, str, int, Any], Any]
     """(model name, flavor, sequence length, the job's model config record or None) -> the
     model's ``LayerGraph``: the model built on meta and measured."""
+    attention_types: Callable[[], tuple[type, ...]]
+    """The release's attention modules (what context parallel wraps)."""
+    moe_types: Callable[[], tuple[type, ...]]
+    """The release's MoE modules (routed experts, router, shared experts)."""
+    parallelize_module: Callable[[str], Any]
+    """Model name -> the module defining its own parallelize function (its ``apply_tp``, SAC
+    list, MoE helpers), or None."""
+    model_names: Callable[[], list[str]]
+    """The model names the release resolves (its families, experiments, registered ones)."""
+    prepare_models: Callable[[str], None]
+    """Make the release's models (and the user's module, ``experimental.custom_import``, "" for
+    none) readable by ``read_model``."""
+    read_job: Callable[[list[str]], Any] | None = None
+    """Command-line arguments (TorchTitan's own, with ``--parallelism.auto`` and
+    ``--autoparallel.*``) -> the job as the planner reads it; None where the CLI reads the
+    release's TOML itself (0.2.2)."""
 
 
 _FRONTENDS: dict[str, Frontend] = {}

@@ -46,8 +46,8 @@ def model_config_of(job_config: Any) -> ModelConfig:
     """The sections of ``job_config`` that its ``job.custom_config_module`` adds (neither
     TorchTitan's nor the project's), as plain data."""
     module = getattr(getattr(job_config, "job", None), "custom_config_module", "") or ""
-    if not dataclasses.is_dataclass(job_config):
-        return ModelConfig()
+    if not module or not dataclasses.is_dataclass(job_config):
+        return ModelConfig()  # sections come only from a custom config module
     known = _known_sections()
     sections = {}
     for f in dataclasses.fields(job_config):

@@ -18,6 +18,7 @@ from .cost.model import Precision
 from .errors import UserError
 from .exclusions import without_excluded
 from .features import Features
+from .frontend import frontend
 from .graph.layer_graph import LayerGraph
 from .layout import BlockStrategy
 from .model_config import (
@@ -100,10 +101,6 @@ def inputs_from_plan(plan: Plan, cache: dict[str, Any] | None = None,
     """The planning inputs ``plan`` was made from, rebuilt from the plan alone (its stored
     inputs; for a version-1 plan, its fingerprint and the hardware profile it names, or ``hw``
     in its place). ``cache`` keeps layer graphs between calls."""
-    from types import SimpleNamespace
-
-    from .registry import import_custom_module, register
-
     fp = plan.fingerprint
     cache = {} if cache is None else cache
     model_config = model_config_from_fingerprint(fp)
@@ -111,10 +108,8 @@ def inputs_from_plan(plan: Plan, cache: dict[str, Any] | None = None,
     if model_config is not None:
         key += f"/{model_config.key}"
     if key not in cache:
-        register()
-        if fp.get("custom_import"):  # the user's train spec and adapter
-            import_custom_module(SimpleNamespace(
-                experimental=SimpleNamespace(custom_import=fp["custom_import"])))
+        # the release's own models, and the user's train spec and adapter
+        frontend().prepare_models(fp.get("custom_import", ""))
         cache[key] = model_layer_graph(fp["model"], fp["flavor"], fp["seq_len"], model_config)
     graph = cache[key]
     check_plan_for_job(plan, fp["world_size"], [(layer.fqn, layer.kind) for layer in

@@ -46,14 +46,11 @@ TRAINING_RULES: dict[str, Rule] = {
 
 
 def check_model_name(name: Any) -> None:
-    """``model.name`` names a train spec TorchTitan's ``get_train_spec`` resolves: a model of
-    ``torchtitan.models``, an experiment of ``torchtitan.experiments`` or a registered one."""
-    from torchtitan.experiments import _supported_experiments
-    from torchtitan.models import _supported_models
-    from torchtitan.protocols import train_spec
+    """``model.name`` names a model the installed TorchTitan resolves (its front-end's
+    ``model_names``)."""
+    from .frontend import frontend
 
-    names = sorted(set(_supported_models) | set(_supported_experiments)
-                   | set(train_spec._extra_train_specs))
+    names = frontend().model_names()
     if not isinstance(name, str) or name not in names:
         raise UserError(f"model.name = {shown(name)} is not a registered model: use one of "
                         f"{names}")

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import sys
 from typing import Any
 
 import torch.nn as nn
 
 from ..errors import UserError
+from ..frontend import frontend
 from .adapters import ModelAdapter, registered_adapter, submodule_or_none
 
 _TP_FUNCTIONS = ("apply_non_moe_tp", "apply_tp")
@@ -96,29 +96,20 @@ def _find_blocks(family: str, model: nn.Module) -> str:
 
 
 def _parallelize_module(family: str) -> Any:
-    """The module defining the train spec's own parallelize function (unwrapped)."""
-    from torchtitan.protocols.train_spec import get_train_spec
-
-    try:
-        fn = inspect.unwrap(get_train_spec(family).parallelize_fn)
-    except ValueError:  # a model class without a train spec (planned directly)
-        return None
-    return sys.modules.get(getattr(fn, "__module__", ""), None)
+    """The module defining the family's own parallelize function (None where it has none)."""
+    return frontend().parallelize_module(family)
 
 
 def _inner_attention(block: nn.Module) -> str | None:
-    from torchtitan.models import attention
-
-    kinds = (attention.ScaledDotProductAttentionWrapper, attention.FlexAttentionWrapper)
+    kinds = frontend().attention_types()
     return next((name for name, m in block.named_modules() if isinstance(m, kinds)), None)
 
 
 def _moe_module(blocks: nn.Module) -> str | None:
-    from torchtitan.models.moe import MoE
-
+    kinds = frontend().moe_types()
     for block in blocks.children():
         for name, m in block.named_modules():
-            if isinstance(m, MoE):
+            if isinstance(m, kinds):
                 return name
     return None
 

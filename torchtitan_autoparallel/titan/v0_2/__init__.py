@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import sys
 from typing import Any
 
 from ...errors import UserError, shown
 from ...frontend import Frontend, register_frontend
 from ...graph.layer_graph import LayerGraph
 from ...model_config import ModelConfig, graph_job_config
-from ...registry import train_spec_of
+from ...registry import import_custom_module, register, train_spec_of
 from .model import build_layer_graph
 
 
@@ -32,4 +34,50 @@ def read_model(name: str, flavor: str, seq_len: int, model_config: ModelConfig |
     return graph
 
 
-register_frontend(Frontend(release="0.2", read_model=read_model))
+def attention_types() -> tuple[type, ...]:
+    from torchtitan.models import attention
+
+    return (attention.ScaledDotProductAttentionWrapper, attention.FlexAttentionWrapper)
+
+
+def moe_types() -> tuple[type, ...]:
+    from torchtitan.models.moe import MoE
+
+    return (MoE,)
+
+
+def parallelize_module(name: str) -> Any:
+    """The module defining train spec ``name``'s parallelize function (unwrapped)."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    try:
+        fn = inspect.unwrap(get_train_spec(name).parallelize_fn)
+    except ValueError:  # a model class without a train spec (planned directly)
+        return None
+    return sys.modules.get(getattr(fn, "__module__", ""), None)
+
+
+def model_names() -> list[str]:
+    """Names ``get_train_spec`` resolves: a model of ``torchtitan.models``, an experiment of
+    ``torchtitan.experiments`` or a registered train spec."""
+    from torchtitan.experiments import _supported_experiments
+    from torchtitan.models import _supported_models
+    from torchtitan.protocols import train_spec
+
+    return sorted(set(_supported_models) | set(_supported_experiments)
+                  | set(train_spec._extra_train_specs))
+
+
+def prepare_models(custom_import: str) -> None:
+    """The project's train specs registered; the user's module imported."""
+    from types import SimpleNamespace
+
+    register()
+    if custom_import:
+        import_custom_module(SimpleNamespace(
+            experimental=SimpleNamespace(custom_import=custom_import)))
+
+
+register_frontend(Frontend(release="0.2", read_model=read_model, attention_types=attention_types,
+                           moe_types=moe_types, parallelize_module=parallelize_module,
+                           model_names=model_names, prepare_models=prepare_models))

@@ -1,0 +1,70 @@
+"""TorchTitan 0.3.0: Python config registries (``--module`` / ``--config``), tyro overrides,
+``Trainer.Config``, sharding declared on the model."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ...frontend import Frontend, register_frontend
+from ...graph.adapters import ModelAdapter, register_adapter
+from .config import parse_job
+from .job import Job, job_of
+from .model import family_module, read_model
+
+FAMILIES = ("llama3", "qwen3", "qwen3_5", "deepseek_v3", "gpt_oss", "kimi_k2_7")
+"""TorchTitan 0.3.0's decoder families (its ``torchtitan.models``, flux and muse_glimmer
+aside: not decoders of tokens)."""
+
+
+def attention_types() -> tuple[type, ...]:
+    from torchtitan.models.common import attention
+
+    return (attention.FlexAttention, attention.ScaledDotProductAttention,
+            attention.VarlenAttention)
+
+
+def moe_types() -> tuple[type, ...]:
+    from torchtitan.models.common.moe import MoE
+
+    return (MoE,)
+
+
+def parallelize_module(name: str) -> Any:
+    """The module of family ``name``'s ``parallelize`` functions (None for a model that is no
+    TorchTitan family)."""
+    try:
+        module = family_module(name)
+    except Exception:
+        return None
+    return sys.modules.get(f"{module.__name__}.parallelize")
+
+
+def read_job(argv: list[str]) -> Job:
+    """``--module M --config FUNCTION [overrides]`` -> the planner's view of the job."""
+    return job_of(parse_job(argv))
+
+
+def model_names() -> list[str]:
+    """TorchTitan 0.3.0's model families."""
+    from torchtitan.models import _supported_models
+
+    return sorted(_supported_models)
+
+
+def prepare_models(custom_import: str) -> None:
+    """The user's module imported (0.3.0's families need no registration)."""
+    if custom_import:
+        import importlib
+
+        importlib.import_module(custom_import)
+
+
+register_frontend(Frontend(release="0.3", read_model=read_model, attention_types=attention_types,
+                           moe_types=moe_types, parallelize_module=parallelize_module,
+                           model_names=model_names, prepare_models=prepare_models,
+                           read_job=read_job))
+# 0.3.0's modules are read by discovery (names, TP inferred from the blocks), not by the 0.2.2
+# families' adapters (other module names, a rope buffer 0.3.0 does not have)
+for _family in FAMILIES:
+    register_adapter(_family, ModelAdapter(), replace=True)

@@ -1,0 +1,115 @@
+"""``--parallelism.auto`` and ``--autoparallel.*`` on TorchTitan 0.3.0's command line.
+
+``Config`` is TorchTitan's ``Trainer.Config`` with ``parallelism.auto`` and the
+``autoparallel`` section (the same keys as under 0.2.2). A user's config function may return it
+(``auto=True`` set there is the user's, as a TOML key is under 0.2.2); ``parse_job`` also turns
+any registry function's ``Trainer.Config`` into one before tyro reads the overrides, so
+``--module llama3 --config llama3_8b --parallelism.auto`` works for every family.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchtitan.config import ParallelismConfig as TitanParallelism
+from torchtitan.trainer import Trainer
+
+from ...config import Autoparallel
+from ...errors import UserError
+from ...explicit import cli_keys
+
+
+@dataclass(kw_only=True, slots=True)
+class ParallelismConfig(TitanParallelism):
+    auto: bool = False
+    """Let the planner choose the mesh and per-layer placements (degrees set by the config
+    function or on the command line become constraints; unset ones are searched)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Config(Trainer.Config):
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    autoparallel: Autoparallel = field(default_factory=Autoparallel)
+
+
+def with_auto(config: Any) -> Config:
+    """A registry function's ``Trainer.Config`` as a ``Config`` (same values)."""
+    if isinstance(config, Config):
+        return config
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    par = values["parallelism"]
+    values["parallelism"] = ParallelismConfig(
+        **{f.name: getattr(par, f.name) for f in dataclasses.fields(par)})
+    return Config(**values)
+
+
+def _leaves(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Every leaf value of a config tree as ``section.key`` (the model spec aside)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        if f.name == "model_spec":
+            continue
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out.update(_leaves(value, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = value
+    return out
+
+
+def explicit_keys(config: Config, overrides: list[str]) -> frozenset[str]:
+    """The keys the user set: on the command line (whatever the value), or in the config
+    function (values other than ``Trainer.Config``'s defaults); the activation checkpointing
+    policy counts as ``activation_checkpoint.mode``."""
+    default = _leaves(Config())
+    values = _leaves(config)
+    keys = {k for k, v in values.items() if k in default and default[k] != v}
+    keys |= cli_keys(overrides, set(values))
+    if type(config.activation_checkpoint) is not type(Config().activation_checkpoint) or any(
+            arg.startswith("activation-checkpoint:") or arg.startswith("activation_checkpoint:")
+            for arg in overrides):
+        keys.add("activation_checkpoint.mode")
+    return frozenset(keys)
+
+
+def parse_job(argv: list[str]) -> Config:
+    """``--module M --config C [--section.key value ...]`` as TorchTitan 0.3.0 reads it, with
+    ``parallelism.auto`` and ``autoparallel.*``; the keys the user set are recorded."""
+    import tyro
+    from torchtitan.config import ConfigManager
+    from torchtitan.config.manager import custom_registry
+
+    manager = ConfigManager()
+    try:
+        loaded, rest = manager._load_config(list(argv))
+    except (ValueError, ImportError) as exc:
+        raise UserError(f"{str(exc).splitlines()[0]}") from None
+    loaded = with_auto(loaded)
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            config = tyro.cli(type(loaded), args=rest, default=loaded, registry=custom_registry)
+    except SystemExit:
+        lines = [line.strip(" │╭╮╰╯─") for line in errors.getvalue().splitlines()]
+        text = "; ".join(line for line in lines if line and "--help" not in line
+                         and not line.startswith("usage"))
+        raise UserError(f"TorchTitan's command line refused the arguments: {text[:300]}"
+                        ) from None
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"{str(exc).splitlines()[0]}") from None
+    _EXPLICIT[id(config)] = explicit_keys(config, rest)
+    return config
+
+
+_EXPLICIT: dict[int, frozenset[str]] = {}
+"""Explicit keys per parsed config (``Config`` has slots: no attribute to record them on)."""
+
+
+def explicit_of(config: Config) -> frozenset[str]:
+    """The keys the user set in ``config`` (as ``parse_job`` recorded them)."""
+    return _EXPLICIT.get(id(config), frozenset())
+

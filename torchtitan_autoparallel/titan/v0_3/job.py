@@ -1,0 +1,197 @@
+"""A TorchTitan 0.3.0 job (``Config``) as the planner reads a job: the sections and keys of the
+planning vocabulary (named as in TorchTitan 0.2.2's ``JobConfig``, which the planner was first
+written against), filled from 0.3.0's config and its model spec. Keys 0.3.0 no longer has
+(expert tensor parallel, loss parallel off, PP / EP overlap) are fixed at what 0.3.0 runs and
+recorded as set, so the search does not choose what 0.3.0 cannot apply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...config import Autoparallel
+from ...errors import UserError
+from ...explicit import EXPLICIT_ATTR
+from .config import Config, explicit_of
+
+FIXED_BY_RELEASE = {"parallelism.expert_tensor_parallel_degree": 1,
+                    "parallelism.pipeline_parallel_expert_parallel_overlap": False}
+"""Planning keys TorchTitan 0.3.0 has no setting for, at the value it runs."""
+
+
+@dataclass
+class Model:
+    name: str = ""
+    flavor: str = ""
+    converters: list[str] = field(default_factory=list)
+    hf_assets_path: str = ""
+
+
+@dataclass
+class Float8:
+    recipe_name: str | None = None
+    enable_fsdp_float8_all_gather: bool = False
+    precompute_float8_dynamic_scale_for_fsdp: bool = False
+    filter_fqns: list[str] = field(default_factory=list)
+    emulate: bool = False
+
+
+@dataclass
+class Linear:
+    float8: Float8 = field(default_factory=Float8)
+
+
+@dataclass
+class Quantize:
+    linear: Linear = field(default_factory=Linear)
+
+
+@dataclass
+class Training:
+    local_batch_size: int = 8
+    global_batch_size: int = -1
+    seq_len: int = 2048
+    steps: int = 10000
+    enable_cpu_offload: bool = False
+    dtype: str = "float32"
+    mixed_precision_param: str = "bfloat16"
+    mixed_precision_reduce: str = "float32"
+    dataset: str = ""
+
+
+@dataclass
+class Parallelism:
+    auto: bool = False
+    data_parallel_replicate_degree: int = 1
+    data_parallel_shard_degree: int = -1
+    fsdp_reshard_after_forward: str = "default"
+    tensor_parallel_degree: int = 1
+    enable_async_tensor_parallel: bool = False
+    disable_loss_parallel: bool = False
+    pipeline_parallel_degree: int = 1
+    module_fqns_per_model_part: Any = None
+    pipeline_parallel_first_stage_less_layers: int = 1
+    pipeline_parallel_last_stage_less_layers: int = 1
+    pipeline_parallel_layers_per_stage: Any = None
+    pipeline_parallel_schedule: str = "1F1B"
+    pipeline_parallel_schedule_csv: Any = ""
+    pipeline_parallel_microbatch_size: int = 1
+    pipeline_parallel_expert_parallel_overlap: bool = False
+    context_parallel_degree: int = 1
+    expert_parallel_degree: int = 1
+    expert_tensor_parallel_degree: int = 1
+
+
+@dataclass
+class ActivationCheckpoint:
+    mode: str = "selective"
+    selective_ac_option: str = "op"
+
+
+@dataclass
+class Compile:
+    enable: bool = False
+    components: list[str] = field(default_factory=lambda: ["model", "loss"])
+    backend: str = "inductor"
+
+
+@dataclass
+class Optimizer:
+    name: str = "AdamW"
+    implementation: str = "fused"
+    early_step_in_backward: bool = False
+
+
+@dataclass
+class Debug:
+    moe_force_load_balance: bool = False
+
+
+@dataclass
+class Experimental:
+    custom_import: str = ""
+
+
+@dataclass
+class Validation:
+    enable: bool = False
+    seq_len: int = 2048
+
+
+@dataclass
+class Job:
+    """The planner's view of one TorchTitan 0.3.0 job."""
+
+    model: Model = field(default_factory=Model)
+    training: Training = field(default_factory=Training)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    compile: Compile = field(default_factory=Compile)
+    quantize: Quantize = field(default_factory=Quantize)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    debug: Debug = field(default_factory=Debug)
+    experimental: Experimental = field(default_factory=Experimental)
+    validation: Validation = field(default_factory=Validation)
+    autoparallel: Autoparallel = field(default_factory=Autoparallel)
+
+
+def _ac_mode(policy: Any) -> str:
+    if policy is None:
+        return "none"
+    name = type(policy).__qualname__.split(".")[0]
+    modes = {"SelectiveAC": "selective", "FullAC": "full"}
+    if name not in modes:
+        raise UserError(f"activation checkpointing {name} under parallelism.auto: the planner "
+                        "chooses AC per block among none / selective / full; pick one of "
+                        "activation-checkpoint:selective|full|none, or drop --parallelism.auto")
+    return modes[name]
+
+
+def _converters(model_config: Any) -> tuple[list[str], str | None]:
+    """The quantization converters baked into the model config (0.2.2's converter names) and
+    the float8 recipe."""
+    names = {type(cfg).__qualname__.split(".")[0]
+             for _, cfg, _, _ in model_config.traverse(object, recurse=True)}
+    converters, recipe = [], None
+    if "Float8Linear" in names:
+        converters.append("quantize.linear.float8")
+        recipe = "rowwise"  # 0.3.0's Float8LinearConverter: rowwise recipes only
+    if "MXFP8Linear" in names:
+        converters.append("quantize.linear.mx")
+    if "NVFP4Linear" in names:
+        raise UserError("NVFP4 linears (NVFP4LinearConverter) are not costed by the planner: "
+                        "drop the converter or parallelism.auto")
+    return converters, recipe
+
+
+def job_of(config: Config) -> Job:
+    """The planner's view of ``config`` with the keys the user set recorded."""
+    spec = config.model_spec
+    if spec is None:
+        raise UserError("the config function returned no model_spec: set one (model_registry)")
+    converters, recipe = _converters(spec.model)
+    t, p, c = config.training, config.parallelism, config.compile
+    job = Job(
+        model=Model(spec.name, spec.flavor, converters, config.hf_assets_path),
+        training=Training(t.local_batch_size, t.global_batch_size, t.seq_len, t.steps,
+                          t.enable_cpu_offload, t.dtype, t.mixed_precision_param,
+                          t.mixed_precision_reduce,
+                          str(getattr(config.dataloader, "dataset", "") or "")),
+        parallelism=Parallelism(**{f: getattr(p, f) for f in Parallelism.__dataclass_fields__
+                                   if hasattr(p, f)},
+                                enable_async_tensor_parallel=c.enable_async_tensor_parallel),
+        activation_checkpoint=ActivationCheckpoint(_ac_mode(config.activation_checkpoint)),
+        compile=Compile(c.enable, list(c.components), c.backend),
+        quantize=Quantize(Linear(Float8(recipe_name=recipe))),
+        optimizer=Optimizer(str(getattr(config.optimizer, "name", "AdamW")),
+                            str(getattr(config.optimizer, "implementation", "fused")),
+                            bool(getattr(config.optimizer, "early_step_in_backward", False))),
+        debug=Debug(config.debug.moe_force_load_balance),
+        # 0.3.0's validator reads batches of the training's length
+        validation=Validation(bool(config.validator.enable), t.seq_len),
+        autoparallel=config.autoparallel,
+    )
+    renamed = {"compile.enable_async_tensor_parallel": "parallelism.enable_async_tensor_parallel"}
+    explicit = {renamed.get(k, k) for k in explicit_of(config)} | set(FIXED_BY_RELEASE)
+    setattr(job, EXPLICIT_ATTR, frozenset(explicit))
+    return job
