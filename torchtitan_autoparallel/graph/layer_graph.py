@@ -412,6 +412,12 @@ def graph_of_model(family: str, flavor: str, model: torch.nn.Module, seq_len: in
     LayerGraph for sequences of ``seq_len`` tokens. ``attn_type``: the attention kernel the
     job runs; ``grouped``: routed experts run as grouped GEMMs; ``args``: the model's config
     (where its head counts are read first)."""
+    with meta_autocast():  # routers and rotary embeddings open an autocast on meta inputs
+        return _graph_of_model(family, flavor, model, seq_len, attn_type, grouped, args)
+
+
+def _graph_of_model(family: str, flavor: str, model: torch.nn.Module, seq_len: int,
+                    attn_type: str, grouped: bool, args: Any) -> LayerGraph:
     adapter, inputs = planning_model(family, model, seq_len)
     embedding = model.get_submodule(adapter.embedding)
     dim, vocab = embedding.embedding_dim, embedding.num_embeddings

@@ -164,6 +164,16 @@ def _converters(model_config: Any) -> tuple[list[str], str | None]:
     return converters, recipe
 
 
+def family_of(spec: Any) -> str:
+    """The family package a model spec comes from (``torchtitan.models.<family>``; a spec may
+    name its model otherwise, e.g. kimi_k2_7's ``kimi_k2_5``)."""
+    module = getattr(spec.parallelize_fn, "__module__", "") or ""
+    for prefix in ("torchtitan.models.", "torchtitan.experiments."):
+        if module.startswith(prefix):
+            return module[len(prefix):].rsplit(".", 1)[0]
+    return spec.name
+
+
 def job_of(config: Config) -> Job:
     """The planner's view of ``config`` with the keys the user set recorded."""
     spec = config.model_spec
@@ -172,7 +182,7 @@ def job_of(config: Config) -> Job:
     converters, recipe = _converters(spec.model)
     t, p, c = config.training, config.parallelism, config.compile
     job = Job(
-        model=Model(spec.name, spec.flavor, converters, config.hf_assets_path),
+        model=Model(family_of(spec), spec.flavor, converters, config.hf_assets_path),
         training=Training(t.local_batch_size, t.global_batch_size, t.seq_len, t.steps,
                           t.enable_cpu_offload, t.dtype, t.mixed_precision_param,
                           t.mixed_precision_reduce,

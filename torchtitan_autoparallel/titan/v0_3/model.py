@@ -97,4 +97,10 @@ def read_model(name: str, flavor: str, seq_len: int, model_config: Any = None) -
     except Exception as exc:
         raise UserError(f"model {name!r} {flavor!r} cannot be built on the meta device: "
                         f"{shown(exc, 200)}") from None
+    experts = sorted({type(m).__name__ for m in model.modules()
+                      if "experts" in type(m).__name__.lower()})
+    if experts:  # 0.3.0's routed experts (RoutedExperts.inner_experts) are not read yet
+        raise UserError(f"model {name!r} {flavor!r} has routed experts ({', '.join(experts)}): "
+                        "MoE models are planned on TorchTitan 0.2.2 only for now; drop "
+                        "--parallelism.auto or plan the job with TorchTitan 0.2.2")
     return graph_of_model(name, flavor, model, seq_len, kind, True, config)

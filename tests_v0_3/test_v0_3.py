@@ -1,0 +1,127 @@
+"""The TorchTitan 0.3.0 front-end, run in a venv with TorchTitan 0.3.0 (README: "TorchTitan
+0.3.0"): ``PYTHONPATH=. python -m pytest -q tests_v0_3``.
+
+References: TorchTitan 0.3.0's own parameter count of its model, the plan TorchTitan 0.2.2's
+front-end made of the same job (stored beside this file), and 0.3.0's command line itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def _require_0_3() -> None:
+    from importlib.metadata import version
+
+    if not version("torchtitan").startswith("0.3."):
+        raise RuntimeError("tests_v0_3 runs with TorchTitan 0.3.0 installed (see the README)")
+
+
+_require_0_3()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "torchtitan_autoparallel", *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_installed_release_reads_and_builds_the_models():
+    from torchtitan_autoparallel.frontend import frontend
+
+    assert frontend().release == "0.3"
+    assert "llama3" in frontend().model_names()
+
+
+def test_llama3_8b_graph_against_torchtitans_own_counts():
+    """Parameters: TorchTitan 0.3.0's ``get_nparams_and_flops``; dense FLOPs: 2 per parameter
+    and token outside the embedding (its 6N rule counts forward + backward)."""
+    from torchtitan.models.llama3 import model_registry
+
+    from torchtitan_autoparallel.graph.layer_graph import meta_model
+    from torchtitan_autoparallel.planning_inputs import model_layer_graph
+    from torchtitan_autoparallel.titan.v0_3.model import sized_for
+
+    seq = 8192
+    graph = model_layer_graph("llama3", "8B", seq)
+    config = sized_for(model_registry("8B").model, seq)
+    model = meta_model(config.build)
+    nparams, flops_per_token = config.get_nparams_and_flops(model, seq)
+    assert graph.total_params == nparams
+    embedding = graph.layers[0].params
+    dense = sum(layer.fwd_flops - layer.attn_flops for layer in graph.layers) / seq
+    assert dense == pytest.approx(2 * (nparams - embedding), rel=0.01)
+    assert graph.attn_type == "flex"  # the flavor's own kernel, measured as causal SDPA
+    assert [layer.linear_styles for layer in graph.blocks][0] == (
+        "colwise", "rowwise", "colwise", "rowwise", "colwise")  # fused wqkv is column-wise
+
+
+def test_plan_matches_the_0_2_front_end_on_the_same_job(tmp_path):
+    """``plan --module llama3 --config llama3_8b --ngpu 64`` on 0.3.0 and the same job's TOML
+    on 0.2.2 (same model, batch, sequence): the same mesh and block strategies, step times
+    within 2 % (0.3.0 fuses Q, K and V into one GEMM)."""
+    out = tmp_path / "plan.json"
+    run = _cli("plan", "--module", "llama3", "--config", "llama3_8b", "--ngpu", "64",
+               "--hardware", "h100_sxm", "--out", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "autoparallel plan" in run.stdout and "lm_head" in run.stdout
+    new = json.loads(out.read_text())
+    old = json.loads((HERE / "llama3_8b_64_h100_sxm.v0_2.json").read_text())
+    assert new["mesh"] == old["mesh"]
+    assert new["global_batch_size"] == old["global_batch_size"]
+
+    def strategies(plan: dict) -> list[tuple]:
+        keys = ("kind", "fsdp_unit", "reshard_after_forward", "tp_mode", "ac")
+        return [tuple(layer.get(key) for key in keys) for layer in plan["layers"]]
+
+    assert strategies(new) == strategies(old)
+    assert new["predicted"]["step_time_s"] == pytest.approx(old["predicted"]["step_time_s"],
+                                                            rel=0.02)
+
+
+def test_auto_and_set_keys_on_0_3s_command_line():
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+    from torchtitan_autoparallel.titan.v0_3.config import Config, parse_job
+
+    config = parse_job(["--module", "llama3", "--config", "llama3_debugmodel",
+                        "--parallelism.auto", "--parallelism.tensor_parallel_degree", "2",
+                        "--autoparallel.hardware", "h100_sxm"])
+    assert isinstance(config, Config) and config.parallelism.auto
+    job = read_job(["--module", "llama3", "--config", "llama3_debugmodel",
+                    "--parallelism.tensor_parallel_degree", "2"])
+    from torchtitan_autoparallel.explicit import user_set
+
+    assert user_set(job, "parallelism.tensor_parallel_degree")
+    assert not user_set(job, "parallelism.context_parallel_degree")
+    assert job.model.name == "llama3" and job.training.seq_len == 2048
+
+
+def test_a_set_degree_is_a_constraint(tmp_path):
+    out = tmp_path / "plan.json"
+    run = _cli("plan", "--module", "llama3", "--config", "llama3_8b", "--ngpu", "64",
+               "--hardware", "h100_sxm", "--parallelism.tensor_parallel_degree", "4",
+               "--out", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(out.read_text())["mesh"]["tp"] == 4
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--module", "llama3", "--config", "llama3_8b", "--parallelism.bogus", "3"], "bogus"),
+    (["--module", "llama3", "--config", "no_such_fn"], "no_such_fn"),
+    (["--module", "gpt_oss", "--config", "gpt_oss_20b"], "routed experts"),
+])
+def test_bad_input_is_one_line(args, words):
+    run = _cli("plan", *args, "--ngpu", "8", "--hardware", "h100_sxm")
+    assert run.returncode == 2
+    lines = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and words in lines[0], run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
