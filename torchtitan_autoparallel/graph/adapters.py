@@ -107,6 +107,10 @@ class ModelAdapter:
     """Submodule of an MoE block holding router, routed experts and shared experts
     (TorchTitan's ``models.moe.MoE``); blocks without it are dense. Discovered: the first
     ``MoE`` instance in a block."""
+    experts: str = "experts"
+    """The routed experts inside ``moe`` (the grouped-GEMM module taking the routed tokens and
+    the tokens per expert): TorchTitan 0.2.2's ``experts``, 0.3.0's
+    ``routed_experts.inner_experts``."""
     moe_fn: FnRef | None = None
     """Function applying EP / ETP / TP to the MoE blocks (TorchTitan's ``apply_moe_ep_tp``
     signature). Discovered: ``apply_moe_ep_tp`` next to the train spec's parallelize
@@ -120,7 +124,7 @@ class ModelAdapter:
     def routed_experts(self, block: Any) -> Any:
         """The block's routed experts module, or None for a dense block."""
         moe = submodule_or_none(block, self.moe) if self.moe else None
-        return getattr(moe, "experts", None) if moe is not None else None
+        return submodule_or_none(moe, self.experts) if moe is not None else None
 
     def top_k(self, block: Any) -> int:
         return int(block.get_submodule(self.moe).router.top_k)

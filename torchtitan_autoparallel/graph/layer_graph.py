@@ -228,17 +228,29 @@ class _Traffic(TorchDispatchMode):
         return id(t) in self.params or id(base) in self.params
 
 
+def _expert_weight(experts: torch.nn.Module, name: str) -> torch.Tensor:
+    """Expert 0's slice of weight ``name`` (TorchTitan 0.2.2's ``w1``; 0.3.0 suffixes the
+    layout: ``w1_EFD``)."""
+    for param_name, param in experts.named_parameters(recurse=False):
+        if param_name == name or param_name.startswith(f"{name}_"):
+            return param[0]
+    raise AttributeError(f"{type(experts).__name__} has no expert weight {name!r}")
+
+
 def _experts_as_dense(experts: torch.nn.Module, routed: torch.Tensor, _counts: Any) -> Any:
     """Stand-in forward for routed experts on meta tensors: every routed token through one
     expert's SwiGLU. Same FLOPs and saved activations as the real grouped / looped kernels
     for any routing (whose token split is data dependent and cannot run on meta). gpt_oss's
     experts: one fused, biased gate / up projection and its clamped SwiGLU."""
-    if hasattr(experts, "mlp1_weight"):
-        h = routed @ experts.mlp1_weight[0].transpose(-2, -1) + experts.mlp1_bias[0]
+    names = {n.split("_")[0] if not n.startswith("mlp") else "_".join(n.split("_")[:2])
+             for n, _ in experts.named_parameters(recurse=False)}
+    if "mlp1_weight" in names:
+        w = functools.partial(_expert_weight, experts)
+        h = routed @ w("mlp1_weight").transpose(-2, -1) + w("mlp1_bias")
         gate, up = h[..., ::2], h[..., 1::2]
         return (gate * torch.sigmoid(1.702 * gate) * (up + 1)) @ \
-            experts.mlp2_weight[0].transpose(-2, -1) + experts.mlp2_bias[0]
-    w1, w2, w3 = experts.w1[0], experts.w2[0], experts.w3[0]
+            w("mlp2_weight").transpose(-2, -1) + w("mlp2_bias")
+    w1, w2, w3 = (_expert_weight(experts, n) for n in ("w1", "w2", "w3"))
     return (F.silu(routed @ w1.transpose(-2, -1)) * (routed @ w3.transpose(-2, -1))) @ \
         w2.transpose(-2, -1)
 

@@ -12,9 +12,13 @@ from .config import parse_job
 from .job import Job, job_of
 from .model import family_module, read_model
 
-FAMILIES = ("llama3", "qwen3", "qwen3_5", "deepseek_v3", "gpt_oss", "kimi_k2_7")
+PARALLELIZE = {"llama3": "parallelize_llama", "qwen3": "parallelize_qwen3",
+               "qwen3_5": "parallelize_qwen3_5", "deepseek_v3": "parallelize_deepseekv3",
+               "gpt_oss": "parallelize_gptoss", "kimi_k2_7": "parallelize_kimi_k2_5"}
 """TorchTitan 0.3.0's decoder families (its ``torchtitan.models``, flux and muse_glimmer
-aside: not decoders of tokens)."""
+aside: not decoders of tokens) and the function that parallelizes each: it applies the
+sharding the model declares (``Module.parallelize(parallel_dims)``: TP, and EP on the routed
+experts), then FSDP."""
 
 
 def attention_types() -> tuple[type, ...]:
@@ -66,5 +70,7 @@ register_frontend(Frontend(release="0.3", read_model=read_model, attention_types
                            read_job=read_job))
 # 0.3.0's modules are read by discovery (names, TP inferred from the blocks), not by the 0.2.2
 # families' adapters (other module names, a rope buffer 0.3.0 does not have)
-for _family in FAMILIES:
-    register_adapter(_family, ModelAdapter(), replace=True)
+for _family, _fn in PARALLELIZE.items():
+    register_adapter(_family, ModelAdapter(
+        experts="routed_experts.inner_experts",
+        moe_fn=f"torchtitan.models.{_family}.parallelize.{_fn}"), replace=True)

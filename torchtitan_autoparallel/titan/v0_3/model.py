@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from ...errors import UserError, shown
+from ...graph.discover import get_adapter
 from ...graph.layer_graph import LayerGraph, graph_of_model, meta_model
 
 
@@ -97,10 +98,19 @@ def read_model(name: str, flavor: str, seq_len: int, model_config: Any = None) -
     except Exception as exc:
         raise UserError(f"model {name!r} {flavor!r} cannot be built on the meta device: "
                         f"{shown(exc, 200)}") from None
-    experts = sorted({type(m).__name__ for m in model.modules()
-                      if "experts" in type(m).__name__.lower()})
-    if experts:  # 0.3.0's routed experts (RoutedExperts.inner_experts) are not read yet
-        raise UserError(f"model {name!r} {flavor!r} has routed experts ({', '.join(experts)}): "
-                        "MoE models are planned on TorchTitan 0.2.2 only for now; drop "
-                        "--parallelism.auto or plan the job with TorchTitan 0.2.2")
+    _check_decoder_only(name, flavor, model)
     return graph_of_model(name, flavor, model, seq_len, kind, True, config)
+
+
+def _check_decoder_only(name: str, flavor: str, model: Any) -> None:
+    """Refuse a model with parameters outside its embedding, blocks, final norm and output
+    (e.g. qwen3_5's and Kimi's vision encoders): their memory and time would go uncosted."""
+    adapter = get_adapter(name, model)
+    read = {adapter.embedding, adapter.blocks, adapter.final_norm, adapter.output}
+    outside = [n for n, m in model.named_children()
+               if n not in read and any(True for _ in m.parameters())]
+    if outside:
+        count = sum(p.numel() for n in outside for p in model.get_submodule(n).parameters())
+        raise UserError(f"model {name!r} {flavor!r} has {count:,} parameters outside its "
+                        f"embedding, blocks and output ({', '.join(outside)}): the planner "
+                        "reads decoders only; drop --parallelism.auto for this model")
