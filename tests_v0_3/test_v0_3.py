@@ -172,3 +172,47 @@ def test_bad_input_is_one_line(args, words):
     lines = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and words in lines[0], run.stderr[-2000:]
     assert "Traceback" not in run.stderr
+
+
+def test_every_0_3_config_key_is_classified():
+    """Every key of TorchTitan 0.3.0's config dataclasses (the activation checkpointing
+    policies' too) is read into the plan, refused when set, noted, or without effect: a key
+    added upstream fails here until it is classified."""
+    from dataclasses import fields
+
+    from torchtitan.distributed.activation_checkpoint import FullAC, MemoryBudgetAC
+
+    from torchtitan_autoparallel.titan.v0_3.config import Config, _leaves
+    from torchtitan_autoparallel.titan.v0_3.job import REFUSED, REFUSED_WHY, key_class
+
+    keys = set(_leaves(Config()))
+    for policy in (FullAC.Config(), MemoryBudgetAC.Config()):
+        keys |= {f"activation_checkpoint.{f.name}" for f in fields(policy)}
+    assert len(keys) > 100
+    assert not sorted(k for k in keys if key_class(k) is None)
+    assert key_class("parallelism.a_key_added_upstream") is None
+    assert {k for k in keys if key_class(k) == REFUSED} == set(REFUSED_WHY)
+
+
+@pytest.mark.parametrize("flag,key", [
+    (["--parallelism.no-enable-sequence-parallel"], "parallelism.enable_sequence_parallel"),
+    (["--parallelism.context_parallel_load_balancer", "ptrr"],
+     "parallelism.context_parallel_load_balancer"),
+])
+def test_a_refused_key_is_one_line_under_auto_only(flag, key):
+    from torchtitan_autoparallel.errors import UserError
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+
+    base = ["--module", "llama3", "--config", "llama3_debugmodel", *flag]
+    with pytest.raises(UserError, match=key.replace(".", r"\.")):
+        read_job([*base, "--parallelism.auto"])
+    assert read_job(base).parallelism.auto is False  # TorchTitan's own recipe runs it
+
+
+def test_cuda_graphs_setting_is_noted_in_the_plan():
+    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+
+    job = read_job(["--module", "llama3", "--config", "llama3_debugmodel", "--parallelism.auto",
+                    "--training.disable_cuda_graphs"])
+    assert any("disable_cuda_graphs" in note for note in plan_job(job, 2).notes)

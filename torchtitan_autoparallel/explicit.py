@@ -8,6 +8,9 @@ import dataclasses
 from typing import Any
 
 EXPLICIT_ATTR = "_autoparallel_explicit_keys"
+RELEASE_FIXED_ATTR = "_autoparallel_release_fixed_keys"
+"""Keys a TorchTitan release has no setting for, fixed at what it runs (constraints that the
+user did not set; plans name them apart)."""
 
 
 def field_paths(cls: Any, prefix: str = "") -> set[str]:
@@ -67,6 +70,16 @@ def explicit_keys(job_config: Any) -> frozenset[str]:
     default = type(job_config)()
     return frozenset(key for key in field_paths(type(job_config))
                      if _get(job_config, key) != _get(default, key))
+
+
+NOTES_ATTR = "_autoparallel_release_notes"
+"""Notes a release's front-end attaches to a job (settings whose effect the cost model does not
+see); the plan carries them."""
+
+
+def release_fixed(job_config: Any) -> frozenset[str]:
+    """The keys the job's TorchTitan release fixes (recorded by its front-end)."""
+    return getattr(job_config, RELEASE_FIXED_ATTR, frozenset())
 
 
 def user_set(job_config: Any, key: str) -> bool:

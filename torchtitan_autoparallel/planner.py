@@ -14,7 +14,7 @@ from typing import Any
 from .assembly import JobInputs, plan_of_solution
 from .cost.model import clear_compute_memo
 from .errors import UserError
-from .explicit import user_set
+from .explicit import NOTES_ATTR, user_set
 from .features import features_from_config
 from .layout import Mesh
 from .pipeline_candidate import no_pipeline_reason, prefix_classes
@@ -122,6 +122,7 @@ def _plan_job(job_config: Any, world: int) -> Plan:
     if keys:
         plan.notes.append(f"constraints (set by you): {', '.join(keys)}")
     plan.notes.extend(moot_fsdp_settings(job_config, plan))
+    plan.notes.extend(getattr(job_config, NOTES_ATTR, []))
     training = job_config.training
     if user_set(job_config, "training.local_batch_size") and \
             training.local_batch_size != plan.local_batch_size:

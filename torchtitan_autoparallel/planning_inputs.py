@@ -18,7 +18,7 @@ from .cost.hardware import CPU_PROFILE, HardwareProfile, load_profile
 from .cost.model import Precision
 from .errors import UserError
 from .exclusions import without_excluded
-from .explicit import user_set
+from .explicit import release_fixed, user_set
 from .features import Features, features_from_config
 from .frontend import frontend
 from .graph.layer_graph import Layer, LayerGraph
@@ -54,7 +54,7 @@ def constraint_keys(job_config: Any) -> list[str]:
     keys = [*DEGREE_KEYS.values(), "pipeline_parallel_schedule",
             "pipeline_parallel_microbatch_size", "fsdp_reshard_after_forward"]
     fixed = [f"parallelism.{key} = {getattr(par, key)!r}" for key in keys
-             if _fixed(job_config, key)
+             if _fixed(job_config, key) and f"parallelism.{key}" not in release_fixed(job_config)
              and not (key == "data_parallel_shard_degree" and getattr(par, key) == -1)]
     if user_set(job_config, "activation_checkpoint.mode"):
         fixed.append(f"activation_checkpoint.mode = {job_config.activation_checkpoint.mode!r}")

@@ -11,8 +11,87 @@ from typing import Any
 
 from ...config import Autoparallel
 from ...errors import UserError
-from ...explicit import EXPLICIT_ATTR
+from ...explicit import EXPLICIT_ATTR, NOTES_ATTR, RELEASE_FIXED_ATTR
 from .config import Config, explicit_of
+
+READ, RUNTIME, REFUSED, NOTED = "read", "runtime", "refused", "noted"
+KEYS: dict[str, str] = {
+    # read into the planner's view: costed, searched when unset, a constraint when set
+    **{f"training.{k}": READ for k in (
+        "local_batch_size", "global_batch_size", "seq_len", "steps", "enable_cpu_offload",
+        "dtype", "mixed_precision_param", "mixed_precision_reduce")},
+    **{f"parallelism.{k}": READ for k in (
+        "auto", "data_parallel_replicate_degree", "data_parallel_shard_degree",
+        "fsdp_reshard_after_forward", "tensor_parallel_degree", "pipeline_parallel_degree",
+        "module_fqns_per_model_part", "pipeline_parallel_first_stage_less_layers",
+        "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_layers_per_stage",
+        "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
+        "pipeline_parallel_microbatch_size", "context_parallel_degree",
+        "expert_parallel_degree")},
+    **{f"compile.{k}": READ for k in ("enable", "components", "backend",
+                                      "enable_async_tensor_parallel")},
+    "optimizer.implementation": READ, "debug.moe_force_load_balance": READ,
+    "validator.enable": READ, "dataloader.dataset": READ, "autoparallel.": READ,
+    # the planner's assumptions: set otherwise under auto, one line
+    "parallelism.enable_sequence_parallel": REFUSED,
+    "parallelism.enable_fsdp_symm_mem": REFUSED,
+    "parallelism.context_parallel_load_balancer": REFUSED,
+    "activation_checkpoint.force_recompute_mm_shapes_by_fqns": REFUSED,
+    "activation_checkpoint.memory_budget": REFUSED,
+    "activation_checkpoint.visualize_memory_budget_pareto": REFUSED,
+    # step time the cost model does not see: the plan says so
+    "training.disable_cuda_graphs": NOTED,
+    # no effect on placements, memory or step time
+    "parallelism.spmd_backend": RUNTIME, "parallelism.context_parallel_ptrr_mask_key": RUNTIME,
+    "training.max_norm": RUNTIME, "training.gc_freq": RUNTIME, "training.gc_debug": RUNTIME,
+    "activation_checkpoint.debug": RUNTIME, "activation_checkpoint.determinism_check": RUNTIME,
+    "activation_checkpoint.preserve_rng_state": RUNTIME, "dataloader.": RUNTIME,
+    "validator.": RUNTIME, "checkpoint.": RUNTIME, "comm.": RUNTIME, "debug.": RUNTIME,
+    "profiler.": RUNTIME, "metrics.": RUNTIME, "lr_scheduler.": RUNTIME, "optimizer.": RUNTIME,
+    "override.": RUNTIME, "loss.": RUNTIME, "tokenizer.": RUNTIME, "dump_folder": RUNTIME,
+    "hf_assets_path": RUNTIME,
+}
+"""Every TorchTitan 0.3.0 command-line key under auto (an exact key, or a section prefix ending
+in "."; exact keys first): read into the plan, refused when set (the planner assumes TorchTitan's
+default), noted in the plan, or without effect on what the planner decides. A test walks 0.3.0's
+config dataclasses so that a key added upstream cannot slip through."""
+
+REFUSED_WHY = {
+    "parallelism.enable_sequence_parallel": "TP blocks are planned and costed with sequence "
+    "parallel",
+    "parallelism.enable_fsdp_symm_mem": "FSDP collectives are costed as NCCL ring collectives",
+    "parallelism.context_parallel_load_balancer": "context parallel is costed load-balanced "
+    "(headtail)",
+    "activation_checkpoint.force_recompute_mm_shapes_by_fqns": "selective AC is costed with "
+    "TorchTitan's default save list",
+    "activation_checkpoint.memory_budget": "the planner chooses AC per block (none / selective "
+    "/ full)",
+    "activation_checkpoint.visualize_memory_budget_pareto": "the planner chooses AC per block "
+    "(none / selective / full)",
+}
+
+
+def key_class(key: str) -> str | None:
+    """The class of a 0.3.0 config key in ``KEYS`` (None: unclassified)."""
+    if key in KEYS:
+        return KEYS[key]
+    prefixes = [p for p in KEYS if p.endswith(".") and key.startswith(p)]
+    return KEYS[max(prefixes, key=len)] if prefixes else None
+
+
+def check_keys(config: Config) -> list[str]:
+    """Refuse, in one line, keys the planner assumes at TorchTitan's default when the user
+    set them under auto; the notes for keys whose effect the cost model does not see."""
+    notes = []
+    for key in sorted(explicit_of(config)):
+        if key_class(key) == REFUSED:
+            raise UserError(f"{key} is set with parallelism.auto: {REFUSED_WHY[key]}; leave it "
+                            "at TorchTitan's default or drop --parallelism.auto")
+        if key_class(key) == NOTED:
+            notes.append(f"{key} is set: CUDA graphs change the host overhead per step, which "
+                         "the cost model charges as without them")
+    return notes
+
 
 FIXED_BY_RELEASE = {"parallelism.expert_tensor_parallel_degree": 1,
                     "parallelism.pipeline_parallel_expert_parallel_overlap": False}
@@ -180,6 +259,7 @@ def job_of(config: Config) -> Job:
     if spec is None:
         raise UserError("the config function returned no model_spec: set one (model_registry)")
     converters, recipe = _converters(spec.model)
+    notes = check_keys(config) if config.parallelism.auto else []
     t, p, c = config.training, config.parallelism, config.compile
     job = Job(
         model=Model(family_of(spec), spec.flavor, converters, config.hf_assets_path),
@@ -204,4 +284,6 @@ def job_of(config: Config) -> Job:
     renamed = {"compile.enable_async_tensor_parallel": "parallelism.enable_async_tensor_parallel"}
     explicit = {renamed.get(k, k) for k in explicit_of(config)} | set(FIXED_BY_RELEASE)
     setattr(job, EXPLICIT_ATTR, frozenset(explicit))
+    setattr(job, RELEASE_FIXED_ATTR, frozenset(FIXED_BY_RELEASE))
+    setattr(job, NOTES_ATTR, notes)
     return job
