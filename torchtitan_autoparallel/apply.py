@@ -374,14 +374,6 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
     return model
 
 
-def plan_shards_with_fsdp(plan: Plan) -> bool:
-    """Whether ``apply_plan`` calls ``fully_shard`` for ``plan`` (FSDP over dp_shard / cp, EP's
-    expert sharding, or blocks using tp as data parallel)."""
-    m = plan.mesh
-    return (m.dp_shard > 1 or m.cp > 1 or m.ep > 1
-            or any(layer.tp_mode == "dp" for layer in plan.layers))
-
-
 def sync_replicas_on_last_microbatch(model_parts: list[nn.Module], plan: Plan, microbatch: int
                                      ) -> None:
     """Replicated (DDP) plans: all-reduce gradients on the step's last micro-batch only."""

@@ -137,7 +137,7 @@ OPTIMIZERS = ("Adam", "AdamW")
 
 def check_plan_features(job_config: Any, plan: Any) -> None:
     """Features the chosen plan cannot apply."""
-    from .apply import plan_shards_with_fsdp
+    from .plan import plan_shards_with_fsdp
 
     val = job_config.validation
     if val.enable and plan.mesh.pp > 1 and (

@@ -587,3 +587,11 @@ def check_plan_for_job(plan: Any, world: int, layers: list[tuple[str, str]],
         detail = f"e.g. {shown(extra[0])}" if extra else "in another order"
         raise UserError(f"plan {source}: its layers are not the model's ({len(have)} planned, "
                         f"{len(layers)} in the model; {detail}); {PLAN_FIX}")
+
+
+def plan_shards_with_fsdp(plan: Plan) -> bool:
+    """Whether ``apply_plan`` calls ``fully_shard`` for ``plan`` (FSDP over dp_shard / cp, EP's
+    expert sharding, or blocks using tp as data parallel)."""
+    m = plan.mesh
+    return (m.dp_shard > 1 or m.cp > 1 or m.ep > 1
+            or any(layer.tp_mode == "dp" for layer in plan.layers))

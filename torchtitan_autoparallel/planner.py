@@ -136,7 +136,7 @@ def _plan_job(job_config: Any, world: int) -> Plan:
 def moot_fsdp_settings(job_config: Any, plan: Plan) -> list[str]:
     """A note naming the FSDP-only settings the job sets when the plan shards nothing with
     FSDP (DDP or one device): they take no effect, and the plan says so."""
-    from .apply import plan_shards_with_fsdp
+    from .plan import plan_shards_with_fsdp
 
     if plan_shards_with_fsdp(plan):
         return []
