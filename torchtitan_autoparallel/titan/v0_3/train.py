@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from ...errors import UserError, run_cli
@@ -179,6 +180,30 @@ def plan_config(config: Any, world: int, rank: int) -> Any:
     return plan
 
 
+REPO_ASSETS = Path(__file__).resolve().parents[3] / "assets"
+"""This repository's debug tokenizer (vocabulary 2000) and text corpus (JSON lines)."""
+
+
+def debug_assets(config: Any) -> list[str]:
+    """TorchTitan's debug configs read ``tests/assets/{tokenizer,c4_test}`` of its source tree
+    (relative to the working directory; the wheel ships neither): when those are absent and
+    this repository's ``assets`` is present, read its tokenizer and corpus instead. The
+    replacements made, as lines to log."""
+    done = []
+    if not REPO_ASSETS.is_dir():
+        return done
+    if os.path.normpath(config.hf_assets_path) == "tests/assets/tokenizer" and \
+            not os.path.isdir(config.hf_assets_path):
+        config.hf_assets_path = str(REPO_ASSETS / "tokenizer")
+        done.append(f"hf_assets_path = {config.hf_assets_path}")
+    loader = config.dataloader
+    if getattr(loader, "dataset", None) == "c4_test" and not getattr(loader, "dataset_path", 1) \
+            and not os.path.isdir("tests/assets/c4_test"):
+        loader.dataset_path = str(REPO_ASSETS / "data")
+        done.append(f"dataloader.dataset_path = {loader.dataset_path}")
+    return done
+
+
 def run(argv: list[str]) -> int:
     on_cpu = cpu.apply_process_shims()
     import torch
@@ -188,7 +213,12 @@ def run(argv: list[str]) -> int:
 
     init_logger()
     config = parse_job(argv)
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    # torchrun sets WORLD_SIZE; a fake-backend dry run has NGPU ranks
+    world = int(os.environ.get("WORLD_SIZE") or os.environ.get("NGPU") or 1)
+    rank = int(os.environ.get("RANK", "0"))
+    for line in debug_assets(config):
+        if rank == 0:
+            logger.info(f"TorchTitan's tests/assets is absent: {line}")
     if config.parallelism.auto:
         if config.checkpoint.create_seed_checkpoint:
             raise UserError("--checkpoint.create_seed_checkpoint runs on 1 rank without a "
@@ -197,6 +227,9 @@ def run(argv: list[str]) -> int:
     if on_cpu:
         cpu.sdpa_attention(config)
 
+    if config.comm.mode == "local_tensor":  # as torchtitan.train: nothing to train
+        logger.info("Local tensor mode enabled - skipping training execution")
+        return 0
     trainer = None
     try:
         trainer = config.build()
