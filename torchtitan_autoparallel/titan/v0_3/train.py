@@ -39,8 +39,10 @@ def check_applicable(plan: Any) -> None:
                         f"({len(fqns)} layers): not applied to TorchTitan 0.3.0 yet; leave "
                         "out tp_dp (--autoparallel.techniques without it)")
     if m.tp > 1 and modes != {"sp"}:
-        raise UserError("the plan applies tensor parallel to some layers only: TorchTitan "
-                        "0.3.0's model.parallelize shards every layer; not applied yet")
+        n = sum(layer.tp_mode == "sp" for layer in plan.layers)
+        raise UserError(f"the plan runs tensor parallel on {n} of {len(plan.layers)} layers "
+                        "(tp > 1): TorchTitan 0.3.0's model.parallelize shards every layer; "
+                        "not applied yet")
     if any(layer.ep > 1 for layer in plan.layers) or m.ep > 1:
         raise UserError("the plan shards routed experts (EP): not applied to TorchTitan 0.3.0 "
                         "yet")
