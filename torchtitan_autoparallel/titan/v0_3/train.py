@@ -5,12 +5,13 @@
         --module llama3 --config llama3_debugmodel --parallelism.auto [overrides]
 
 Without ``--parallelism.auto`` the job runs as TorchTitan's ``torchtitan.train`` runs it. With
-it, every rank plans the job on the world size (planning is deterministic), rank 0 prints the
-plan, the config takes the plan's mesh and batch, and the model spec's ``parallelize_fn`` is
-replaced by ``plan_parallelize``: 0.3.0's ``parallelize_llama`` with activation checkpointing,
-FSDP ``reshard_after_forward`` and FSDP units per block from the plan. What this apply cannot
-run yet (pipeline stages, tensor parallel as data parallel, TP on some layers only, routed
-experts) stops in one line. Without a CUDA device the CPU shims of ``cpu.py`` apply (gloo).
+it, rank 0 plans the job on the world size and hands the plan to the other ranks (torchrun's
+store), rank 0 prints it, the config takes the plan's mesh and batch, and the model spec's
+``parallelize_fn`` is replaced by ``plan_parallelize``: 0.3.0's ``parallelize_llama`` with
+activation checkpointing, FSDP ``reshard_after_forward`` and FSDP units per block from the plan.
+What this apply cannot run yet (pipeline stages, tensor parallel as data parallel, TP on some
+layers only, routed experts) stops in one line. Without a CUDA device the CPU shims of
+``cpu.py`` apply (gloo).
 """
 
 from __future__ import annotations
@@ -171,11 +172,14 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
 
 
 def plan_config(config: Any, world: int, rank: int) -> Any:
-    """Plan ``config`` on ``world`` ranks, print the plan on rank 0, apply it; the plan."""
-    from ...planner import plan_job
+    """Plan ``config`` on ``world`` ranks (rank 0 solves, or reads ``autoparallel.plan_file``,
+    and hands the plan to the others), print it on rank 0, apply it; the plan."""
+    from ...launch import plan_from_rank0, resolve_plan
     from .job import job_of
 
-    plan = plan_job(job_of(config), world)
+    job = job_of(config)
+    plan = plan_from_rank0(lambda: resolve_plan(job, world), config.autoparallel.time_limit_s,
+                           alone=config.comm.mode == "fake_backend")
     if rank == 0:
         print(plan.table(), flush=True)
     apply_plan(config, plan)
