@@ -80,24 +80,32 @@ def shared_plan(job_config: Any, world: int) -> Any:
     those later, from the plan's degrees. A planning error on rank 0 is handed on too, so every
     rank stops with the same line. Without torchrun's store (one process, a dry run) the
     process plans alone; ``apply.check_plan_matches`` still compares the ranks' digests."""
+    return plan_from_rank0(lambda: resolve_plan(job_config, world),
+                           job_config.autoparallel.time_limit_s,
+                           alone=job_config.comm.mode == "fake_backend")
+
+
+def plan_from_rank0(resolve: Any, time_limit_s: float, alone: bool = False) -> Any:
+    """``resolve()`` on rank 0, its plan (or its UserError) handed to the other ranks through
+    torchrun's store (see ``shared_plan``); every process resolves alone when ``alone``, in one
+    process, or without torchrun's store."""
     import json
     from datetime import timedelta
 
     from .plan import Plan
 
-    if (int(os.environ.get("WORLD_SIZE", "1")) == 1
-            or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-            or job_config.comm.mode == "fake_backend"):
-        return resolve_plan(job_config, world)
+    if (alone or int(os.environ.get("WORLD_SIZE", "1")) == 1
+            or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"):
+        return resolve()
     import torch.distributed as dist
 
-    timeout = timedelta(seconds=max(1800.0, 20 * job_config.autoparallel.time_limit_s))
+    timeout = timedelta(seconds=max(1800.0, 20 * time_limit_s))
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           is_master=False, timeout=timeout)
     key = f"{PLAN_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     if int(os.environ.get("RANK", "0")) == 0:
         try:
-            plan = resolve_plan(job_config, world)
+            plan = resolve()
         except UserError as exc:
             store.set(key, json.dumps({"error": str(exc)}))
             raise

@@ -1,0 +1,136 @@
+"""Training with TorchTitan 0.3.0's own Trainer under ``--parallelism.auto``, on CPU ranks (gloo)
+when no GPU is present: ``PYTHONPATH=. python -m pytest -q tests_v0_3/test_train_v0_3.py``.
+
+Reference: a 1-rank run of the same job from the same seed checkpoint, fp32 parameters (so a
+mesh changes the losses by rounding only). Data and tokenizer: this repository's ``assets``.
+About 3 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+BIN = Path(sys.executable).parent
+
+JOB = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len", "256",
+       "--training.global_batch_size", "8", "--training.mixed_precision_param", "float32",
+       "--hf_assets_path", str(REPO / "assets" / "tokenizer"),
+       "--dataloader.dataset_path", str(REPO / "assets" / "data"), "--debug.seed", "0"]
+STEPS = ["--training.steps", "3"]
+
+
+def _require_0_3() -> None:
+    from importlib.metadata import version
+
+    if not version("torchtitan").startswith("0.3."):
+        raise RuntimeError("tests_v0_3 runs with TorchTitan 0.3.0 installed (see the README)")
+
+
+_require_0_3()
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def _torchrun(n: int, *args: str) -> str:
+    cmd = [str(BIN / "torchrun"), "--nproc_per_node", str(n), "--rdzv_backend", "c10d",
+           "--rdzv_endpoint", "localhost:0", "--local-ranks-filter", "0", "--role", "rank",
+           "--tee", "3", "-m", "torchtitan_autoparallel.titan.v0_3.train", *args]
+    return _run(cmd)
+
+
+def _run(cmd: list[str], env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(cmd, cwd=REPO, env=env or _env(), capture_output=True, text=True,
+                          timeout=600)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout + done.stderr)
+    assert done.returncode == 0, out[-3000:]
+    return out
+
+
+def _losses(out: str) -> list[float]:
+    return [float(x) for x in re.findall(r"step:\s+\d+\s+loss:\s+([0-9.]+)", out)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The seed checkpoint and the 1-rank losses from it."""
+    root = tmp_path_factory.mktemp("train")
+    _torchrun(1, *JOB, "--training.local_batch_size", "8", "--checkpoint.enable",
+              "--checkpoint.create_seed_checkpoint", "--parallelism.data_parallel_shard_degree",
+              "1", "--dump_folder", str(root / "seed"))
+    seed = root / "seed" / "checkpoint" / "step-0"
+    assert seed.is_dir()
+    load = ["--checkpoint.enable", "--checkpoint.initial_load_path", str(seed)]
+    out = _torchrun(1, *JOB, *STEPS, "--training.local_batch_size", "8", *load,
+                    "--dump_folder", str(root / "one"))
+    losses = _losses(out)
+    assert len(losses) == 3
+    return SimpleNamespace(root=root, load=load, losses=losses)
+
+
+def _assert_same(losses: list[float], reference: list[float]) -> None:
+    assert len(losses) == len(reference)
+    gap = max(abs(a - b) for a, b in zip(losses, reference, strict=True))
+    assert gap <= 1e-4, (losses, reference)
+
+
+def test_four_ranks_under_auto_through_run_train_sh_train_as_one_rank(reference):
+    """The launcher (MODULE / CONFIG), the plan printed, its mesh run, the 1-rank losses."""
+    env = {**_env(), "NGPU": "4", "MODULE": "llama3", "CONFIG": "llama3_debugmodel"}
+    out = _run(["bash", str(REPO / "run_train.sh"), "--parallelism.auto", *STEPS, *JOB,
+                *reference.load, "--dump_folder", str(reference.root / "auto4")], env=env)
+    assert "autoparallel plan " in out and "layers.0..5" in out, out[-3000:]
+    mesh = re.search(r"mesh dp_replicate=(\d+) dp_shard=(\d+) cp=(\d+) tp=(\d+)", out)
+    assert mesh, out[-3000:]
+    built = "pp=1, dp_replicate={}, dp_shard={}, cp={}, tp={}".format(*mesh.groups())
+    assert built in out  # TorchTitan built the plan's mesh
+    _assert_same(_losses(out), reference.losses)
+
+
+def test_fsdp_tp_and_full_ac_per_block_from_the_plan(reference):
+    """Degrees set on the command line constrain the plan (FSDP 2 x TP 2), ``full`` AC is
+    applied per block, and the losses are still the 1-rank losses."""
+    out = _torchrun(4, *JOB, *STEPS, "--parallelism.auto", "--parallelism.tensor_parallel_degree",
+                    "2", "--parallelism.data_parallel_shard_degree", "2",
+                    "--autoparallel.techniques", "fsdp,hsdp,ddp,tp,ac", *reference.load,
+                    "--dump_folder", str(reference.root / "fsdp_tp"), "activation-checkpoint:full")
+    assert "mesh dp_replicate=1 dp_shard=2 cp=1 tp=2" in out, out[-3000:]
+    assert re.search(r"layers\.0\.\.5 +\S*tp\+sp\+ac:full", out), out[-3000:]
+    _assert_same(_losses(out), reference.losses)
+
+
+def _plan(**mesh):
+    m = SimpleNamespace(**{"dp_replicate": 1, "dp_shard": 2, "tp": 1, "cp": 1, "ep": 1,
+                           "pp": 1, **mesh})
+    return SimpleNamespace(mesh=m, pipeline=None, layers=[
+        SimpleNamespace(fqn="layers.0", kind="block", tp_mode="none", ep=1)])
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"pp": 2}, "pipeline stages"),
+    ({"tp_mode": "dp", "tp": 2}, "tensor parallel as data parallel"),
+    ({"tp_mode": "none", "tp": 2}, "tensor parallel on 0 of 1 layers"),
+    ({"ep": 2}, "routed experts"),
+])
+def test_what_the_apply_cannot_run_stops_in_one_line(change, words):
+    from torchtitan_autoparallel.errors import UserError
+    from torchtitan_autoparallel.titan.v0_3.train import check_applicable
+
+    change = dict(change)
+    plan = _plan(**{k: v for k, v in change.items() if k != "tp_mode"})
+    if "tp_mode" in change:
+        plan.layers[0].tp_mode = change["tp_mode"]
+    with pytest.raises(UserError, match=words) as info:
+        check_applicable(plan)
+    assert "\n" not in str(info.value)

@@ -1,0 +1,265 @@
+"""Train with TorchTitan 0.3.0's own Trainer, parallelized by the plan under
+``--parallelism.auto``.
+
+    torchrun --nproc_per_node N -m torchtitan_autoparallel.titan.v0_3.train \\
+        --module llama3 --config llama3_debugmodel --parallelism.auto [overrides]
+
+Without ``--parallelism.auto`` the job runs as TorchTitan's ``torchtitan.train`` runs it. With
+it, rank 0 plans the job on the world size and hands the plan to the other ranks (torchrun's
+store), rank 0 prints it, the config takes the plan's mesh and batch, and the model spec's
+``parallelize_fn`` is replaced by ``plan_parallelize``: 0.3.0's ``parallelize_llama`` with
+activation checkpointing, FSDP ``reshard_after_forward`` and FSDP units per block from the plan.
+What this apply cannot run yet (pipeline stages, tensor parallel as data parallel, TP on some
+layers only, routed experts) stops in one line. Without a CUDA device the CPU shims of
+``cpu.py`` apply (gloo).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ...errors import UserError, run_cli
+from . import cpu
+
+
+def check_applicable(plan: Any) -> None:
+    """UserError naming what in ``plan`` this apply cannot run."""
+    m = plan.mesh
+    if m.pp > 1 or plan.pipeline is not None:
+        raise UserError(f"the plan pipelines the model over {m.pp} stages: pipeline stages are "
+                        "not applied to TorchTitan 0.3.0 yet; set "
+                        "--parallelism.pipeline_parallel_degree 1")
+    modes = {layer.tp_mode for layer in plan.layers}
+    if "dp" in modes:
+        fqns = [layer.fqn for layer in plan.layers if layer.tp_mode == "dp"]
+        raise UserError(f"the plan runs tensor parallel as data parallel on {fqns[0]} "
+                        f"({len(fqns)} layers): not applied to TorchTitan 0.3.0 yet; leave "
+                        "out tp_dp (--autoparallel.techniques without it)")
+    if m.tp > 1 and modes != {"sp"}:
+        n = sum(layer.tp_mode == "sp" for layer in plan.layers)
+        raise UserError(f"the plan runs tensor parallel on {n} of {len(plan.layers)} layers "
+                        "(tp > 1): TorchTitan 0.3.0's model.parallelize shards every layer; "
+                        "not applied yet")
+    if any(layer.ep > 1 for layer in plan.layers) or m.ep > 1:
+        raise UserError("the plan shards routed experts (EP): not applied to TorchTitan 0.3.0 "
+                        "yet")
+
+
+def apply_plan(config: Any, plan: Any) -> None:
+    """The plan's mesh and batch in ``config``, and ``plan_parallelize`` as its
+    ``parallelize_fn``."""
+    check_applicable(plan)
+    m, p, t = plan.mesh, config.parallelism, config.training
+    p.data_parallel_replicate_degree = m.dp_replicate
+    p.data_parallel_shard_degree = m.dp_shard
+    p.tensor_parallel_degree = m.tp
+    p.context_parallel_degree = m.cp
+    p.expert_parallel_degree = m.ep
+    p.pipeline_parallel_degree = m.pp
+    if plan.global_batch_size != (plan.local_batch_size * m.dp
+                                   * plan.gradient_accumulation_steps):
+        raise UserError(f"plan: global batch {plan.global_batch_size} is not local "
+                        f"{plan.local_batch_size} x dp {m.dp} x accumulation "
+                        f"{plan.gradient_accumulation_steps}")
+    t.local_batch_size = plan.local_batch_size
+    t.global_batch_size = plan.global_batch_size  # TorchTitan derives the accumulation steps
+
+    def parallelize(model: Any, **kwargs: Any) -> Any:
+        return plan_parallelize(model, plan=plan, **kwargs)
+
+    config.model_spec = dataclasses.replace(config.model_spec, parallelize_fn=parallelize)
+
+
+def _ac_policies(ac_config: Any, dump_folder: str) -> dict[str, Any]:
+    """AC mode -> the 0.3.0 policy that applies it (the job's own options kept when it names
+    that mode)."""
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    out: dict[str, Any] = {"none": None}
+    for mode, cls in (("full", FullAC), ("selective", SelectiveAC)):
+        cfg = ac_config if type(ac_config) is cls.Config else cls.Config()
+        out[mode] = cfg.build(dump_folder=dump_folder)
+    return out
+
+
+def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any,
+                     parallelism: Any, compile_config: Any, ac_config: Any,
+                     dump_folder: str) -> Any:
+    """TorchTitan 0.3.0's ``parallelize_llama`` with AC, FSDP ``reshard_after_forward`` and
+    FSDP units per block from ``plan``."""
+    import torch.nn as nn
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.distributed.compile import apply_compile
+    from torchtitan.distributed.context_parallel import apply_cp_to_forward
+    from torchtitan.distributed.fsdp import disable_fsdp_gradient_division
+    from torchtitan.distributed.full_dtensor import resolve_fsdp_mesh, validate_config
+
+    from ...plan import fsdp_units
+
+    blocks = dict(model.layers.named_children())
+    planned = [layer.fqn for layer in plan.layers if layer.kind == "block"]
+    if planned != [f"layers.{name}" for name in blocks]:
+        raise UserError(f"plan: its blocks {planned[:2]}... are not the model's layers "
+                        f"({len(blocks)} blocks)")
+    if any(getattr(block, "moe_enabled", False) for block in blocks.values()):
+        raise UserError("routed-expert (MoE) blocks: the plan's apply to TorchTitan 0.3.0 "
+                        "covers dense decoders only yet")
+
+    # tensor / context parallel: the sharding the model declares, as parallelize_llama does
+    if parallelism.spmd_backend in ("full_dtensor", "spmd_types"):
+        validate_config(parallel_dims, model)
+        model.parallelize(parallel_dims)
+    else:
+        if parallel_dims.cp_enabled:
+            apply_cp_to_forward([block.attention.inner_attention for block in blocks.values()],
+                                parallel_dims.get_mesh("cp"))
+        if parallel_dims.tp_enabled:
+            model.parallelize(parallel_dims)
+
+    # activation checkpointing per block
+    policies = _ac_policies(ac_config, dump_folder)
+    by_fqn = {layer.fqn: layer for layer in plan.layers}
+    for name in list(blocks):
+        policy = policies[by_fqn[f"layers.{name}"].ac]
+        if policy is not None:
+            blocks[name] = policy._wrap_block(blocks[name], base_fqn=f"layers.{name}")
+            model.layers.register_module(name, blocks[name])
+
+    if compile_config.enable and "model" in compile_config.components:
+        apply_compile(model, compile_config=compile_config, parallel_dims=parallel_dims)
+
+    # FSDP per unit with the plan's reshard_after_forward
+    if parallelism.spmd_backend in ("full_dtensor", "spmd_types"):
+        dp_mesh, dp_mesh_dims = resolve_fsdp_mesh(parallel_dims)
+    else:
+        names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
+        dp_mesh, dp_mesh_dims = parallel_dims.get_mesh(names), None
+    fsdp: dict[str, Any] = {"mesh": dp_mesh, "mp_policy": MixedPrecisionPolicy(
+        param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+        reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+        cast_forward_inputs=False)}
+    if dp_mesh_dims is not None:
+        fsdp["dp_mesh_dims"] = dp_mesh_dims
+    if training.enable_cpu_offload:
+        fsdp["offload_policy"] = CPUOffloadPolicy()
+
+    def reshard(kind: str) -> bool | int:
+        layers = [layer for layer in plan.layers if layer.kind == kind]
+        return layers[0].reshard_after_forward if layers else True
+
+    ends: list[nn.Module] = [m for m in (model.norm, model.lm_head) if m is not None]
+    if model.enable_weight_tying:
+        fully_shard([model.tok_embeddings, *ends], **fsdp,
+                    reshard_after_forward=reshard("output"))
+    else:
+        if model.tok_embeddings is not None:
+            fully_shard(model.tok_embeddings, **fsdp,
+                        reshard_after_forward=reshard("embedding"))
+        if len(ends) == 2:
+            fully_shard(ends, **fsdp, reshard_after_forward=reshard("output"))
+    for unit in fsdp_units(plan.layers):
+        modules = [blocks[layer.fqn.split(".", 1)[1]] for layer in unit]
+        fully_shard(modules if len(modules) > 1 else modules[0], **fsdp,
+                    reshard_after_forward=unit[0].reshard_after_forward)
+    fully_shard(model, **fsdp)
+    disable_fsdp_gradient_division(model)
+    return model
+
+
+def plan_config(config: Any, world: int, rank: int) -> Any:
+    """Plan ``config`` on ``world`` ranks (rank 0 solves, or reads ``autoparallel.plan_file``,
+    and hands the plan to the others), print it on rank 0, apply it; the plan."""
+    from ...launch import plan_from_rank0, resolve_plan
+    from .job import job_of
+
+    job = job_of(config)
+    plan = plan_from_rank0(lambda: resolve_plan(job, world), config.autoparallel.time_limit_s,
+                           alone=config.comm.mode == "fake_backend")
+    if rank == 0:
+        print(plan.table(), flush=True)
+    apply_plan(config, plan)
+    return plan
+
+
+REPO_ASSETS = Path(__file__).resolve().parents[3] / "assets"
+"""This repository's debug tokenizer (vocabulary 2000) and text corpus (JSON lines)."""
+
+
+def debug_assets(config: Any) -> list[str]:
+    """TorchTitan's debug configs read ``tests/assets/{tokenizer,c4_test}`` of its source tree
+    (relative to the working directory; the wheel ships neither): when those are absent and
+    this repository's ``assets`` is present, read its tokenizer and corpus instead. The
+    replacements made, as lines to log."""
+    done = []
+    if not REPO_ASSETS.is_dir():
+        return done
+    if os.path.normpath(config.hf_assets_path) == "tests/assets/tokenizer" and \
+            not os.path.isdir(config.hf_assets_path):
+        config.hf_assets_path = str(REPO_ASSETS / "tokenizer")
+        done.append(f"hf_assets_path = {config.hf_assets_path}")
+    loader = config.dataloader
+    if getattr(loader, "dataset", None) == "c4_test" and not getattr(loader, "dataset_path", 1) \
+            and not os.path.isdir("tests/assets/c4_test"):
+        loader.dataset_path = str(REPO_ASSETS / "data")
+        done.append(f"dataloader.dataset_path = {loader.dataset_path}")
+    return done
+
+
+def run(argv: list[str]) -> int:
+    on_cpu = cpu.apply_process_shims()
+    import torch
+    from torchtitan.tools.logging import init_logger, logger
+
+    from .config import parse_job
+
+    init_logger()
+    config = parse_job(argv)
+    # torchrun sets WORLD_SIZE; a fake-backend dry run has NGPU ranks
+    world = int(os.environ.get("WORLD_SIZE") or os.environ.get("NGPU") or 1)
+    rank = int(os.environ.get("RANK", "0"))
+    for line in debug_assets(config):
+        if rank == 0:
+            logger.info(f"TorchTitan's tests/assets is absent: {line}")
+    if config.parallelism.auto:
+        if config.checkpoint.create_seed_checkpoint:
+            raise UserError("--checkpoint.create_seed_checkpoint runs on 1 rank without a "
+                            "plan: drop --parallelism.auto")
+        plan_config(config, world, rank)
+    if on_cpu:
+        cpu.sdpa_attention(config)
+
+    if config.comm.mode == "local_tensor":  # as torchtitan.train: nothing to train
+        logger.info("Local tensor mode enabled - skipping training execution")
+        return 0
+    trainer = None
+    try:
+        trainer = config.build()
+        if config.checkpoint.create_seed_checkpoint:
+            if world != 1 or not config.checkpoint.enable:
+                raise UserError("a seed checkpoint is created on 1 rank with "
+                                "--checkpoint.enable")
+            trainer.checkpointer.save(curr_step=0, last_step=True)
+            logger.info("Created seed checkpoint")
+        else:
+            trainer.train()
+    except BaseException:
+        if trainer is not None:
+            trainer.close()
+        raise
+    trainer.close()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+def main() -> None:
+    sys.exit(run_cli(lambda: run(sys.argv[1:])))
+
+
+if __name__ == "__main__":
+    main()
