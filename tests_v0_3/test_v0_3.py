@@ -165,6 +165,8 @@ def test_a_set_degree_is_a_constraint(tmp_path):
     (["--module", "llama3", "--config", "llama3_8b", "--parallelism.bogus", "3"], "bogus"),
     (["--module", "llama3", "--config", "no_such_fn"], "no_such_fn"),
     (["--module", "qwen3_5", "--config", "qwen35_9b"], "vision_encoder"),
+    (["--module", "llama3", "--config", "llama3_8b", "--autoparallel.plan_file", "p.json"],
+     "plan solves the job afresh"),
 ])
 def test_bad_input_is_one_line(args, words):
     run = _cli("plan", *args, "--ngpu", "8", "--hardware", "h100_sxm")

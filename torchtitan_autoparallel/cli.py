@@ -29,9 +29,17 @@ def _job(args: argparse.Namespace, auto: bool) -> Any:
     from .frontend import frontend
 
     release = frontend().release
-    if args.module or release != "0.2":
-        return _job_by_module(args, auto, release)
-    return _job_from_toml(args, auto)
+    if getattr(args, "out", None):
+        check_output_path(args.out, "plan")
+    job = (_job_by_module(args, auto, release) if args.module or release != "0.2"
+           else _job_from_toml(args, auto))
+    if not job.autoparallel.hardware:
+        # offline: no device to match, so say which profile the numbers are for
+        print("note: no hardware profile chosen (--hardware or autoparallel.hardware): "
+              "planned for 'cpu'; pass --hardware h100_sxm (or h200_sxm, h100_grand_teton, "
+              "a100_sxm, b200, a .toml) for a GPU job",
+              file=sys.stderr if getattr(args, "json", False) else sys.stdout)
+    return job
 
 
 def _autoparallel_overrides(args: argparse.Namespace, auto: bool) -> list[str]:
@@ -57,15 +65,12 @@ def _job_by_module(args: argparse.Namespace, auto: bool, release: str) -> Any:
     if not args.module:
         raise UserError(f"TorchTitan {release} names jobs with --module M --config FUNCTION "
                         "(e.g. --module llama3 --config llama3_8b), not a TOML file")
-    if getattr(args, "out", None):
-        check_output_path(args.out, "plan")
     job = frontend().read_job(["--module", args.module, "--config", args.config,
                                *args.overrides, *_autoparallel_overrides(args, auto)])
-    if not job.autoparallel.hardware:
-        print("note: no hardware profile chosen (--hardware or --autoparallel.hardware): "
-              "planned for 'cpu'; pass --hardware h100_sxm (or h200_sxm, h100_grand_teton, "
-              "a100_sxm, b200, a .toml) for a GPU job",
-              file=sys.stderr if getattr(args, "json", False) else sys.stdout)
+    if auto and job.autoparallel.plan_file:
+        raise UserError(f"autoparallel.plan_file = {job.autoparallel.plan_file!r} with plan: "
+                        "plan solves the job afresh; read a plan file with explain / show / "
+                        "diff, or drop the key")
     return job
 
 
@@ -80,8 +85,6 @@ def _job_from_toml(args: argparse.Namespace, auto: bool) -> Any:
             raise UserError("name the config with --config, not --job.config_file")
     overrides = ["--job.config_file", args.config, *args.overrides,
                  *_autoparallel_overrides(args, auto)]
-    if getattr(args, "out", None):
-        check_output_path(args.out, "plan")
     job = parse_config(overrides)
     import_custom_module(job)
     if auto and job.autoparallel.plan_file:
@@ -98,12 +101,6 @@ def _job_from_toml(args: argparse.Namespace, auto: bool) -> Any:
     check_job_keys(job)
     if auto:
         check_auto_settings(job)
-    if not job.autoparallel.hardware:
-        # offline: no device to match, so say which profile the numbers are for
-        print("note: no hardware profile chosen (--hardware or [autoparallel] hardware): "
-              "planned for 'cpu'; pass --hardware h100_sxm (or h200_sxm, h100_grand_teton, "
-              "a100_sxm, b200, a .toml) for a GPU job",
-              file=sys.stderr if getattr(args, "json", False) else sys.stdout)
     return job
 
 
