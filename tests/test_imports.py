@@ -198,3 +198,61 @@ def test_cost_is_pure_functions_of_a_profile_and_a_graph():
         if module.startswith(f"{PACKAGE}.cost"):
             above = sorted(t for t in targets if not t.startswith(below))
             assert not above, f"{module} imports {above}"
+
+
+RELEASE_CODE = ("titan", "apply", "registry", "job_config", "launch", "train", "converter",
+                "data", "checks", "runtime.cpu", "runtime.dry_run", "runtime.early_step",
+                "runtime.grad_norm", "runtime.pipeline")
+"""Modules that read or drive one TorchTitan release (its config, train specs, helpers, CPU
+patches): ``titan/`` and the 0.2.2 modules still at the package top."""
+PLANNING = ("planner", "planning_inputs", "assembly", "candidate", "pipeline_candidate",
+            "solver", "strategies", "cost", "graph", "plan", "pins", "features", "exclusions",
+            "recost", "explain", "show", "recipe", "frontend", "validate", "layout",
+            "schedules", "errors", "explicit", "model_config")
+"""The planning pipeline and what reads a Plan: shared by every release."""
+TITAN_IMPORTS = {
+    "graph.tp_styles": "the inferred TP styles build TorchTitan's NoParallel when applied",
+    "explicit": "a stand-in job config (tests) is compared with TorchTitan 0.2.2's defaults",
+    "model_config": "the custom config sections of a 0.2.2 job (job.custom_config_module)",
+    "recipe": "TorchTitan's own stage split (both releases have it)",
+}
+"""Planning modules that name ``torchtitan`` in an import, and why."""
+
+
+def _reach(graph: dict[str, set[str]], module: str) -> set[str]:
+    seen: set[str] = set()
+    stack = [module]
+    while stack:
+        for target in graph[stack.pop()]:
+            if target not in seen:
+                seen.add(target)
+                stack.append(target)
+    return seen
+
+
+def _in(module: str, names: tuple[str, ...]) -> bool:
+    short = _short(module)
+    return any(short == n or short.startswith(n + ".") for n in names)
+
+
+def test_planning_imports_no_release_code():
+    """One planner for both TorchTitan releases: the planning pipeline reaches no module that
+    reads or drives a release (the installed one's front-end is loaded by name,
+    ``frontend.frontend()``), and names ``torchtitan`` only where ``TITAN_IMPORTS`` says why."""
+    graph = import_graph()
+    planning = [m for m in graph if _in(m, PLANNING)]
+    assert len(planning) > 30
+    reached = {_short(m): sorted(_short(t) for t in _reach(graph, m) if _in(t, RELEASE_CODE))
+               for m in planning}
+    assert not {m: r for m, r in reached.items() if r}
+    modules = module_files()
+    naming = set()
+    for module in planning:
+        tree = ast.parse(modules[module].read_text())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom)
+                     and not node.level else [])
+            if any(n == "torchtitan" or n.startswith("torchtitan.") for n in names):
+                naming.add(_short(module))
+    assert naming == set(TITAN_IMPORTS)

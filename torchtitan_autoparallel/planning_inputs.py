@@ -341,8 +341,9 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
     config). ``training.global_batch_size = -1`` means local batch x data-parallel degree
     (TorchTitan's rule): ``dp`` is that degree where known (a plan's mesh), else the world
     size, and ``plan_job`` re-resolves it per data-parallel degree it searches."""
+    from importlib.metadata import version
+
     import torch
-    import torchtitan
 
     ap = job_config.autoparallel
     check_job_options(job_config)
@@ -420,7 +421,7 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
         "pin": globs,
         "pin_recipe": recipe if any(p.whole for p in pins.values()) else {},
         "versions": {"torchtitan_autoparallel": __version__, "torch": torch.__version__,
-                     "torchtitan": getattr(torchtitan, "__version__", "0.2.2")},
+                     "torchtitan": version("torchtitan")},
     }
     identity = config_identity(model_config_of(job_config))
     if identity:  # the custom config sections the model read (the HF config.json's hash)
