@@ -416,3 +416,61 @@ def test_async_tp_decomposes_gemms_as_torch_symmetric_memory_does():
         # at this size the chunks fall below the GEMM table's plateau: slower than one GEMM
         whole = kernels.gemm_s(tokens, n_loc, k_loc, hw.gemm_table, hw.clock_scale)
         assert fwd > whole
+
+
+def test_async_tp_replay_runs_on_cpu():
+    """experiments/gpu_check.py's async-TP replay, on CPU with tiny shapes (copies inline): per
+    linear and dtype the three timings, and the tp chunk GEMMs it times as the model's charge
+    are tp GEMMs whose FLOPs add up to the unchunked GEMM's (counted by FlopCounterMode
+    standing in for the timer)."""
+    import sys
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    sys.path.insert(0, str(REPO / "experiments"))
+    from gpu_check import async_tp_conclusion, async_tp_rows
+
+    aten = torch.ops.aten
+
+    class Calls(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gemms = self.copies = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.gemms += func in (aten.mm.default, aten._scaled_mm.default)
+            self.copies += func is aten.copy_.default
+            return func(*args, **(kwargs or {}))
+
+    seen: list[tuple[float, int, int]] = []
+
+    def timer(fn) -> float:
+        with FlopCounterMode(display=False) as flops, Calls() as calls:
+            fn()
+        seen.append((flops.get_total_flops(), calls.gemms, calls.copies))
+        return float(flops.get_total_flops())
+
+    tp, seq, batch = 4, 8, 2
+    shapes = [("wq", "colwise", 32, 64), ("wo", "rowwise", 64, 32)]
+    rows = async_tp_rows(load_profile("h100_sxm"), device="cpu", jobs=(("llama3", "tiny", batch),),
+                         seq=seq, tp=tp, timer=timer, linears=lambda flavor: shapes)
+    assert [(r["linear"], r["dtype"]) for r in rows] == [
+        (name, dtype) for name, *_ in shapes for dtype in ("bf16", "f8_tensorwise")]
+    assert len(seen) == 3 * len(rows)
+    triples = [seen[i:i + 3] for i in range(0, len(seen), 3)]
+    for r, (full, chunks, copies) in zip(rows, triples, strict=True):
+        k, n = (32, 64 // tp) if r["style"] == "colwise" else (64 // tp, 32)
+        assert (r["m"], r["k"], r["n"], r["tp"]) == (batch * seq, k, n, tp)
+        assert full == (2 * batch * seq * k * n, 1, 0)
+        assert chunks == (full[0], tp, 0)
+        # the copies: the other tp - 1 shards (and the own one into the p2p buffer when gathering)
+        assert copies == (full[0], tp, tp - (r["style"] == "rowwise"))
+        assert r["t_full_s"] == r["t_chunks_s"] == r["t_chunks_with_copies_s"]
+        assert r["overlap_slowdown"] == 1.0 and r["predicted_chunks_s"] > 0
+        width = 1 if (r["dtype"], r["style"]) == ("f8_tensorwise", "colwise") else 2
+        shard = batch * seq // tp * (k if r["style"] == "colwise" else n)
+        assert r["copy_bytes"] == copies[2] * shard * width
+    assert "bf16 copies slow them no more than float8 ones" in async_tp_conclusion(
+        rows, "llama3 tiny")
