@@ -44,6 +44,9 @@ class Frontend:
     prepare_models: Callable[[str], None]
     """Make the release's models (and the user's module, ``experimental.custom_import``, "" for
     none) readable by ``read_model``."""
+    node_reshard: bool = True
+    """FSDP can reshard a block to one node's ranks after forward (an integer
+    ``reshard_after_forward``); TorchTitan 0.3.0's FSDP on its SPMD mesh refuses it."""
     read_job: Callable[[list[str]], Any] | None = None
     """Command-line arguments (TorchTitan's own, with ``--parallelism.auto`` and
     ``--autoparallel.*``) -> the job as the planner reads it; None where the CLI reads the

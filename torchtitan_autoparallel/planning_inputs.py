@@ -115,6 +115,7 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
     return Constraints(
         **degrees,
         reshard_after_forward=features.reshard_after_forward,
+        node_reshard=frontend().node_reshard,
         fsdp_required=features.cpu_offload,
         **pipeline_constraints(job_config, features, techniques),
     )
@@ -403,6 +404,7 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
                         **({"reshard_after_forward": constraints.reshard_after_forward}
                            if constraints.reshard_after_forward != "default" else {}),
                         **({"accumulation": False} if not constraints.accumulation else {}),
+                        **({"node_reshard": False} if not constraints.node_reshard else {}),
                         **({"ac_modes": list(constraints.ac_modes)}
                            if user_set(job_config, "activation_checkpoint.mode") else {}),
                         # layer-wise selective AC: every k-th searched block full (Pin.ac)

@@ -53,6 +53,9 @@ class Constraints:
     accumulation: bool = True
     """Gradient accumulation allowed (False: the local batch is the micro-batch, as
     ``optimizer.early_step_in_backward`` requires)."""
+    node_reshard: bool = True
+    """FSDP may reshard a block to one node's ranks after forward (an integer
+    ``reshard_after_forward``); False where the release's FSDP cannot (``Frontend``)."""
 
 
 def legal_tp(graph: LayerGraph, tp: int, gpus_per_node: int) -> bool:
@@ -262,7 +265,7 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
             else (False,)
         node = node_reshard_group(mesh, gpus_per_node, mode)
         if node and constraints.reshard_after_forward == "default" and mesh.pp == 1 \
-                and not moe_model:
+                and not moe_model and constraints.node_reshard:
             reshards += (node,)
         units = (1,) if fsdp_unit_problem(mesh, mode) or moe_model else (
             1, *(k for k in FSDP_UNIT_SIZES if k <= run))
