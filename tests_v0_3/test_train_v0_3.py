@@ -21,10 +21,11 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 BIN = Path(sys.executable).parent
 
-JOB = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len", "256",
-       "--training.global_batch_size", "8", "--training.mixed_precision_param", "float32",
-       "--hf_assets_path", str(REPO / "assets" / "tokenizer"),
-       "--dataloader.dataset_path", str(REPO / "assets" / "data"), "--debug.seed", "0"]
+COMMON = ["--training.seq_len", "256", "--training.global_batch_size", "8",
+          "--training.mixed_precision_param", "float32",
+          "--hf_assets_path", str(REPO / "assets" / "tokenizer"),
+          "--dataloader.dataset_path", str(REPO / "assets" / "data"), "--debug.seed", "0"]
+JOB = ["--module", "llama3", "--config", "llama3_debugmodel", *COMMON]
 STEPS = ["--training.steps", "3"]
 
 
@@ -62,21 +63,25 @@ def _losses(out: str) -> list[float]:
     return [float(x) for x in re.findall(r"step:\s+\d+\s+loss:\s+([0-9.]+)", out)]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The seed checkpoint and the 1-rank losses from it."""
-    root = tmp_path_factory.mktemp("train")
-    _torchrun(1, *JOB, "--training.local_batch_size", "8", "--checkpoint.enable",
+def _reference(root: Path, job: list[str]) -> SimpleNamespace:
+    """A seed checkpoint of ``job`` and the 1-rank losses from it."""
+    _torchrun(1, *job, "--training.local_batch_size", "8", "--checkpoint.enable",
               "--checkpoint.create_seed_checkpoint", "--parallelism.data_parallel_shard_degree",
               "1", "--dump_folder", str(root / "seed"))
     seed = root / "seed" / "checkpoint" / "step-0"
     assert seed.is_dir()
     load = ["--checkpoint.enable", "--checkpoint.initial_load_path", str(seed)]
-    out = _torchrun(1, *JOB, *STEPS, "--training.local_batch_size", "8", *load,
+    out = _torchrun(1, *job, *STEPS, "--training.local_batch_size", "8", *load,
                     "--dump_folder", str(root / "one"))
     losses = _losses(out)
     assert len(losses) == 3
     return SimpleNamespace(root=root, load=load, losses=losses)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Llama 3's seed checkpoint and the 1-rank losses from it."""
+    return _reference(tmp_path_factory.mktemp("train"), JOB)
 
 
 def _assert_same(losses: list[float], reference: list[float]) -> None:
@@ -134,3 +139,30 @@ def test_what_the_apply_cannot_run_stops_in_one_line(change, words):
     with pytest.raises(UserError, match=words) as info:
         check_applicable(plan)
     assert "\n" not in str(info.value)
+
+
+def test_qwen3_under_auto_on_two_ranks_trains_as_one_rank(tmp_path):
+    """Another 0.3.0 family (Qwen3's debug flavor: QK norms, its own head dim) under auto on 2
+    CPU ranks, against its own 1-rank run from one seed checkpoint."""
+    job = ["--module", "qwen3", "--config", "qwen3_debugmodel", *COMMON]
+    ref = _reference(tmp_path, job)
+    out = _torchrun(2, *job, *STEPS, "--parallelism.auto", *ref.load,
+                    "--dump_folder", str(tmp_path / "auto2"))
+    assert "autoparallel plan " in out, out[-3000:]
+    _assert_same(_losses(out), ref.losses)
+
+
+@pytest.mark.parametrize("module,config", [("llama3", "llama3_debugmodel"),
+                                           ("qwen3", "qwen3_debugmodel")])
+def test_dry_run_on_64_fake_ranks(module, config, tmp_path):
+    """``COMM_MODE=fake_backend NGPU=64``: the plan for 64 H100s is made, TorchTitan 0.3.0
+    builds its mesh and parallelizes the model per block on a fake process group."""
+    env = {**_env(), "NGPU": "64", "MODULE": module, "CONFIG": config,
+           "COMM_MODE": "fake_backend"}
+    out = _run(["bash", str(REPO / "run_train.sh"), "--parallelism.auto",
+                "--autoparallel.hardware", "h100_sxm", "--training.seq_len", "256",
+                "--dump_folder", str(tmp_path)], env=env)
+    mesh = re.search(r"mesh dp_replicate=(\d+) dp_shard=(\d+) cp=(\d+) tp=(\d+) \(world 64\)",
+                     out)
+    assert mesh, out[-3000:]
+    assert "Training completed" in out, out[-3000:]
