@@ -76,6 +76,26 @@ def explicit_keys(config: Config, overrides: list[str]) -> frozenset[str]:
     return frozenset(keys)
 
 
+def _import_cause(argv: list[str]) -> str:
+    """Why ``--module``'s config registry does not import (TorchTitan's error leaves it out),
+    as a clause; "" when it imports or names no family."""
+    import importlib
+
+    module = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--module"), "")
+    if not module or "." in module:
+        return ""
+    try:
+        importlib.import_module(f"torchtitan.models.{module}.config_registry")
+    except ModuleNotFoundError as exc:
+        if exc.name and f"torchtitan.models.{module}".startswith(exc.name):
+            return ""
+        return f" ({type(exc).__name__}: {exc}; pip install -e '.[titan03]' brings what 0.3.0's "\
+            "families import)"
+    except Exception as exc:  # any import failure is reported in the line
+        return f" ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+    return ""
+
+
 def parse_job(argv: list[str]) -> Config:
     """``--module M --config C [--section.key value ...]`` as TorchTitan 0.3.0 reads it, with
     ``parallelism.auto`` and ``autoparallel.*``; the keys the user set are recorded."""
@@ -87,7 +107,7 @@ def parse_job(argv: list[str]) -> Config:
     try:
         loaded, rest = manager._load_config(list(argv))
     except (ValueError, ImportError) as exc:
-        raise UserError(f"{str(exc).splitlines()[0]}") from None
+        raise UserError(f"{str(exc).splitlines()[0]}{_import_cause(argv)}") from None
     loaded = with_auto(loaded)
     errors = io.StringIO()
     try:
