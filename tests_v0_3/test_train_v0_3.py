@@ -126,7 +126,6 @@ def _plan(**mesh):
     ({"pp": 2}, "pipeline stages"),
     ({"tp_mode": "dp", "tp": 2}, "tensor parallel as data parallel"),
     ({"tp_mode": "none", "tp": 2}, "tensor parallel on 0 of 1 layers"),
-    ({"ep": 2}, "routed experts"),
 ])
 def test_what_the_apply_cannot_run_stops_in_one_line(change, words):
     from torchtitan_autoparallel.errors import UserError
@@ -152,17 +151,54 @@ def test_qwen3_under_auto_on_two_ranks_trains_as_one_rank(tmp_path):
     _assert_same(_losses(out), ref.losses)
 
 
-@pytest.mark.parametrize("module,config", [("llama3", "llama3_debugmodel"),
-                                           ("qwen3", "qwen3_debugmodel")])
-def test_dry_run_on_64_fake_ranks(module, config, tmp_path):
+def _grad_norms(out: str) -> list[float]:
+    return [float(x) for x in re.findall(r"step:\s+\d+\s+loss:\s+[0-9.]+\s+grad_norm:\s+([0-9.]+)",
+                                         out)]
+
+
+def test_deepseek_v3_under_auto_with_and_without_ep_trains_as_one_rank_and_its_recipe(tmp_path):
+    """DeepSeek-V3's debug flavor (MLA, routed experts) under auto on 2 CPU ranks. With CUDA
+    graphs on (0.3.0's default) EP is held at 1 and the plan says why; with them off and EP 2
+    asked for, the routed experts shard over ep through the model's own declarations: both
+    give the 1-rank losses, and the EP run the same losses and gradient norms as TorchTitan
+    0.3.0's own recipe on that mesh (FSDP 2, EP 2)."""
+    job = ["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel", *COMMON]
+    ref = _reference(tmp_path, job)
+    out = _torchrun(2, *job, *STEPS, "--parallelism.auto", *ref.load,
+                    "--dump_folder", str(tmp_path / "auto2"))
+    assert "note: parallelism.expert_parallel_degree held at 1" in out, out[-3000:]
+    assert re.search(r"mesh dp_replicate=\d+ dp_shard=\d+ cp=1 tp=1 \(world 2\)", out)
+    _assert_same(_losses(out), ref.losses)
+    no_graphs = ["--training.disable_cuda_graphs", "--parallelism.expert_parallel_degree", "2"]
+    out = _torchrun(2, *job, *STEPS, "--parallelism.auto", *no_graphs, *ref.load,
+                    "--dump_folder", str(tmp_path / "auto_ep2"))
+    assert "mesh dp_replicate=1 dp_shard=2 cp=1 tp=1 ep=2 etp=1 (world 2)" in out, out[-3000:]
+    assert re.search(r"layers\.1\.\.5 +\S*ep2", out), out[-3000:]
+    _assert_same(_losses(out), ref.losses)
+    recipe = _torchrun(2, *job, *STEPS, *no_graphs, "--parallelism.data_parallel_shard_degree",
+                       "2", "--training.local_batch_size", "4", *ref.load,
+                       "--dump_folder", str(tmp_path / "recipe_ep2"))
+    _assert_same(_losses(out), _losses(recipe))
+    _assert_same(_grad_norms(out), _grad_norms(recipe))
+
+
+@pytest.mark.parametrize("module,config,args,mesh", [
+    ("llama3", "llama3_debugmodel", [], r"tp=\d+"),
+    ("qwen3", "qwen3_debugmodel", [], r"tp=\d+"),
+    ("gpt_oss", "gpt_oss_debugmodel", [], r"tp=\d+"),
+    ("deepseek_v3", "deepseek_v3_debugmodel",
+     ["--training.disable_cuda_graphs", "--parallelism.expert_parallel_degree", "8"],
+     r"tp=1 ep=8 etp=1"),
+])
+def test_dry_run_on_64_fake_ranks(module, config, args, mesh, tmp_path):
     """``COMM_MODE=fake_backend NGPU=64``: the plan for 64 H100s is made, TorchTitan 0.3.0
-    builds its mesh and parallelizes the model per block on a fake process group."""
+    builds its mesh and parallelizes the model per block on a fake process group (DeepSeek-V3
+    with its routed experts over EP 8)."""
     env = {**_env(), "NGPU": "64", "MODULE": module, "CONFIG": config,
            "COMM_MODE": "fake_backend"}
     out = _run(["bash", str(REPO / "run_train.sh"), "--parallelism.auto",
-                "--autoparallel.hardware", "h100_sxm", "--training.seq_len", "256",
+                "--autoparallel.hardware", "h100_sxm", "--training.seq_len", "256", *args,
                 "--dump_folder", str(tmp_path)], env=env)
-    mesh = re.search(r"mesh dp_replicate=(\d+) dp_shard=(\d+) cp=(\d+) tp=(\d+) \(world 64\)",
-                     out)
-    assert mesh, out[-3000:]
+    assert re.search(rf"mesh dp_replicate=\d+ dp_shard=\d+ cp=\d+ {mesh} \(world 64\)", out), \
+        out[-3000:]
     assert "Training completed" in out, out[-3000:]

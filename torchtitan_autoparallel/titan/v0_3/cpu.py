@@ -8,6 +8,7 @@ made). ``sdpa_attention`` edits a parsed config. On a GPU nothing here changes a
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 from typing import Any
@@ -87,6 +88,34 @@ def same_global_batch() -> None:
     Loader.__init__, Loader.__iter__, Loader._same_global_batch = init, iterate, True
 
 
+def uneven_all_to_all() -> None:
+    # The token dispatcher's EP exchange (spmd_types' all_to_all) sends a list of chunks of
+    # different lengths, which gloo's list all_to_all refuses ("invalid tensor size"); run
+    # those as one all_to_all_single with split sizes (gloo's alltoallv), same values.
+    import torch.distributed as dist
+
+    if getattr(dist.all_to_all, "_uneven", False):
+        return
+    original = dist.all_to_all
+
+    def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+        if async_op or len({t.shape for t in input_tensor_list + output_tensor_list}) <= 1:
+            return original(output_tensor_list, input_tensor_list, group=group,
+                            async_op=async_op)
+        width = math.prod(input_tensor_list[0].shape[1:])
+        flat_in = torch.cat([t.reshape(t.shape[0], width) for t in input_tensor_list])
+        out_rows = [t.shape[0] for t in output_tensor_list]
+        flat_out = flat_in.new_empty((sum(out_rows), width))
+        dist.all_to_all_single(flat_out, flat_in, out_rows,
+                               [t.shape[0] for t in input_tensor_list], group=group)
+        for out, chunk in zip(output_tensor_list, flat_out.split(out_rows), strict=True):
+            out.copy_(chunk.reshape(out.shape))
+        return None
+
+    all_to_all._uneven = True  # type: ignore[attr-defined]
+    dist.all_to_all = all_to_all
+
+
 def sdpa_attention(config: Any) -> None:
     # FlexAttention has no backward on CPU (NotImplementedError) and VarlenAttention no CPU
     # kernel: swap them for causal SDPA in the model config (before the Trainer reads it).
@@ -112,4 +141,5 @@ def apply_process_shims() -> bool:
     cpu_device_module()
     fsdp_sum_reduction()
     same_global_batch()
+    uneven_all_to_all()
     return True

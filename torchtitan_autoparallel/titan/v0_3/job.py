@@ -6,6 +6,8 @@ recorded as set, so the search does not choose what 0.3.0 cannot apply."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +98,23 @@ def check_keys(config: Config) -> list[str]:
 FIXED_BY_RELEASE = {"parallelism.expert_tensor_parallel_degree": 1,
                     "parallelism.pipeline_parallel_expert_parallel_overlap": False}
 """Planning keys TorchTitan 0.3.0 has no setting for, at the value it runs."""
+
+
+def held_by_cuda_graphs(config: Config) -> dict[str, str]:
+    """Degrees CUDA graphs (on unless ``training.disable_cuda_graphs``) hold at 1, by
+    TorchTitan 0.3.0's own check of the config: pipeline stages always, expert parallel when
+    the model's token dispatcher synchronizes with the host. Key -> why."""
+    if config.training.disable_cuda_graphs:
+        return {}
+    held = {"parallelism.pipeline_parallel_degree": "CUDA graphs do not run pipeline stages"}
+    probe = copy.copy(config)
+    probe.parallelism = dataclasses.replace(config.parallelism, expert_parallel_degree=2)
+    try:
+        probe._validate_cuda_graphs()
+    except ValueError:
+        held["parallelism.expert_parallel_degree"] = ("CUDA graphs do not run the model's "
+                                                      "token dispatcher under EP")
+    return held
 
 
 @dataclass
@@ -282,8 +301,13 @@ def job_of(config: Config) -> Job:
         autoparallel=config.autoparallel,
     )
     renamed = {"compile.enable_async_tensor_parallel": "parallelism.enable_async_tensor_parallel"}
-    explicit = {renamed.get(k, k) for k in explicit_of(config)} | set(FIXED_BY_RELEASE)
-    setattr(job, EXPLICIT_ATTR, frozenset(explicit))
-    setattr(job, RELEASE_FIXED_ATTR, frozenset(FIXED_BY_RELEASE))
+    user = {renamed.get(k, k) for k in explicit_of(config)}
+    held = {k: why for k, why in held_by_cuda_graphs(config).items() if k not in user}
+    if config.parallelism.auto:
+        notes += [f"{key} held at 1: {why} (training.disable_cuda_graphs is off; set "
+                  "--training.disable_cuda_graphs to search it)" for key, why in held.items()]
+    fixed = set(FIXED_BY_RELEASE) | set(held)
+    setattr(job, EXPLICIT_ATTR, frozenset(user | fixed))
+    setattr(job, RELEASE_FIXED_ATTR, frozenset(fixed))
     setattr(job, NOTES_ATTR, notes)
     return job

@@ -7,10 +7,11 @@
 Without ``--parallelism.auto`` the job runs as TorchTitan's ``torchtitan.train`` runs it. With
 it, rank 0 plans the job on the world size and hands the plan to the other ranks (torchrun's
 store), rank 0 prints it, the config takes the plan's mesh and batch, and the model spec's
-``parallelize_fn`` is replaced by ``plan_parallelize``: 0.3.0's ``parallelize_llama`` with
+``parallelize_fn`` is replaced by ``plan_parallelize``: 0.3.0's ``parallelize_llama`` /
+``parallelize_deepseekv3`` (the sharding the model declares: TP, CP, EP on routed experts) with
 activation checkpointing, FSDP ``reshard_after_forward`` and FSDP units per block from the plan.
 What this apply cannot run yet (pipeline stages, tensor parallel as data parallel, TP on some
-layers only, routed experts) stops in one line. Without a CUDA device the CPU shims of
+layers only) stops in one line. Without a CUDA device the CPU shims of
 ``cpu.py`` apply (gloo).
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UserError, run_cli
+from ...explicit import NOTES_ATTR
 from . import cpu
 
 
@@ -44,9 +46,6 @@ def check_applicable(plan: Any) -> None:
         raise UserError(f"the plan runs tensor parallel on {n} of {len(plan.layers)} layers "
                         "(tp > 1): TorchTitan 0.3.0's model.parallelize shards every layer; "
                         "not applied yet")
-    if any(layer.ep > 1 for layer in plan.layers) or m.ep > 1:
-        raise UserError("the plan shards routed experts (EP): not applied to TorchTitan 0.3.0 "
-                        "yet")
 
 
 def apply_plan(config: Any, plan: Any) -> None:
@@ -97,7 +96,11 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
     from torchtitan.distributed.compile import apply_compile
     from torchtitan.distributed.context_parallel import apply_cp_to_forward
     from torchtitan.distributed.fsdp import disable_fsdp_gradient_division
-    from torchtitan.distributed.full_dtensor import resolve_fsdp_mesh, validate_config
+    from torchtitan.distributed.full_dtensor import (
+        resolve_fsdp_mesh,
+        resolve_sparse_fsdp_mesh,
+        validate_config,
+    )
 
     from ...plan import fsdp_units
 
@@ -106,11 +109,12 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
     if planned != [f"layers.{name}" for name in blocks]:
         raise UserError(f"plan: its blocks {planned[:2]}... are not the model's layers "
                         f"({len(blocks)} blocks)")
-    if any(getattr(block, "moe_enabled", False) for block in blocks.values()):
-        raise UserError("routed-expert (MoE) blocks: the plan's apply to TorchTitan 0.3.0 "
-                        "covers dense decoders only yet")
+    if getattr(model, "mtp_layers", None) is not None:
+        raise UserError("multi-token prediction layers (model.mtp_layers) are not in the plan: "
+                        "use a config without MTP (num_mtp_layers = 0) under auto")
 
-    # tensor / context parallel: the sharding the model declares, as parallelize_llama does
+    # tensor / context / expert parallel: the sharding the model declares, as TorchTitan's
+    # parallelize_llama / parallelize_deepseekv3 apply it
     if parallelism.spmd_backend in ("full_dtensor", "spmd_types"):
         validate_config(parallel_dims, model)
         model.parallelize(parallel_dims)
@@ -118,7 +122,7 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
         if parallel_dims.cp_enabled:
             apply_cp_to_forward([block.attention.inner_attention for block in blocks.values()],
                                 parallel_dims.get_mesh("cp"))
-        if parallel_dims.tp_enabled:
+        if parallel_dims.tp_enabled or parallel_dims.ep_enabled:
             model.parallelize(parallel_dims)
 
     # activation checkpointing per block
@@ -134,11 +138,16 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
         apply_compile(model, compile_config=compile_config, parallel_dims=parallel_dims)
 
     # FSDP per unit with the plan's reshard_after_forward
+    edp_mesh = edp_mesh_dims = None
     if parallelism.spmd_backend in ("full_dtensor", "spmd_types"):
         dp_mesh, dp_mesh_dims = resolve_fsdp_mesh(parallel_dims)
+        edp_mesh, edp_mesh_dims = resolve_sparse_fsdp_mesh(parallel_dims)
     else:
         names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
         dp_mesh, dp_mesh_dims = parallel_dims.get_mesh(names), None
+        if parallel_dims.ep_enabled:
+            edp_mesh = parallel_dims.get_optional_mesh(
+                ["dp_replicate", "efsdp"] if parallel_dims.dp_replicate_enabled else ["efsdp"])
     fsdp: dict[str, Any] = {"mesh": dp_mesh, "mp_policy": MixedPrecisionPolicy(
         param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
         reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
@@ -162,13 +171,76 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
                         reshard_after_forward=reshard("embedding"))
         if len(ends) == 2:
             fully_shard(ends, **fsdp, reshard_after_forward=reshard("output"))
+    placement = _expert_placement(blocks.values(), parallel_dims.ep, fsdp, dp_mesh_dims,
+                                  edp_mesh, edp_mesh_dims)
+    units = []
     for unit in fsdp_units(plan.layers):
         modules = [blocks[layer.fqn.split(".", 1)[1]] for layer in unit]
+        units.append(modules[0])
         fully_shard(modules if len(modules) > 1 else modules[0], **fsdp,
-                    reshard_after_forward=unit[0].reshard_after_forward)
+                    reshard_after_forward=unit[0].reshard_after_forward,
+                    **({"shard_placement_fn": placement} if placement else {}))
     fully_shard(model, **fsdp)
     disable_fsdp_gradient_division(model)
+    if parallel_dims.ep_enabled:
+        _prefetch_explicitly(model, units)
     return model
+
+
+def _expert_placement(blocks: Any, ep: int, fsdp: dict[str, Any], dp_mesh_dims: Any,
+                      edp_mesh: Any, edp_mesh_dims: Any) -> Any:
+    """The ``shard_placement_fn`` TorchTitan 0.3.0's ``apply_fsdp_to_decoder`` gives MoE blocks
+    (None when no block has routed experts or the default placement serves): under EP the
+    routed experts shard over ``efsdp`` (the ranks EP leaves), the rest over the dp mesh; the
+    experts on dim 1 when their FSDP x EP ranks outnumber the experts (dim 0 would pad)."""
+    from torch.distributed.tensor import Shard
+
+    experts = [block.moe.routed_experts.inner_experts for block in blocks
+               if getattr(block, "moe_enabled", False)]
+    if not experts:
+        return None
+    params = {p for e in experts for p in e.parameters()}
+    ranks = edp_mesh["efsdp"].size() * ep if ep > 1 else fsdp["mesh"].size()
+    expert_dim = Shard(1) if ranks > min(e.num_experts for e in experts) else Shard(0)
+    if ep == 1:
+        if expert_dim == Shard(0):
+            return None
+        return lambda param: expert_dim if param in params else None
+    from torch.distributed.fsdp._fully_shard._fsdp_common import ShardPlacementResult
+    from torch.distributed.fsdp._fully_shard._fsdp_init import _get_mesh_info
+
+    expert_mesh = _get_mesh_info(edp_mesh, edp_mesh_dims)
+    dense_mesh = _get_mesh_info(fsdp["mesh"], dp_mesh_dims)
+
+    def place(param: Any) -> Any:
+        if param in params:
+            return ShardPlacementResult(placement=expert_dim, mesh_info=expert_mesh)
+        return ShardPlacementResult(placement=Shard(0), mesh_info=dense_mesh)
+
+    return place
+
+
+def _prefetch_explicitly(model: Any, units: list[Any]) -> None:
+    """TorchTitan 0.3.0's explicit FSDP prefetch under EP (its all-to-all's device-to-host
+    syncs would stall implicit prefetching), per FSDP unit: forward gathers the next unit
+    (the last one the norm and output), backward the previous one (the first the
+    embedding)."""
+    ends = [m for m in (model.norm, model.lm_head) if m is not None]
+    if model.tok_embeddings is not None and units:
+        model.tok_embeddings.set_modules_to_forward_prefetch([units[0]])
+    for unit, nxt in zip(units, units[1:] + [None], strict=True):
+        if nxt is not None:
+            unit.set_modules_to_forward_prefetch([nxt])
+        elif len(ends) == 2:
+            unit.set_modules_to_forward_prefetch(ends)
+    back = units[::-1]
+    if len(ends) == 2 and back:
+        model.lm_head.set_modules_to_backward_prefetch([back[0]])
+    for unit, prev in zip(back, back[1:] + [None], strict=True):
+        if prev is not None:
+            unit.set_modules_to_backward_prefetch([prev])
+        elif model.tok_embeddings is not None:
+            unit.set_modules_to_backward_prefetch([model.tok_embeddings])
 
 
 def plan_config(config: Any, world: int, rank: int) -> Any:
@@ -182,6 +254,8 @@ def plan_config(config: Any, world: int, rank: int) -> Any:
                            alone=config.comm.mode == "fake_backend")
     if rank == 0:
         print(plan.table(), flush=True)
+        for note in getattr(job, NOTES_ATTR, []):
+            print(f"  note: {note}", flush=True)
     apply_plan(config, plan)
     return plan
 
