@@ -116,6 +116,49 @@ def uneven_all_to_all() -> None:
     dist.all_to_all = all_to_all
 
 
+class _CopyBack:
+    """A receive's work that copies the contiguous buffer into the strided tensor on wait."""
+
+    def __init__(self, work: Any, buffer: torch.Tensor, tensor: torch.Tensor) -> None:
+        self._work, self._buffer, self._tensor = work, buffer, tensor
+
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
+        done = self._work.wait(*args, **kwargs)
+        with torch.no_grad():  # the stage's input buffer is a leaf that requires grad
+            self._tensor.copy_(self._buffer)
+        return done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+def strided_p2p() -> None:
+    # Pipeline stages receive into buffers with the sender's strides (torch.distributed.
+    # pipelining's _make_tensor_from_meta), non-contiguous when a micro-batch holds several
+    # sequences under TP; NCCL sends those (with a warning), gloo refuses ("input tensor has
+    # to be contiguous"): send a contiguous copy and receive into one, copied back on wait.
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    if getattr(dist.irecv, "_strided", False):
+        return
+    send, recv = dist.isend, dist.irecv
+
+    def isend(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return send(tensor.contiguous(), *args, **kwargs)
+
+    def irecv(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if tensor.is_contiguous():
+            return recv(tensor, *args, **kwargs)
+        buffer = tensor.contiguous()
+        return _CopyBack(recv(buffer, *args, **kwargs), buffer, tensor)
+
+    irecv._strided = True  # type: ignore[attr-defined]
+    # P2POp and batch_isend_irecv compare ops with distributed_c10d's own names
+    dist.isend, dist.irecv = isend, irecv
+    c10d.isend, c10d.irecv = isend, irecv
+
+
 def sdpa_attention(config: Any) -> None:
     # FlexAttention has no backward on CPU (NotImplementedError) and VarlenAttention no CPU
     # kernel: swap them for causal SDPA in the model config (before the Trainer reads it).
@@ -142,4 +185,5 @@ def apply_process_shims() -> bool:
     fsdp_sum_reduction()
     same_global_batch()
     uneven_all_to_all()
+    strided_p2p()
     return True

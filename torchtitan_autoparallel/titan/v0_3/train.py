@@ -10,8 +10,9 @@ store), rank 0 prints it, the config takes the plan's mesh and batch, and the mo
 ``parallelize_fn`` is replaced by ``plan_parallelize``: 0.3.0's ``parallelize_llama`` /
 ``parallelize_deepseekv3`` (the sharding the model declares: TP, CP, EP on routed experts) with
 activation checkpointing, FSDP ``reshard_after_forward`` and FSDP units per block from the plan.
-What this apply cannot run yet (pipeline stages, tensor parallel as data parallel, TP on some
-layers only) stops in one line. Without a CUDA device the CPU shims of
+Under pipeline parallel TorchTitan's ``pipeline_llm`` splits the planned stages and calls it per
+stage. What this apply cannot run yet (tensor parallel as data parallel, TP on some layers only)
+stops in one line. Without a CUDA device the CPU shims of
 ``cpu.py`` apply (gloo).
 """
 
@@ -31,10 +32,6 @@ from . import cpu
 def check_applicable(plan: Any) -> None:
     """UserError naming what in ``plan`` this apply cannot run."""
     m = plan.mesh
-    if m.pp > 1 or plan.pipeline is not None:
-        raise UserError(f"the plan pipelines the model over {m.pp} stages: pipeline stages are "
-                        "not applied to TorchTitan 0.3.0 yet; set "
-                        "--parallelism.pipeline_parallel_degree 1")
     modes = {layer.tp_mode for layer in plan.layers}
     if "dp" in modes:
         fqns = [layer.fqn for layer in plan.layers if layer.tp_mode == "dp"]
@@ -66,6 +63,13 @@ def apply_plan(config: Any, plan: Any) -> None:
                         f"{plan.gradient_accumulation_steps}")
     t.local_batch_size = plan.local_batch_size
     t.global_batch_size = plan.global_batch_size  # TorchTitan derives the accumulation steps
+    if plan.pipeline is not None:
+        # TorchTitan's pipeline_llm splits the planned stages and runs the planned schedule,
+        # calling plan_parallelize on each stage's model part
+        p.pipeline_parallel_schedule = plan.pipeline.schedule
+        p.pipeline_parallel_microbatch_size = plan.pipeline.microbatch_size
+        p.module_fqns_per_model_part = [list(stage) for stage in plan.pipeline.stages]
+        p.pipeline_parallel_layers_per_stage = None
 
     def parallelize(model: Any, **kwargs: Any) -> Any:
         return plan_parallelize(model, plan=plan, **kwargs)
@@ -106,9 +110,14 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
 
     blocks = dict(model.layers.named_children())
     planned = [layer.fqn for layer in plan.layers if layer.kind == "block"]
-    if planned != [f"layers.{name}" for name in blocks]:
+    parts = [planned] if plan.pipeline is None else \
+        [[f for f in stage if f in planned] for stage in plan.pipeline.stages]
+    if [f"layers.{name}" for name in blocks] not in parts:
         raise UserError(f"plan: its blocks {planned[:2]}... are not the model's layers "
                         f"({len(blocks)} blocks)")
+    if parallel_dims.pp_enabled and model.enable_weight_tying:
+        raise UserError("pipeline stages with tied embedding and output weights: not applied "
+                        "to TorchTitan 0.3.0; set --parallelism.pipeline_parallel_degree 1")
     if getattr(model, "mtp_layers", None) is not None:
         raise UserError("multi-token prediction layers (model.mtp_layers) are not in the plan: "
                         "use a config without MTP (num_mtp_layers = 0) under auto")
@@ -174,7 +183,8 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
     placement = _expert_placement(blocks.values(), parallel_dims.ep, fsdp, dp_mesh_dims,
                                   edp_mesh, edp_mesh_dims)
     units = []
-    for unit in fsdp_units(plan.layers):
+    here = {f"layers.{name}" for name in blocks}
+    for unit in fsdp_units([layer for layer in plan.layers if layer.fqn in here]):
         modules = [blocks[layer.fqn.split(".", 1)[1]] for layer in unit]
         units.append(modules[0])
         fully_shard(modules if len(modules) > 1 else modules[0], **fsdp,
