@@ -70,7 +70,12 @@ register_frontend(Frontend(release="0.3", read_model=read_model, attention_types
                            node_reshard=False, read_job=read_job))
 # 0.3.0's modules are read by discovery (names, TP inferred from the blocks), not by the 0.2.2
 # families' adapters (other module names, a rope buffer 0.3.0 does not have)
+# The tp dim used as data parallel in some blocks is not applied here: 0.3.0's
+# model.parallelize gives every block the TP the model declares.
+NOT_APPLIED = {"tp_dp": "TorchTitan 0.3.0's model.parallelize tensor-parallelizes every block "
+                        "(the tp dim as data parallel is applied on TorchTitan 0.2.2)"}
 for _family, _fn in PARALLELIZE.items():
     register_adapter(_family, ModelAdapter(
         experts="routed_experts.inner_experts",
-        moe_fn=f"torchtitan.models.{_family}.parallelize.{_fn}"), replace=True)
+        moe_fn=f"torchtitan.models.{_family}.parallelize.{_fn}",
+        excluded=dict(NOT_APPLIED)), replace=True)
