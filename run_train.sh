@@ -35,6 +35,12 @@ if [ -n "${MODULE:-}" ]; then
         NGPU="$NGPU" LOCAL_RANK=0 exec python3 -m torchtitan_autoparallel.titan.v0_3.train \
             --module "$MODULE" --config "$CONFIG" "$@" --comm.mode="$COMM_MODE" --training.steps 1
     fi
+    # parse (and plan) the job once before starting ranks: mistakes end here as one line
+    if [ "${PREFLIGHT:-1}" = "1" ]; then
+        AUTOPARALLEL_PREFLIGHT=1 NGPU="$NGPU" LOCAL_RANK=0 RANK=0 WORLD_SIZE="$NGPU" \
+            python3 -m torchtitan_autoparallel.titan.v0_3.train --module "$MODULE" \
+            --config "$CONFIG" "$@" >/dev/null || exit $?
+    fi
     PYTORCH_ALLOC_CONF="expandable_segments:True" \
     exec torchrun --nproc_per_node="$NGPU" --rdzv_backend c10d --rdzv_endpoint="localhost:0" \
         --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \

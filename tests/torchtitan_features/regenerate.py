@@ -3,7 +3,9 @@
 Reads ``tests/integration_tests/features.py`` at a tag of a TorchTitan git checkout and writes
 every ``OverrideDefinitions`` (disabled ones included) as data; the module is parsed, not
 imported. Usage: ``python tests/torchtitan_features/regenerate.py [git dir] [tag]`` (a
-TorchTitan git checkout, default ``MIRROR``; default tag ``TAG``).
+TorchTitan git checkout, default ``MIRROR``; default tag ``TAG``; ``release/0.3`` writes
+``features_v0_3_0.json``: TorchTitan 0.3.0's matrix, read from its release branch, whose head
+the source line names, where the checkout has no ``v0.3.0`` tag).
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ from typing import Any
 
 TAG = "v0.2.2"
 SOURCE = "tests/integration_tests/features.py"
-OUT = Path(__file__).resolve().parent / "features_v0_2_2.json"
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "features_v0_2_2.json"
+OUTPUTS = {"v0.2.2": OUT, "v0.3.0": HERE / "features_v0_3_0.json",
+           "release/0.3": HERE / "features_v0_3_0.json"}
+"""Where each release's matrix is written."""
 MIRROR = Path("/work/.mirror/pytorch+torchtitan/repo")
 """Where a TorchTitan git checkout (or bare mirror) is kept on the development machine."""
 CHECKPOINT_PATH = "{checkpoint_path}"
@@ -71,12 +77,18 @@ def main(argv: list[str]) -> None:
     git_dir = argv[0] if argv else str(MIRROR)
     tag = argv[1] if len(argv) > 1 else TAG
     source = source_at(git_dir, tag)
-    data = {"source": f"pytorch/torchtitan {tag}:{SOURCE}",
+    name = tag
+    if not tag.startswith("v"):  # a branch: name its head
+        head = subprocess.run(["git", "-C", git_dir, "rev-parse", "--short=10", tag],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        name = f"{tag} @ {head}"
+    out = OUTPUTS.get(tag, OUT)
+    data = {"source": f"pytorch/torchtitan {name}:{SOURCE}",
             "license": "(c) Meta Platforms, Inc. and affiliates; BSD 3-Clause, the LICENSE "
                        "file next to this one",
             "checkpoint_path_placeholder": CHECKPOINT_PATH, "definitions": definitions(source)}
-    OUT.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"{len(data['definitions'])} definitions written to {OUT}")
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"{len(data['definitions'])} definitions written to {out}")
 
 
 if __name__ == "__main__":

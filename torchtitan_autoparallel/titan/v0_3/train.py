@@ -314,6 +314,8 @@ def run(argv: list[str]) -> int:
             raise UserError("--checkpoint.create_seed_checkpoint runs on 1 rank without a "
                             "plan: drop --parallelism.auto")
         plan_config(config, world, rank)
+    if os.environ.get("AUTOPARALLEL_PREFLIGHT") == "1":
+        return 0  # run_train.sh's check before starting ranks: the job parses and plans
     if on_cpu:
         cpu.sdpa_attention(config)
 
