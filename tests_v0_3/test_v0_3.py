@@ -223,3 +223,39 @@ def test_cuda_graphs_setting_is_noted_in_the_plan():
     job = read_job(["--module", "llama3", "--config", "llama3_debugmodel", "--parallelism.auto",
                     "--training.disable_cuda_graphs"])
     assert any("disable_cuda_graphs" in note for note in plan_job(job, 2).notes)
+
+
+def test_explain_gives_0_3_settings_that_0_3_parses_into_the_plan(tmp_path):
+    """The "equivalent settings" of a uniform plan made under 0.3.0 are 0.3.0's own command
+    line: its tyro parser (no auto) reads them back into the plan's mesh, batch and AC."""
+    from torchtitan_autoparallel.titan.v0_3.config import parse_job
+
+    out = tmp_path / "plan.json"
+    run = _cli("plan", "--module", "llama3", "--config", "llama3_debugmodel", "--ngpu", "4",
+               "--hardware", "cpu", "--parallelism.tensor_parallel_degree", "2",
+               "--out", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    run = _cli("explain", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert "equivalent TorchTitan 0.3.0 command line:" in lines, run.stdout[-3000:]
+    args = lines[lines.index("equivalent TorchTitan 0.3.0 command line:") + 1]
+    assert "[parallelism]" not in run.stdout
+    plan = json.loads(out.read_text())
+    import shlex
+
+    argv = shlex.split(args)
+    subcommand = [a for a in argv if a.startswith("activation-checkpoint:")]
+    config = parse_job(["--module", "llama3", "--config", "llama3_debugmodel",
+                        *[a for a in argv if a not in subcommand], *subcommand])
+    p = config.parallelism
+    mesh = plan["mesh"]
+    assert (p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
+            p.tensor_parallel_degree, p.context_parallel_degree) == \
+        (mesh["dp_replicate"], mesh["dp_shard"], mesh["tp"], mesh["cp"])
+    assert config.training.local_batch_size == plan["local_batch_size"]
+    assert config.training.global_batch_size == plan["global_batch_size"]
+    blocks = {layer["ac"] for layer in plan["layers"] if layer["kind"] == "block"}
+    ac = config.activation_checkpoint
+    assert blocks == {{"SelectiveAC": "selective", "FullAC": "full"}.get(
+        type(ac).__qualname__.split(".")[0], "none") if ac is not None else "none"}

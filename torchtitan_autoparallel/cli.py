@@ -178,11 +178,11 @@ def _predict(args: argparse.Namespace) -> int:
 def _load(path: str, cache: dict[str, Any] | None = None, quiet: bool = False) -> Any:
     """The plan file at ``path``, re-costed (a warning where its predictions differ, unless
     ``quiet``: the same file read a second time)."""
+    from .frontend import frontend
     from .plan import SCHEMA_VERSION, Plan
     from .recost import recosted_file
-    from .registry import register
 
-    register()
+    frontend().prepare_models("")
     plan = Plan.load(path)
     if plan.version < SCHEMA_VERSION:
         print(f"warning: {path} is plan schema version {plan.version}: it stores no planning "

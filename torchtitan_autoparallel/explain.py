@@ -17,7 +17,7 @@ from .cost.model import (
 )
 from .errors import tomllib
 from .layout import BlockStrategy, fsdp_unit_problem, reshard_group
-from .plan import Plan, check_plan_for_job
+from .plan import LayerPlan, Plan, check_plan_for_job
 from .recost import block_counts, inputs_from_plan
 
 
@@ -363,6 +363,9 @@ def snippet(plan: Plan) -> str:
         return (f"not expressible as TorchTitan settings: blocks share FSDP units of "
                 f"{max(b.fsdp_unit for b in blocks)} (one fully_shard over consecutive blocks), "
                 "which TorchTitan's apply_fsdp (one per block) cannot say")
+    if str(plan.fingerprint.get("versions", {}).get("torchtitan", "")).startswith("0.3"):
+        return "\n".join(["equivalent TorchTitan 0.3.0 command line:",
+                          " ".join(command_line_0_3(plan, b))])
     m = plan.mesh
     ac = {"none": 'mode = "none"', "full": 'mode = "full"',
           "selective": 'mode = "selective"\nselective_ac_option = "op"'}[b.ac]
@@ -387,6 +390,27 @@ def snippet(plan: Plan) -> str:
         "[activation_checkpoint]",
         ac,
     ])
+
+
+def command_line_0_3(plan: Plan, block: LayerPlan) -> list[str]:
+    """TorchTitan 0.3.0's tyro arguments for a uniform plan whose blocks all run ``block``'s
+    strategy (0.3.0 has no expert-TP degree: its ETP is 1)."""
+    m, p = plan.mesh, "--parallelism."
+    args = [f"{p}data_parallel_replicate_degree {m.dp_replicate}",
+            f"{p}data_parallel_shard_degree {m.dp_shard}",
+            f"{p}tensor_parallel_degree {m.tp}", f"{p}context_parallel_degree {m.cp}"]
+    if plan.pipeline is not None:
+        args += [f"{p}pipeline_parallel_degree {m.pp}",
+                 f"{p}pipeline_parallel_schedule {plan.pipeline.schedule}",
+                 f"{p}pipeline_parallel_microbatch_size {plan.pipeline.microbatch_size}",
+                 f"{p}module_fqns_per_model_part '{json.dumps(plan.pipeline.stages)}'"]
+    if m.ep > 1:
+        args.append(f"{p}expert_parallel_degree {m.ep}")
+    reshard = "default" if block.reshard_after_forward else "never"
+    return [*args, f"{p}fsdp_reshard_after_forward {reshard}",
+            f"--training.local_batch_size {plan.local_batch_size}",
+            f"--training.global_batch_size {plan.global_batch_size}",
+            f"activation-checkpoint:{block.ac}"]
 
 
 def diff_lines(a: Plan, b: Plan) -> list[str]:
