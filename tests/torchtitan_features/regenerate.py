@@ -60,9 +60,8 @@ def definitions(source: str) -> list[dict[str, Any]]:
             case = dict(DEFAULTS)
             case.update(zip(FIELDS, (_value(arg) for arg in node.args), strict=False))
             case.update({kw.arg: _value(kw.value) for kw in node.keywords if kw.arg})
-            cases.append({field: case[field] for field in FIELDS})
-    cases.sort(key=lambda case: source.index(f'"{case["test_name"]}"'))
-    return cases
+            cases.append((node.lineno, {field: case[field] for field in FIELDS}))
+    return [case for _, case in sorted(cases, key=lambda item: item[0])]
 
 
 def source_at(git_dir: str, tag: str) -> str:

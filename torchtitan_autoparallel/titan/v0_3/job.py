@@ -245,13 +245,20 @@ def _ac_mode(policy: Any) -> str:
     return modes[name]
 
 
-def _converters(model_config: Any) -> tuple[list[str], str | None]:
-    """The quantization converters baked into the model config (0.2.2's converter names) and
-    the float8 recipe."""
-    names = {type(cfg).__qualname__.split(".")[0]
-             for _, cfg, _, _ in model_config.traverse(object, recurse=True)}
-    converters, recipe = [], None
-    if "Float8Linear" in names:
+def _converters(model_config: Any) -> tuple[list[str], str | None, bool, list[str]]:
+    """The quantization converters baked into the model config (0.2.2's converter names), the
+    float8 recipe, whether float8 is emulated, and notes on what the cost model does not
+    see."""
+    configs = [cfg for _, cfg, _, _ in model_config.traverse(object, recurse=True)]
+    names = {type(cfg).__qualname__.split(".")[0] for cfg in configs}
+    converters, recipe, notes = [], None, []
+    emulate = any(getattr(cfg, "emulate", False) for cfg in configs
+                  if type(cfg).__name__ == "Float8LinearConfig")
+    if any(name.startswith("Frozen") or "LoRA" in name for name in names):
+        notes.append("LoRA: the frozen base weights are costed as trained (their gradients, "
+                     "optimizer state and weight-gradient GEMMs): memory and step time are "
+                     "upper bounds")
+    if "Float8Linear" in names or "FrozenFloat8Linear" in names:
         converters.append("quantize.linear.float8")
         recipe = "rowwise"  # 0.3.0's Float8LinearConverter: rowwise recipes only
     if "MXFP8Linear" in names:
@@ -259,7 +266,7 @@ def _converters(model_config: Any) -> tuple[list[str], str | None]:
     if "NVFP4Linear" in names:
         raise UserError("NVFP4 linears (NVFP4LinearConverter) are not costed by the planner: "
                         "drop the converter or parallelism.auto")
-    return converters, recipe
+    return converters, recipe, emulate, notes
 
 
 def family_of(spec: Any) -> str:
@@ -277,8 +284,8 @@ def job_of(config: Config) -> Job:
     spec = config.model_spec
     if spec is None:
         raise UserError("the config function returned no model_spec: set one (model_registry)")
-    converters, recipe = _converters(spec.model)
-    notes = check_keys(config) if config.parallelism.auto else []
+    converters, recipe, emulate, converter_notes = _converters(spec.model)
+    notes = [*check_keys(config), *converter_notes] if config.parallelism.auto else []
     t, p, c = config.training, config.parallelism, config.compile
     job = Job(
         model=Model(family_of(spec), spec.flavor, converters, config.hf_assets_path),
@@ -291,7 +298,7 @@ def job_of(config: Config) -> Job:
                                 enable_async_tensor_parallel=c.enable_async_tensor_parallel),
         activation_checkpoint=ActivationCheckpoint(_ac_mode(config.activation_checkpoint)),
         compile=Compile(c.enable, list(c.components), c.backend),
-        quantize=Quantize(Linear(Float8(recipe_name=recipe))),
+        quantize=Quantize(Linear(Float8(recipe_name=recipe, emulate=emulate))),
         optimizer=Optimizer(str(getattr(config.optimizer, "name", "AdamW")),
                             str(getattr(config.optimizer, "implementation", "fused")),
                             bool(getattr(config.optimizer, "early_step_in_backward", False))),

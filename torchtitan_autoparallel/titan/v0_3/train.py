@@ -294,6 +294,15 @@ def debug_assets(config: Any) -> list[str]:
     return done
 
 
+def check_runtime(config: Any) -> None:
+    """UserError for a job this machine cannot start (a missing package it names)."""
+    import importlib.util
+
+    if config.comm.mode == "torchcomms" and importlib.util.find_spec("torchcomms") is None:
+        raise UserError("--comm.mode torchcomms needs the torchcomms package, which is not "
+                        "installed: install it or drop --comm.mode torchcomms")
+
+
 def run(argv: list[str]) -> int:
     on_cpu = cpu.apply_process_shims()
     import torch
@@ -309,6 +318,7 @@ def run(argv: list[str]) -> int:
     for line in debug_assets(config):
         if rank == 0:
             logger.info(f"TorchTitan's tests/assets is absent: {line}")
+    check_runtime(config)
     if config.parallelism.auto:
         if config.checkpoint.create_seed_checkpoint:
             raise UserError("--checkpoint.create_seed_checkpoint runs on 1 rank without a "
