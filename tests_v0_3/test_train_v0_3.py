@@ -224,3 +224,19 @@ def test_dry_run_on_64_fake_ranks(module, config, args, mesh, tmp_path):
     assert re.search(rf"mesh dp_replicate=\d+ dp_shard=\d+ cp=\d+ {mesh} \(world 64\)", out), \
         out[-3000:]
     assert "Training completed" in out, out[-3000:]
+
+
+def test_moonlight_under_auto_refuses_its_dist_muon_optimizer_in_one_line(tmp_path):
+    """Kimi's Moonlight config trains with DistMuon (its own sharded parameter storage, which
+    TorchTitan builds for CUDA only): under auto it is one line before any model is built,
+    where it would otherwise be costed as AdamW and fail inside the optimizer."""
+    env = {**_env(), "NGPU": "64", "MODULE": "kimi_k2_7", "CONFIG": "moonlight_16b_a3b",
+           "COMM_MODE": "fake_backend"}
+    done = subprocess.run(["bash", str(REPO / "run_train.sh"), "--parallelism.auto",
+                           "--dump_folder", str(tmp_path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stderr.splitlines() if line.strip()
+             and not line.startswith("[titan]") and "Warning" not in line]
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert lines and lines[-1].startswith("error: optimizer DistMuon"), done.stderr[-3000:]

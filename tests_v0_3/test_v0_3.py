@@ -110,6 +110,9 @@ def test_each_family_read_against_torchtitans_own_counts_and_planned_on_64(famil
     assert [layer.fqn for layer in plan.layers] == [layer.fqn for layer in graph.layers]
     if job.parallelism.expert_parallel_degree > 1:
         assert plan.mesh.ep == job.parallelism.expert_parallel_degree
+    # Moonlight's config trains with DistMuon: costed as AdamW, and the plan says so
+    assert any(note.startswith("optimizer DistMuon: costed as AdamW") for note in plan.notes) \
+        == (family == "kimi_k2_7"), plan.notes
 
 
 def test_plan_matches_the_0_2_front_end_on_the_same_job(tmp_path):

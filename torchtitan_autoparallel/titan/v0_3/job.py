@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...config import Autoparallel
+from ...cost.model import STEP_BYTES_PER_PARAM
 from ...errors import UserError
 from ...explicit import EXPLICIT_ATTR, NOTES_ATTR, RELEASE_FIXED_ATTR
 from .config import Config, explicit_of
@@ -269,6 +270,25 @@ def _converters(model_config: Any) -> tuple[list[str], str | None, bool, list[st
     return converters, recipe, emulate, notes
 
 
+IMPLEMENTATIONS = tuple(STEP_BYTES_PER_PARAM)
+"""``optimizer.implementation`` values the cost model has the step's temporaries of."""
+OPTIMIZERS = ("Adam", "AdamW")
+"""The optimizers whose state the planner costs (two fp32 moments per parameter)."""
+
+
+def optimizers_of(optimizer: Any) -> list[str]:
+    """The optimizers of 0.3.0's parameter groups (``ParamGroupConfig.optimizer_name``)."""
+    return sorted({str(group.optimizer_name)
+                   for group in getattr(optimizer, "param_groups", None) or []})
+
+
+def optimizer_notes(optimizer: Any) -> list[str]:
+    """What the cost model assumes of an optimizer it does not cost."""
+    return [f"optimizer {name}: costed as AdamW state (two fp32 moments per parameter, an "
+            "upper bound for Muon's one) and AdamW's step; training under the plan refuses it"
+            for name in optimizers_of(optimizer) if name not in OPTIMIZERS]
+
+
 def family_of(spec: Any) -> str:
     """The family package a model spec comes from (``torchtitan.models.<family>``; a spec may
     name its model otherwise, e.g. kimi_k2_7's ``kimi_k2_5``)."""
@@ -279,13 +299,25 @@ def family_of(spec: Any) -> str:
     return spec.name
 
 
-def job_of(config: Config) -> Job:
+CPU_CP = ("TorchTitan 0.3.0 runs context parallel with FlexAttention only (its SDPA on CPU "
+          "has no CP sharding rule), and FlexAttention's backward runs on CUDA only")
+"""Why context parallel cannot train on CPU ranks (measured: spmd_types and full_dtensor refuse
+SDPA + CP; partial_dtensor fails in SDPA's CPU kernel)."""
+
+
+def job_of(config: Config, cpu_ranks: bool = False) -> Job:
     """The planner's view of ``config`` with the keys the user set recorded."""
     spec = config.model_spec
     if spec is None:
         raise UserError("the config function returned no model_spec: set one (model_registry)")
     converters, recipe, emulate, converter_notes = _converters(spec.model)
-    notes = [*check_keys(config), *converter_notes] if config.parallelism.auto else []
+    notes = [*check_keys(config), *converter_notes, *optimizer_notes(config.optimizer)] \
+        if config.parallelism.auto else []
+    implementation = str(getattr(config.optimizer, "implementation", "fused"))
+    if implementation not in IMPLEMENTATIONS:
+        raise UserError(f"optimizer.implementation {implementation}: the planner costs fp32 "
+                        "Adam / AdamW states (bf16 states are not modelled); use one of "
+                        f"{', '.join(IMPLEMENTATIONS)}, or drop --parallelism.auto")
     t, p, c = config.training, config.parallelism, config.compile
     job = Job(
         model=Model(family_of(spec), spec.flavor, converters, config.hf_assets_path),
@@ -299,8 +331,8 @@ def job_of(config: Config) -> Job:
         activation_checkpoint=ActivationCheckpoint(_ac_mode(config.activation_checkpoint)),
         compile=Compile(c.enable, list(c.components), c.backend),
         quantize=Quantize(Linear(Float8(recipe_name=recipe, emulate=emulate))),
-        optimizer=Optimizer(str(getattr(config.optimizer, "name", "AdamW")),
-                            str(getattr(config.optimizer, "implementation", "fused")),
+        optimizer=Optimizer("AdamW",
+                            implementation,
                             bool(getattr(config.optimizer, "early_step_in_backward", False))),
         debug=Debug(config.debug.moe_force_load_balance),
         # 0.3.0's validator reads batches of the training's length
@@ -313,6 +345,13 @@ def job_of(config: Config) -> Job:
     if config.parallelism.auto:
         notes += [f"{key} held at 1: {why} (training.disable_cuda_graphs is off; set "
                   "--training.disable_cuda_graphs to search it)" for key, why in held.items()]
+    if cpu_ranks and config.parallelism.auto:
+        key = "parallelism.context_parallel_degree"
+        if key in user and config.parallelism.context_parallel_degree > 1:
+            raise UserError(f"{key} = {config.parallelism.context_parallel_degree} on CPU ranks: "
+                            f"{CPU_CP}: drop it here, or run on GPUs")
+        held[key] = CPU_CP
+        notes.append(f"{key} held at 1 on these CPU ranks: {CPU_CP}")
     fixed = set(FIXED_BY_RELEASE) | set(held)
     setattr(job, EXPLICIT_ATTR, frozenset(user | fixed))
     setattr(job, RELEASE_FIXED_ATTR, frozenset(fixed))

@@ -253,13 +253,13 @@ def _prefetch_explicitly(model: Any, units: list[Any]) -> None:
             unit.set_modules_to_backward_prefetch([model.tok_embeddings])
 
 
-def plan_config(config: Any, world: int, rank: int) -> Any:
+def plan_config(config: Any, world: int, rank: int, on_cpu: bool = False) -> Any:
     """Plan ``config`` on ``world`` ranks (rank 0 solves, or reads ``autoparallel.plan_file``,
     and hands the plan to the others), print it on rank 0, apply it; the plan."""
     from ...launch import plan_from_rank0, resolve_plan
     from .job import job_of
 
-    job = job_of(config)
+    job = job_of(config, cpu_ranks=on_cpu and config.comm.mode != "fake_backend")
     plan = plan_from_rank0(lambda: resolve_plan(job, world), config.autoparallel.time_limit_s,
                            alone=config.comm.mode == "fake_backend")
     if rank == 0:
@@ -294,9 +294,24 @@ def debug_assets(config: Any) -> list[str]:
     return done
 
 
-def check_runtime(config: Any) -> None:
-    """UserError for a job this machine cannot start (a missing package it names)."""
+def check_runtime(config: Any, on_cpu: bool) -> None:
+    """UserError for a job this machine cannot start (a missing package it names, a GPU-only
+    feature on CPU ranks)."""
     import importlib.util
+
+    from .job import OPTIMIZERS, optimizers_of
+
+    other = [name for name in optimizers_of(config.optimizer) if name not in OPTIMIZERS]
+    if config.parallelism.auto and other:
+        raise UserError(f"optimizer {other[0]} (the config's param_groups) under "
+                        "--parallelism.auto: it keeps parameters in its own sharded storage, "
+                        "which the plan's per-block FSDP does not give; use an AdamW config or "
+                        "drop --parallelism.auto")
+    if on_cpu and config.compile.enable_async_tensor_parallel \
+            and config.comm.mode != "fake_backend":
+        raise UserError("--compile.enable_async_tensor_parallel is Inductor's micro-pipeline "
+                        "pass over CUDA symmetric memory, and this machine has no CUDA device "
+                        "(on CPU ranks it would run as plain TP): drop it, or run on GPUs")
 
     if config.comm.mode == "torchcomms" and importlib.util.find_spec("torchcomms") is None:
         raise UserError("--comm.mode torchcomms needs the torchcomms package, which is not "
@@ -318,12 +333,12 @@ def run(argv: list[str]) -> int:
     for line in debug_assets(config):
         if rank == 0:
             logger.info(f"TorchTitan's tests/assets is absent: {line}")
-    check_runtime(config)
+    check_runtime(config, on_cpu)
     if config.parallelism.auto:
         if config.checkpoint.create_seed_checkpoint:
             raise UserError("--checkpoint.create_seed_checkpoint runs on 1 rank without a "
                             "plan: drop --parallelism.auto")
-        plan_config(config, world, rank)
+        plan_config(config, world, rank, on_cpu)
     if os.environ.get("AUTOPARALLEL_PREFLIGHT") == "1":
         return 0  # run_train.sh's check before starting ranks: the job parses and plans
     if on_cpu:
