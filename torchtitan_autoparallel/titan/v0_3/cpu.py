@@ -159,7 +159,7 @@ def strided_p2p() -> None:
     c10d.isend, c10d.irecv = isend, irecv
 
 
-def sdpa_attention(config: Any) -> None:
+def sdpa_attention(config: Any) -> list[str]:
     # FlexAttention has no backward on CPU (NotImplementedError) and VarlenAttention no CPU
     # kernel: swap them for causal SDPA in the model config (before the Trainer reads it).
     # Plain causal attention across packed documents instead of 0.3.0's document masking.
@@ -169,12 +169,15 @@ def sdpa_attention(config: Any) -> None:
         VarlenAttention,
     )
 
+    swapped = []
     for kind in (FlexAttention.Config, VarlenAttention.Config):
         for _fqn, _cfg, parent, attr in list(config.model_spec.model.traverse(kind)):
             if isinstance(parent, list):
                 parent[attr] = ScaledDotProductAttention.Config()
             else:
                 setattr(parent, attr, ScaledDotProductAttention.Config())
+            swapped.append(kind.__qualname__.split(".")[0])
+    return sorted(set(swapped))
 
 
 def apply_process_shims() -> bool:

@@ -51,8 +51,8 @@ KEYS: dict[str, str] = {
     "activation_checkpoint.preserve_rng_state": RUNTIME, "dataloader.": RUNTIME,
     "validator.": RUNTIME, "checkpoint.": RUNTIME, "comm.": RUNTIME, "debug.": RUNTIME,
     "profiler.": RUNTIME, "metrics.": RUNTIME, "lr_scheduler.": RUNTIME, "optimizer.": RUNTIME,
-    "override.": RUNTIME, "loss.": RUNTIME, "tokenizer.": RUNTIME, "dump_folder": RUNTIME,
-    "hf_assets_path": RUNTIME,
+    "override.imports": NOTED, "override.": RUNTIME, "loss.": RUNTIME, "tokenizer.": RUNTIME,
+    "dump_folder": RUNTIME, "hf_assets_path": RUNTIME,
 }
 """Every TorchTitan 0.3.0 command-line key under auto (an exact key, or a section prefix ending
 in "."; exact keys first): read into the plan, refused when set (the planner assumes TorchTitan's
@@ -91,9 +91,23 @@ def check_keys(config: Config) -> list[str]:
             raise UserError(f"{key} is set with parallelism.auto: {REFUSED_WHY[key]}; leave it "
                             "at TorchTitan's default or drop --parallelism.auto")
         if key_class(key) == NOTED:
-            notes.append(f"{key} is set: CUDA graphs change the host overhead per step, which "
-                         "the cost model charges as without them")
+            notes.append(NOTED_WHY[key].format(value=override_targets(config)))
     return notes
+
+
+NOTED_WHY = {
+    "training.disable_cuda_graphs": "training.disable_cuda_graphs is set: CUDA graphs change "
+    "the host overhead per step, which the cost model charges as without them",
+    "override.imports": "override.imports {value}: kernels that replace the model's ops, which "
+    "the cost model does not see (step time costed as the ops they replace)",
+}
+"""What the plan says of a NOTED key the job sets."""
+
+
+def override_targets(config: Any) -> list[str]:
+    """The ``module.function`` targets of ``override.imports``."""
+    return [item if isinstance(item, str) else str(item[0])
+            for item in getattr(getattr(config, "override", None), "imports", None) or []]
 
 
 FIXED_BY_RELEASE = {"parallelism.expert_tensor_parallel_degree": 1,

@@ -299,7 +299,21 @@ def check_runtime(config: Any, on_cpu: bool) -> None:
     feature on CPU ranks)."""
     import importlib.util
 
-    from .job import OPTIMIZERS, optimizers_of
+    from .job import OPTIMIZERS, optimizers_of, override_targets
+
+    kwargs = getattr(config.dataloader, "load_dataset_kwargs", None) or {}
+    files = kwargs.get("data_files") if isinstance(kwargs, dict) else None
+    for path in [files] if isinstance(files, str) else list(files or []):
+        if isinstance(path, str) and "://" not in path and not os.path.exists(path):
+            raise UserError(f"dataloader.load_dataset_kwargs data_files {path} does not exist "
+                            "here (TorchTitan's tests/assets is not in its wheel): run from a "
+                            "TorchTitan checkout or point it at your data")
+
+    shipped = [t for t in override_targets(config) if t.startswith("torchtitan.overrides.")]
+    if on_cpu and shipped and config.comm.mode != "fake_backend":
+        raise UserError(f"--override.imports {shipped[0]}: TorchTitan's override kernels run on "
+                        "CUDA only (Triton / Helion / DeepEP), and this machine has no CUDA "
+                        "device: drop it here, or run on GPUs")
 
     other = [name for name in optimizers_of(config.optimizer) if name not in OPTIMIZERS]
     if config.parallelism.auto and other:
@@ -342,7 +356,10 @@ def run(argv: list[str]) -> int:
     if os.environ.get("AUTOPARALLEL_PREFLIGHT") == "1":
         return 0  # run_train.sh's check before starting ranks: the job parses and plans
     if on_cpu:
-        cpu.sdpa_attention(config)
+        for kind in cpu.sdpa_attention(config):
+            if rank == 0:
+                logger.info(f"CPU ranks: {kind} runs as causal SDPA (it has no CPU backward or "
+                            "kernel): packed documents attend across their boundaries")
 
     if config.comm.mode == "local_tensor":  # as torchtitan.train: nothing to train
         logger.info("Local tensor mode enabled - skipping training execution")
