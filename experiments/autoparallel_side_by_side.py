@@ -176,7 +176,7 @@ def report(names: list[str], peer_python: str, timeout: int, rerun: bool, commit
             details.append(f"- {label}: {plan.mesh}, blocks {blocks_label(plan)}; predicted "
                            f"{p['tokens_per_s'] / world:.0f} tok/s/GPU, peak "
                            f"{p['peak_memory_gib']:.1f} of {p['budget_gib']:.1f} GiB")
-    return "\n".join(lines + details) + "\n" + READING
+    return "\n".join(lines + details) + "\n" + READING + trained_section()
 
 
 READING = """
@@ -201,11 +201,21 @@ READING = """
   at 250-265 GiB per GPU, where this planner's plans keep to the 71 GiB budget with AC.
 - Not compared here: AutoParallel's exact placements costed by this project's model (the
   planner's per-block vocabulary has no block with TP on the feed-forward and a data-parallel
-  attention; the nearest recipe stands in), DeepSeek-V3 (graph_trainer's efsdp x ep path, not
-  run), and both plans trained side by side on CPU ranks (AutoParallel's placements are applied
-  through graph_trainer's aot_fx_trace compile on TorchTitan 0.3.0, which this project does not
-  run).
+  attention; the nearest recipe stands in).
 """
+
+TRAINED = REPO / "experiments" / "results" / "autoparallel_trained.md"
+"""Both planners' plans trained side by side on CPU ranks (``autoparallel_trained.py``)."""
+
+
+def trained_section() -> str:
+    """``autoparallel_trained.md`` as a section of this report (its heading one level down)."""
+    if not TRAINED.exists():
+        return ("\n## Trained side by side\n\nNot run: "
+                "`python experiments/autoparallel_trained.py`.\n")
+    text = TRAINED.read_text().replace("# This planner and TorchTitan 0.3.0's AutoParallel, "
+                                       "trained side by side", "## Trained side by side", 1)
+    return "\n" + text
 
 
 def main() -> None:

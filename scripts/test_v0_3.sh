@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 venv="${TT030_VENV:-${TMPDIR:-/tmp}/torchtitan-autoparallel-tt030}"
 [ -x "$venv/bin/python" ] || python -m venv "$venv"
 "$venv/bin/pip" install -q -e '.[titan03]' pytest
-"$venv/bin/python" -m pytest -q -p no:cacheprovider tests_v0_3
+"$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" tests_v0_3

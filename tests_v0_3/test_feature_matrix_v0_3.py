@@ -196,7 +196,9 @@ def run_case(name: str, dump: Path, load: list[str] | None = None) -> list[Run]:
     results = []
     for index, args in enumerate(case_runs(name, dump)):
         extra = load if (load and index == 0) else []
-        results.append(run([*args, *extra], DEFINITIONS[name]["ngpu"]))
+        # before any tyro subcommand (which takes the options after it as its own)
+        at = next((i for i, arg in enumerate(args) if SUBCOMMAND.fullmatch(arg)), len(args))
+        results.append(run([*args[:at], *extra, *args[at:]], DEFINITIONS[name]["ngpu"]))
         if results[-1].returncode != 0:
             break
     return results
