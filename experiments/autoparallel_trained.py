@@ -4,8 +4,9 @@ checkpoint, in one run of this script.
 
     python experiments/autoparallel_trained.py [--steps 8] [--out FILE.md]
 
-Run it with the Python of a venv holding TorchTitan 0.3.0 and meta-pytorch/autoparallel (see
-``autoparallel_side_by_side.py``). The model is Llama 3's debug flavor (TorchTitan 0.3.0's
+Run it with the Python of a venv holding TorchTitan 0.3.0 and meta-pytorch/autoparallel (this
+project's ``.[titan03]`` venv, then ``pip install --no-deps <autoparallel checkout> pulp``;
+measured with autoparallel a54c252). The model is Llama 3's debug flavor (TorchTitan 0.3.0's
 ``llama3_debugmodel`` and graph_trainer's ``graph_trainer_llama3_debugmodel_sdpa_cross_entropy_
 loss``: the same modules, parameter names and shapes, SDPA attention, cross-entropy loss),
 sequences of 256, 8 per step, fp32 parameters, this repository's tokenizer and corpus, seed 0.
