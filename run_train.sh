@@ -12,7 +12,7 @@
 #   LOG_RANK     comma-separated local ranks whose output is shown; default 0
 #   COMM_MODE    "fake_backend": single-process dry run on a fake process group of NGPU ranks,
 #                parameters on the meta device (405B/671B fit); builds, shards, reports, exits
-#   TRAIN_FILE   python module to run; default torchtitan_autoparallel.train
+#   TRAIN_FILE   python module to run; default torchtitan_autoparallel.titan.v0_2.train
 #   PREFLIGHT    1 (default): check the config in one process before starting the ranks
 # Multi-node (torchrun rendezvous; see multinode_trainer.slurm):
 #   NNODES       number of nodes; default 1
@@ -51,7 +51,7 @@ NGPU=${NGPU:-8}
 CONFIG_FILE=${CONFIG_FILE:-train_configs/llama3_debug_fsdp.toml}
 export LOG_RANK=${LOG_RANK:-0}
 COMM_MODE=${COMM_MODE:-}
-TRAIN_FILE=${TRAIN_FILE:-torchtitan_autoparallel.train}
+TRAIN_FILE=${TRAIN_FILE:-torchtitan_autoparallel.titan.v0_2.train}
 NNODES=${NNODES:-1}
 
 die() { echo "error: $*" >&2; exit 2; }

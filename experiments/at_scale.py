@@ -61,8 +61,8 @@ FIELDS = ["model", "world", "global_batch", "auto_status", "auto_mesh", "auto_tp
 
 @functools.cache
 def _parse(config: str, extra: tuple[str, ...]) -> Any:
-    from torchtitan_autoparallel.job_config import parse_config
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     return parse_config(["--job.config_file", str(REPO / "train_configs" / config), *extra])

@@ -227,9 +227,9 @@ def ring_rows(profile: Any) -> list[dict[str, object]]:
     from published import overrides
 
     from torchtitan_autoparallel.cost.model import attention_times
-    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.recipe import recipe_plan
     from torchtitan_autoparallel.recost import inputs_from_plan
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
 
     rows = []
     for f in RING_JOBS:
@@ -468,8 +468,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("error: experiments/gpu_check.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    from torchtitan_autoparallel.checks import device
     from torchtitan_autoparallel.cost.hardware import load_profile, profile_for_device
+    from torchtitan_autoparallel.titan.v0_2.checks import device
 
     found = device()
     name = profile_for_device(found)

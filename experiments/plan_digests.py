@@ -22,9 +22,9 @@ from bench_planning import GRID  # noqa: E402
 
 def main() -> None:
     from torchtitan_autoparallel.errors import UserError
-    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(REPO / "experiments/results/plan_digests.txt"))

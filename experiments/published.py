@@ -184,8 +184,8 @@ def auto_overrides(f: dict[str, str], hardware: str) -> list[str]:
 def auto_rows(rows: list[Row]) -> list[str]:
     """Plan the Table 1 / 3 jobs with auto: its predicted tokens/s per GPU against the
     published best row of the same job and features."""
-    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
 
     lines = ["", "Auto on the same jobs (predicted; the recipe rows above are TorchTitan's):", "",
              "| job | published best | recipe predicted | auto predicted | auto plan |",
@@ -212,8 +212,8 @@ def auto_rows(rows: list[Row]) -> list[str]:
 
 
 def predict(rows: list[Row], hardware: str) -> None:
-    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.recipe import recipe_plan
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
 
     for row in rows:
         plan = recipe_plan(parse_config(overrides(row.fields, hardware)),
@@ -402,7 +402,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     rows = published_rows()

@@ -59,8 +59,8 @@ def label(f: dict[str, str]) -> str:
 
 
 def auto_lines(row: published.Row, fixed: bool) -> tuple[list[str], object]:
-    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
 
     f = row.fields
     keep = [o for o in overrides(f, "h100_grand_teton") if not o.startswith(
@@ -83,9 +83,9 @@ def auto_lines(row: published.Row, fixed: bool) -> tuple[list[str], object]:
 
 def main() -> int:
     from torchtitan_autoparallel.explain import schedule_lines
-    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.recipe import recipe_plan
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     rows = pp_rows()

@@ -59,7 +59,7 @@ def rows_for(csv_path: str, hardware: str = "") -> list[dict]:
     )
     from torchtitan_autoparallel.plan import Plan
     from torchtitan_autoparallel.recost import recost
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     hw = load_profile(hardware) if hardware else None

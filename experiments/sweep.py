@@ -230,8 +230,8 @@ def legal_recipes(cfg: Config, n_heads: int, n_kv_heads: int, num_experts: int =
 # ---------------------------------------------------------------- planner (in-process)
 
 def _job_config(cfg: Config, auto: bool, extra: list[str]) -> Any:
-    from torchtitan_autoparallel.job_config import parse_config
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     argv = ["--job.config_file", str(config_file(cfg, auto)), *common_overrides(cfg), *extra]
@@ -432,7 +432,7 @@ def _heads(family: str, flavor: str) -> tuple[int, int, int]:
     """(query heads, kv heads, routed experts or 0)."""
     from torchtitan.protocols.train_spec import get_train_spec
 
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     args = get_train_spec(family).model_args[flavor]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Build the offline training assets used by ``torchtitan_autoparallel.data``.
+"""Build the offline training assets used by ``torchtitan_autoparallel.titan.v0_2.data``.
 
 Writes, relative to the repository root:
 

@@ -29,9 +29,9 @@ def fresh_adapters(monkeypatch):
 
 
 def _job(*overrides: str, config: str = AUTO):
-    from torchtitan_autoparallel.registry import import_custom_module, register
-    from torchtitan_autoparallel.runtime import cpu
-    from torchtitan_autoparallel.train import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import import_custom_module, register
+    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
+    from torchtitan_autoparallel.titan.v0_2.train import parse_config
 
     cpu.install()
     register()
@@ -326,7 +326,7 @@ def test_layer_graph_read_without_meta_init_is_the_same(monkeypatch):
 
     from torchtitan_autoparallel.graph import layer_graph
     from torchtitan_autoparallel.planning_inputs import model_layer_graph
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     class Initialising(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import tomllib
 
-from torchtitan_autoparallel import train
 from torchtitan_autoparallel.cli import main as cli_main
 from torchtitan_autoparallel.errors import run_cli
+from torchtitan_autoparallel.titan.v0_2 import train
 
 from parity import REPO
 

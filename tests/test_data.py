@@ -12,7 +12,7 @@ import torch
 from torchtitan.components.tokenizer import build_hf_tokenizer
 from torchtitan.config import JobConfig
 
-from torchtitan_autoparallel import data
+from torchtitan_autoparallel.titan.v0_2 import data
 
 SEQ_LEN = 16
 G = 8

@@ -174,10 +174,10 @@ def test_float8_compile_dry_run(tmp_path):
     every block holds the Float8Linears and compile wrapper of TorchTitan's own recipe (its
     FSDP dry run with the same features is the reference), every float8 weight is torchao's
     float8 all-gather tensor, also in blocks sharded over dp_shard x tp."""
-    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
-    from torchtitan_autoparallel.registry import register
-    from torchtitan_autoparallel.runtime import cpu
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
+    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
 
     features = (*FLOAT8_COMPILE, "--parallelism.enable_async_tensor_parallel",
                 "--parallelism.tensor_parallel_degree=8",

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from torchtitan_autoparallel.errors import UserError
-from torchtitan_autoparallel.job_config import parse_config
 from torchtitan_autoparallel.plan import Plan
 from torchtitan_autoparallel.planner import plan_job
-from torchtitan_autoparallel.registry import register
+from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+from torchtitan_autoparallel.titan.v0_2.registry import register
 
 from parity import REPO, assert_parity, run_job
 

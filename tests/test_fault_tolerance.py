@@ -111,17 +111,18 @@ def test_killed_rank_resumes_with_the_same_plan(tmp_path):
 
 SHARED_PLAN_SCRIPT = """
 import os, sys
-from torchtitan_autoparallel.registry import register
-from torchtitan_autoparallel.runtime import cpu
-from torchtitan_autoparallel import launch
-from torchtitan_autoparallel.job_config import parse_config
+from torchtitan_autoparallel.titan.v0_2.registry import register
+from torchtitan_autoparallel.titan.v0_2.runtime import cpu
+from torchtitan_autoparallel.launch import resolve_plan
+from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+from torchtitan_autoparallel.titan.v0_2.launch import shared_plan
 cpu.install(); register()
 rank = int(os.environ["RANK"])
 # rank 1 alone may not replicate: planning on its own, it would pick another plan
 budget = ["--autoparallel.techniques=fsdp"] if rank == 1 else []
 job = parse_config(["--job.config_file", sys.argv[1], *budget])
-own = launch.resolve_plan(job, 2).digest() if rank == 1 else ""
-print(f"rank {rank} shared {launch.shared_plan(job, 2).digest()} own {own}", flush=True)
+own = resolve_plan(job, 2).digest() if rank == 1 else ""
+print(f"rank {rank} shared {shared_plan(job, 2).digest()} own {own}", flush=True)
 """
 
 

@@ -64,9 +64,9 @@ def test_check_device_accepts(features, capability):
 def test_entrypoint_checks_device_before_ranks(monkeypatch, capsys):
     """The preflight (run_train.sh, one process, before torchrun) refuses float8 on an SM80 GPU:
     a GPU is simulated by answering its capability and leaving the CPU runtime off."""
-    from torchtitan_autoparallel import job_config, train
     from torchtitan_autoparallel.errors import run_cli
-    from torchtitan_autoparallel.runtime import cpu
+    from torchtitan_autoparallel.titan.v0_2 import job_config, train
+    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
 
     asked = []
     monkeypatch.setattr(job_config, "device_capability", lambda: asked.append(1) or (8, 0))
@@ -96,8 +96,8 @@ def test_entrypoint_checks_device_before_ranks(monkeypatch, capsys):
 def test_preflight_refuses(config, overrides, message, monkeypatch, capsys):
     """run_train.sh's one-process preflight (before torchrun) ends these jobs with one line
     (tests/test_launcher.py runs the async TP case through run_train.sh)."""
-    from torchtitan_autoparallel import train
     from torchtitan_autoparallel.errors import run_cli
+    from torchtitan_autoparallel.titan.v0_2 import train
 
     monkeypatch.setenv(train.PREFLIGHT_ENV, "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -108,9 +108,9 @@ def test_preflight_refuses(config, overrides, message, monkeypatch, capsys):
 
 
 def _parsed(*overrides: str):
-    from torchtitan_autoparallel.job_config import parse_config
-    from torchtitan_autoparallel.registry import register
-    from torchtitan_autoparallel.runtime import cpu
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
+    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
 
     cpu.install()
     register()
@@ -121,7 +121,7 @@ def _parsed(*overrides: str):
 def test_plan_without_float8_refused_for_float8_job(tmp_path, monkeypatch):
     """A plan saved for the eager bf16 / fp32 job is refused when the job turns float8 on (and
     compile): the fingerprint records the features."""
-    from torchtitan_autoparallel.launch import prepare_planned_job
+    from torchtitan_autoparallel.titan.v0_2.launch import prepare_planned_job
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     path = tmp_path / "plan.json"
@@ -143,7 +143,7 @@ def test_float8_precompute_hook_runs_with_autoparallel_converter(monkeypatch):
     from torchtitan.distributed import ParallelDims
     from torchtitan.protocols.model_converter import build_model_converters
 
-    from torchtitan_autoparallel.launch import prepare_planned_job
+    from torchtitan_autoparallel.titan.v0_2.launch import prepare_planned_job
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     job = _parsed("--model.converters=quantize.linear.float8",

@@ -19,7 +19,7 @@ from torchtitan_autoparallel.fitting.fit import Run, datasheet_caps, fit_profile
 from torchtitan_autoparallel.fitting.report import accuracy
 from torchtitan_autoparallel.fitting.runs import load_runs
 from torchtitan_autoparallel.plan import Plan
-from torchtitan_autoparallel.registry import register
+from torchtitan_autoparallel.titan.v0_2.registry import register
 
 RESULTS = Path(__file__).resolve().parent.parent / "experiments" / "results"
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")

@@ -92,8 +92,8 @@ def write_job(folder: Path, auto: bool, config: dict | None = None) -> str:
 
 
 def _job(config: str, *overrides: str):
-    from torchtitan_autoparallel.job_config import parse_config
-    from torchtitan_autoparallel.registry import import_custom_module, register
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import import_custom_module, register
 
     register()
     job = parse_config(["--job.config_file", config, *overrides])
@@ -112,7 +112,7 @@ def test_model_name_from_experiments():
 def test_missing_packages_are_one_line(monkeypatch):
     from torchtitan.protocols import train_spec
 
-    from torchtitan_autoparallel.registry import train_spec_of
+    from torchtitan_autoparallel.titan.v0_2.registry import train_spec_of
 
     def missing(name):
         raise ImportError("No module named 'transformers'")
@@ -201,8 +201,9 @@ def test_rotary_buffers_after_meta_init(tmp_path):
 
     import torch
 
-    from torchtitan_autoparallel.model_config import graph_job_config, model_config_of
-    from torchtitan_autoparallel.registry import make_plannable, train_spec_of
+    from torchtitan_autoparallel.model_config import model_config_of
+    from torchtitan_autoparallel.titan.v0_2.model import graph_job_config
+    from torchtitan_autoparallel.titan.v0_2.registry import make_plannable, train_spec_of
 
     job = _job(write_job(tmp_path, auto=True))
     make_plannable(BACKEND)

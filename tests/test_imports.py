@@ -200,11 +200,10 @@ def test_cost_is_pure_functions_of_a_profile_and_a_graph():
             assert not above, f"{module} imports {above}"
 
 
-RELEASE_CODE = ("titan", "apply", "registry", "job_config", "launch", "train", "converter",
-                "data", "checks", "runtime.cpu", "runtime.dry_run", "runtime.early_step",
-                "runtime.grad_norm", "runtime.pipeline")
-"""Modules that read or drive one TorchTitan release (its config, train specs, helpers, CPU
-patches): ``titan/`` and the 0.2.2 modules still at the package top."""
+RELEASE_CODE = ("titan", "launch")
+"""Modules that read or drive a TorchTitan release (its config, train specs, helpers, CPU
+patches): one package per release under ``titan/``, and ``launch`` (a planned job at start,
+for both releases)."""
 PLANNING = ("planner", "planning_inputs", "assembly", "candidate", "pipeline_candidate",
             "solver", "strategies", "cost", "graph", "plan", "pins", "features", "exclusions",
             "recost", "explain", "show", "recipe", "frontend", "validate", "layout",
@@ -256,3 +255,43 @@ def test_planning_imports_no_release_code():
             if any(n == "torchtitan" or n.startswith("torchtitan.") for n in names):
                 naming.add(_short(module))
     assert naming == set(TITAN_IMPORTS)
+
+
+SHARED_TITAN_IMPORTS = {
+    "launch": "TorchTitan's logger (both releases have it)",
+}
+"""Modules outside ``titan/`` and the planning pipeline that name ``torchtitan`` in an import,
+and why."""
+RELEASE_USERS = {
+    "cli": "plan / predict read a TorchTitan 0.2.2 TOML job (0.3.0's through its front-end)",
+    "fitting.runs": "the measured runs' plan files are re-costed with 0.2.2's train specs",
+}
+"""Modules outside ``titan/`` that import a release's package directly, and why (the planning
+pipeline loads the installed release's front-end by name, ``frontend.frontend()``)."""
+
+
+def test_release_code_lives_in_its_release_package():
+    """What knows one TorchTitan release sits in its package (``titan/v0_2``, ``titan/v0_3``):
+    outside ``titan/`` only the modules ``TITAN_IMPORTS`` and ``SHARED_TITAN_IMPORTS`` name
+    ``torchtitan`` in an import, only ``RELEASE_USERS`` import a release's package, and the two
+    releases' packages import nothing of each other."""
+    graph = import_graph()
+    modules = module_files()
+    naming = set()
+    for module, path in modules.items():
+        if _in(module, ("titan",)):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom)
+                     and not node.level else [])
+            if any(n == "torchtitan" or n.startswith("torchtitan.") for n in names):
+                naming.add(_short(module))
+    assert naming == set(TITAN_IMPORTS) | set(SHARED_TITAN_IMPORTS)
+    users = {_short(m) for m, targets in graph.items() if not _in(m, ("titan",))
+             and any(_in(t, ("titan",)) for t in targets)}
+    assert users == set(RELEASE_USERS)
+    for one, other in (("titan.v0_2", "titan.v0_3"), ("titan.v0_3", "titan.v0_2")):
+        crossing = {_short(m): sorted(_short(t) for t in targets if _in(t, (other,)))
+                    for m, targets in graph.items() if _in(m, (one,))}
+        assert not {m: c for m, c in crossing.items() if c}

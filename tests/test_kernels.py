@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import torchtitan_autoparallel.job_config as job_config_module
+import torchtitan_autoparallel.titan.v0_2.job_config as job_config_module
 from torchtitan_autoparallel.cost import kernels
 from torchtitan_autoparallel.cost.hardware import Device, available_profiles, load_profile
 from torchtitan_autoparallel.cost.model import Precision, compute_s
@@ -109,7 +109,7 @@ def test_tp_splits_the_side_the_tp_plan_shards():
     too, though their outputs are the narrower side), wo / w2 row-wise (inputs split)."""
     from torchtitan_autoparallel.cost.model import _tp_split, linear_styles
     from torchtitan_autoparallel.planning_inputs import model_layer_graph
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     block = model_layer_graph("llama3", "8B", 8192).blocks[0]
@@ -127,7 +127,7 @@ def test_ring_attention_work_grows_with_the_ring_at_a_fixed_local_length():
     sequence (32k tokens per rank), more ranks in the ring mean more memory-bound work."""
     from torchtitan_autoparallel.cost.model import ring_attention_bytes
     from torchtitan_autoparallel.planning_inputs import model_layer_graph
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     work = [sum(ring_attention_bytes(model_layer_graph("llama3", "8B", 32768 * cp).blocks[0],
@@ -217,8 +217,8 @@ def test_offline_plan_without_hardware_says_which_profile_in_its_first_line(tmp_
 
 
 def _job_without_hardware():
-    from torchtitan_autoparallel.job_config import parse_config
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     job = parse_config(["--job.config_file", str(REPO / "train_configs/llama3_debug_auto.toml"),

@@ -11,9 +11,9 @@ from torchtitan_autoparallel.strategies import Constraints, legal_ep, pinned_str
 
 @pytest.fixture(scope="module")
 def planning():
-    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
 
@@ -27,8 +27,8 @@ def planning():
 def test_layer_graph_of_hybrid_moe_model():
     from torchtitan.protocols.train_spec import get_train_spec
 
-    from torchtitan_autoparallel.registry import register
     from torchtitan_autoparallel.titan.v0_2.model import build_layer_graph
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     spec = get_train_spec("deepseek_v3")

@@ -13,9 +13,9 @@ from torchtitan_autoparallel.plan import Plan
 
 @pytest.fixture(scope="module")
 def job():
-    from torchtitan_autoparallel.job_config import parse_config
-    from torchtitan_autoparallel.registry import register
-    from torchtitan_autoparallel.runtime import cpu
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
+    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
 
     cpu.install()
     register()

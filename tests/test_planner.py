@@ -132,10 +132,10 @@ def test_milp_matches_brute_force(seed, single_block_units):
 
 @pytest.fixture(scope="module")
 def planning():
-    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
-    from torchtitan_autoparallel.registry import register
-    from torchtitan_autoparallel.runtime import cpu
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
+    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
 
     cpu.install()
     register()
@@ -320,8 +320,8 @@ def test_peak_memory_matches_one_h200(planning, local, ac, measured_gib):
     """Tensor peaks MemTracker measured on one H200 (experiments/results/h200_model.md, llama3
     1B, global batch 8 x 4096 tokens, bf16): the predicted peak of TorchTitan's recipe is
     within 5 % of each."""
-    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.recipe import recipe_plan
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
 
     job = parse_config(["--job.config_file", "train_configs/llama3_1b_auto.toml",
                         "--autoparallel.hardware=h200_sxm", "--training.global_batch_size=8",
@@ -351,9 +351,9 @@ def test_model_hash_is_stable_within_and_across_processes():
     import subprocess
     import sys
 
-    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planning_inputs import job_inputs
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     from parity import REPO
 
@@ -366,8 +366,8 @@ def test_model_hash_is_stable_within_and_across_processes():
     first = model_hash("deepseek_v3_671b_auto.toml")
     model_hash("deepseek_v3_16b_auto.toml")
     assert model_hash("deepseek_v3_671b_auto.toml") == first
-    code = ("from torchtitan_autoparallel.registry import register; register()\n"
-            "from torchtitan_autoparallel.job_config import parse_config\n"
+    code = ("from torchtitan_autoparallel.titan.v0_2.registry import register; register()\n"
+            "from torchtitan_autoparallel.titan.v0_2.job_config import parse_config\n"
             "from torchtitan_autoparallel.planning_inputs import job_inputs\n"
             "job = parse_config(['--job.config_file', "
             "'train_configs/deepseek_v3_671b_auto.toml'])\n"
@@ -532,9 +532,9 @@ def test_memoized_compute_equals_the_full_mesh_compute(features):
     unmemoized function given the whole mesh and strategy."""
     from torchtitan_autoparallel.cost.model import block_compute_s, clear_compute_memo, compute_s
     from torchtitan_autoparallel.features import Features
-    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planning_inputs import job_inputs
     from torchtitan_autoparallel.strategies import pinned_strategies
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
 
     inputs = job_inputs(parse_config(["--job.config_file", "train_configs/llama3_8b_auto.toml",
                                       "--autoparallel.hardware=h100_grand_teton"]), 64)
@@ -727,10 +727,10 @@ def test_search_bounds_are_below_every_strategy(config, world, features):
     state floor is the full candidate's, below its exact memory floor (flat)."""
     from torchtitan_autoparallel.candidate import flat_options
     from torchtitan_autoparallel.features import Features
-    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.pipeline_candidate import pipeline_options
     from torchtitan_autoparallel.planning_inputs import job_inputs
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     inputs = job_inputs(parse_config(["--job.config_file", f"train_configs/{config}",
@@ -779,11 +779,11 @@ def test_block_floors_with_fsdp_are_below_every_strategy_of_every_mesh(config, w
     from torchtitan_autoparallel.cost.model import block_cost, block_time_floor
     from torchtitan_autoparallel.cost.pipeline import stage_block_cost
     from torchtitan_autoparallel.features import Features
-    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.pipeline_candidate import stage_tp_modes
     from torchtitan_autoparallel.planning_inputs import job_inputs
-    from torchtitan_autoparallel.registry import register
     from torchtitan_autoparallel.strategies import block_strategies, block_tp_modes
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     inputs = job_inputs(parse_config(["--job.config_file", f"train_configs/{config}",

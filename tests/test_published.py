@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from torchtitan_autoparallel.errors import UserError
-from torchtitan_autoparallel.job_config import parse_config
 from torchtitan_autoparallel.planner import plan_job
 from torchtitan_autoparallel.planning_inputs import job_inputs
-from torchtitan_autoparallel.registry import register
+from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+from torchtitan_autoparallel.titan.v0_2.registry import register
 
 REPO = Path(__file__).resolve().parent.parent
 

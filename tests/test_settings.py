@@ -56,9 +56,9 @@ def test_degree_is_a_constraint(config, key, value, dim):
 
 def prepared(config: str, *overrides: str):
     """(job config as TorchTitan will run it, plan) of a planned job, without building."""
-    from torchtitan_autoparallel.job_config import check_config, parse_config
-    from torchtitan_autoparallel.launch import prepare_planned_job
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.job_config import check_config, parse_config
+    from torchtitan_autoparallel.titan.v0_2.launch import prepare_planned_job
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     job = parse_config(["--job.config_file", f"train_configs/{config}", *overrides])
@@ -312,7 +312,7 @@ def test_activation_checkpoint_options_reach_torchtitan(monkeypatch):
     full AC's checkpoint arguments, and the config selective op-level AC reads."""
     import torchtitan.distributed.activation_checkpoint as ac
 
-    from torchtitan_autoparallel.apply import apply_block_ac
+    from torchtitan_autoparallel.titan.v0_2.apply import apply_block_ac
 
     seen = []
     monkeypatch.setattr(ac, "_apply_op_sac",

@@ -8,10 +8,10 @@ import typing
 
 import pytest
 
-from torchtitan_autoparallel.job_config import parse_config
 from torchtitan_autoparallel.planner import plan_job
-from torchtitan_autoparallel.registry import register
-from torchtitan_autoparallel.settings import HOWS, SETTINGS
+from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+from torchtitan_autoparallel.titan.v0_2.registry import register
+from torchtitan_autoparallel.titan.v0_2.settings import HOWS, SETTINGS
 
 from parity import REPO
 

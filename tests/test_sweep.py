@@ -270,10 +270,10 @@ seq_len = 4096
 def test_repredict_costs_the_plan_that_ran() -> None:
     """``recost.recost`` (behind repredict.py and the CPU profile fit) costs a stored plan,
     mixed AC included, as it ran: unchanged model and profile, unchanged prediction."""
-    from torchtitan_autoparallel.job_config import parse_config
     from torchtitan_autoparallel.planner import plan_job
     from torchtitan_autoparallel.recost import recost
-    from torchtitan_autoparallel.registry import register
+    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     job = parse_config(["--job.config_file", str(REPO / "train_configs/llama3_bench_auto.toml"),

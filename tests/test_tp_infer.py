@@ -77,8 +77,8 @@ def _meta_model(family: str, flavor: str) -> tuple[nn.Module, Any, tuple]:
 
     from torchtitan_autoparallel.graph.discover import get_adapter
     from torchtitan_autoparallel.graph.layer_graph import block_inputs
-    from torchtitan_autoparallel.registry import register
     from torchtitan_autoparallel.titan.v0_2.model import measurable_args
+    from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     spec = get_train_spec(family)

@@ -75,9 +75,9 @@ def _job_by_module(args: argparse.Namespace, auto: bool, release: str) -> Any:
 
 
 def _job_from_toml(args: argparse.Namespace, auto: bool) -> Any:
-    from .checks import check_auto_settings, check_job_keys
-    from .job_config import parse_config, read_toml
-    from .registry import import_custom_module, register
+    from .titan.v0_2.checks import check_auto_settings, check_job_keys
+    from .titan.v0_2.job_config import parse_config, read_toml
+    from .titan.v0_2.registry import import_custom_module, register
 
     register()
     for arg in args.overrides:
@@ -127,10 +127,10 @@ def _emit(args: argparse.Namespace, plan: Any) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .checks import check_plan_features
     from .explain import model_lines
     from .planner import plan_job
     from .planning_inputs import reusing_layer_graphs
+    from .titan.v0_2.checks import check_plan_features
 
     job = _job(args, auto=True)
     with reusing_layer_graphs():

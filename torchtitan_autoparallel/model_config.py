@@ -2,16 +2,16 @@
 ``job.custom_config_module``, e.g. TorchTitan's HF backend and its ``[hf_transformers]``), and
 the identity of the model config they name (the HF ``config.json``) for plan fingerprints.
 
-The layer graph gets a default job config with these sections set (``graph_job_config``), as
-TorchTitan's trainer hands ``update_from_config`` the real one; a plan records them so that
-``explain`` / ``diff`` / ``show`` rebuild the same graph from the plan alone.
+The layer graph gets a default job config with these sections set (0.2.2's
+``titan.v0_2.model.graph_job_config``), as TorchTitan's trainer hands ``update_from_config`` the
+real one; a plan records them so that ``explain`` / ``diff`` / ``show`` rebuild the same graph
+from the plan alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import os
 from typing import Any
 
@@ -56,35 +56,6 @@ def model_config_of(job_config: Any) -> ModelConfig:
             sections[f.name] = (dataclasses.asdict(value) if dataclasses.is_dataclass(value)
                                 else value)
     return ModelConfig(module if sections else "", sections)
-
-
-def _assign(target: Any, values: dict[str, Any]) -> None:
-    for key, value in values.items():
-        current = getattr(target, key, None)
-        if dataclasses.is_dataclass(current) and isinstance(value, dict):
-            _assign(current, value)
-        else:
-            setattr(target, key, value)
-
-
-def graph_job_config(model_config: ModelConfig | None, seq_len: int) -> Any:
-    """A default TorchTitan job config (merged with ``model_config.module``'s sections, set to
-    its values) for ``seq_len``: what the layer graph hands ``update_from_config``."""
-    from torchtitan.config import ConfigManager, JobConfig
-
-    cls: Any = JobConfig
-    if model_config is not None and model_config.module:
-        try:
-            extension = importlib.import_module(model_config.module).JobConfig
-        except (ImportError, AttributeError) as exc:
-            raise UserError(f"job.custom_config_module = {model_config.module!r} cannot be "
-                            f"imported ({exc}); install what it needs") from None
-        cls = ConfigManager._merge_configs(JobConfig, extension)
-    job = cls()
-    if model_config is not None:
-        _assign(job, model_config.sections)
-    job.training.seq_len = seq_len
-    return job
 
 
 def hf_config_file(model: str) -> str:

@@ -155,8 +155,8 @@ def early_step_constraints(job_config: Any, constraints: Constraints, world: int
 def validation_constraints(job_config: Any, constraints: Constraints) -> Constraints:
     """``validation.enable``: TorchTitan's validator runs the training's pipeline schedule
     (its micro-batches) and CP buffers on the validation batches. The search leaves out PP
-    (a fixed pp is checked against the plan: ``checks.check_plan_features``), and CP too when
-    ``validation.seq_len`` differs from ``training.seq_len`` (fixed: an error)."""
+    (a fixed pp is checked against the plan: ``titan.v0_2.checks.check_plan_features``), and CP
+    too when ``validation.seq_len`` differs from ``training.seq_len`` (fixed: an error)."""
     val = job_config.validation
     if not val.enable:
         return constraints

@@ -90,7 +90,7 @@ def load_runs(csv_path: str | Path, base: HardwareProfile | None = None,
     """The measured runs of ``csv_path`` (rows of the same plan merged: median time), checked:
     positive times, existing plan files made for ``base``'s hardware."""
     from ..plan import Plan
-    from ..registry import register
+    from ..titan.v0_2.registry import register
 
     register()
     path = Path(csv_path)

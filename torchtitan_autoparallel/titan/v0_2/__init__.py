@@ -10,9 +10,9 @@ from typing import Any
 from ...errors import UserError, shown
 from ...frontend import Frontend, register_frontend
 from ...graph.layer_graph import LayerGraph
-from ...model_config import ModelConfig, graph_job_config
-from ...registry import import_custom_module, register, train_spec_of
-from .model import build_layer_graph
+from ...model_config import ModelConfig
+from .model import build_layer_graph, graph_job_config
+from .registry import import_custom_module, register, train_spec_of
 
 
 def read_model(name: str, flavor: str, seq_len: int, model_config: ModelConfig | None = None

@@ -4,11 +4,44 @@ built on meta and read into a layer graph."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import importlib
 import logging
 from typing import Any
 
+from ...errors import UserError
 from ...graph.adapters import ModelAdapter
 from ...graph.layer_graph import LayerGraph, graph_of_model, meta_model, planning_model
+from ...model_config import ModelConfig
+
+
+def _assign(target: Any, values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        current = getattr(target, key, None)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            _assign(current, value)
+        else:
+            setattr(target, key, value)
+
+
+def graph_job_config(model_config: ModelConfig | None, seq_len: int) -> Any:
+    """A default TorchTitan job config (merged with ``model_config.module``'s sections, set to
+    its values) for ``seq_len``: what the layer graph hands ``update_from_config``."""
+    from torchtitan.config import ConfigManager, JobConfig
+
+    cls: Any = JobConfig
+    if model_config is not None and model_config.module:
+        try:
+            extension = importlib.import_module(model_config.module).JobConfig
+        except (ImportError, AttributeError) as exc:
+            raise UserError(f"job.custom_config_module = {model_config.module!r} cannot be "
+                            f"imported ({exc}); install what it needs") from None
+        cls = ConfigManager._merge_configs(JobConfig, extension)
+    job = cls()
+    if model_config is not None:
+        _assign(job, model_config.sections)
+    job.training.seq_len = seq_len
+    return job
 
 
 def measurable_args(model_args: Any, seq_len: int, job: Any = None) -> tuple[Any, str]:

@@ -97,7 +97,7 @@ def dry_run_report(trainer: Any) -> str:
         )
     import json
 
-    from ..built import block_features
+    from ....built import block_features
 
     # the blocks' container: a planned block's fqn is "<container>.<name>"
     blocks = (next(layer.fqn for layer in plan.layers if layer.kind == "block").rpartition(".")[0]

@@ -1,10 +1,11 @@
-"""Training entrypoint used by ``run_train.sh``: TorchTitan's Trainer, made to run anywhere.
+"""TorchTitan 0.2.2's training entrypoint used by ``run_train.sh``: TorchTitan's Trainer, made to
+run anywhere.
 
-``python -m torchtitan_autoparallel.train --job.config_file X.toml [overrides]`` behaves like
-``python -m torchtitan.train`` and adds: the CPU/gloo runtime when no GPU is present, the
-project's config extension and train specs, one-line errors for user mistakes, an optional
-per-step metrics file, and a dry-run mode (``--comm.mode fake_backend``) that builds and shards
-the model on meta tensors across a fake process group, reports, and exits.
+``python -m torchtitan_autoparallel.titan.v0_2.train --job.config_file X.toml [overrides]``
+behaves like ``python -m torchtitan.train`` and adds: the CPU/gloo runtime when no GPU is
+present, the project's config extension and train specs, one-line errors for user mistakes, an
+optional per-step metrics file, and a dry-run mode (``--comm.mode fake_backend``) that builds and
+shards the model on meta tensors across a fake process group, reports, and exits.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from .errors import UserError, run_cli
+from ...errors import UserError, run_cli
 from .job_config import check_config, parse_config
 from .launch import prepare_planned_job
 from .runtime.dry_run import dry_run_report, prepare_dry_run

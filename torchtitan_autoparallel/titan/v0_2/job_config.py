@@ -8,15 +8,15 @@ import os
 import sys
 from typing import Any
 
+from ...errors import UserError
+from ...explicit import record_explicit
+from ...features import check_device, features_from_config
 from .checks import (
     check_job_keys,
     check_torchao,
     device,
     device_capability,
 )
-from .errors import UserError
-from .explicit import record_explicit
-from .features import check_device, features_from_config
 
 
 def _config_manager() -> Any:
@@ -25,7 +25,7 @@ def _config_manager() -> Any:
     ``[hf_transformers]``) is merged on top of both instead of replacing the project's."""
     from torchtitan.config import ConfigManager, JobConfig
 
-    from .config import JobConfig as Extension
+    from ...config import JobConfig as Extension
 
     return ConfigManager(ConfigManager._merge_configs(JobConfig, Extension))
 
@@ -43,7 +43,7 @@ def _config_path(argv: list[str]) -> str | None:
 def read_toml(path: str) -> dict[str, Any]:
     """The config file's data; one line if it is missing or not TOML (TorchTitan would print a
     traceback first)."""
-    from .errors import read_input, shown, tomllib
+    from ...errors import read_input, shown, tomllib
 
     if not os.path.exists(path):
         raise UserError(f"config file not found: {shown(path)} (set CONFIG_FILE to an existing "
@@ -62,7 +62,7 @@ def parse_config(argv: list[str]) -> Any:
     import contextlib
     import io
 
-    from .errors import shown
+    from ...errors import shown
 
     path = _config_path(argv)
     toml = read_toml(path) if path is not None else {}
@@ -97,7 +97,7 @@ def tyro_message(text: str, limit: int = 400) -> str:
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
 def resolve_assets_path(job_config: Any) -> None:
@@ -111,8 +111,8 @@ def resolve_assets_path(job_config: Any) -> None:
 
 def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
     """Reject settings this machine cannot run, naming the fix."""
+    from ...validate import check_model_name
     from .runtime.cpu import cuda_only_features
-    from .validate import check_model_name
 
     check_model_name(job_config.model.name)
     resolve_assets_path(job_config)
@@ -139,7 +139,7 @@ def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
         # the job's own device picks the profile (a GPU no profile names stops here)
         from torchtitan.tools.logging import logger
 
-        from .cost.hardware import profile_for_device
+        from ...cost.hardware import profile_for_device
 
         found = None if dry_run else device()
         ap.hardware = profile_for_device(found)

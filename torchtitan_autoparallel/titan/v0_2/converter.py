@@ -9,9 +9,9 @@ from typing import Any
 
 import torch.nn as nn
 
-from .errors import UserError
-from .graph.adapters import submodule_or_none
-from .plan import Plan
+from ...errors import UserError
+from ...graph.adapters import submodule_or_none
+from ...plan import Plan
 
 NAME = "autoparallel"
 PLAN_ATTR = "_autoparallel_plan"

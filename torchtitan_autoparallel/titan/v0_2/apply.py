@@ -15,14 +15,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .errors import UserError
-from .features import features_from_config
-from .graph.adapters import INFER_TP, ModelAdapter, resolve, submodule_or_none
-from .graph.discover import get_adapter
-from .layout import tp_dp_problem
-from .plan import Plan, fsdp_units
+from ...errors import UserError
+from ...features import features_from_config
+from ...graph.adapters import INFER_TP, ModelAdapter, resolve, submodule_or_none
+from ...graph.discover import get_adapter
+from ...layout import tp_dp_problem
+from ...plan import Plan, fsdp_units
+from .model import planning_adapter
 from .runtime.moe import reduce_sequence_parallel_moe_grads, reduce_tensor_parallel_router_grads
-from .titan.v0_2.model import planning_adapter
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

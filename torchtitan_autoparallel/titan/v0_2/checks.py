@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import UserError
-from .layout import AC_MODES
+from ...errors import UserError
+from ...layout import AC_MODES
 
 # What TorchTitan 0.2.2's quantization converters import from torchao, per feature: torchao
 # 0.18.0 no longer has the MX linear config nor the MoE training config those converters use.
@@ -53,7 +53,7 @@ def device() -> Any:
     one."""
     import torch
 
-    from .cost.hardware import Device
+    from ...cost.hardware import Device
 
     if not torch.cuda.is_available():
         return None
@@ -102,8 +102,8 @@ def check_job_keys(job_config: Any) -> None:
     import torchtitan.components.quantization  # noqa: F401  (registers TorchTitan's converters)
     from torchtitan.protocols.model_converter import _registry_model_converter_cls
 
+    from ...errors import shown
     from .data import DATASET_NAMES
-    from .errors import shown
 
     known = sorted(_registry_model_converter_cls)
     for name in job_config.model.converters or []:
@@ -137,7 +137,7 @@ OPTIMIZERS = ("Adam", "AdamW")
 
 def check_plan_features(job_config: Any, plan: Any) -> None:
     """Features the chosen plan cannot apply."""
-    from .plan import plan_shards_with_fsdp
+    from ...plan import plan_shards_with_fsdp
 
     val = job_config.validation
     if val.enable and plan.mesh.pp > 1 and (

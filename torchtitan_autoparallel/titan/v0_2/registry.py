@@ -129,7 +129,7 @@ def train_spec_of(name: str) -> Any:
     """TorchTitan's train spec ``name``; a one-line error when none is registered."""
     from torchtitan.protocols.train_spec import get_train_spec
 
-    from .errors import UserError
+    from ...errors import UserError
 
     try:
         return get_train_spec(name)
@@ -138,7 +138,7 @@ def train_spec_of(name: str) -> Any:
                         "register_train_spec in the module experimental.custom_import names"
                         ) from exc
     except ImportError as exc:  # an experiment whose optional packages are missing
-        from .errors import shown
+        from ...errors import shown
 
         extra = " (pip install -e '.[hf]')" if name == HF_BACKEND else ""
         raise UserError(f"model.name {name!r} cannot be imported: {shown(exc, 200)}; install "
@@ -156,7 +156,7 @@ def make_plannable(name: str) -> None:
         return
     changes: dict[str, Any] = {}
     if name == HF_BACKEND:
-        from .runtime.hf import with_rotary_in_every_stage, with_rotary_reset
+        from ...runtime.hf import with_rotary_in_every_stage, with_rotary_reset
 
         changes["model_cls"] = with_rotary_reset(spec.model_cls)
         if spec.pipelining_fn is not None:
@@ -170,7 +170,7 @@ def import_custom_module(job_config: Any) -> None:
     planning; TorchTitan's Trainer imports it again later (a no-op)."""
     import importlib
 
-    from .errors import UserError
+    from ...errors import UserError
 
     module = job_config.experimental.custom_import
     if not module:

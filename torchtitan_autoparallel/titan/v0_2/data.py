@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CORPUS = REPO_ROOT / "assets" / "data" / "corpus.jsonl"
 DEFAULT_TOKENIZER = REPO_ROOT / "assets" / "tokenizer"
 DATASET_NAME = "autoparallel_text"
