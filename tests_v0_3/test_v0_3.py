@@ -195,7 +195,11 @@ def test_every_0_3_config_key_is_classified():
     from torchtitan_autoparallel.titan.v0_3.config import Config, _leaves
     from torchtitan_autoparallel.titan.v0_3.job import REFUSED, REFUSED_WHY, key_class
 
-    keys = set(_leaves(Config()))
+    from torchtitan.experiments.transformers_modeling_backend.configs import (
+        TransformersBackendConfig,
+    )
+
+    keys = set(_leaves(Config())) | set(_leaves(TransformersBackendConfig()))  # the HF backend's
     for policy in (FullAC.Config(), MemoryBudgetAC.Config()):
         keys |= {f"activation_checkpoint.{f.name}" for f in fields(policy)}
     assert len(keys) > 100

@@ -44,7 +44,11 @@ def _known_sections() -> set[str]:
 
 def model_config_of(job_config: Any) -> ModelConfig:
     """The sections of ``job_config`` that its ``job.custom_config_module`` adds (neither
-    TorchTitan's nor the project's), as plain data."""
+    TorchTitan's nor the project's), as plain data (a job that records its own
+    ``model_config`` gives that)."""
+    given = getattr(job_config, "model_config", None)
+    if isinstance(given, ModelConfig):
+        return given
     module = getattr(getattr(job_config, "job", None), "custom_config_module", "") or ""
     if not module or not dataclasses.is_dataclass(job_config):
         return ModelConfig()  # sections come only from a custom config module
@@ -58,14 +62,14 @@ def model_config_of(job_config: Any) -> ModelConfig:
     return ModelConfig(module if sections else "", sections)
 
 
-def hf_config_file(model: str) -> str:
-    """The ``config.json`` that ``hf_transformers.model`` names: a local folder's, a local
-    file, or a Hub id's (from the local Hugging Face cache, or downloaded)."""
+def hf_config_file(model: str, key: str = "hf_transformers.model") -> str:
+    """The ``config.json`` that ``key`` (``model``) names: a local folder's, a local file, or
+    a Hub id's (from the local Hugging Face cache, or downloaded)."""
     if os.path.isdir(model):
         path = os.path.join(model, "config.json")
         if os.path.isfile(path):
             return path
-        raise UserError(f"hf_transformers.model = {model!r} has no config.json: put the model's "
+        raise UserError(f"{key} = {model!r} has no config.json: put the model's "
                         "Hugging Face config.json in that folder")
     if os.path.isfile(model):
         return model
@@ -76,11 +80,11 @@ def hf_config_file(model: str) -> str:
     except Exception as exc:  # offline, unknown id, gated repo
         from .errors import shown
 
-        raise UserError(f"hf_transformers.model = {model!r}: no config.json found "
+        raise UserError(f"{key} = {model!r}: no config.json found "
                         f"({shown(exc, 160)}); name a local folder holding config.json or a "
                         "Hugging Face model id") from None
     if not path:
-        raise UserError(f"hf_transformers.model = {model!r}: no config.json found")
+        raise UserError(f"{key} = {model!r}: no config.json found")
     return str(path)
 
 

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import UserError
-from ..runtime.hf import meta_autocast
+from ..runtime.hf import meta_capture
 from .adapters import ModelAdapter
 from .cp_find import with_found_cp
 from .discover import (
@@ -370,7 +370,7 @@ def block_inputs(family: str, model: torch.nn.Module, adapter: ModelAdapter, seq
     handle = first.register_forward_pre_hook(capture, with_kwargs=True)
     extra = required_args(model)[1:]
     try:
-        with meta_autocast():  # HF rotary embeddings open an autocast on the input's device
+        with meta_capture():  # HF rotary embeddings open an autocast on the input's device
             model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"),
                   *batch_inputs(model, extra))
     except _Captured:
@@ -424,7 +424,7 @@ def graph_of_model(family: str, flavor: str, model: torch.nn.Module, seq_len: in
     LayerGraph for sequences of ``seq_len`` tokens. ``attn_type``: the attention kernel the
     job runs; ``grouped``: routed experts run as grouped GEMMs; ``args``: the model's config
     (where its head counts are read first)."""
-    with meta_autocast():  # routers and rotary embeddings open an autocast on meta inputs
+    with meta_capture():  # routers and rotary embeddings open an autocast on meta inputs
         return _graph_of_model(family, flavor, model, seq_len, attn_type, grouped, args)
 
 

@@ -103,9 +103,10 @@ def trace(rec: Recorder, block: nn.Module, inputs: tuple[tuple, dict],
     def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
         name = names[id(module)]
         rec.scopes.append(name)
-        if name not in rec.calls:
+        if name not in rec.calls:  # a module called by keyword only (HF's attention): in order
+            given = args or tuple(kwargs.values())
             rec.calls[name] = [rec.producer.get(id(a), -1) if isinstance(a, torch.Tensor)
-                               else None for a in args]
+                               else None for a in given]
         if _is_leaf(module, opaque_ids) and name:
             if rec.leaf_depth == 0:
                 pending[id(module)] = rec.sources((args, kwargs))

@@ -6,6 +6,10 @@
   torch refuses ("unsupported scalarType"), so the model cannot be run on meta tensors (the
   layer graph's block capture). Inside this context a meta autocast is a CPU one (disabled
   either way: a no-op). Tested by tests/test_hf_backend.py::test_layer_graph_of_hf_model.
+* ``meta_capture``: ``meta_autocast``, and transformers 5's mask builder, which looks for packed
+  sequences in ``position_ids`` with ``.all()`` (a host read, refused on meta tensors), told
+  there are none on meta inputs (the layer graph measures one unpacked causal sequence).
+  Tested by tests_v0_3/test_hf_backend_v0_3.py.
 * ``reset_rotary_buffers``: HF's rotary embeddings keep ``inv_freq`` as a non-persistent buffer
   computed in ``__init__``. TorchTitan builds the model on meta, then ``to_empty`` + the
   backend's ``init_weights``, which re-initialises parameters only: ``inv_freq`` is left as
@@ -40,6 +44,28 @@ def meta_autocast() -> Iterator[None]:
         yield
     finally:
         torch.autocast = original  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def meta_capture() -> Iterator[None]:
+    """``meta_autocast``, with transformers' packed-sequence search skipped on meta inputs."""
+    import sys
+
+    masking = sys.modules.get("transformers.masking_utils")
+    original = getattr(masking, "find_packed_sequence_indices", None)
+    if original is not None:
+        def find(position_ids: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(position_ids, torch.Tensor) and position_ids.is_meta:
+                return None
+            return original(position_ids, *args, **kwargs)
+
+        masking.find_packed_sequence_indices = find
+    try:
+        with meta_autocast():
+            yield
+    finally:
+        if original is not None:
+            masking.find_packed_sequence_indices = original
 
 
 def reset_rotary_buffers(model: nn.Module) -> int:

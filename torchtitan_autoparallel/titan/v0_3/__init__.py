@@ -11,7 +11,7 @@ from ...graph.adapters import ModelAdapter, register_adapter
 from . import quiet  # noqa: F401  (before TorchTitan is imported)
 from .config import parse_job
 from .job import Job, job_of
-from .model import family_module, read_model
+from .model import HF_BACKEND, family_module, read_model
 
 PARALLELIZE = {"llama3": "parallelize_llama", "qwen3": "parallelize_qwen3",
                "qwen3_5": "parallelize_qwen3_5", "deepseek_v3": "parallelize_deepseekv3",
@@ -51,10 +51,10 @@ def read_job(argv: list[str]) -> Job:
 
 
 def model_names() -> list[str]:
-    """TorchTitan 0.3.0's model families."""
+    """TorchTitan 0.3.0's model families and its HF backend."""
     from torchtitan.models import _supported_models
 
-    return sorted(_supported_models)
+    return sorted({*_supported_models, HF_BACKEND})
 
 
 def prepare_models(custom_import: str) -> None:
@@ -80,3 +80,13 @@ for _family, _fn in PARALLELIZE.items():
         experts="routed_experts.inner_experts",
         moe_fn=f"torchtitan.models.{_family}.parallelize.{_fn}",
         excluded=dict(NOT_APPLIED)), replace=True)
+# The HF backend's model presents HF's layers as TorchTitan's names (``layers``,
+# ``tok_embeddings``, ``norm``) and keeps HF's ``lm_head``; TP comes from the sharding the
+# backend declares (``set_hf_sharding_configs``) through ``model.parallelize``
+register_adapter(HF_BACKEND, ModelAdapter(
+    blocks="layers", embedding="tok_embeddings", final_norm="norm", output="lm_head",
+    experts="moe.routed_experts.inner_experts", excluded={
+        **NOT_APPLIED,
+        "cp": "the HF backend runs context parallel with FlexAttention only (a flex BlockMask "
+              "sharded by the ptrr balancer), which the planner does not cost"}), replace=True)
+

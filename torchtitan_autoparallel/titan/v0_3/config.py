@@ -21,6 +21,7 @@ from torchtitan.trainer import Trainer
 from ...config import Autoparallel
 from ...errors import UserError
 from ...explicit import cli_keys
+from .quiet import warnings_off
 
 
 @dataclass(kw_only=True, slots=True)
@@ -36,15 +37,43 @@ class Config(Trainer.Config):
     autoparallel: Autoparallel = field(default_factory=Autoparallel)
 
 
-def with_auto(config: Any) -> Config:
-    """A registry function's ``Trainer.Config`` as a ``Config`` (same values)."""
-    if isinstance(config, Config):
+_AUTO_CLASSES: dict[type, type] = {}
+
+
+def auto_class(base: type) -> type:
+    """``base`` (``Trainer.Config`` or a subclass of it, e.g. the HF backend's) with
+    ``parallelism.auto`` and the ``autoparallel`` section."""
+    if base is Trainer.Config or issubclass(base, Config):
+        return Config
+    if base not in _AUTO_CLASSES:
+        namespace = {"__annotations__": {"parallelism": ParallelismConfig,
+                                         "autoparallel": Autoparallel},
+                     "__module__": base.__module__, "__qualname__": base.__qualname__,
+                     "parallelism": field(default_factory=ParallelismConfig),
+                     "autoparallel": field(default_factory=Autoparallel)}
+        _AUTO_CLASSES[base] = dataclass(kw_only=True, slots=True)(
+            type(base.__name__, (base,), namespace))
+    return _AUTO_CLASSES[base]
+
+
+def with_auto(config: Any) -> Any:
+    """A registry function's ``Trainer.Config`` (or subclass) with ``parallelism.auto`` and
+    ``autoparallel`` (same values)."""
+    if isinstance(config.parallelism, ParallelismConfig) and hasattr(config, "autoparallel"):
         return config
-    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+              if f.init and f.name != "autoparallel"}
     par = values["parallelism"]
     values["parallelism"] = ParallelismConfig(
-        **{f.name: getattr(par, f.name) for f in dataclasses.fields(par)})
-    return Config(**values)
+        **{f.name: getattr(par, f.name) for f in dataclasses.fields(par) if f.init})
+    return auto_class(type(config))(**values)
+
+
+def default_of(cls: type) -> Any:
+    """``cls()`` without the warnings TorchTitan's configs log about their own defaults
+    (e.g. a checkpoint config's ``initial_load_model_only`` without a load path)."""
+    with warnings_off():
+        return cls()
 
 
 def _leaves(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -65,11 +94,12 @@ def explicit_keys(config: Config, overrides: list[str]) -> frozenset[str]:
     """The keys the user set: on the command line (whatever the value), or in the config
     function (values other than ``Trainer.Config``'s defaults); the activation checkpointing
     policy counts as ``activation_checkpoint.mode``."""
-    default = _leaves(Config())
+    fresh = default_of(type(config))
+    default = _leaves(fresh)
     values = _leaves(config)
     keys = {k for k, v in values.items() if k in default and default[k] != v}
     keys |= cli_keys(overrides, set(values))
-    if type(config.activation_checkpoint) is not type(Config().activation_checkpoint) or any(
+    if type(config.activation_checkpoint) is not type(fresh.activation_checkpoint) or any(
             arg.startswith("activation-checkpoint:") or arg.startswith("activation_checkpoint:")
             for arg in overrides):
         keys.add("activation_checkpoint.mode")

@@ -169,7 +169,7 @@ def sdpa_attention(config: Any) -> list[str]:
         VarlenAttention,
     )
 
-    swapped = []
+    swapped = ["HF backend flex attention"] if hf_sdpa_attention(config) else []
     for kind in (FlexAttention.Config, VarlenAttention.Config):
         for _fqn, _cfg, parent, attr in list(config.model_spec.model.traverse(kind)):
             if isinstance(parent, list):
@@ -178,6 +178,27 @@ def sdpa_attention(config: Any) -> list[str]:
                 setattr(parent, attr, ScaledDotProductAttention.Config())
             swapped.append(kind.__qualname__.split(".")[0])
     return sorted(set(swapped))
+
+
+def hf_sdpa_attention(config: Any) -> bool:
+    """The HF backend's attention (flex through its ``flex_torchtitan`` interface, with a
+    BlockMask) as causal SDPA, when ``config`` runs that backend; True if swapped."""
+    import sys
+
+    module = sys.modules.get("torchtitan.experiments.transformers_modeling_backend.model")
+    if module is None or type(config.model_spec.model).__module__ != module.__name__:
+        return False
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def causal_sdpa(attention: Any, query: Any, key: Any, value: Any, block_mask: Any = None,
+                    **kwargs: Any) -> tuple[Any, None]:
+        kwargs.pop("is_causal", None)
+        out, _ = sdpa_attention_forward(attention, query, key, value, None, is_causal=True,
+                                        **kwargs)
+        return out, None
+
+    module.flex_attention_forward = causal_sdpa
+    return True
 
 
 def apply_process_shims() -> bool:

@@ -15,6 +15,7 @@ from ...config import Autoparallel
 from ...cost.model import STEP_BYTES_PER_PARAM
 from ...errors import UserError
 from ...explicit import EXPLICIT_ATTR, NOTES_ATTR, RELEASE_FIXED_ATTR
+from ...model_config import ModelConfig, hf_config_file
 from .config import Config, explicit_of
 
 READ, RUNTIME, REFUSED, NOTED = "read", "runtime", "refused", "noted"
@@ -35,6 +36,7 @@ KEYS: dict[str, str] = {
                                       "enable_async_tensor_parallel")},
     "optimizer.implementation": READ, "debug.moe_force_load_balance": READ,
     "validator.enable": READ, "dataloader.dataset": READ, "autoparallel.": READ,
+    "hf_model": READ,  # the HF backend's model (its config.json): the model config
     # the planner's assumptions: set otherwise under auto, one line
     "parallelism.enable_sequence_parallel": REFUSED,
     "parallelism.enable_fsdp_symm_mem": REFUSED,
@@ -246,6 +248,8 @@ class Job:
     experimental: Experimental = field(default_factory=Experimental)
     validation: Validation = field(default_factory=Validation)
     autoparallel: Autoparallel = field(default_factory=Autoparallel)
+    model_config: ModelConfig = field(default_factory=ModelConfig)
+    """What the model's config reads besides the model spec (the HF backend's ``hf_model``)."""
 
 
 def _ac_mode(policy: Any) -> str:
@@ -303,6 +307,22 @@ def optimizer_notes(optimizer: Any) -> list[str]:
             for name in optimizers_of(optimizer) if name not in OPTIMIZERS]
 
 
+def hf_model_config(config: Any) -> ModelConfig:
+    """The HF backend's ``hf_model`` as the job's model config (its ``config.json`` checked
+    here, one line when missing); empty for other families."""
+    from .model import HF_BACKEND, HF_SECTION
+
+    if family_of(config.model_spec) != HF_BACKEND:
+        return ModelConfig()
+    model = str(getattr(config, "hf_model", "") or "")
+    if not model:
+        raise UserError("hf_model is empty: name a folder holding a Hugging Face config.json "
+                        "(or a Hugging Face model id) with --hf_model")
+    hf_config_file(model, key="hf_model")
+    return ModelConfig("torchtitan.experiments.transformers_modeling_backend",
+                       {HF_SECTION: {"model": model}})
+
+
 def family_of(spec: Any) -> str:
     """The family package a model spec comes from (``torchtitan.models.<family>``; a spec may
     name its model otherwise, e.g. kimi_k2_7's ``kimi_k2_5``)."""
@@ -352,6 +372,7 @@ def job_of(config: Config, cpu_ranks: bool = False) -> Job:
         # 0.3.0's validator reads batches of the training's length
         validation=Validation(bool(config.validator.enable), t.seq_len),
         autoparallel=config.autoparallel,
+        model_config=hf_model_config(config),
     )
     renamed = {"compile.enable_async_tensor_parallel": "parallelism.enable_async_tensor_parallel"}
     user = {renamed.get(k, k) for k in explicit_of(config)}

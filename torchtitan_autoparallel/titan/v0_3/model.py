@@ -4,14 +4,23 @@ layer graph."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
-import logging
 from typing import Any
 
 from ...errors import UserError, shown
 from ...graph.discover import get_adapter
 from ...graph.layer_graph import LayerGraph, graph_of_model, meta_model
+from ...model_config import ModelConfig
+from .quiet import warnings_off
+
+HF_BACKEND = "transformers_modeling_backend"
+"""TorchTitan 0.3.0's HF backend (``torchtitan.experiments.transformers_modeling_backend``):
+any Hugging Face causal LM, its config from ``--hf_model`` (a Hub id or a local folder)."""
+HF_SECTION = "hf_transformers"
+"""The model-config section that carries ``hf_model`` (named as 0.2.2's backend names it, so
+plans of both releases record the HF config the same way)."""
 
 
 def family_module(name: str) -> Any:
@@ -70,31 +79,60 @@ def as_sdpa(model_config: Any) -> str:
     return kind
 
 
-def sized_for(model_config: Any, seq_len: int) -> Any:
-    """``model_config`` set up for ``seq_len`` as TorchTitan's trainer does
-    (``update_from_config`` with a default trainer config of that length)."""
+def trainer_config(name: str, sections: dict[str, Any] | None = None) -> Any:
+    """A default trainer config of family ``name`` (the HF backend's carries ``hf_model``)."""
+    if name == HF_BACKEND:
+        from torchtitan.experiments.transformers_modeling_backend.configs import (
+            TransformersBackendConfig,
+        )
+
+        from .config import default_of
+
+        config = default_of(TransformersBackendConfig)
+        config.hf_model = str(((sections or {}).get(HF_SECTION) or {}).get("model", ""))
+        return config
     from torchtitan.trainer import Trainer
 
-    config = Trainer.Config()
+    return Trainer.Config()
+
+
+def hf_as_sdpa(model_config: Any) -> str:
+    """The HF backend's attention implementation set to SDPA (what the layer graph measures,
+    as ``as_sdpa`` does for TorchTitan's models); returns the kind it ran."""
+    ran = str(getattr(model_config, "attn_implementation", "") or "sdpa")
+    model_config.attn_implementation = "sdpa"
+    model_config._attn_implementation = "sdpa"
+    return "flex" if "flex" in ran else ("varlen" if "varlen" in ran else "sdpa")
+
+
+def sized_for(model_config: Any, seq_len: int, config: Any = None) -> Any:
+    """``model_config`` set up for ``seq_len`` as TorchTitan's trainer does
+    (``update_from_config`` with ``config``, default a trainer config, of that length)."""
+    from torchtitan.trainer import Trainer
+
+    config = config if config is not None else Trainer.Config()
     config.training.seq_len = seq_len
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # TorchTitan's warnings about this machine, not the job
-    try:
+    with warnings_off():  # TorchTitan's warnings about this machine, not the job
         model_config.update_from_config(config=config)
-    finally:
-        root.setLevel(level)
     return model_config
 
 
-def read_model(name: str, flavor: str, seq_len: int, model_config: Any = None) -> LayerGraph:
+def read_model(name: str, flavor: str, seq_len: int, model_config: ModelConfig | None = None
+               ) -> LayerGraph:
     """The layer graph of family ``name``'s ``flavor`` at ``seq_len``, its attention measured
-    as causal SDPA; the graph records the attention the flavor runs."""
-    config = model_spec(name, flavor).model
+    as causal SDPA; the graph records the attention the flavor runs. ``model_config``: the
+    HF backend's ``hf_model``."""
+    # a copy: a registry may hand out one shared config per flavor (the HF backend's does),
+    # which the job's trainer then builds
+    config = copy.deepcopy(model_spec(name, flavor).model)
     kind = as_sdpa(config)
-    sized_for(config, seq_len)
+    sections = model_config.sections if model_config else None
+    sized_for(config, seq_len, trainer_config(name, sections))
+    if name == HF_BACKEND:
+        kind = hf_as_sdpa(config)
     try:
-        model = meta_model(config.build)
+        with warnings_off():
+            model = meta_model(config.build)
     except Exception as exc:
         raise UserError(f"model {name!r} {flavor!r} cannot be built on the meta device: "
                         f"{shown(exc, 200)}") from None

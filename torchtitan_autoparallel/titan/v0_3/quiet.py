@@ -1,10 +1,13 @@
 """Imported before TorchTitan 0.3.0: torchao 0.18 (which 0.3.0 imports) registers two Enums as
 pytree constants, which torch 2.14 logs as deprecated, twice per process: noise before every
-one-line error. That message alone is dropped."""
+one-line error. That message alone is dropped. ``warnings_off`` holds back TorchTitan's warnings
+while the planner builds configs and models of its own (defaults, the model on meta)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 
 def _keep(record: logging.LogRecord) -> bool:
@@ -12,3 +15,15 @@ def _keep(record: logging.LogRecord) -> bool:
 
 
 logging.getLogger("torch.utils._pytree").addFilter(_keep)
+
+
+@contextlib.contextmanager
+def warnings_off() -> Iterator[None]:
+    """The root logger at ERROR inside the block."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)

@@ -115,7 +115,9 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
     if [f"layers.{name}" for name in blocks] not in parts:
         raise UserError(f"plan: its blocks {planned[:2]}... are not the model's layers "
                         f"({len(blocks)} blocks)")
-    if parallel_dims.pp_enabled and model.enable_weight_tying:
+    if _is_hf(model):
+        _declare_hf_sharding(model, parallel_dims)
+    if parallel_dims.pp_enabled and getattr(model, "enable_weight_tying", False):
         raise UserError("pipeline stages with tied embedding and output weights: not applied "
                         "to TorchTitan 0.3.0; set --parallelism.pipeline_parallel_degree 1")
     if getattr(model, "mtp_layers", None) is not None:
@@ -171,7 +173,7 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
         return layers[0].reshard_after_forward if layers else True
 
     ends: list[nn.Module] = [m for m in (model.norm, model.lm_head) if m is not None]
-    if model.enable_weight_tying:
+    if getattr(model, "enable_weight_tying", False):
         fully_shard([model.tok_embeddings, *ends], **fsdp,
                     reshard_after_forward=reshard("output"))
     else:
@@ -195,6 +197,39 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
     if parallel_dims.ep_enabled:
         _prefetch_explicitly(model, units)
     return model
+
+
+def _is_hf(model: Any) -> bool:
+    return type(model).__module__.startswith(
+        "torchtitan.experiments.transformers_modeling_backend")
+
+
+def _declare_hf_sharding(model: Any, parallel_dims: Any) -> None:
+    """What TorchTitan 0.3.0's ``parallelize_hf_transformers`` does before
+    ``model.parallelize``: tied embedding and output weights untied (FSDP shards them
+    apart), HF MoE blocks swapped for TorchTitan's, HF modules converted to TorchTitan's
+    ``Module`` protocol, and the backend's sharding declared on them."""
+    import torch.nn as nn
+    from torchtitan.experiments.transformers_modeling_backend.hf_sharding import (
+        set_hf_sharding_configs,
+    )
+    from torchtitan.experiments.transformers_modeling_backend.module_conversion import (
+        convert_hf_to_module,
+    )
+
+    embedding, output = model.tok_embeddings, model.lm_head
+    if embedding is not None and output is not None and any(
+            p is q for p in embedding.parameters() for q in output.parameters()):
+        output.weight = nn.Parameter(output.weight.clone(),
+                                     requires_grad=output.weight.requires_grad)
+    if any(getattr(block, "moe_enabled", False) for block in model.layers):
+        from torchtitan.experiments.transformers_modeling_backend.moe_replacement import (
+            build_and_swap_native_moe,
+        )
+
+        build_and_swap_native_moe(model, parallel_dims)
+    convert_hf_to_module(model)
+    set_hf_sharding_configs(model, enable_sp=parallel_dims.tp_enabled)
 
 
 def _expert_placement(blocks: Any, ep: int, fsdp: dict[str, Any], dp_mesh_dims: Any,
