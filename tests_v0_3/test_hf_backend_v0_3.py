@@ -90,6 +90,7 @@ def test_hf_backend_under_auto_with_tp_on_two_ranks_trains_as_one_rank(tmp_path)
     _assert_same(_losses(out), ref.losses)
 
 
+@pytest.mark.slow
 def test_dry_run_on_64_fake_ranks(tmp_path):
     """The plan for 64 H100s built and applied on a fake process group (the model on meta)."""
     out = _run(["bash", str(Path(__file__).resolve().parents[1] / "run_train.sh"),
