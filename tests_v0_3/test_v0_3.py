@@ -68,7 +68,8 @@ def test_llama3_8b_graph_against_torchtitans_own_counts():
 FAMILIES = [("llama3", "llama3_8b", "8B"), ("qwen3", "qwen3_14b", "14B"),
             ("deepseek_v3", "deepseek_v3_16b", "16B"), ("gpt_oss", "gpt_oss_20b", "20b"),
             ("kimi_k2_7", "moonlight_16b_a3b", "moonlight-16B-A3B")]
-"""Each 0.3.0 decoder family (qwen3_5 and Kimi K2.5 carry vision encoders: refused below)."""
+"""Each 0.3.0 decoder family (qwen3_5 and Kimi K2.5, with vision encoders:
+``test_multimodal_v0_3.py``)."""
 
 
 @pytest.mark.parametrize("family,config,flavor", FAMILIES[1:])
@@ -172,7 +173,8 @@ def test_a_set_degree_is_a_constraint(tmp_path):
 @pytest.mark.parametrize("args,words", [
     (["--module", "llama3", "--config", "llama3_8b", "--parallelism.bogus", "3"], "bogus"),
     (["--module", "llama3", "--config", "no_such_fn"], "no_such_fn"),
-    (["--module", "qwen3_5", "--config", "qwen35_9b"], "vision_encoder"),
+    (["--module", "qwen3_5", "--config", "qwen35_9b", "--parallelism.context_parallel_degree",
+      "2"], "refuses context parallel"),
     (["--module", "llama3", "--config", "llama3_8b", "--autoparallel.plan_file", "p.json"],
      "plan solves the job afresh"),
 ])
@@ -191,13 +193,12 @@ def test_every_0_3_config_key_is_classified():
     from dataclasses import fields
 
     from torchtitan.distributed.activation_checkpoint import FullAC, MemoryBudgetAC
-
-    from torchtitan_autoparallel.titan.v0_3.config import Config, _leaves
-    from torchtitan_autoparallel.titan.v0_3.job import REFUSED, REFUSED_WHY, key_class
-
     from torchtitan.experiments.transformers_modeling_backend.configs import (
         TransformersBackendConfig,
     )
+
+    from torchtitan_autoparallel.titan.v0_3.config import Config, _leaves
+    from torchtitan_autoparallel.titan.v0_3.job import REFUSED, REFUSED_WHY, key_class
 
     keys = set(_leaves(Config())) | set(_leaves(TransformersBackendConfig()))  # the HF backend's
     for policy in (FullAC.Config(), MemoryBudgetAC.Config()):

@@ -42,6 +42,8 @@ def without_excluded(constraints: Constraints, graph: LayerGraph, world: int) ->
 
 
 def exclusion_notes(graph: LayerGraph) -> list[str]:
-    """Plan notes: one per excluded technique, with the reason."""
-    return [f"excluded {technique}: {why}" for technique, why in graph.excluded]
+    """Plan notes: one per excluded technique, with the reason, then what reading the model
+    assumed (``LayerGraph.notes``)."""
+    return [f"excluded {technique}: {why}" for technique, why in graph.excluded] + list(
+        graph.notes)
 

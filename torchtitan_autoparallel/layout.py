@@ -233,7 +233,10 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block") -> str:
 
 
 def edge_strategy(kind: str, mesh: Mesh) -> BlockStrategy:
-    """How the embedding and the norm + output are applied (and so costed): the embedding
-    reshards after forward, the output keeps its parameters for the backward that follows at
-    once; vocab-parallel with loss parallel when tp > 1."""
-    return BlockStrategy("none", kind == "embedding", "sp" if mesh.tp > 1 else "none")
+    """How the embedding, an encoder and the norm + output are applied (and so costed): the
+    embedding and an encoder (one FSDP unit, as TorchTitan 0.3.0's
+    ``apply_fsdp_to_vision_encoder``) reshard after forward, the output keeps its parameters
+    for the backward that follows at once; vocab-parallel with loss parallel when tp > 1 (an
+    encoder's linears column- / row-wise on replicated activations)."""
+    return BlockStrategy("none", kind in ("embedding", "encoder"),
+                         "sp" if mesh.tp > 1 else "none")

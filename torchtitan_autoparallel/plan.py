@@ -37,7 +37,8 @@ the same inputs give a byte-identical file on any machine and under any load."""
 class LayerPlan:
     fqn: str
     kind: str
-    """"embedding", "block" or "output"."""
+    """"embedding", "encoder" (a vision encoder feeding the embedding), "block" or
+    "output"."""
     ac: str = "none"
     """Activation checkpointing: none / selective / full."""
     reshard_after_forward: bool | int = True
@@ -347,7 +348,7 @@ PIPELINE_RULES: dict[str, Rule] = {
 }
 LAYER_RULES: dict[str, Rule] = {
     "fqn": Rule(str),
-    "kind": Rule(str, choices=("embedding", "block", "output")),
+    "kind": Rule(str, choices=("embedding", "encoder", "block", "output")),
     "ac": Rule(str, choices=AC_MODES),
     "reshard_after_forward": Rule(bool, or_int_ge=2),
     "tp_mode": Rule(str, choices=("none", *TP_MODES)),

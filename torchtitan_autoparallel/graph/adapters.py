@@ -120,6 +120,23 @@ class ModelAdapter:
     excluded: dict[str, str] = field(default_factory=dict)
     """Techniques the family cannot run whatever is found, with the reason the plan table
     shows (e.g. ``{"cp": "..."}``)."""
+    declared_tp: FnRef | None = None
+    """``(model, blocks) -> {block signature: {linear name: "colwise" | "rowwise" |
+    "replicate"}}``: the TP a model declares on its own modules (TorchTitan 0.3.0's
+    ``sharding_config``, which ``model.parallelize`` applies), taken in place of inference
+    where set."""
+    forward_kwargs: FnRef | None = None
+    """``seq_len -> {name: value}``: keyword inputs the model's forward needs for a plain text
+    sequence (qwen3_5: token positions, special token ids), given when its blocks' inputs
+    are captured on meta."""
+    meta_forwards: dict[str, FnRef] = field(default_factory=dict)
+    """Module class name -> forward run in its place when blocks are measured on meta, for
+    kernels that cannot run there (fla's Triton linear-attention kernels): the same FLOPs and
+    the tensors the real kernel saves for backward."""
+    encoders: dict[str, FnRef] = field(default_factory=dict)
+    """Modules outside the decoder that feed its embedding (vision encoders) -> a function
+    ``(module, seq_len) -> EncoderWork`` measuring one sequence's work on meta. Each is a
+    layer of kind "encoder" in the graph, sharded by FSDP beside the embedding."""
 
     def routed_experts(self, block: Any) -> Any:
         """The block's routed experts module, or None for a dense block."""

@@ -8,8 +8,10 @@ score matrix that flash attention never stores); its causal FLOPs are added anal
 the counter has no formula for it.
 """
 
+import contextlib
 import functools
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import UserError
 from ..runtime.hf import meta_capture
-from .adapters import ModelAdapter
+from .adapters import ModelAdapter, resolve, submodule_or_none
 from .cp_find import with_found_cp
 from .discover import (
     check_adapter,
@@ -35,12 +37,29 @@ from .tp_infer import with_inferred_tp
 
 
 @dataclass(frozen=True)
+class EncoderWork:
+    """One sequence's work in an encoder feeding the decoder's embedding (what
+    ``ModelAdapter.encoders`` functions measure; fields as ``Layer``'s)."""
+
+    fwd_flops: float
+    saved_bytes: float
+    io_bytes: float
+    """fp32 bytes its TP collectives move per direction: each of its blocks all-reduces its
+    attention's and MLP's outputs in forward and their inputs' gradients in backward."""
+    eager_bytes: float = 0.0
+    gemm_io_bytes: float = 0.0
+    assumption: str = ""
+    """What was assumed of its input where the model does not say (a plan note)."""
+
+
+@dataclass(frozen=True)
 class Layer:
     """One schedulable unit: the embedding, a transformer block, or norm + output."""
 
     fqn: str
     kind: str
-    """"embedding", "block" or "output"."""
+    """"embedding", "encoder" (a vision encoder feeding the embedding), "block" or
+    "output"."""
     params: int
     """Parameter count (tied weights counted once, at their first owner)."""
     fwd_flops: float
@@ -112,6 +131,8 @@ class LayerGraph:
     uses grouped GEMMs only where the hardware has them (profile ``grouped_mm``)."""
     excluded: tuple[tuple[str, str], ...] = ()
     """(technique, reason) the family's adapter cannot apply (left out of the search)."""
+    notes: tuple[str, ...] = ()
+    """What reading the model assumed where it does not say (one plan note each)."""
     adapter: ModelAdapter = field(default_factory=ModelAdapter, compare=False, repr=False)
     """The family's adapter as the graph was read with it (registered, completed by
     discovery from the model)."""
@@ -284,13 +305,18 @@ def batch_inputs(model: torch.nn.Module, names: list[str]) -> list[Any]:
 
 
 def measure_block(block: torch.nn.Module, inputs: tuple[tuple, dict], seq_len: int, dim: int,
-                  experts: torch.nn.Module | None = None) -> tuple:
+                  experts: torch.nn.Module | None = None,
+                  stand_ins: dict[str, Any] | None = None) -> tuple:
     """(forward FLOPs, saved bytes, attention FLOPs, eager traffic, GEMM operand traffic) of
     one block for one sequence, on meta tensors. ``inputs``: the block's (args, kwargs),
     hidden states first (replaced by a fresh tensor). ``experts``: the block's routed experts,
-    run through a dense stand-in."""
+    run through a dense stand-in; ``stand_ins``: module class name -> forward run in place of
+    that class's (``ModelAdapter.meta_forwards``)."""
     if experts is not None:
         experts.forward = types.MethodType(_experts_as_dense, experts)
+    swapped = [m for m in block.modules() if type(m).__name__ in (stand_ins or {})]
+    for module in swapped:
+        module.forward = types.MethodType(stand_ins[type(module).__name__], module)
     params = {id(p) for p in block.parameters()}
     saved: dict[int, int] = {}
     # every saved base stays referenced until the count is done: a tensor freed mid-forward
@@ -331,7 +357,7 @@ def measure_block(block: torch.nn.Module, inputs: tuple[tuple, dict], seq_len: i
         p.data = p.data.to(dtype)
     if experts is not None:
         del experts.forward
-    for module in flex:
+    for module in (*flex, *swapped):
         del module.forward
     return (counter.get_total_flops() + sdpa.attention_flops, float(sum(saved.values())),
             sdpa.attention_flops, float(traffic.eager), float(traffic.gemm_io))
@@ -369,10 +395,11 @@ def block_inputs(family: str, model: torch.nn.Module, adapter: ModelAdapter, seq
 
     handle = first.register_forward_pre_hook(capture, with_kwargs=True)
     extra = required_args(model)[1:]
+    keywords = resolve(adapter.forward_kwargs)(seq_len) if adapter.forward_kwargs else {}
     try:
         with meta_capture():  # HF rotary embeddings open an autocast on the input's device
             model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"),
-                  *batch_inputs(model, extra))
+                  *batch_inputs(model, extra), **keywords)
     except _Captured:
         pass
     except Exception as exc:
@@ -405,10 +432,26 @@ def planning_model(family: str, model: torch.nn.Module, seq_len: int
     inputs."""
     adapter = get_adapter(family, model)
     check_adapter(family, adapter, model)
-    inputs = block_inputs(family, model, adapter, seq_len)
-    dim = model.get_submodule(adapter.embedding).embedding_dim
-    adapter = with_found_cp(adapter, model, inputs, seq_len, dim)
-    return with_inferred_tp(adapter, model, inputs, dim, seq_len), inputs
+    with stand_ins(model, adapter):
+        inputs = block_inputs(family, model, adapter, seq_len)
+        dim = model.get_submodule(adapter.embedding).embedding_dim
+        adapter = with_found_cp(adapter, model, inputs, seq_len, dim)
+        return with_inferred_tp(adapter, model, inputs, dim, seq_len), inputs
+
+
+@contextlib.contextmanager
+def stand_ins(model: torch.nn.Module, adapter: ModelAdapter) -> Iterator[None]:
+    """The adapter's ``meta_forwards`` in place of their modules' forwards while the model is
+    traced and measured on meta."""
+    forwards = {name: resolve(fn) for name, fn in adapter.meta_forwards.items()}
+    swapped = [m for m in model.modules() if type(m).__name__ in forwards]
+    for module in swapped:
+        module.forward = types.MethodType(forwards[type(module).__name__], module)
+    try:
+        yield
+    finally:
+        for module in swapped:
+            del module.forward
 
 
 def meta_model(build: Any) -> torch.nn.Module:
@@ -453,6 +496,18 @@ def _graph_of_model(family: str, flavor: str, model: torch.nn.Module, seq_len: i
     layers.append(Layer(adapter.embedding, "embedding", fwd_flops=0.0,
                         saved_bytes=seq_len * dim * fp32, io_bytes=seq_len * 8,
                         signature="embedding", **count(embedding)))
+    encoded: list[tuple[Layer, str]] = []
+    for fqn, measure in adapter.encoders.items():
+        encoder = submodule_or_none(model, fqn)
+        if encoder is not None:
+            work = resolve(measure)(encoder, seq_len)
+            layers.append(Layer(fqn, "encoder", fwd_flops=work.fwd_flops,
+                                saved_bytes=work.saved_bytes, io_bytes=work.io_bytes,
+                                signature=f"encoder:{fqn}", eager_bytes=work.eager_bytes,
+                                gemm_io_bytes=work.gemm_io_bytes, **count(encoder)))
+            encoded.append((layers[-1], work.assumption))
+    notes = tuple(f"encoder {layer.fqn}: costed at its measured work with {why}"
+                  for layer, why in encoded)
     measured: dict[str, tuple[float, ...]] = {}
     kv_bytes = 2.0 * seq_len * n_kv_heads * head_dim * fp32
     moe_model = False
@@ -461,7 +516,8 @@ def _graph_of_model(family: str, flavor: str, model: torch.nn.Module, seq_len: i
         experts = adapter.routed_experts(block)
         if sig not in measured:
             try:
-                measured[sig] = measure_block(block, inputs, seq_len, dim, experts)
+                with stand_ins(block, adapter):
+                    measured[sig] = measure_block(block, inputs, seq_len, dim, experts)
             except Exception as exc:
                 raise _unmeasurable(family, required_args(model)[1:], exc) from None
         flops, saved, attn, eager, gemm_io = measured[sig]
@@ -488,8 +544,12 @@ def _graph_of_model(family: str, flavor: str, model: torch.nn.Module, seq_len: i
                         saved_bytes=2 * seq_len * vocab * fp32 + 2 * seq_len * dim * fp32,
                         io_bytes=seq_len * dim * fp32, signature="output", **count(*head)))
     excluded = adapter.exclusions(moe_model, heads is not None)
+    if any(layer.kind == "encoder" for layer in layers):
+        excluded.setdefault("pp", "the model's encoders are planned beside the embedding, "
+                                  "outside pipeline stages")
     return LayerGraph(family, flavor, seq_len, dim, vocab, n_heads, n_kv_heads, head_dim,
                       tuple(layers), attn_type,
                       tuple(name for name, _ in view_modules(model) if name),
                       tuple(view_parameters(model)),
-                      adapter.cp_attention, grouped, tuple(sorted(excluded.items())), adapter)
+                      adapter.cp_attention, grouped, tuple(sorted(excluded.items())), notes,
+                      adapter)

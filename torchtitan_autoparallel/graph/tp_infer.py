@@ -33,7 +33,7 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-from .adapters import INFER_TP, ModelAdapter
+from .adapters import INFER_TP, ModelAdapter, resolve
 from .tp_styles import InferredTP, Style, block_signature
 from .tp_trace import Node, Recorder, fqn, show_args, trace
 
@@ -403,6 +403,13 @@ def with_inferred_tp(adapter: ModelAdapter, model: nn.Module, inputs: tuple[tupl
     excluded with the reason (the plan table's ``excluded tp`` line)."""
     if adapter.tp_fn not in (None, INFER_TP) or "tp" in adapter.excluded:
         return adapter
+    if adapter.declared_tp is not None:
+        declared = resolve(adapter.declared_tp)(model, adapter.blocks)
+        plans = {sig: {name: Style(kind) for name, kind in styles.items()}
+                 for sig, styles in declared.items()}
+        return dataclasses.replace(adapter, tp_fn=InferredTP(
+            adapter.embedding, adapter.final_norm or None, adapter.output, adapter.blocks,
+            plans))
     try:
         fn = infer_tp(adapter, model, inputs, dim, seq_len)
     except Exception as exc:  # whatever stops inference leaves TP out, with the reason

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,7 +42,9 @@ def meta_autocast() -> Iterator[None]:
 
     torch.autocast = _Autocast  # type: ignore[misc]
     try:
-        yield
+        with warnings.catch_warnings():  # an fp32 region (Kimi's encoder) is no CPU autocast
+            warnings.filterwarnings("ignore", message=".*CPU [Aa]utocast")
+            yield
     finally:
         torch.autocast = original  # type: ignore[misc]
 

@@ -75,12 +75,12 @@ def _with_plan_and_cpu_reduction(
 
 
 def _with_global_batch_loader(family_loader: Callable[..., Any]) -> Callable[..., Any]:
-    from . import data
+    from .data import DATASET_NAMES, build_global_batch_dataloader
 
     def build_dataloader(*args: Any, **kwargs: Any) -> Any:
         job_config = kwargs.get("job_config")
-        if job_config is not None and job_config.training.dataset in data.DATASET_NAMES:
-            return data.build_global_batch_dataloader(*args, **kwargs)
+        if job_config is not None and job_config.training.dataset in DATASET_NAMES:
+            return build_global_batch_dataloader(*args, **kwargs)
         return family_loader(*args, **kwargs)
 
     return build_dataloader
@@ -98,10 +98,10 @@ def register() -> None:
         return
     from torchtitan.protocols import train_spec as ts
 
-    from . import data
     from .converter import register_converter
+    from .data import register_datasets
 
-    data.register_datasets()
+    register_datasets()
     register_converter()
     for family in FAMILIES:
         if family in ts._extra_train_specs:

@@ -12,6 +12,7 @@ from . import quiet  # noqa: F401  (before TorchTitan is imported)
 from .config import parse_job
 from .job import Job, job_of
 from .model import HF_BACKEND, family_module, read_model
+from .multimodal import qwen35_heads
 
 PARALLELIZE = {"llama3": "parallelize_llama", "qwen3": "parallelize_qwen3",
                "qwen3_5": "parallelize_qwen3_5", "deepseek_v3": "parallelize_deepseekv3",
@@ -75,11 +76,30 @@ register_frontend(Frontend(release="0.3", read_model=read_model, attention_types
 # model.parallelize gives every block the TP the model declares.
 NOT_APPLIED = {"tp_dp": "TorchTitan 0.3.0's model.parallelize tensor-parallelizes every block "
                         "(the tp dim as data parallel is applied on TorchTitan 0.2.2)"}
+_MULTIMODAL = "torchtitan_autoparallel.titan.v0_3.multimodal"
+MULTIMODAL = {
+    # Gated DeltaNet layers (fla's Triton kernel measured through a stand-in), multimodal
+    # RoPE positions, a vision encoder; its parallelize refuses context parallel
+    "qwen3_5": {"forward_kwargs": f"{_MULTIMODAL}.text_inputs", "heads": qwen35_heads,
+                "declared_tp": f"{_MULTIMODAL}.declared_tp",
+                "meta_forwards": {"GatedDeltaKernel": f"{_MULTIMODAL}.gated_delta_on_meta"},
+                "encoders": {"vision_encoder": f"{_MULTIMODAL}.vision_encoder_work"},
+                "cp": "TorchTitan 0.3.0's parallelize_qwen3_5 refuses context parallel "
+                      "(Gated DeltaNet needs the full sequence)"},
+    # Kimi K2.5's MoonViT3d encoder (Moonlight has none); parallelize_kimi_k2_5 refuses CP
+    "kimi_k2_7": {"encoders": {"vision_encoder": f"{_MULTIMODAL}.vision_encoder_work"},
+                  "cp": "TorchTitan 0.3.0's parallelize_kimi_k2_5 refuses context parallel "
+                        "(the vision scatter needs the full sequence)"},
+}
+"""Per family: what reading its multimodal / hybrid models on meta takes, and the context
+parallel its ``parallelize`` refuses."""
 for _family, _fn in PARALLELIZE.items():
+    _extra = dict(MULTIMODAL.get(_family, {}))
+    _cp = _extra.pop("cp", None)
     register_adapter(_family, ModelAdapter(
         experts="routed_experts.inner_experts",
         moe_fn=f"torchtitan.models.{_family}.parallelize.{_fn}",
-        excluded=dict(NOT_APPLIED)), replace=True)
+        excluded={**NOT_APPLIED, **({"cp": _cp} if _cp else {})}, **_extra), replace=True)
 # The HF backend's model presents HF's layers as TorchTitan's names (``layers``,
 # ``tok_embeddings``, ``norm``) and keeps HF's ``lm_head``; TP comes from the sharding the
 # backend declares (``set_hf_sharding_configs``) through ``model.parallelize``

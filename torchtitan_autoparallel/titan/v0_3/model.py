@@ -141,14 +141,16 @@ def read_model(name: str, flavor: str, seq_len: int, model_config: ModelConfig |
 
 
 def _check_decoder_only(name: str, flavor: str, model: Any) -> None:
-    """Refuse a model with parameters outside its embedding, blocks, final norm and output
-    (e.g. qwen3_5's and Kimi's vision encoders): their memory and time would go uncosted."""
+    """Refuse a model with parameters outside its embedding, encoders, blocks, final norm and
+    output: their memory and time would go uncosted."""
     adapter = get_adapter(name, model)
-    read = {adapter.embedding, adapter.blocks, adapter.final_norm, adapter.output}
+    read = {adapter.embedding, adapter.blocks, adapter.final_norm, adapter.output,
+            *adapter.encoders}
     outside = [n for n, m in model.named_children()
                if n not in read and any(True for _ in m.parameters())]
     if outside:
         count = sum(p.numel() for n in outside for p in model.get_submodule(n).parameters())
         raise UserError(f"model {name!r} {flavor!r} has {count:,} parameters outside its "
-                        f"embedding, blocks and output ({', '.join(outside)}): the planner "
-                        "reads decoders only; drop --parallelism.auto for this model")
+                        f"embedding, encoders, blocks and output ({', '.join(outside)}): the "
+                        "planner reads decoders and their registered encoders only "
+                        "(ModelAdapter.encoders); drop --parallelism.auto for this model")
