@@ -70,15 +70,15 @@ def _grad_norms(out: str) -> list[float]:
                                          out)]
 
 
-def _reference(root: Path, job: list[str]) -> SimpleNamespace:
-    """A seed checkpoint of ``job`` and the 1-rank losses from it."""
-    _torchrun(1, *job, "--training.local_batch_size", "8", "--checkpoint.enable",
+def _reference(root: Path, job: list[str], batch: int = 8) -> SimpleNamespace:
+    """A seed checkpoint of ``job`` and the 1-rank losses from it (global batch ``batch``)."""
+    _torchrun(1, *job, "--training.local_batch_size", str(batch), "--checkpoint.enable",
               "--checkpoint.create_seed_checkpoint", "--parallelism.data_parallel_shard_degree",
               "1", "--dump_folder", str(root / "seed"))
     seed = root / "seed" / "checkpoint" / "step-0"
     assert seed.is_dir()
     load = ["--checkpoint.enable", "--checkpoint.initial_load_path", str(seed)]
-    out = _torchrun(1, *job, *STEPS, "--training.local_batch_size", "8", *load,
+    out = _torchrun(1, *job, *STEPS, "--training.local_batch_size", str(batch), *load,
                     "--dump_folder", str(root / "one"))
     losses = _losses(out)
     assert len(losses) == 3
@@ -161,6 +161,37 @@ def test_qwen3_under_auto_on_two_ranks_trains_as_one_rank(tmp_path):
     _assert_same(_losses(out), ref.losses)
 
 
+QWEN35 = ["--module", "qwen3_5", "--config", "qwen35_debugmodel", "--training.seq_len", "256",
+          "--training.global_batch_size", "2", "--training.mixed_precision_param", "float32",
+          "--debug.seed", "0"]
+"""Qwen3.5's debug flavor (Gated DeltaNet and full-attention layers, a vision encoder) on its
+own image-caption data (this repository's ``assets/cc12m_test``)."""
+
+
+@pytest.fixture(scope="module")
+def qwen35(tmp_path_factory):
+    """Qwen3.5's seed checkpoint and the 1-rank losses from it."""
+    return _reference(tmp_path_factory.mktemp("qwen35"), QWEN35, batch=2)
+
+
+@pytest.mark.parametrize("args,mesh", [
+    # the plan's own choice on 2 CPU ranks: TP 2 (the encoder's linears and the DeltaNet
+    # projections as the model declares them)
+    ([], r"mesh dp_replicate=\d+ dp_shard=\d+ cp=1 tp=\d+ \(world 2\)"),
+    (["--parallelism.data_parallel_shard_degree", "2"],
+     r"mesh dp_replicate=1 dp_shard=2 cp=1 tp=1 \(world 2\)"),
+])
+def test_qwen3_5_under_auto_on_two_ranks_trains_as_one_rank(qwen35, args, mesh):
+    """qwen3_5 under auto on 2 CPU ranks: the vision encoder planned and FSDP-sharded as one
+    unit, the DeltaNet blocks parallelized as the plan says: the 1-rank losses and gradient
+    norms from one seed checkpoint."""
+    out = _torchrun(2, *QWEN35, *STEPS, "--parallelism.auto", *args, *qwen35.load,
+                    "--dump_folder", str(qwen35.root / f"auto2_{len(args)}"))
+    assert re.search(mesh, out) and re.search(r"vision_encoder +fsdp", out), out[-3000:]
+    _assert_same(_losses(out), qwen35.losses)
+    _assert_same(_grad_norms(out), qwen35.grad_norms, GRAD_NORM_TOL)
+
+
 def test_deepseek_v3_under_auto_with_and_without_ep_trains_as_one_rank_and_its_recipe(tmp_path):
     """DeepSeek-V3's debug flavor (MLA, routed experts) under auto on 2 CPU ranks. With CUDA
     graphs on (0.3.0's default) EP is held at 1 and the plan says why; with them off and EP 2
@@ -208,6 +239,7 @@ def test_pipeline_stages_with_tp_from_the_plan_train_as_one_rank(reference):
     ("llama3", "llama3_debugmodel", [], r"tp=\d+"),
     ("qwen3", "qwen3_debugmodel", [], r"tp=\d+"),
     ("gpt_oss", "gpt_oss_debugmodel", [], r"tp=\d+"),
+    ("qwen3_5", "qwen35_debugmodel", ["--parallelism.tensor_parallel_degree", "2"], r"tp=2"),
     ("deepseek_v3", "deepseek_v3_debugmodel",
      ["--training.disable_cuda_graphs", "--parallelism.expert_parallel_degree", "8"],
      r"tp=1 ep=8 etp=1"),

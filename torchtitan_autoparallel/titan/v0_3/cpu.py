@@ -3,12 +3,15 @@
 Each shim works around one upstream behaviour that assumes CUDA; ``apply_process_shims`` runs
 them only when no CUDA device is present, before the Trainer is built (TorchTitan modules
 imported earlier get the CPU's ``device_type`` / ``device_module`` in place of the copies they
-made). ``sdpa_attention`` edits a parsed config. On a GPU nothing here changes anything.
+made). ``sdpa_attention`` edits a parsed config, and for the kernels its model still holds
+(a vision encoder's FlexAttention, Gated DeltaNet) swaps in torch versions. On a GPU nothing here
+changes anything.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 import types
 from typing import Any
@@ -163,6 +166,10 @@ def sdpa_attention(config: Any) -> list[str]:
     # FlexAttention has no backward on CPU (NotImplementedError) and VarlenAttention no CPU
     # kernel: swap them for causal SDPA in the model config (before the Trainer reads it).
     # Plain causal attention across packed documents instead of 0.3.0's document masking.
+    # A vision encoder's FlexAttention (non-causal, per image) keeps its config, and so does a
+    # model with Gated DeltaNet (whose per-document state resets need the offsets the Trainer
+    # builds for a masked attention only; its VarlenAttention becomes FlexAttention): they run
+    # as SDPA with the block mask made dense (``dense_flex_attention``).
     from torchtitan.models.common.attention import (
         FlexAttention,
         ScaledDotProductAttention,
@@ -170,14 +177,154 @@ def sdpa_attention(config: Any) -> list[str]:
     )
 
     swapped = ["HF backend flex attention"] if hf_sdpa_attention(config) else []
+    deltanet, dense = torch_gated_delta(config), False
     for kind in (FlexAttention.Config, VarlenAttention.Config):
         for _fqn, _cfg, parent, attr in list(config.model_spec.model.traverse(kind)):
-            if isinstance(parent, list):
-                parent[attr] = ScaledDotProductAttention.Config()
+            if deltanet or type(parent).__qualname__ == "VisionAttention.Config":
+                dense = True
+                if kind is FlexAttention.Config:
+                    continue
+                new: Any = FlexAttention.Config()
             else:
-                setattr(parent, attr, ScaledDotProductAttention.Config())
-            swapped.append(kind.__qualname__.split(".")[0])
+                new = ScaledDotProductAttention.Config()
+                swapped.append(kind.__qualname__.split(".")[0])
+            if isinstance(parent, list):
+                parent[attr] = new
+            else:
+                setattr(parent, attr, new)
+    if dense:
+        dense_flex_attention()
     return sorted(set(swapped))
+
+
+def _log_once(flag: list[bool], message: str) -> None:
+    """``message`` in TorchTitan's log, on rank 0, the first time only."""
+    if not flag:
+        flag.append(True)
+        if os.environ.get("RANK", "0") == "0":
+            from torchtitan.tools.logging import logger
+
+            logger.info(message)
+
+
+def dense_flex_attention() -> None:
+    # FlexAttention has no backward on CPU, compiled or eager ("FlexAttention does not support
+    # backward on CPU"), and a vision encoder's block mask (each image attends to its own
+    # patches, in both directions) is no causal mask: run FlexAttention's kernel as SDPA with
+    # the block mask's mask_mod materialised as a dense boolean mask (same values).
+    from torch.nn.attention.flex_attention import create_mask
+    from torchtitan.models.common.attention import FlexAttention
+
+    if getattr(FlexAttention.compiled_flex_attn, "_dense", False):
+        return
+    original, logged = FlexAttention.compiled_flex_attn, []
+
+    def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, score_mod: Any,
+              block_mask: Any, scale: float | None, enable_gqa: bool, return_aux: Any,
+              kernel_options: dict) -> tuple[torch.Tensor, Any]:
+        if score_mod is not None or return_aux.lse or q.is_cuda:
+            return original(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                            enable_gqa=enable_gqa, return_aux=return_aux,
+                            kernel_options=kernel_options)
+        _log_once(logged, "CPU ranks: FlexAttention (vision encoder, or beside Gated DeltaNet) "
+                          "runs as SDPA with its block mask made dense (no CPU backward)")
+        mask = create_mask(block_mask.mask_mod, q.shape[0], 1, q.shape[2], k.shape[2],
+                           device=q.device)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+        return out, None
+
+    dense._dense = True  # type: ignore[attr-defined]
+    FlexAttention.compiled_flex_attn = staticmethod(dense)  # type: ignore[method-assign]
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    """FLA's ``l2norm`` (eps 1e-6 under the square root), in float32."""
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def torch_gated_delta(config: Any) -> bool:
+    """Qwen3.5's Gated DeltaNet kernel as FLA's pure-torch chunked reference, when ``config``
+    has one; True if swapped."""
+    # GatedDeltaKernel calls FLA's chunk_gated_delta_rule, a Triton kernel, which needs a GPU
+    # (FLA warns "Triton is not supported on current platform, roll back to CPU", then fails).
+    # FLA ships naive_chunk_gated_delta_rule, the same recurrence in torch ops (with autograd):
+    # q and k l2-normalised first (the model asks for use_qk_l2norm_in_kernel), per document
+    # when the kernel gets document offsets.
+    if "torchtitan.models.qwen3_5.model" not in sys.modules:
+        return False
+    from torchtitan.models.qwen3_5.model import GatedDeltaKernel
+
+    if not any(True for _ in config.model_spec.model.traverse(GatedDeltaKernel.Config)):
+        return False
+    if getattr(GatedDeltaKernel.forward, "_torch", False):
+        return True
+    from fla.ops.gated_delta_rule.naive import naive_chunk_gated_delta_rule
+
+    logged: list[bool] = []
+
+    def forward(self: Any, xq_BLNK: torch.Tensor, xk_BLNK: torch.Tensor,
+                xv_BLNV: torch.Tensor, g_BLN: torch.Tensor, beta_BLN: torch.Tensor, *,
+                cu_seqlens: torch.Tensor | None = None,
+                cu_seqlens_cpu: torch.Tensor | None = None) -> torch.Tensor:
+        _log_once(logged, "CPU ranks: Gated DeltaNet runs FLA's pure-torch chunked gated delta "
+                          "rule (its Triton kernel needs a GPU)")
+        if xq_BLNK.shape[2] != xv_BLNV.shape[2]:  # Q/K heads expanded to V's, as upstream
+            repeat = xv_BLNV.shape[2] // xq_BLNK.shape[2]
+            xq_BLNK = xq_BLNK.repeat_interleave(repeat, dim=2)
+            xk_BLNK = xk_BLNK.repeat_interleave(repeat, dim=2)
+        args = (_l2norm(xq_BLNK), _l2norm(xk_BLNK), xv_BLNV, g_BLN, beta_BLN)
+        if cu_seqlens is None:
+            out = naive_chunk_gated_delta_rule(*args)[0]
+        else:
+            # chunks no longer than the documents (padding tokens are documents of length 1)
+            out = _per_document(lambda *xs: naive_chunk_gated_delta_rule(
+                *xs, chunk_size=min(64, xs[0].shape[1]))[0],
+                cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens, *args)
+        return out.to(xv_BLNV.dtype)
+
+    forward._torch = True  # type: ignore[attr-defined]
+    GatedDeltaKernel.forward = forward  # type: ignore[method-assign]
+    qwen35 = sys.modules["torchtitan.models.qwen3_5.model"]
+    qwen35._causal_conv1d_varlen = _causal_conv1d_varlen  # FLA's Triton conv, per document
+    return True
+
+
+def _per_document(fn: Any, cu_seqlens: torch.Tensor, *xs: torch.Tensor) -> torch.Tensor:
+    """``fn`` over each document of the packed ``xs`` ([1, T, ...], documents ending at
+    ``cu_seqlens``), documents of one length batched in one call (padding tokens are documents
+    of length 1); the outputs in ``xs``' order along dim 1."""
+    bounds = cu_seqlens.tolist()
+    by_length: dict[int, list[int]] = {}
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        if b > a:
+            by_length.setdefault(b - a, []).append(a)
+    pieces, order = [], []
+    for length, starts in by_length.items():
+        index = torch.tensor([a + i for a in starts for i in range(length)],
+                             device=xs[0].device)
+        out = fn(*(x[0, index].unflatten(0, (len(starts), length)) for x in xs))
+        pieces.append(out.flatten(0, 1))
+        order.append(index)
+    out = torch.cat(pieces)
+    return out[torch.argsort(torch.cat(order))].unsqueeze(0)
+
+
+def _causal_conv1d_varlen(x_BTD: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor,
+                          cu_seqlens_cpu: torch.Tensor | None) -> torch.Tensor:
+    """Qwen3.5's depthwise causal conv + SiLU restarted per document (FLA's ``causal_conv1d``
+    with ``cu_seqlens``, a Triton kernel) in torch ops."""
+    width = weight.shape[-1]
+
+    def conv(x_NTD: torch.Tensor) -> torch.Tensor:
+        x_NDT = torch.nn.functional.pad(x_NTD.transpose(1, 2), [width - 1, 0])
+        out = torch.nn.functional.conv1d(x_NDT, weight.reshape(-1, 1, width),
+                                         groups=x_NDT.shape[1])
+        return torch.nn.functional.silu(out).transpose(1, 2)
+
+    return _per_document(conv, cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens,
+                         x_BTD)
 
 
 def hf_sdpa_attention(config: Any) -> bool:

@@ -93,7 +93,9 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
                      parallelism: Any, compile_config: Any, ac_config: Any,
                      dump_folder: str) -> Any:
     """TorchTitan 0.3.0's ``parallelize_llama`` with AC, FSDP ``reshard_after_forward`` and
-    FSDP units per block from ``plan``."""
+    FSDP units per block from ``plan``; a vision encoder (qwen3_5, Kimi K2.5) compiled and
+    FSDP-sharded as one unit as the family's ``parallelize`` does, without the blocks' AC (as
+    the plan costs it)."""
     import torch.nn as nn
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     from torchtitan.config import TORCH_DTYPE_MAP
@@ -145,8 +147,12 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
             blocks[name] = policy._wrap_block(blocks[name], base_fqn=f"layers.{name}")
             model.layers.register_module(name, blocks[name])
 
+    encoders = {layer.fqn: getattr(model, layer.fqn) for layer in plan.layers
+                if layer.kind == "encoder" and getattr(model, layer.fqn, None) is not None}
     if compile_config.enable and "model" in compile_config.components:
         apply_compile(model, compile_config=compile_config, parallel_dims=parallel_dims)
+        for encoder in encoders.values():  # as parallelize_qwen3_5 / _kimi_k2_5 compile it
+            apply_compile(encoder, compile_config=compile_config, parallel_dims=parallel_dims)
 
     # FSDP per unit with the plan's reshard_after_forward
     edp_mesh = edp_mesh_dims = None
@@ -172,6 +178,12 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
         layers = [layer for layer in plan.layers if layer.kind == kind]
         return layers[0].reshard_after_forward if layers else True
 
+    # each encoder one FSDP unit, before the decoder, its inputs (pixels) cast to the
+    # parameters' dtype (TorchTitan's apply_fsdp_to_vision_encoder)
+    for fqn, encoder in encoders.items():
+        fully_shard(encoder, **{k: v for k, v in fsdp.items() if k != "offload_policy"} | {
+            "mp_policy": dataclasses.replace(fsdp["mp_policy"], cast_forward_inputs=True)},
+            reshard_after_forward=by_fqn[fqn].reshard_after_forward)
     ends: list[nn.Module] = [m for m in (model.norm, model.lm_head) if m is not None]
     if getattr(model, "enable_weight_tying", False):
         fully_shard([model.tok_embeddings, *ends], **fsdp,
@@ -306,26 +318,33 @@ def plan_config(config: Any, world: int, rank: int, on_cpu: bool = False) -> Any
 
 
 REPO_ASSETS = Path(__file__).resolve().parents[3] / "assets"
-"""This repository's debug tokenizer (vocabulary 2000) and text corpus (JSON lines)."""
+"""This repository's debug tokenizer (vocabulary 2000), text corpus (JSON lines), and for the
+multimodal configs that tokenizer with Qwen3.5's and Kimi K2.5's vision tokens
+(``tokenizer_mm``) and a small image-caption webdataset shard (``cc12m_test``; both from
+``scripts/make_mm_assets.py``)."""
 
 
 def debug_assets(config: Any) -> list[str]:
-    """TorchTitan's debug configs read ``tests/assets/{tokenizer,c4_test}`` of its source tree
-    (relative to the working directory; the wheel ships neither): when those are absent and
-    this repository's ``assets`` is present, read its tokenizer and corpus instead. The
-    replacements made, as lines to log."""
+    """TorchTitan's debug configs read ``tests/assets/{tokenizer,c4_test,cc12m_test}`` of its
+    source tree (relative to the working directory; the wheel ships none): when those are absent
+    and this repository's ``assets`` is present, read its tokenizer and data instead (the
+    multimodal tokenizer for a ``MultiModalTokenizer``). The replacements made, as lines to
+    log."""
     done = []
     if not REPO_ASSETS.is_dir():
         return done
     if os.path.normpath(config.hf_assets_path) == "tests/assets/tokenizer" and \
             not os.path.isdir(config.hf_assets_path):
-        config.hf_assets_path = str(REPO_ASSETS / "tokenizer")
+        multimodal = type(config.tokenizer).__qualname__ == "MultiModalTokenizer.Config"
+        config.hf_assets_path = str(REPO_ASSETS / ("tokenizer_mm" if multimodal else "tokenizer"))
         done.append(f"hf_assets_path = {config.hf_assets_path}")
     loader = config.dataloader
-    if getattr(loader, "dataset", None) == "c4_test" and not getattr(loader, "dataset_path", 1) \
-            and not os.path.isdir("tests/assets/c4_test"):
-        loader.dataset_path = str(REPO_ASSETS / "data")
-        done.append(f"dataloader.dataset_path = {loader.dataset_path}")
+    for dataset, folder in (("c4_test", "data"), ("cc12m-test", "cc12m_test")):
+        if getattr(loader, "dataset", None) == dataset and \
+                not getattr(loader, "dataset_path", 1) and \
+                not os.path.isdir(f"tests/assets/{dataset.replace('-', '_')}"):
+            loader.dataset_path = str(REPO_ASSETS / folder)
+            done.append(f"dataloader.dataset_path = {loader.dataset_path}")
     return done
 
 
