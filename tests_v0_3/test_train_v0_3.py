@@ -240,6 +240,10 @@ def test_pipeline_stages_with_tp_from_the_plan_train_as_one_rank(reference):
     ("qwen3", "qwen3_debugmodel", [], r"tp=\d+"),
     ("gpt_oss", "gpt_oss_debugmodel", [], r"tp=\d+"),
     ("qwen3_5", "qwen35_debugmodel", ["--parallelism.tensor_parallel_degree", "2"], r"tp=2"),
+    # Kimi K2.5 (MoonViT3d encoder, DeepSeek-V3 decoder) from a config function of the user's
+    # own module: its debug config with AdamW for DistMuon (one line under auto)
+    ("tests_v0_3.kimi_adamw", "kimi_k2_5_debugmodel_adamw",
+     ["--parallelism.expert_parallel_degree", "8"], r"tp=1 ep=8 etp=1"),
     ("deepseek_v3", "deepseek_v3_debugmodel",
      ["--training.disable_cuda_graphs", "--parallelism.expert_parallel_degree", "8"],
      r"tp=1 ep=8 etp=1"),
@@ -247,7 +251,8 @@ def test_pipeline_stages_with_tp_from_the_plan_train_as_one_rank(reference):
 def test_dry_run_on_64_fake_ranks(module, config, args, mesh, tmp_path):
     """``COMM_MODE=fake_backend NGPU=64``: the plan for 64 H100s is made, TorchTitan 0.3.0
     builds its mesh and parallelizes the model per block on a fake process group (DeepSeek-V3
-    with its routed experts over EP 8)."""
+    and Kimi K2.5 with their routed experts over EP 8, qwen3_5 with TP 2, the vision encoders
+    of both as one FSDP unit)."""
     env = {**_env(), "NGPU": "64", "MODULE": module, "CONFIG": config,
            "COMM_MODE": "fake_backend"}
     out = _run(["bash", str(REPO / "run_train.sh"), "--parallelism.auto",
