@@ -334,6 +334,35 @@ def same_job_gains(gains: list[tuple[str, float, float]]) -> list[str]:
             f"is within {TARGETS['gain_pp']:.0f} pp of both."]
 
 
+SETTLES = {
+    "cp": "`experiments/gpu_check.py` ring_rows: torch's ring attention forward and backward on "
+          "the pacing rank at this row's shape (ring_attention_<device>.csv), against "
+          "attention_times and the ring's bookkeeping bytes",
+    "async TP": "`experiments/gpu_check.py` async_tp_rows: the decomposed chunk GEMMs with the "
+                "shards copied on torch's second stream, bf16 beside float8 tensorwise "
+                "(async_tp_<device>.csv): how much the copies slow the GEMMs that hide them",
+    "other": "`experiments/gpu_check.py` part 1: the row's GEMM and attention shapes against "
+             "the profile's tables (gemm_<device>.csv, attention_<device>.csv)",
+}
+"""The kernel measurement on a lent GPU that settles a miss, by what the missed row runs."""
+
+
+def misses(out: list[Row], gains: list[tuple[str, float, float]]) -> list[str]:
+    """Each row and gain outside its target, with the measurement that would settle it."""
+    lines = []
+    for r in out:
+        err = r.tps / float(r.fields["tps_per_gpu"]) - 1
+        if abs(err) > TARGETS["max_tps"]:
+            kind = "cp" if int(r.fields.get("cp") or 1) > 1 else "other"
+            lines.append(f"- {r.label()} ({err:+.1%}): {SETTLES[kind]}")
+    for name, pub, pred in gains:
+        if abs(pred - pub) * 100 > TARGETS["gain_pp"]:
+            kind = "async TP" if "async TP" in name else "other"
+            lines.append(f"- {name} ({100 * (pred - pub):+.1f} pp): {SETTLES[kind]}")
+    return ["", "Misses, and the kernel measurement that would settle each:", "", *lines] \
+        if lines else []
+
+
 def report(rows: list[Row]) -> tuple[str, bool]:
     lines = [
         "# TorchTitan's published H100 results, predicted",
@@ -390,6 +419,7 @@ def report(rows: list[Row]) -> tuple[str, bool]:
                       "experiments/published.py: TorchTitan's published H100 Tables 1-4")
     lines += ["", "Targets:", ""]
     lines += [f"- {'met' if ok else 'MISSED'}: {text}" for text, ok in checks]
+    lines += misses(out, gains)
     lines += same_job_gains(gains)
     lines += further_rows()
     lines += other_profiles(rows)
