@@ -150,15 +150,22 @@ def test_what_the_apply_cannot_run_stops_in_one_line(change, words):
     assert "\n" not in str(info.value)
 
 
-def test_qwen3_under_auto_on_two_ranks_trains_as_one_rank(tmp_path):
+def test_qwen3_under_auto_on_two_ranks_trains_as_one_rank_and_its_recipe(tmp_path):
     """Another 0.3.0 family (Qwen3's debug flavor: QK norms, its own head dim) under auto on 2
-    CPU ranks, against its own 1-rank run from one seed checkpoint."""
+    CPU ranks, against its own 1-rank run from one seed checkpoint and TorchTitan 0.3.0's own
+    recipe on 2 ranks (FSDP 2): the same losses and gradient norms."""
     job = ["--module", "qwen3", "--config", "qwen3_debugmodel", *COMMON]
     ref = _reference(tmp_path, job)
     out = _torchrun(2, *job, *STEPS, "--parallelism.auto", *ref.load,
                     "--dump_folder", str(tmp_path / "auto2"))
     assert "autoparallel plan " in out, out[-3000:]
     _assert_same(_losses(out), ref.losses)
+    recipe = _torchrun(2, *job, *STEPS, "--parallelism.data_parallel_shard_degree", "2",
+                       "--training.local_batch_size", "4", *ref.load,
+                       "--dump_folder", str(tmp_path / "recipe2"))
+    assert "autoparallel plan " not in recipe
+    _assert_same(_losses(out), _losses(recipe))
+    _assert_same(_grad_norms(out), _grad_norms(recipe), GRAD_NORM_TOL)
 
 
 QWEN35 = ["--module", "qwen3_5", "--config", "qwen35_debugmodel", "--training.seq_len", "256",
