@@ -312,11 +312,16 @@ def measure_block(block: torch.nn.Module, inputs: tuple[tuple, dict], seq_len: i
     hidden states first (replaced by a fresh tensor). ``experts``: the block's routed experts,
     run through a dense stand-in; ``stand_ins``: module class name -> forward run in place of
     that class's (``ModelAdapter.meta_forwards``)."""
+    # flex attention has no meta kernel: measured as causal SDPA
+    with swapped_forwards(block, {"FlexAttentionWrapper": _flex_as_causal_sdpa,
+                                  **(stand_ins or {})}):
+        return _measure_block(block, inputs, seq_len, dim, experts)
+
+
+def _measure_block(block: torch.nn.Module, inputs: tuple[tuple, dict], seq_len: int, dim: int,
+                   experts: torch.nn.Module | None) -> tuple:
     if experts is not None:
         experts.forward = types.MethodType(_experts_as_dense, experts)
-    swapped = [m for m in block.modules() if type(m).__name__ in (stand_ins or {})]
-    for module in swapped:
-        module.forward = types.MethodType(stand_ins[type(module).__name__], module)
     params = {id(p) for p in block.parameters()}
     saved: dict[int, int] = {}
     # every saved base stays referenced until the count is done: a tensor freed mid-forward
@@ -332,9 +337,6 @@ def measure_block(block: torch.nn.Module, inputs: tuple[tuple, dict], seq_len: i
         return t
 
     args, kwargs = inputs
-    flex = [m for m in block.modules() if type(m).__name__ == "FlexAttentionWrapper"]
-    for module in flex:  # flex attention has no meta kernel: measured as causal SDPA
-        module.forward = types.MethodType(_flex_as_causal_sdpa, module)
 
     def run(x: torch.Tensor) -> None:
         block(x, *args[1:], **kwargs)
@@ -357,8 +359,6 @@ def measure_block(block: torch.nn.Module, inputs: tuple[tuple, dict], seq_len: i
         p.data = p.data.to(dtype)
     if experts is not None:
         del experts.forward
-    for module in (*flex, *swapped):
-        del module.forward
     return (counter.get_total_flops() + sdpa.attention_flops, float(sum(saved.values())),
             sdpa.attention_flops, float(traffic.eager), float(traffic.gemm_io))
 
@@ -439,11 +439,18 @@ def planning_model(family: str, model: torch.nn.Module, seq_len: int
         return with_inferred_tp(adapter, model, inputs, dim, seq_len), inputs
 
 
-@contextlib.contextmanager
-def stand_ins(model: torch.nn.Module, adapter: ModelAdapter) -> Iterator[None]:
+def stand_ins(model: torch.nn.Module, adapter: ModelAdapter
+              ) -> contextlib.AbstractContextManager[None]:
     """The adapter's ``meta_forwards`` in place of their modules' forwards while the model is
     traced and measured on meta."""
-    forwards = {name: resolve(fn) for name, fn in adapter.meta_forwards.items()}
+    return swapped_forwards(model, {name: resolve(fn)
+                                    for name, fn in adapter.meta_forwards.items()})
+
+
+@contextlib.contextmanager
+def swapped_forwards(model: torch.nn.Module, forwards: dict[str, Any]) -> Iterator[None]:
+    """Every module of ``model`` whose class name ``forwards`` holds runs that forward inside
+    the block (the class's own again after it)."""
     swapped = [m for m in model.modules() if type(m).__name__ in forwards]
     for module in swapped:
         module.forward = types.MethodType(forwards[type(module).__name__], module)
