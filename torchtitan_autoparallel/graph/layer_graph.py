@@ -513,8 +513,9 @@ def _graph_of_model(family: str, flavor: str, model: torch.nn.Module, seq_len: i
                                 signature=f"encoder:{fqn}", eager_bytes=work.eager_bytes,
                                 gemm_io_bytes=work.gemm_io_bytes, **count(encoder)))
             encoded.append((layers[-1], work.assumption))
-    notes = tuple(f"encoder {layer.fqn}: costed at its measured work with {why}"
-                  for layer, why in encoded)
+    notes = tuple(f"encoder {layer.fqn}: costed at its measured work with {why}; one FSDP "
+                  "unit without activation checkpointing (the job's AC mode applies to the "
+                  "blocks)" for layer, why in encoded)
     measured: dict[str, tuple[float, ...]] = {}
     kv_bytes = 2.0 * seq_len * n_kv_heads * head_dim * fp32
     moe_model = False
