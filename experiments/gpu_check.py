@@ -56,7 +56,7 @@ SEQS = (1024, 2048, 4096, 8192, 16384)
 RING_JOBS = [dict(model="llama3_8b", gpus="8", fsdp=str(8 // cp), tp="1", cp=str(cp),
                   seq_len=str(32768 * cp), local_batch="1", global_batch=str(8 // cp),
                   ac="full", compile="yes", float8="yes", async_tp="no") for cp in (1, 2, 4, 8)]
-"""TorchTitan's published CP jobs (Table 2 of ../shared/anchors/torchtitan_h100_202412.csv:
+"""TorchTitan's published CP jobs (Table 2 of experiments/data/torchtitan_h100_202412.csv:
 Llama 3 8B on 8 GPUs, 32,768 tokens per rank at cp 1-8), in experiments/published.py's fields."""
 
 

@@ -2,7 +2,7 @@
 
     python experiments/levers.py
 
-On TorchTitan's published H100 jobs (../shared/anchors/torchtitan_h100_202412.csv, Tables 1-4,
+On TorchTitan's published H100 jobs (experiments/data/torchtitan_h100_202412.csv, Tables 1-4,
 and the June 2025 async TP benchmark's 8B / 70B jobs) and on larger FSDP jobs, the planner
 (``auto``, the job's features and global batch, mesh free) runs with and without each lever:
 

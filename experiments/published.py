@@ -2,7 +2,7 @@
 
     python experiments/published.py            # predict with profiles/h100_grand_teton.toml
 
-Every row of ../shared/anchors/torchtitan_h100_202412.csv
+Every row of experiments/data/torchtitan_h100_202412.csv
 (benchmarks/llama3_h100_202412_torchtitan.md in pytorch/torchtitan) from Tables 1-4 is turned
 into TorchTitan's own recipe for the job (same model, GPUs, degrees, local / global batch, AC,
 compile, float8 with FSDP float8 all-gather and the precomputed scale, async TP) and costed by
@@ -14,7 +14,7 @@ predicted gain is set beside the published one with its sign; async TP also on T
 June 2025 benchmark (8B and 70B; bf16, float8 tensorwise, rowwise). The Table 1 jobs are also
 predicted with ``h100_sxm`` and ``h200_sxm``, with the ratio to the Grand Teton prediction
 explained by datasheet differences. TorchTitan's published H200 runs (June 2025, not in
-../shared) are predicted with ``h200_sxm``, and its first published runs on 64 A100s (April
+that table) are predicted with ``h200_sxm``, and its first published runs on 64 A100s (April
 2024) with ``a100_sxm``, as further out-of-sample rows (``FURTHER_ROWS``).
 Writes experiments/results/published.md and prints the same; exits 1 if a target is missed.
 Tables 5-6 (pipeline parallel): experiments/published_pp.py.
@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-ANCHORS = REPO.parent / "shared" / "anchors" / "torchtitan_h100_202412.csv"
+ANCHORS = REPO / "experiments" / "data" / "torchtitan_h100_202412.csv"
 PROFILE = REPO / "torchtitan_autoparallel" / "profiles" / "h100_grand_teton.toml"
 OUT = REPO / "experiments" / "results" / "published.md"
 CONFIGS = {"llama3_8b": "llama3_8b_fsdp.toml", "llama3_70b": "llama3_70b_fsdp_tp.toml"}
@@ -44,7 +44,7 @@ FIT_ROWS: dict[tuple[str, ...], str] = {}
 """Rows a profile constant was fitted on: none (constants come from kernel data)."""
 TARGETS = {"median_tps": 0.10, "max_tps": 0.20, "memory": 0.10, "gain_pp": 5.0}
 FURTHER = [
-    # further published TorchTitan runs (not in ../shared): (label, fields of the job, the
+    # further published TorchTitan runs (not in that table): (label, fields of the job, the
     # feature turned off for the baseline, the feature's published gain, where it was published)
     ("8B 8 H100 FSDP 8, compile: float8 tensorwise", dict(
         model="llama3_8b", gpus="8", fsdp="8", tp="1", cp="1", seq_len="8192", local_batch="2",
@@ -75,7 +75,7 @@ FURTHER = [
 ]
 
 FURTHER_ROWS = [
-    # further published TorchTitan runs on other GPUs (not in ../shared): (label, fields of the
+    # further published TorchTitan runs on other GPUs (not in that table): (label, fields of the
     # job, profile, published tok/s/GPU, published GiB, where it was published)
     (f"8B {gpus} H200 FSDP {gpus}, compile + float8", dict(
         model="llama3_8b", gpus=str(gpus), fsdp=str(gpus), tp="1", cp="1", seq_len="8192",
@@ -223,7 +223,7 @@ def predict(rows: list[Row], hardware: str) -> None:
 
 
 def further_gains() -> list[tuple[str, float, float]]:
-    """Feature gains of further published TorchTitan runs (not in ../shared): the job with the
+    """Feature gains of further published TorchTitan runs (not in that table): the job with the
     feature against the same job without it, both predicted on the Grand Teton profile."""
     out = []
     for label, fields, feature, published, _ in FURTHER:
@@ -236,7 +236,7 @@ def further_gains() -> list[tuple[str, float, float]]:
 def further_rows() -> list[str]:
     """``FURTHER_ROWS`` predicted with their GPU's profile: tok/s/GPU and memory against the
     published ones (out of sample; reported beside the targets, which are set on Tables 1-6)."""
-    lines = ["", "Further published TorchTitan runs on other GPUs (not in ../shared; each with its "
+    lines = ["", "Further published TorchTitan runs on other GPUs (not in that table; each with its "
              "GPU's profile, no constant fitted on them):", "",
              "| row | profile | published tok/s/GPU | predicted | error | published GiB | "
              "predicted | error |", "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -368,7 +368,7 @@ def report(rows: list[Row]) -> tuple[str, bool]:
         "# TorchTitan's published H100 results, predicted",
         "",
         "`python experiments/published.py` with `profiles/h100_grand_teton.toml`; rows from",
-        "`../shared/anchors/torchtitan_h100_202412.csv`",
+        "`experiments/data/torchtitan_h100_202412.csv`",
         "(benchmarks/llama3_h100_202412_torchtitan.md in pytorch/torchtitan). No constant of",
         "the profile is fitted on these rows (see its [provenance] table): every row is out of",
         "sample. Memory: predicted peak vs TorchTitan's logged maximum.",

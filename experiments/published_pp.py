@@ -3,7 +3,7 @@ Table 5 job with auto.
 
     python experiments/published_pp.py
 
-Rows of ../shared/anchors/torchtitan_h100_202412.csv with pp > 1 (Llama 3.1 405B on 512
+Rows of experiments/data/torchtitan_h100_202412.csv with pp > 1 (Llama 3.1 405B on 512
 H100s, FSDP 8 x TP 8 x PP 8, 1F1B / Interleaved 1F1B; Table 6 adds CP) are turned into
 TorchTitan's own recipe for the job, as experiments/published.py does for Tables 1-4, and
 costed by ``recipe.recipe_plan`` with profiles/h100_grand_teton.toml; no constant is fitted on
@@ -93,7 +93,7 @@ def main() -> int:
         "# TorchTitan's published pipeline-parallel H100 results, predicted",
         "",
         "`python experiments/published_pp.py` with `profiles/h100_grand_teton.toml` (no",
-        "constant fitted on these rows); rows from `../shared/anchors/torchtitan_h100_202412.csv`",
+        "constant fitted on these rows); rows from `experiments/data/torchtitan_h100_202412.csv`",
         "(Tables 5-6 of benchmarks/llama3_h100_202412_torchtitan.md in pytorch/torchtitan).",
         "Micro-batches: pp per local batch (the December 2024 TorchTitan default).",
         "",

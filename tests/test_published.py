@@ -130,7 +130,7 @@ def _further_rows(profile: str) -> list[tuple]:
 
 def test_h200_runs_published_elsewhere_within_targets():
     """TorchTitan's published H200 runs (June 2025, 8B FSDP 32 / 64, compile with the loss,
-    float8; not in ../shared, no profile constant fitted on them) with the stock h200_sxm
+    float8; not in that table, no profile constant fitted on them) with the stock h200_sxm
     profile: tok/s/GPU and memory within 10 %. The memory needs the compiled loss costed: with
     the fp32 logits of an eager loss it is predicted about 20 % high."""
     rows = _further_rows("h200_sxm")
@@ -142,7 +142,7 @@ def test_h200_runs_published_elsewhere_within_targets():
 
 def test_a100_runs_published_elsewhere_within_targets():
     """TorchTitan's first published runs (64 A100 80GB, FSDP 64, eager, April 2024; not in
-    ../shared) with the stock a100_sxm profile, whose constants come from A100 kernel data
+    that table) with the stock a100_sxm profile, whose constants come from A100 kernel data
     (FlashAttention-2's A100 benchmark, the matmul benchmark's A100 / H100 ratio, nccl-tests):
     tok/s/GPU within 10 %. With the attention fields read as A100 throughputs (costed at a third
     of them through clock_scale) the model was 12-24 % slow on these rows."""
