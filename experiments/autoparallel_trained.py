@@ -47,8 +47,8 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SMALL = ["--training.seq_len", "256", "--training.global_batch_size", "8",
          "--training.mixed_precision_param", "float32", "--debug.seed", "0",
-         "--hf_assets_path", str(REPO / "assets" / "tokenizer"),
-         "--dataloader.dataset_path", str(REPO / "assets" / "data")]
+         "--hf_assets_path", str(REPO / "torchtitan_autoparallel" / "assets" / "tokenizer"),
+         "--dataloader.dataset_path", str(REPO / "torchtitan_autoparallel" / "assets" / "data")]
 LLAMA = ["--module", "llama3", "--config", "llama3_debugmodel"]
 GRAPH = ["--module", "graph_trainer.llama3", "--config",
          "graph_trainer_llama3_debugmodel_sdpa_cross_entropy_loss"]

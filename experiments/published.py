@@ -236,8 +236,8 @@ def further_gains() -> list[tuple[str, float, float]]:
 def further_rows() -> list[str]:
     """``FURTHER_ROWS`` predicted with their GPU's profile: tok/s/GPU and memory against the
     published ones (out of sample; reported beside the targets, which are set on Tables 1-6)."""
-    lines = ["", "Further published TorchTitan runs on other GPUs (not in that table; each with its "
-             "GPU's profile, no constant fitted on them):", "",
+    lines = ["", "Further published TorchTitan runs on other GPUs (not in that table; each with "
+             "its GPU's profile, no constant fitted on them):", "",
              "| row | profile | published tok/s/GPU | predicted | error | published GiB | "
              "predicted | error |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     errors: dict[str, tuple[list[float], list[float]]] = {}

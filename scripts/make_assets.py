@@ -17,7 +17,8 @@ standard-library extension modules: the script re-executes itself with
 ``PYTHONHASHSEED=0``, walks modules and attributes in sorted order and drops
 docstrings that embed memory addresses or installation paths.
 
-Usage: ``python scripts/make_assets.py [--out-dir DIR]`` (default: repository root).
+Usage: ``python scripts/make_assets.py [--out-dir DIR]`` (default: the package folder,
+``torchtitan_autoparallel``, whose ``assets`` ship in the wheel).
 """
 
 from __future__ import annotations
@@ -212,7 +213,8 @@ def main() -> None:
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parents[1])
+    parser.add_argument("--out-dir", type=Path,
+                        default=Path(__file__).resolve().parents[1] / "torchtitan_autoparallel")
     args = parser.parse_args()
     # Do not let files next to this script shadow stdlib modules.
     script_dir = str(Path(__file__).resolve().parent)

@@ -12,7 +12,8 @@ Writes, relative to the repository root (deterministic for a given Pillow build)
   JPEG images (random colour blocks) captioned with the opening words of documents of
   ``assets/data/corpus.jsonl``.
 
-Usage: ``python scripts/make_mm_assets.py [--out-dir DIR]`` (default: repository root).
+Usage: ``python scripts/make_mm_assets.py [--out-dir DIR]`` (default: the package folder,
+``torchtitan_autoparallel``, whose ``assets`` ship in the wheel).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ CAPTION_WORDS = 24
 SPECIAL_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>",
                   "<|endoftext|>",  # Qwen3.5
                   "<|media_pad|>", "<|media_begin|>", "<|media_end|>", "[PAD]")  # Kimi K2.5
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1] / "torchtitan_autoparallel"
 
 
 def write_tokenizer(src: Path, out: Path) -> None:

@@ -6,6 +6,7 @@ import itertools
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from torchtitan.components.tokenizer import build_hf_tokenizer
 from torchtitan.config import JobConfig
 
 from torchtitan_autoparallel.titan.v0_2 import data
+from torchtitan_autoparallel.titan.v0_2.job_config import resolve_assets_path
 
 SEQ_LEN = 16
 G = 8
@@ -125,7 +127,7 @@ def test_resume_at_step_boundary_under_other_dp_degree(tokenizer, stream):
         loaders[0].load_state_dict({**state, "global_batch_size": 16})
 
 
-def test_tokenizer_loads_from_assets(tokenizer, stream, monkeypatch):
+def test_tokenizer_loads_from_assets(tokenizer, stream, monkeypatch, tmp_path):
     assert tokenizer.vocab_size == 2000 < 2048
     assert tokenizer.bos_id is not None and tokenizer.eos_id is not None
     assert tokenizer.bos_id != tokenizer.eos_id
@@ -135,9 +137,10 @@ def test_tokenizer_loads_from_assets(tokenizer, stream, monkeypatch):
     assert tokenizer.bos_id not in ids[1:-1] and tokenizer.eos_id not in ids[1:-1]
     assert tokenizer.decode(ids[1:-1]) == text
     assert tokenizer.encode(text) == ids[1:-1]  # no implicit BOS/EOS
-    monkeypatch.chdir(data.REPO_ROOT)
+    monkeypatch.chdir(tmp_path)  # outside the checkout: the package's assets are found
     job = _job_config()
-    job.model.hf_assets_path = "assets/tokenizer"  # the relative path the train configs use
+    job.model.hf_assets_path = "./assets/tokenizer"  # the relative path the train configs use
+    resolve_assets_path(job)
     assert build_hf_tokenizer(job).encode(text) == ids[1:-1]
     assert int(stream.max()) < 2000 and stream.numel() > 100_000
     assert int((stream == tokenizer.bos_id).sum()) == len(data.read_texts(data.DEFAULT_CORPUS))
@@ -154,7 +157,7 @@ def test_assets_are_small_and_well_formed():
 
 
 def test_make_assets_is_deterministic(tmp_path):
-    script = data.REPO_ROOT / "scripts" / "make_assets.py"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_assets.py"
     for out in ("a", "b"):
         subprocess.run([sys.executable, str(script), "--out-dir", str(tmp_path / out)],
                        check=True, capture_output=True, timeout=120)

@@ -19,12 +19,13 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+ASSETS = REPO / "torchtitan_autoparallel" / "assets"
 BIN = Path(sys.executable).parent
 
 COMMON = ["--training.seq_len", "256", "--training.global_batch_size", "8",
           "--training.mixed_precision_param", "float32",
-          "--hf_assets_path", str(REPO / "assets" / "tokenizer"),
-          "--dataloader.dataset_path", str(REPO / "assets" / "data"), "--debug.seed", "0"]
+          "--hf_assets_path", str(ASSETS / "tokenizer"),
+          "--dataloader.dataset_path", str(ASSETS / "data"), "--debug.seed", "0"]
 JOB = ["--module", "llama3", "--config", "llama3_debugmodel", *COMMON]
 STEPS = ["--training.steps", "3"]
 

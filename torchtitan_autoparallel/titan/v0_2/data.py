@@ -1,9 +1,9 @@
 """Offline training data: the ``autoparallel_text`` corpus and a DP-invariant data loader.
 
-The corpus (``assets/data/corpus.jsonl``) and tokenizer (``assets/tokenizer``) are built by
-``scripts/make_assets.py``. :func:`build_global_batch_dataloader` cuts one cyclic token stream
-into fixed samples so that training step ``s`` consumes samples ``[s*G, (s+1)*G)`` whatever the
-data-parallel degree and gradient-accumulation split.
+The corpus (``assets/data/corpus.jsonl``) and tokenizer (``assets/tokenizer``), package data,
+are built by ``scripts/make_assets.py``. :func:`build_global_batch_dataloader` cuts one cyclic
+token stream into fixed samples so that training step ``s`` consumes samples
+``[s*G, (s+1)*G)`` whatever the data-parallel degree and gradient-accumulation split.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from typing import Any
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_CORPUS = REPO_ROOT / "assets" / "data" / "corpus.jsonl"
-DEFAULT_TOKENIZER = REPO_ROOT / "assets" / "tokenizer"
+from .. import ASSETS
+
+DEFAULT_CORPUS = ASSETS / "data" / "corpus.jsonl"
+DEFAULT_TOKENIZER = ASSETS / "tokenizer"
 DATASET_NAME = "autoparallel_text"
 DATASET_NAMES: tuple[str, ...] = (DATASET_NAME,)
 

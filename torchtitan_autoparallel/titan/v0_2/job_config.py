@@ -11,6 +11,7 @@ from typing import Any
 from ...errors import UserError
 from ...explicit import record_explicit
 from ...features import check_device, features_from_config
+from .. import ASSETS
 from .checks import (
     check_job_keys,
     check_torchao,
@@ -97,14 +98,11 @@ def tyro_message(text: str, limit: int = 400) -> str:
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
-REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-
-
 def resolve_assets_path(job_config: Any) -> None:
-    """Let configs name the project's tokenizer (``./assets/...``) from any working directory."""
+    """Let configs name the package's tokenizer (``./assets/...``) from any working directory."""
     path = job_config.model.hf_assets_path
     if path and not os.path.isabs(path) and not os.path.exists(path):
-        candidate = os.path.join(REPO_ROOT, path)
+        candidate = os.path.join(os.path.dirname(ASSETS), path)
         if os.path.exists(candidate):
             job_config.model.hf_assets_path = candidate
 
@@ -120,7 +118,7 @@ def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
     if not os.path.isfile(tokenizer):
         raise UserError(
             f"no tokenizer at {tokenizer}: set model.hf_assets_path to a folder with "
-            "tokenizer.json (the project ships ./assets/tokenizer)"
+            "tokenizer.json (the package ships ./assets/tokenizer)"
         )
 
     # conflicting speed features, and features this GPU cannot run, end here: run_train.sh's

@@ -21,11 +21,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from ...errors import UserError, run_cli
 from ...explicit import NOTES_ATTR
+from .. import ASSETS
 from . import cpu
 
 
@@ -317,33 +317,26 @@ def plan_config(config: Any, world: int, rank: int, on_cpu: bool = False) -> Any
     return plan
 
 
-REPO_ASSETS = Path(__file__).resolve().parents[3] / "assets"
-"""This repository's debug tokenizer (vocabulary 2000), text corpus (JSON lines), and for the
-multimodal configs that tokenizer with Qwen3.5's and Kimi K2.5's vision tokens
-(``tokenizer_mm``) and a small image-caption webdataset shard (``cc12m_test``; both from
-``scripts/make_mm_assets.py``)."""
-
-
 def debug_assets(config: Any) -> list[str]:
     """TorchTitan's debug configs read ``tests/assets/{tokenizer,c4_test,cc12m_test}`` of its
     source tree (relative to the working directory; the wheel ships none): when those are absent
-    and this repository's ``assets`` is present, read its tokenizer and data instead (the
+    read the package's ``assets`` (its tokenizer and data) instead (the
     multimodal tokenizer for a ``MultiModalTokenizer``). The replacements made, as lines to
     log."""
     done = []
-    if not REPO_ASSETS.is_dir():
+    if not ASSETS.is_dir():
         return done
     if os.path.normpath(config.hf_assets_path) == "tests/assets/tokenizer" and \
             not os.path.isdir(config.hf_assets_path):
         multimodal = type(config.tokenizer).__qualname__ == "MultiModalTokenizer.Config"
-        config.hf_assets_path = str(REPO_ASSETS / ("tokenizer_mm" if multimodal else "tokenizer"))
+        config.hf_assets_path = str(ASSETS / ("tokenizer_mm" if multimodal else "tokenizer"))
         done.append(f"hf_assets_path = {config.hf_assets_path}")
     loader = config.dataloader
     for dataset, folder in (("c4_test", "data"), ("cc12m-test", "cc12m_test")):
         if getattr(loader, "dataset", None) == dataset and \
                 not getattr(loader, "dataset_path", 1) and \
                 not os.path.isdir(f"tests/assets/{dataset.replace('-', '_')}"):
-            loader.dataset_path = str(REPO_ASSETS / folder)
+            loader.dataset_path = str(ASSETS / folder)
             done.append(f"dataloader.dataset_path = {loader.dataset_path}")
     return done
 
