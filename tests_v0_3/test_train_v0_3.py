@@ -285,3 +285,37 @@ def test_moonlight_under_auto_refuses_its_dist_muon_optimizer_in_one_line(tmp_pa
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert lines and lines[-1].startswith("error: optimizer DistMuon"), done.stderr[-3000:]
+
+
+def _two_agents(args: list[str], ngpu: int) -> list[str]:
+    """``run_train.sh args`` started twice as two "nodes" of ``ngpu`` ranks each (torchrun's
+    c10d rendezvous on localhost): the outputs of both agents."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = {**_env(), "NGPU": str(ngpu), "NNODES": "2", "RDZV_ENDPOINT": f"localhost:{port}",
+           "RDZV_ID": "twonodes", "MODULE": "llama3", "CONFIG": "llama3_debugmodel"}
+    agents = [subprocess.Popen(["bash", str(REPO / "run_train.sh"), *args], cwd=REPO, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for _ in range(2)]
+    outs = [agent.communicate(timeout=600)[0] for agent in agents]
+    for agent, out in zip(agents, outs, strict=True):
+        assert agent.returncode == 0, out[-3000:]
+    return [re.sub(r"\x1b\[[0-9;]*m", "", out) for out in outs]
+
+
+def test_two_nodes_under_auto_train_one_job_at_the_four_rank_losses(reference):
+    """NNODES=2 NGPU=2 through run_train.sh (two torchrun agents as two nodes) plans once for
+    world 4 and trains one job: the losses of NGPU=4 on one node, and of the 1-rank run."""
+    args = ["--parallelism.auto", *STEPS, *JOB, *reference.load]
+    env = {**_env(), "NGPU": "4", "MODULE": "llama3", "CONFIG": "llama3_debugmodel"}
+    one = _run(["bash", str(REPO / "run_train.sh"), *args, "--dump_folder",
+                str(reference.root / "node1")], env=env)
+    outs = _two_agents([*args, "--dump_folder", str(reference.root / "nodes2")], 2)
+    planned = [out for out in outs if "autoparallel plan " in out]
+    assert len(planned) == 1 and "(world 4)" in planned[0], outs[0][-3000:]
+    assert _losses(planned[0]) == _losses(one) != []
+    assert _grad_norms(planned[0]) == _grad_norms(one)
+    _assert_same(_losses(planned[0]), reference.losses)
