@@ -110,15 +110,20 @@ def user_set_auto(overrides: list[str]) -> bool:
                                          "__parallelism.auto=True") for arg in overrides)
 
 
-def _emit(args: argparse.Namespace, plan: Any) -> None:
+def _emit(args: argparse.Namespace, plan: Any, headline: list[str] = ()) -> None:
+    """Print ``plan`` (its table, ``headline`` lines, its TorchTitan settings, its notes) or its
+    JSON, and write it where ``--out`` says."""
     from .explain import snippet
 
     if args.out:
         plan.save(args.out)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=1, sort_keys=True))
+        print(json.dumps({**plan.to_dict(), **({"fit": list(headline)} if headline else {})},
+                         indent=1, sort_keys=True))
         return
     print(plan.table())
+    for line in headline:
+        print(line)
     print(snippet(plan))
     for note in plan.untabled_notes:
         print(f"note: {note}")
@@ -160,18 +165,26 @@ def _recipe_margin(job: Any, plan: Any, world: int) -> str:
         recipe = recipe_plan(recipe_job, world)
     except UserError:
         return ""
-    if recipe.predicted["peak_memory_gib"] > recipe.predicted["budget_gib"]:
+    peak, budget = recipe.predicted["peak_memory_gib"], recipe.predicted["budget_gib"]
+    device = ((recipe.inputs or {}).get("hardware") or {}).get("memory_gib") or budget
+    if peak > device:
         return (f"TorchTitan's recipe for this job ({recipe.mesh}) is predicted to run out of "
-                "memory")
+                f"memory (peak {peak:.3g} GiB of the device's {device:.3g} GiB)")
     hw = plan.inputs["hardware"]["name"] if plan.inputs else plan.fingerprint["hardware"]
-    return margin_note(plan.predicted["tokens_per_s"], recipe.predicted["tokens_per_s"],
+    note = margin_note(plan.predicted["tokens_per_s"], recipe.predicted["tokens_per_s"],
                        str(recipe.mesh), hw)
+    if peak > budget:
+        note += f"; the recipe peaks at {peak:.3g} GiB, over the planning budget {budget:.3g} GiB"
+    return note
 
 
 def _predict(args: argparse.Namespace) -> int:
+    from .explain import fit_lines
     from .recipe import recipe_plan
 
-    _emit(args, recipe_plan(_job(args, auto=False), args.ngpu))
+    plan = recipe_plan(_job(args, auto=False), args.ngpu)
+    profile = plan.inputs["hardware"]["name"] if plan.inputs else plan.fingerprint["hardware"]
+    _emit(args, plan, fit_lines(plan, profile))
     return 0
 
 

@@ -170,6 +170,43 @@ def error_lines(plan: Plan, profile: str) -> list[str]:
     return lines
 
 
+def fit_lines(plan: Plan, profile: str) -> list[str]:
+    """Will it fit: the predicted peak against the device's memory and, apart from it, against
+    the planning budget (what the planner keeps its own plans under), with the model's measured
+    memory error on the GPU."""
+    peak, budget = plan.predicted["peak_memory_gib"], plan.predicted["budget_gib"]
+    hw = (plan.inputs or {}).get("hardware") or {}
+    device, usable = hw.get("memory_gib", 0.0), hw.get("usable_memory_fraction", 1.0)
+    err = model_error(profile) or {}
+    mem = err.get("memory_max_error")
+    high = peak * (1 + mem) if mem is not None else peak
+    if not device:
+        verdict = f"predicted peak {peak:.3g} GiB per device (the profile names no device memory)"
+    elif high <= device:
+        verdict = f"fits: predicted peak {peak:.3g} GiB of the device's {device:.3g} GiB"
+    elif peak <= device:
+        verdict = (f"fits at the prediction ({peak:.3g} of the device's {device:.3g} GiB), but "
+                   f"not at the model's max memory error ({high:.3g} GiB)")
+    else:
+        verdict = (f"does not fit: predicted peak {peak:.3g} GiB is over the device's "
+                   f"{device:.3g} GiB: predicted to run out of memory")
+    why = (f"{usable:.0%} of the device's memory, usable_memory_fraction of {profile!r}"
+           if device and abs(budget - device * usable) < 1e-6 else "autoparallel.memory_gib")
+    lines = [f"fit: {verdict}",
+             f"fit: planning budget {budget:.3g} GiB ({why}): "
+             + ("within it" if peak <= budget else
+                f"over it by {peak - budget:.3g} GiB: the planner would not choose this "
+                "recipe" + (", which may still run" if device and peak <= device else ""))]
+    if mem is None:
+        lines.append(f"fit: the model's memory error on {profile!r}: no published memory row "
+                     "for this GPU")
+    else:
+        lines.append(f"fit: the model's max |memory error| on {profile!r} is {mem:.0%} "
+                     f"({error_source(err, profile)}): the peak lies in "
+                     f"{peak * (1 - mem):.3g}-{high:.3g} GiB")
+    return lines
+
+
 def assumed_lines(plan: Plan, inputs: Any, cache: dict[str, Any]) -> list[str]:
     """The assumed constants of the plan's profile that its predicted step time depends on:
     each moved by +-20 % and the plan re-costed; those that move it by 1 % or more."""

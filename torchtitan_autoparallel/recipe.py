@@ -59,9 +59,9 @@ def recipe_plan(job_config: Any, world: int) -> Plan:
         plan = build_plan(inputs, candidate_for(inputs, mesh, local), strategies, solver)
     if plan.predicted["peak_memory_gib"] > plan.predicted["budget_gib"]:
         plan.notes.append(
-            f"predicted peak {plan.predicted['peak_memory_gib']:.3g} GiB exceeds the budget "
-            f"{plan.predicted['budget_gib']:.3g} GiB: this recipe is predicted to run out of "
-            "memory"
+            f"predicted peak {plan.predicted['peak_memory_gib']:.3g} GiB exceeds the planning "
+            f"budget {plan.predicted['budget_gib']:.3g} GiB (the planner would not choose this "
+            "recipe; whether it fits the device: see fit)"
         )
     return plan
 
