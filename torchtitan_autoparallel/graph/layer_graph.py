@@ -4,8 +4,10 @@ Built from the model on the meta device: every distinct block is run forward onc
 tensors for the job's sequence length (batch 1) under ``FlopCounterMode`` and a
 ``saved_tensors_hooks`` that counts what autograd keeps for backward. SDPA is routed to the
 flash kernel's op (meta SDPA would otherwise decompose into the math path and count the s x s
-score matrix that flash attention never stores); its causal FLOPs are added analytically since
-the counter has no formula for it.
+score matrix that flash attention never stores). Attention FLOPs are counted by this module's own
+rule (causal: half the score matrix), never by the counter: torch 2.14 has no formula for the CPU
+flash op, torch 2.15 added one that ignores causality (the full s x s), so the counter's total
+would move with the torch version while the work does not.
 """
 
 import contextlib
@@ -209,6 +211,16 @@ class _FlashSDPA(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_OWN_RULE = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu}
+"""Ops whose FLOPs ``_FlashSDPA`` counts itself (whatever formula the installed torch has)."""
+
+
+def counted_flops(counter: FlopCounterMode) -> float:
+    """FLOPs ``counter`` counted outside the ops in ``_OWN_RULE``."""
+    counts = counter.get_flop_counts().get("Global", {})
+    return float(sum(n for op, n in counts.items() if op not in _OWN_RULE))
+
+
 _GEMMS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
           torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
 _FREE = {torch.ops.aten.empty.memory_format, torch.ops.aten.detach.default,
@@ -359,7 +371,7 @@ def _measure_block(block: torch.nn.Module, inputs: tuple[tuple, dict], seq_len: 
         p.data = p.data.to(dtype)
     if experts is not None:
         del experts.forward
-    return (counter.get_total_flops() + sdpa.attention_flops, float(sum(saved.values())),
+    return (counted_flops(counter) + sdpa.attention_flops, float(sum(saved.values())),
             sdpa.attention_flops, float(traffic.eager), float(traffic.gemm_io))
 
 
