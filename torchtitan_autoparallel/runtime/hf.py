@@ -10,12 +10,19 @@
   sequences in ``position_ids`` with ``.all()`` (a host read, refused on meta tensors), told
   there are none on meta inputs (the layer graph measures one unpacked causal sequence).
   Tested by tests_v0_3/test_hf_backend_v0_3.py.
-* ``reset_rotary_buffers``: HF's rotary embeddings keep ``inv_freq`` as a non-persistent buffer
-  computed in ``__init__``. TorchTitan builds the model on meta, then ``to_empty`` + the
-  backend's ``init_weights``, which re-initialises parameters only: ``inv_freq`` is left as
-  uninitialised memory (values ~1e-38, or NaN with deterministic fills), and a checkpoint never
-  restores it (non-persistent). Recomputed here from the model's config after
-  ``init_weights``. Tested by tests/test_hf_backend.py::test_rotary_buffers_after_meta_init.
+* ``reset_nonpersistent_buffers``: HF's rotary embeddings keep ``inv_freq`` (and
+  ``original_inv_freq``; Gemma its ``embed_scale``) as non-persistent buffers computed in
+  ``__init__``. TorchTitan builds the model on meta, then ``to_empty`` + the backend's
+  ``init_weights``, which re-initialises parameters: 0.2.2's leaves ``inv_freq`` as
+  uninitialised memory, and 0.3.0's ``init_states`` looks for a ``rope_init_fn`` attribute
+  transformers 5 no longer has while its patched ``_init_weights`` skips rotary modules, so
+  the losses depend on what the allocator left there; a checkpoint never restores them
+  (non-persistent). Each such buffer of a transformers module is filled with NaN, then written
+  by the HF model's own ``_init_weights`` and HF's rope init function; one left NaN is refused
+  in one line. Installed by ``with_rotary_reset`` (0.2.2's train spec) and
+  ``reset_buffers_in_init_states`` (0.3.0's ``HFTransformerModel``, from the project's
+  ``titan.v0_3.train``). Tested by tests/test_hf_backend.py::test_rotary_buffers_after_meta_init
+  and tests_v0_3/test_hf_backend_v0_3.py (two malloc fill patterns, bit-identical losses).
 * ``with_rotary_in_every_stage``: the backend's pipeline split drops ``rotary_emb`` from stages
   given in the config (see there).
 """
@@ -23,6 +30,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -71,34 +79,132 @@ def meta_capture() -> Iterator[None]:
             masking.find_packed_sequence_indices = original
 
 
-def reset_rotary_buffers(model: nn.Module) -> int:
-    """Recompute ``inv_freq`` of every HF rotary embedding in ``model`` (on its current device)
-    from the embedding's config; returns how many were reset."""
-    count = 0
-    for module in model.modules():
-        init = getattr(module, "rope_init_fn", None)
-        buffer = getattr(module, "inv_freq", None)
-        if init is None or not isinstance(buffer, torch.Tensor) or buffer.is_meta:
+def _rope_init(module: nn.Module) -> Any:
+    """HF's own init function of a rotary embedding: transformers 4's ``rope_init_fn``
+    attribute, else what transformers 5's ``PreTrainedModel._init_weights`` picks
+    (``ROPE_INIT_FUNCTIONS[rope_type]``, or the module's ``compute_default_rope_parameters``);
+    None for a module that is none (or keeps one rope type per layer type: its model's own
+    ``_init_weights`` computes those)."""
+    init = getattr(module, "rope_init_fn", None)
+    rope_type = getattr(module, "rope_type", None)
+    if init is not None or not isinstance(rope_type, str):
+        return init
+    if rope_type == "default":
+        return getattr(module, "compute_default_rope_parameters", None)
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    return ROPE_INIT_FUNCTIONS[rope_type]
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (written in place), a plain tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _write(buffer: torch.Tensor, value: torch.Tensor) -> None:
+    """``value`` (the full tensor) into ``buffer``, a plain tensor or a DTensor."""
+    value = value.to(device=_local(buffer).device, dtype=buffer.dtype)
+    if hasattr(buffer, "device_mesh"):
+        from torch.distributed.tensor import distribute_tensor
+
+        value = distribute_tensor(value, buffer.device_mesh, buffer.placements).to_local()
+    _local(buffer).copy_(value)
+
+
+def _nonpersistent(module: nn.Module) -> dict[str, torch.Tensor]:
+    """``module``'s own non-persistent floating-point buffers that hold memory, for a module of
+    transformers (also as TorchTitan 0.3.0's backend converts it: a subclass); TorchTitan's own
+    modules (its MoE's ``tokens_per_expert``) are its ``init_weights``'s."""
+    if not any(c.__module__.startswith("transformers.") for c in type(module).__mro__):
+        return {}
+    return {name: buf for name, buf in module._buffers.items()
+            if name in module._non_persistent_buffers_set and isinstance(buf, torch.Tensor)
+            and buf.is_floating_point() and not buf.is_meta}
+
+
+def _hf_init(hf_model: nn.Module, module: nn.Module) -> None:
+    """HF's model-specific ``_init_weights`` on ``module``'s buffers only: it runs on a stand-in
+    sharing the buffers, its parameters on meta (the trainer has initialised the real ones)."""
+    stand_in = copy.copy(module)
+    stand_in._parameters = {name: None if p is None else nn.Parameter(
+        torch.empty_like(p, device="meta"), requires_grad=False)
+        for name, p in module._parameters.items()}
+    stand_in._buffers = {name: None if b is None else _local(b)
+                         for name, b in module._buffers.items()}
+    hf_model._init_weights(stand_in)
+
+
+def reset_nonpersistent_buffers(model: nn.Module) -> list[str]:
+    """Recompute every non-persistent buffer of the HF model inside ``model`` as HF does after a
+    meta build: each buffer is first filled with NaN, then the HF model's own ``_init_weights``
+    and, for rotary embeddings, HF's rope init function write it. Returns the buffers reset;
+    UserError naming a buffer neither writes (it would train on NaN)."""
+    from transformers import PreTrainedModel
+
+    hf_model = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
+    done, left = [], []
+    for fqn, module in model.named_modules():
+        buffers = _nonpersistent(module)
+        if not buffers:
             continue
-        inv_freq, scaling = init(module.config, buffer.device)
         with torch.no_grad():
-            buffer.copy_(inv_freq.to(buffer.dtype))
-        module.original_inv_freq = buffer
-        module.attention_scaling = scaling
-        count += 1
-    return count
+            for buf in buffers.values():
+                _local(buf).fill_(float("nan"))
+            if hf_model is not None:
+                _hf_init(hf_model, module)
+            init = _rope_init(module)
+            if init is not None and "inv_freq" in buffers:
+                inv_freq, scaling = init(module.config, _local(buffers["inv_freq"]).device)
+                for name in ("inv_freq", "original_inv_freq"):
+                    if name in buffers:
+                        _write(buffers[name], inv_freq)
+                module.attention_scaling = scaling
+        for name, buf in buffers.items():
+            (left if torch.isnan(_local(buf)).any() else done).append(f"{fqn}.{name}")
+    if left:
+        from ..errors import UserError
+
+        raise UserError(f"the HF model's non-persistent buffer {left[0]} ({len(left)} in all) "
+                        "is not recomputed after the meta build (neither its model's "
+                        "_init_weights nor a rope init function writes it): this architecture "
+                        "cannot be trained through the HF backend here")
+    return done
+
+
+def reset_rotary_buffers(model: nn.Module) -> int:
+    """``reset_nonpersistent_buffers``; how many rotary ``inv_freq`` buffers were reset."""
+    return sum(name.endswith("inv_freq") and not name.endswith("original_inv_freq")
+               for name in reset_nonpersistent_buffers(model))
 
 
 def with_rotary_reset(model_cls: type) -> type:
-    """``model_cls`` (the backend's ``HFTransformerModel``) whose ``init_weights`` also
-    recomputes the rotary buffers (see the module docstring)."""
+    """``model_cls`` (TorchTitan 0.2.2's ``HFTransformerModel``) whose ``init_weights`` also
+    recomputes the non-persistent buffers (see the module docstring)."""
 
     class HFModelWithRotaryReset(model_cls):  # type: ignore[misc, valid-type]
         def init_weights(self, *args: Any, **kwargs: Any) -> None:
             super().init_weights(*args, **kwargs)
-            reset_rotary_buffers(self)
+            reset_nonpersistent_buffers(self)
 
     return HFModelWithRotaryReset
+
+
+def reset_buffers_in_init_states() -> None:
+    """TorchTitan 0.3.0's ``HFTransformerModel.init_states`` followed by
+    ``reset_nonpersistent_buffers`` (idempotent; see the module docstring)."""
+    from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
+
+    original = HFTransformerModel.init_states
+    if getattr(original, "resets_buffers", False):
+        return
+
+    def init_states(self: nn.Module, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        reset_nonpersistent_buffers(self)
+
+    init_states.resets_buffers = True  # type: ignore[attr-defined]
+    init_states.__wrapped__ = original  # type: ignore[attr-defined]
+    HFTransformerModel.init_states = init_states  # type: ignore[method-assign]
 
 
 ROTARY = "rotary_emb"

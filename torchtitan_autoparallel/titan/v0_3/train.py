@@ -211,6 +211,12 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
     return model
 
 
+def _hf_config(config: Any) -> bool:
+    """``config`` trains a model of TorchTitan 0.3.0's HF backend."""
+    return type(config.model_spec.model).__module__.startswith(
+        "torchtitan.experiments.transformers_modeling_backend")
+
+
 def _is_hf(model: Any) -> bool:
     return type(model).__module__.startswith(
         "torchtitan.experiments.transformers_modeling_backend")
@@ -411,6 +417,10 @@ def run(argv: list[str]) -> int:
     if config.comm.mode == "local_tensor":  # as torchtitan.train: nothing to train
         logger.info("Local tensor mode enabled - skipping training execution")
         return 0
+    if _hf_config(config):
+        from ...runtime.hf import reset_buffers_in_init_states
+
+        reset_buffers_in_init_states()  # HF's rotary inv_freq and other non-persistent buffers
     trainer = None
     try:
         trainer = config.build()
