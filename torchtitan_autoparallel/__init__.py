@@ -1,7 +1,7 @@
 """torchtitan-autoparallel: a planner that chooses TorchTitan's parallelization for you.
 
 Public API for bringing a model: ``ModelAdapter`` and ``register_adapter`` (see
-``graph/adapters.py`` and the README section "Your own model")."""
+``graph/adapters.py`` and docs/own-model.md)."""
 
 from .graph import families  # noqa: F401  (registers TorchTitan's families)
 from .graph.adapters import ModelAdapter, register_adapter

@@ -1,7 +1,7 @@
 """The job's GPU speed features, read from TorchTitan's config: what ``apply_plan`` applies to
 every planned block, what the cost model charges for, and what the plan's fingerprint records.
 
-One place decides what each setting means under ``auto`` (see the README's settings table):
+One place decides what each setting means under ``auto`` (see docs/settings.md):
 - ``[compile] enable`` with ``"model"`` in components: every block compiled after AC and before
   FSDP, as TorchTitan's recipes do; with ``"loss"``: TorchTitan's trainer compiles the loss
   itself, costed as one fused kernel per direction that keeps no fp32 logits (Inductor only:

@@ -10,3 +10,20 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 configs that tokenizer with vision tokens (``tokenizer_mm``) and an image-caption shard
 (``cc12m_test``). Configs name them as ``./assets/...``; a path that does not exist relative to
 the working directory is read from here."""
+
+
+def markdown_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """``rows`` under ``header`` as a Markdown table (``|`` in a cell escaped)."""
+    def line(cells: tuple[str, ...]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+    return "\n".join([line(header), "|" + "---|" * len(header), *map(line, rows)])
+
+
+def with_generated(text: str, name: str, body: str) -> str:
+    """``text`` with the part between ``<!-- begin generated: name -->`` and ``<!-- end
+    generated: name -->`` replaced by ``body`` (the docs' tables made from the code)."""
+    begin, end = f"<!-- begin generated: {name} -->", f"<!-- end generated: {name} -->"
+    head, found, rest = text.partition(begin)
+    if not found or end not in rest:
+        raise ValueError(f"no {begin} ... {end} in the text")
+    return f"{head}{begin}\n{body}\n{end}{rest.partition(end)[2]}"

@@ -1,6 +1,6 @@
 """Checks of a job's settings that end it with one line before any rank starts (run_train.sh's
 preflight runs them in one process): what the installed torchao and the GPU can run, and the
-settings ``auto`` refuses (see the README's settings table)."""
+settings ``auto`` refuses (see docs/settings.md)."""
 
 from __future__ import annotations
 

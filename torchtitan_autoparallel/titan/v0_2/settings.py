@@ -1,7 +1,7 @@
 """Every key of TorchTitan 0.2.2's JobConfig and what ``parallelism.auto = true`` does with it.
 
 One row per ``section.key``: how auto treats it (one or more of ``HOWS``) and a short note. The
-README's settings table explains the keys that change parallel execution, memory or step time;
+docs/settings.md explains the keys that change parallel execution, memory or step time;
 ``tests/test_settings_keys.py`` fails when TorchTitan's JobConfig has a key without a row here
 (or a row names no key), so a key added upstream cannot slip through unclassified.
 """
@@ -45,7 +45,7 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "model.hf_assets_path": _NONE,
     "model.tokenizer_path": _NONE,
     "model.converters": ("applied, costed, constraint, error",
-                         "float8 / MX / grouped-GEMM converters (see the README); a name no "
+                         "float8 / MX / grouped-GEMM converters (docs/settings.md); a name no "
                          "converter is registered under: error"),
     "model.print_after_conversion": _NONE,
     # [optimizer]
@@ -209,3 +209,11 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "debug.deterministic_warn_only": ("applied", ""),
     "debug.moe_force_load_balance": ("applied, costed", "MoE load imbalance 1"),
 }
+
+
+def settings_table() -> str:
+    """Every key of ``SETTINGS`` as the Markdown table in docs/settings.md."""
+    from .. import markdown_table
+
+    rows = [(f"`{key}`", how, note) for key, (how, note) in SETTINGS.items()]
+    return markdown_table(("key", "under auto", "note"), rows)

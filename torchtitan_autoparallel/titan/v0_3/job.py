@@ -106,6 +106,25 @@ NOTED_WHY = {
 """What the plan says of a NOTED key the job sets."""
 
 
+CLASS_WHY = {READ: "read into the plan: costed; searched when unset, a constraint when set",
+             RUNTIME: "no effect on placements, memory or step time"}
+"""What each class of ``KEYS`` means, for the docs' table."""
+
+
+def keys_table() -> str:
+    """Every entry of ``KEYS`` as the Markdown table in docs/settings.md (a key ending in "."
+    stands for its section)."""
+    from .. import markdown_table
+
+    def why(key: str, how: str) -> str:
+        text = {REFUSED: REFUSED_WHY, NOTED: NOTED_WHY}.get(how, {}).get(key, CLASS_WHY.get(how))
+        return (text or "").replace(" {value}", "")
+
+    rows = [(f"`--{key}*`" if key.endswith(".") else f"`--{key}`", how, why(key, how))
+            for key, how in KEYS.items()]
+    return markdown_table(("key", "under auto", "why"), rows)
+
+
 def override_targets(config: Any) -> list[str]:
     """The ``module.function`` targets of ``override.imports``."""
     return [item if isinstance(item, str) else str(item[0])
