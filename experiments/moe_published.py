@@ -316,8 +316,8 @@ def kernel_lines() -> list[str]:
     from torchtitan_autoparallel.cost.hardware import load_profile
     from torchtitan_autoparallel.cost.kernels import gemm_s, linear_s
 
-    lines = ["| source | GPU | dtype | M, N, K | groups | published TFLOP/s | profile's dense "
-             "TFLOP/s | published / profile |", "|---|---|---|---|---:|---:|---:|---:|"]
+    lines = ["| source | kernel | GPU | dtype | M, N, K | groups | published TFLOP/s | profile's "
+             "dense TFLOP/s | published / profile |", "|---|---|---|---|---|---:|---:|---:|---:|"]
     text = [line for line in KERNELS.read_text().splitlines() if not line.startswith("#")]
     ratios: dict[str, list[float]] = {}
     for r in csv.DictReader(text):
@@ -338,7 +338,8 @@ def kernel_lines() -> list[str]:
                      else float(r["tflops"].split("/")[0]) * 1e12)
         ratio = published * seconds / flops
         ratios.setdefault(f"{r['gpu']} {r['dtype'].split()[0]}", []).append(ratio)
-        lines.append(f"| {r['source_id']} | {r['gpu']} | {r['dtype'].split(' (')[0]} | "
+        lines.append(f"| {r['source_id']} | {r['kernel'].split(' (')[0]} | {r['gpu']} | "
+                     f"{r['dtype'].split(' (')[0]} | "
                      f"{total_m:.0f}, {n:.0f}, {k:.0f} | {groups:.0f} | {published / 1e12:.0f} | "
                      f"{flops / seconds / 1e12:.0f} | {ratio:.2f} |")
     lines.append("")
