@@ -137,7 +137,12 @@ def read_model(name: str, flavor: str, seq_len: int, model_config: ModelConfig |
         raise UserError(f"model {name!r} {flavor!r} cannot be built on the meta device: "
                         f"{shown(exc, 200)}") from None
     _check_decoder_only(name, flavor, model)
-    return graph_of_model(name, flavor, model, seq_len, kind, True, config)
+    graph = graph_of_model(name, flavor, model, seq_len, kind, True, config)
+    if name == HF_BACKEND:
+        from .hf_check import check_hf_model
+
+        check_hf_model(model, str((sections or {}).get(HF_SECTION, {}).get("model", "")))
+    return graph
 
 
 def _check_decoder_only(name: str, flavor: str, model: Any) -> None:

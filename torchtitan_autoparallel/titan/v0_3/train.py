@@ -401,6 +401,10 @@ def run(argv: list[str]) -> int:
         if rank == 0:
             logger.info(f"TorchTitan's tests/assets is absent: {line}")
     check_runtime(config, on_cpu)
+    if _hf_config(config):  # before any rank builds it: what the HF backend cannot run
+        from .hf_check import check_hf_config
+
+        check_hf_config(config)
     if config.parallelism.auto:
         if config.checkpoint.create_seed_checkpoint:
             raise UserError("--checkpoint.create_seed_checkpoint runs on 1 rank without a "
