@@ -120,6 +120,11 @@ class ModelAdapter:
     excluded: dict[str, str] = field(default_factory=dict)
     """Techniques the family cannot run whatever is found, with the reason the plan table
     shows (e.g. ``{"cp": "..."}``)."""
+    tp_checked: bool = False
+    """Offer ``tp_fn`` only where TP inference (``graph/tp_infer.py``) also succeeds on the
+    blocks: for a ``tp_fn`` written for some models of a family and not others (TorchTitan
+    0.2.2's HF backend, whose plan names Llama's projections and shards per-head norms only);
+    where inference fails, TP is excluded with its reason."""
     declared_tp: FnRef | None = None
     """``(model, blocks) -> {block signature: {linear name: "colwise" | "rowwise" |
     "replicate"}}``: the TP a model declares on its own modules (TorchTitan 0.3.0's

@@ -70,10 +70,12 @@ _HF = "torchtitan.experiments.transformers_modeling_backend"
 # TorchTitan's HF backend (any HF causal LM): its model presents HF's ``model.model.layers`` /
 # ``embed_tokens`` / ``norm`` / ``lm_head`` under TorchTitan's names (``named_children`` and
 # properties), which its TP function and pipeline split use; blocks take keyword inputs
-# (``position_embeddings``), captured on meta
+# (``position_embeddings``), captured on meta. Its TP function names Llama's projections and
+# per-head q / k norms: offered where TP inference also shards the blocks (OLMo2's
+# whole-projection norms, fused projections are not)
 BUILTIN["transformers_modeling_backend"] = ModelAdapter(
     blocks="layers", embedding="tok_embeddings", final_norm="norm", output="output",
-    tp_fn=f"{_HF}.infra.parallelize.apply_non_moe_tp",
+    tp_fn=f"{_HF}.infra.parallelize.apply_non_moe_tp", tp_checked=True,
     excluded={"cp": "HF attention is a function inside each attention module, not a module "
                     "ring attention can wrap (the backend's CP only shifts position ids)"},
 )

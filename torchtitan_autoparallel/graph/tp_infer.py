@@ -401,7 +401,15 @@ def with_inferred_tp(adapter: ModelAdapter, model: nn.Module, inputs: tuple[tupl
                      dim: int, seq_len: int) -> ModelAdapter:
     """``adapter`` with an inferred ``tp_fn`` where it has none; where inference fails, TP
     excluded with the reason (the plan table's ``excluded tp`` line)."""
-    if adapter.tp_fn not in (None, INFER_TP) or "tp" in adapter.excluded:
+    if "tp" in adapter.excluded:
+        return adapter
+    if adapter.tp_fn not in (None, INFER_TP):
+        if not adapter.tp_checked:
+            return adapter
+        try:
+            infer_tp(adapter, model, inputs, dim, seq_len)
+        except Exception as exc:  # what inference cannot shard, the family's tp_fn cannot
+            return _without_tp(adapter, exc, "the family's TP plan does not fit this model")
         return adapter
     if adapter.declared_tp is not None:
         declared = resolve(adapter.declared_tp)(model, adapter.blocks)
@@ -413,10 +421,13 @@ def with_inferred_tp(adapter: ModelAdapter, model: nn.Module, inputs: tuple[tupl
     try:
         fn = infer_tp(adapter, model, inputs, dim, seq_len)
     except Exception as exc:  # whatever stops inference leaves TP out, with the reason
-        found = str(exc) if isinstance(exc, TPInferenceError) else \
-            f"{type(exc).__name__}: {str(exc)[:160]}"
-        reason = (f"no TP plan for this family and none inferred ({found}); register one to "
-                  "enable (ModelAdapter.tp_fn)")
-        return dataclasses.replace(adapter, tp_fn=None,
-                                   excluded={**adapter.excluded, "tp": reason})
+        return _without_tp(adapter, exc, "no TP plan for this family and none inferred")
     return dataclasses.replace(adapter, tp_fn=fn)
+
+
+def _without_tp(adapter: ModelAdapter, exc: Exception, what: str) -> ModelAdapter:
+    """``adapter`` with TP excluded: ``what``, and what stopped inference (``exc``)."""
+    found = str(exc) if isinstance(exc, TPInferenceError) else \
+        f"{type(exc).__name__}: {str(exc)[:160]}"
+    reason = f"{what} ({found}); register one to enable (ModelAdapter.tp_fn)"
+    return dataclasses.replace(adapter, tp_fn=None, excluded={**adapter.excluded, "tp": reason})

@@ -79,7 +79,15 @@ def build_layer_graph(family: str, flavor: str, model_args: Any, model_cls: type
     grouped = bool(getattr(getattr(model_args, "moe_args", None), "use_grouped_mm", True))
     args, attn_type = measurable_args(model_args, seq_len, job_config)
     model = meta_model(lambda: model_cls(args))
-    return graph_of_model(family, flavor, model, seq_len, attn_type, grouped, args)
+    graph = graph_of_model(family, flavor, model, seq_len, attn_type, grouped, args)
+    from .registry import HF_BACKEND
+
+    if family == HF_BACKEND:  # after reading it: the check initialises the meta model
+        from .hf_check import check_hf_model
+
+        hf_model = getattr(getattr(job_config, "hf_transformers", None), "model", "")
+        check_hf_model(model, str(hf_model))
+    return graph
 
 
 def planning_adapter(family: str, model_args: Any, model_cls: type, seq_len: int,

@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu = cpu_runtime.install()
     from torchtitan.tools.logging import init_logger, logger
 
-    from .registry import import_custom_module, make_plannable, register
+    from .registry import HF_BACKEND, import_custom_module, make_plannable, register
 
     init_logger()
     register()
@@ -186,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     preflight = os.environ.get(PREFLIGHT_ENV) == "1"
     plan = None
     make_plannable(job_config.model.name)
+    if job_config.model.name == HF_BACKEND:  # before any rank builds it
+        from .hf_check import check_hf_job
+
+        check_hf_job(job_config)
     if job_config.parallelism.auto or job_config.autoparallel.plan_file:
         plan = prepare_planned_job(job_config,
                                    write=preflight or int(os.environ.get("RANK", "0")) == 0)

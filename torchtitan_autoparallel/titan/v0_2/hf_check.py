@@ -1,0 +1,57 @@
+"""Whether TorchTitan 0.2.2's HF backend can run a Hugging Face architecture at all, asked before
+any rank starts (planning, ``run_train.sh``'s preflight, a recipe run through this project).
+
+The backend's ``init_weights`` runs its own ``_init_weights`` (patched into transformers'
+``PreTrainedModel``), which reads ``q_proj`` / ``k_proj`` / ``v_proj`` of every attention module
+by name: an architecture with fused projections (Phi-3's ``qkv_proj``) stops there with a
+traceback on every run, one rank included. Here the same ``init_weights`` runs on a model built
+on meta (no values are written there); what it raises is one line naming the architecture.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import UserError
+
+
+def refusal(model: Any) -> str | None:
+    """Why TorchTitan 0.2.2's HF backend cannot initialise ``model`` (built on meta), or None."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            model.init_weights(buffer_device=None)
+    except Exception as exc:  # what the backend raises is the finding
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200].rstrip('.')}"
+    return None
+
+
+def check_hf_model(model: Any, hf_model: str) -> None:
+    """UserError when TorchTitan 0.2.2's HF backend cannot run ``model`` (see ``refusal``)."""
+    reason = refusal(model)
+    if reason is None:
+        return
+    arch = type(getattr(model, "model", model)).__name__
+    raise UserError(f"TorchTitan 0.2.2's HF backend cannot run {arch} (hf_transformers.model = "
+                    f"{hf_model}): its init_weights, which every run goes through, stops at "
+                    f"{reason}; this architecture cannot be trained with the backend (use one "
+                    "with separate q_proj / k_proj / v_proj projections)")
+
+
+def check_hf_job(job_config: Any) -> None:
+    """``check_hf_model`` on the model of ``job_config`` (the HF backend's), built on meta as the
+    planner builds it."""
+    import copy
+
+    from ...graph.layer_graph import meta_model
+    from ...model_config import model_config_of
+    from .model import graph_job_config
+    from .registry import train_spec_of
+
+    spec = train_spec_of(job_config.model.name)
+    args = copy.deepcopy(spec.model_args[job_config.model.flavor])
+    args.update_from_config(graph_job_config(model_config_of(job_config),
+                                             job_config.training.seq_len))
+    model = meta_model(lambda: spec.model_cls(args))
+    check_hf_model(model, str(job_config.hf_transformers.model))
