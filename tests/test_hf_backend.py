@@ -39,6 +39,24 @@ QWEN2 = {**LLAMA, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
          "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "use_sliding_window": False}
 """Qwen2: biased q / k / v projections."""
 
+ARCHS = {
+    "mistral": {**LLAMA, "architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                "sliding_window": 4096},
+    "qwen3": {**LLAMA, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+              "head_dim": 16},
+    "gemma": {**LLAMA, "architectures": ["GemmaForCausalLM"], "model_type": "gemma",
+              "head_dim": 16, "hidden_activation": "gelu_pytorch_tanh"},
+    "olmo2": {**LLAMA, "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2"},
+    "phi3": {**LLAMA, "architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+             "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    "qwen2_moe": {**LLAMA, "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+                  "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+                  "shared_expert_intermediate_size": 128},
+}
+"""Other HF architectures at the ``tiny`` flavor's sizes: sliding window (Mistral), per-head
+q / k norms (Qwen3), a scaled embedding (Gemma), whole-projection q / k norms (OLMo2), fused
+projections (Phi-3), routed experts (Qwen2-MoE)."""
+
 # the README's example, with the test's tiny flavor
 TOML = """\
 [job]
@@ -338,3 +356,63 @@ def test_qwen2_7b_on_64_h100s_offers_tp_sac_pp_and_builds_them(tmp_path, capsys)
     assert "mesh pp=2 dp_replicate=1 dp_shard=8 cp=1 tp=4 (world 64)" in out
     assert "activation_checkpoint.mode = 'selective' on every block" in out
     assert '"mesh": ["fsdp", "tp"]' in out  # blocks are tensor parallel, FSDP over the rest
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen3", "gemma"])
+def test_tp_offered_where_the_backend_shards_the_blocks(tmp_path, arch):
+    """The backend's TP function runs these (measured: tp 2 trains at the 1-rank losses, see
+    test_other_architectures_train_as_one_rank): planned at tp 2."""
+    from torchtitan_autoparallel.planner import plan_job
+
+    config = write_job(tmp_path, auto=True, config=ARCHS[arch])
+    plan = plan_job(_job(config, "--parallelism.tensor_parallel_degree=2"), 2)
+    assert plan.mesh.tp == 2
+
+
+def test_whole_projection_qk_norms_refuse_tp_in_one_line(tmp_path):
+    """OLMo2 normalises the whole q / k projections; the backend's TP plan shards them as
+    per-head norms and its run crashed at tp 2 ("aten.add.Tensor got mixed torch.Tensor and
+    DTensor"). TP is left out with the reason; a job asking for it is one line."""
+    from torchtitan_autoparallel.planner import plan_job
+
+    config = write_job(tmp_path, auto=True, config=ARCHS["olmo2"])
+    with pytest.raises(UserError, match=r"needs tp, which .* cannot use: the family's TP plan "
+                       r"does not fit this model \(layers\.0: self_attn\.q_norm") as info:
+        plan_job(_job(config, "--parallelism.tensor_parallel_degree=2"), 2)
+    assert "\n" not in str(info.value)
+    assert plan_job(_job(config), 2).mesh.tp == 1
+
+
+@pytest.mark.parametrize("arch, words", [
+    ("phi3", r"cannot run Phi3ForCausalLM .*its init_weights, which every run goes through, "
+             r"stops at AttributeError: 'Phi3Attention' object has no attribute 'q_proj'"),
+    ("qwen2_moe", r"cannot build Qwen2MoeForCausalLM .*: KeyError: 'sdpa_torchtitan'"),
+])
+def test_an_architecture_the_backend_cannot_run_is_one_line(tmp_path, arch, words):
+    """TorchTitan's own 1-rank recipe stops at these with a traceback (measured); planning
+    says so in one line, and so does run_train.sh's preflight for the recipe (no auto)
+    before any rank starts."""
+    from torchtitan_autoparallel.planner import plan_job
+
+    with pytest.raises(UserError, match=words):
+        plan_job(_job(write_job(tmp_path, auto=True, config=ARCHS[arch])), 2)
+    result = run_job(write_job(tmp_path, auto=False, config=ARCHS[arch]), 2, tmp_path / "run",
+                     preflight=True)
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0 and len(errors) == 1, result.output[-3000:]
+    assert "Traceback" not in result.output and "[rank" not in result.output
+    assert arch.split("_")[0] in errors[0].lower()
+
+
+@pytest.mark.slow  # measured passing
+@pytest.mark.parametrize("arch, overrides", [
+    ("mistral", ["--parallelism.tensor_parallel_degree=2"]),
+    ("qwen3", ["--parallelism.tensor_parallel_degree=2"]),
+    ("gemma", ["--parallelism.tensor_parallel_degree=2"]),
+    ("olmo2", []),
+])
+def test_other_architectures_train_as_one_rank(tmp_path, arch, overrides):
+    """Sliding window, per-head q / k norms and a scaled embedding at the planned tp 2, OLMo2
+    as planned (no TP): TorchTitan's 1-rank recipe losses from one seed checkpoint."""
+    plan = _auto_parity(_reference(tmp_path / "ref", ARCHS[arch]), tmp_path, 2, *overrides)
+    assert plan.mesh.tp == (2 if overrides else 1)

@@ -44,7 +44,6 @@ def check_hf_job(job_config: Any) -> None:
     planner builds it."""
     import copy
 
-    from ...graph.layer_graph import meta_model
     from ...model_config import model_config_of
     from .model import graph_job_config
     from .registry import train_spec_of
@@ -53,5 +52,34 @@ def check_hf_job(job_config: Any) -> None:
     args = copy.deepcopy(spec.model_args[job_config.model.flavor])
     args.update_from_config(graph_job_config(model_config_of(job_config),
                                              job_config.training.seq_len))
-    model = meta_model(lambda: spec.model_cls(args))
-    check_hf_model(model, str(job_config.hf_transformers.model))
+    hf_model = str(job_config.hf_transformers.model)
+    model = build_on_meta(lambda: spec.model_cls(args), hf_model)
+    check_hf_model(model, hf_model)
+
+
+def build_on_meta(build: Any, hf_model: str) -> Any:
+    """``build()`` on meta; what stops the build (an HF class the backend's attention setting
+    does not fit, e.g. Qwen2-MoE's: KeyError 'sdpa_torchtitan') as one line."""
+    from ...errors import shown
+    from ...graph.layer_graph import meta_model
+
+    try:
+        return meta_model(build)
+    except Exception as exc:
+        raise UserError(f"TorchTitan 0.2.2's HF backend cannot build {_architecture(hf_model)} "
+                        f"(hf_transformers.model = {hf_model}): {type(exc).__name__}: "
+                        f"{shown(exc, 200)}; this architecture cannot be trained with the "
+                        "backend") from None
+
+
+def _architecture(hf_model: str) -> str:
+    """The first of ``architectures`` in ``hf_model``'s config.json ("the model" if none)."""
+    import json
+
+    from ...model_config import hf_config_file
+
+    try:
+        with open(hf_config_file(hf_model)) as f:
+            return str(json.load(f)["architectures"][0])
+    except Exception:  # a name for the message only
+        return "the model"

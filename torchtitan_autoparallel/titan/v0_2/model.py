@@ -78,15 +78,17 @@ def build_layer_graph(family: str, flavor: str, model_args: Any, model_cls: type
     (default: TorchTitan's default job config)."""
     grouped = bool(getattr(getattr(model_args, "moe_args", None), "use_grouped_mm", True))
     args, attn_type = measurable_args(model_args, seq_len, job_config)
-    model = meta_model(lambda: model_cls(args))
-    graph = graph_of_model(family, flavor, model, seq_len, attn_type, grouped, args)
     from .registry import HF_BACKEND
 
-    if family == HF_BACKEND:  # after reading it: the check initialises the meta model
-        from .hf_check import check_hf_model
+    if family != HF_BACKEND:
+        return graph_of_model(family, flavor, meta_model(lambda: model_cls(args)), seq_len,
+                              attn_type, grouped, args)
+    from .hf_check import build_on_meta, check_hf_model
 
-        hf_model = getattr(getattr(job_config, "hf_transformers", None), "model", "")
-        check_hf_model(model, str(hf_model))
+    hf_model = str(getattr(getattr(job_config, "hf_transformers", None), "model", ""))
+    model = build_on_meta(lambda: model_cls(args), hf_model)
+    graph = graph_of_model(family, flavor, model, seq_len, attn_type, grouped, args)
+    check_hf_model(model, hf_model)  # after reading it: the check initialises the meta model
     return graph
 
 
