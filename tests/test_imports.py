@@ -264,7 +264,6 @@ SHARED_TITAN_IMPORTS = {
 and why."""
 RELEASE_USERS = {
     "cli": "plan / predict read a TorchTitan 0.2.2 TOML job (0.3.0's through its front-end)",
-    "fitting.runs": "the measured runs' plan files are re-costed with 0.2.2's train specs",
 }
 """Modules outside ``titan/`` that import a release's package directly, and why (the planning
 pipeline loads the installed release's front-end by name, ``frontend.frontend()``)."""

@@ -33,6 +33,7 @@ def _job(args: argparse.Namespace, auto: bool) -> Any:
         check_output_path(args.out, "plan")
     job = (_job_by_module(args, auto, release) if args.module or release != "0.2"
            else _job_from_toml(args, auto))
+    _check_features_on_profile(job)
     if not job.autoparallel.hardware:
         # offline: no device to match, so say which profile the numbers are for
         print("note: no hardware profile chosen (--hardware or autoparallel.hardware): "
@@ -40,6 +41,20 @@ def _job(args: argparse.Namespace, auto: bool) -> Any:
               "a100_sxm, b200, a .toml) for a GPU job",
               file=sys.stderr if getattr(args, "json", False) else sys.stdout)
     return job
+
+
+def _check_features_on_profile(job: Any) -> None:
+    """The job's low-precision kernels refused for a profile whose device refuses them (as
+    training on that device would)."""
+    from .cost.hardware import CPU_PROFILE, load_profile
+    from .features import check_profile, features_from_config
+
+    hardware = job.autoparallel.hardware
+    if not isinstance(hardware, str):
+        return  # not a profile name: planning's check of the key names it
+    profile = load_profile(hardware or CPU_PROFILE)
+    emulated = bool(getattr(job.quantize.linear.float8, "emulate", False))
+    check_profile(features_from_config(job), profile, emulated)
 
 
 def _autoparallel_overrides(args: argparse.Namespace, auto: bool) -> list[str]:
@@ -65,8 +80,10 @@ def _job_by_module(args: argparse.Namespace, auto: bool, release: str) -> Any:
     if not args.module:
         raise UserError(f"TorchTitan {release} names jobs with --module M --config FUNCTION "
                         "(e.g. --module llama3 --config llama3_8b), not a TOML file")
+    # the command's own options first: a subcommand (activation-checkpoint:full) takes every
+    # argument after it as its own
     job = frontend().read_job(["--module", args.module, "--config", args.config,
-                               *args.overrides, *_autoparallel_overrides(args, auto)])
+                               *_autoparallel_overrides(args, auto), *args.overrides])
     if auto and job.autoparallel.plan_file:
         raise UserError(f"autoparallel.plan_file = {job.autoparallel.plan_file!r} with plan: "
                         "plan solves the job afresh; read a plan file with explain / show / "
@@ -351,7 +368,28 @@ def main(argv: list[str] | None = None) -> int:
     args.overrides = overrides
     if getattr(args, "ngpu", 1) < 1:
         raise UserError(f"--ngpu must be a positive integer, got {args.ngpu}")
+    _check_own_options(args)
     return args.func(args)
+
+
+def _check_own_options(args: argparse.Namespace) -> None:
+    """The command's own ``--memory-gib`` / ``--gpus-per-node`` by the rules of the keys they
+    set, before TorchTitan and the model are imported (seconds), and ``plan``'s ``--out``
+    never the config it reads."""
+    import os
+
+    from .errors import check_value
+    from .validate import AUTOPARALLEL_RULES
+
+    for key in ("memory_gib", "gpus_per_node"):
+        value = getattr(args, key, None)
+        if value is not None:
+            check_value("autoparallel.", key, value, AUTOPARALLEL_RULES[key])
+    out, config = getattr(args, "out", ""), getattr(args, "config", "")
+    if out and config and os.path.exists(config) and os.path.exists(out) \
+            and os.path.samefile(out, config):
+        raise UserError(f"--out {out} is the config --config reads: name another file for the "
+                        "plan JSON (e.g. plan.json); the config is left as it is")
 
 
 if __name__ == "__main__":

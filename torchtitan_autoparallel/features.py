@@ -173,3 +173,28 @@ def check_device(features: Features, capability: tuple[int, int] | None) -> None
     if (features.linear == "mx" or features.grouped_mm == "mx") and capability < (10, 0):
         raise UserError(f"MX formats need SM100 or newer (this GPU is {sm}): remove "
                         "quantize.*.mx from model.converters")
+
+
+DEVICE_CAPABILITY = {"A100": (8, 0), "H100": (9, 0), "H200": (9, 0), "B200": (10, 0)}
+"""CUDA compute capability of the GPUs the shipped profiles name (``device_names``; NVIDIA's
+datasheets)."""
+
+
+def check_profile(features: Features, hardware: Any, emulated: bool) -> None:
+    """Refuse, when planning offline for ``hardware`` (a ``HardwareProfile``), the features
+    training refuses on that device (``check_device``): low-precision kernels on a GPU too old
+    for them, and on the CPU profile (CPU ranks run only emulated float8 linears)."""
+    low = [f for f in (features.linear, features.grouped_mm) if f != "none"]
+    if hardware.name == "cpu" and low and not (emulated and features.grouped_mm == "none"):
+        raise UserError(f"{low[0]} on the 'cpu' hardware profile: CPU ranks refuse float8 and "
+                        "MX kernels (float8 linears run there with "
+                        "--quantize.linear.float8.emulate only); plan for the GPU the job runs "
+                        "on (--hardware h100_sxm, ...) or remove the converter")
+    names = " ".join(hardware.device_names).upper()
+    capability = next((cap for key, cap in DEVICE_CAPABILITY.items() if key in names), None)
+    if capability is not None:
+        try:
+            check_device(features, capability)
+        except UserError as exc:
+            raise UserError(f"hardware profile {hardware.name!r}: {exc}") from None
+

@@ -31,9 +31,11 @@ def resolve_plan(job_config: Any, world: int) -> Any:
     diff = fingerprint_diff(plan.fingerprint, job_fp)
     if diff:
         raise UserError(
-            f"plan {ap.plan_file} was made for another job ({'; '.join(diff)}); re-plan "
-            "(drop autoparallel.plan_file) or run the job the plan was made for"
-        )
+            f"plan {ap.plan_file} was made for another job ({'; '.join(diff[:4])}"
+            f"{f'; {len(diff) - 4} more' if len(diff) > 4 else ''}): plan this job again "
+            "(python -m torchtitan_autoparallel plan with the same config and overrides, "
+            "--out a new file), drop autoparallel.plan_file to plan at launch, or run the job "
+            "the plan was made for")
     check_plan_for_job(plan, world, [(layer.fqn, layer.kind) for layer in inputs.graph.layers],
                        ap.plan_file)
     if plan.fingerprint.get("versions") != job_fp["versions"]:
@@ -49,6 +51,15 @@ def resolve_plan(job_config: Any, world: int) -> Any:
     if note:
         logger.warning(f"plan {ap.plan_file}: {note}")
     return plan
+
+
+def check_plan_outputs(settings: Any, planned: bool) -> None:
+    """``autoparallel.save_plan`` is refused where no plan is made (``planned``: auto or a plan
+    file); where one is, ``Plan.save`` checks the path once the plan is checked."""
+    if settings.save_plan and not planned:
+        raise UserError(f"autoparallel.save_plan = {shown(settings.save_plan)} without "
+                        "parallelism.auto: TorchTitan's own recipe runs and no plan is made; "
+                        "turn auto on (--parallelism.auto) or drop save_plan")
 
 
 def record_diff(plan: Any, job: Any, prefix: str = "") -> list[str]:

@@ -68,10 +68,12 @@ def hf_config_file(model: str, key: str = "hf_transformers.model") -> str:
     if os.path.isdir(model):
         path = os.path.join(model, "config.json")
         if os.path.isfile(path):
+            _check_json(path, key, model)
             return path
         raise UserError(f"{key} = {model!r} has no config.json: put the model's "
                         "Hugging Face config.json in that folder")
     if os.path.isfile(model):
+        _check_json(model, key, model)
         return model
     try:
         from transformers.utils import cached_file
@@ -85,7 +87,25 @@ def hf_config_file(model: str, key: str = "hf_transformers.model") -> str:
                         "Hugging Face model id") from None
     if not path:
         raise UserError(f"{key} = {model!r}: no config.json found")
+    _check_json(str(path), key, model)
     return str(path)
+
+
+def _check_json(path: str, key: str, model: str) -> None:
+    """One line when the ``config.json`` at ``path`` is not a JSON object (Hugging Face's
+    reader raises with a traceback)."""
+    import json
+
+    from .errors import read_input, shown
+
+    try:
+        data = json.loads(read_input(path, "config.json").decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{key} = {model!r}: {path} is not valid JSON ({shown(exc, 120)}); "
+                        "fix it or name the model's Hugging Face config.json") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{key} = {model!r}: {path} holds a JSON {type(data).__name__}, not "
+                        "an object; name the model's Hugging Face config.json")
 
 
 def config_identity(model_config: ModelConfig) -> dict[str, Any]:

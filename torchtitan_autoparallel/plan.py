@@ -209,6 +209,8 @@ class Plan:
         p = self.predicted
         lines = [
             f"autoparallel plan {self.digest()}: mesh {m} (world {m.world})",
+            f"  model: {self.fingerprint.get('model')} flavor "
+            f"{self.fingerprint.get('flavor')}, hardware {self.fingerprint.get('hardware')!r}",
             f"  batch: global {self.global_batch_size} = local {self.local_batch_size} x dp "
             f"{m.dp_replicate * m.dp_shard} x accumulation {self.gradient_accumulation_steps}, "
             f"seq {self.seq_len}",

@@ -16,7 +16,7 @@ from .assembly import (
 )
 from .cost.hardware import CPU_PROFILE, HardwareProfile, load_profile
 from .cost.model import Precision
-from .errors import UserError
+from .errors import UserError, shown
 from .exclusions import without_excluded
 from .explicit import release_fixed, user_set
 from .features import Features, features_from_config
@@ -84,6 +84,11 @@ def ac_constraints(job_config: Any, constraints: Constraints, graph: LayerGraph,
         for i, mode in fixed.items():
             fqn = graph.blocks[i].fqn
             pins[fqn] = dataclasses.replace(pins.get(fqn, Pin()), ac=mode)
+    if "ac" not in constraints.techniques and set(modes) != {"none"}:
+        raise UserError(
+            f"activation_checkpoint.mode = {ac.mode!r} checkpoints blocks, and "
+            f"autoparallel.techniques = {list(constraints.techniques)} leaves out 'ac': add "
+            "'ac' to autoparallel.techniques, or leave activation_checkpoint.mode unset")
     missing = [m for m in modes if m not in constraints.ac_modes]
     if missing:
         raise UserError(
@@ -104,8 +109,13 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
         raise UserError(
             f"autoparallel.techniques has unknown entries {unknown}; allowed: {list(TECHNIQUES)}"
         )
-    if par.data_parallel_shard_degree not in (-1,) and par.data_parallel_shard_degree < 1:
-        raise UserError("parallelism.data_parallel_shard_degree must be -1 (free) or >= 1")
+    for dim, key in DEGREE_KEYS.items():
+        degree = getattr(par, key)
+        if isinstance(degree, int) and not (degree >= 1 or (dim == "dp_shard" and degree == -1)):
+            free = " or -1 (the remaining ranks)" if dim == "dp_shard" else ""
+            raise UserError(f"parallelism.{key} = {degree} is invalid: use 1 (none), a degree "
+                            f"that divides the world size{free}, or leave it unset (searched "
+                            "under auto)")
     degrees = {dim: getattr(par, key) if _fixed(job_config, key) else 0
                for dim, key in DEGREE_KEYS.items() if dim != "pp"}
     if degrees["dp_shard"] == -1:
@@ -184,11 +194,7 @@ def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[
     from .schedules import SCHEDULES, ZERO_BUBBLE, schedule_stages
 
     par, ap = job_config.parallelism, job_config.autoparallel
-    pp = par.pipeline_parallel_degree
-    if pp < 1:
-        raise UserError(f"parallelism.pipeline_parallel_degree = {pp} is invalid: use 1 (no "
-                        "pipeline) or a degree that divides the world size, or leave it unset "
-                        "(searched under auto)")
+    pp = par.pipeline_parallel_degree  # >= 1 (constraints_from_config checks every degree)
     schedules = tuple(ap.pp_schedules)
     if _fixed(job_config, "pipeline_parallel_schedule"):
         schedule = par.pipeline_parallel_schedule
@@ -359,10 +365,20 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
     if imbalance:
         hw = dataclasses.replace(hw, moe_load_imbalance=float(imbalance))
     gpus_per_node = ap.gpus_per_node or hw.gpus_per_node
-    if ap.gpus_per_node and world > ap.gpus_per_node and world % ap.gpus_per_node:
-        raise UserError(f"autoparallel.gpus_per_node = {ap.gpus_per_node} does not divide the "
-                        f"world size {world}: every node holds as many devices; set a divisor "
-                        f"of {world} (or {world} for one node)")
+    if world > gpus_per_node and world % gpus_per_node:
+        where = (f"autoparallel.gpus_per_node = {gpus_per_node}" if ap.gpus_per_node else
+                 f"hardware profile {hw.name!r} has {gpus_per_node} devices per node, which")
+        raise UserError(f"{where} does not divide the world size {world}: every node holds as "
+                        f"many devices; use a multiple of {gpus_per_node} devices, or set "
+                        f"autoparallel.gpus_per_node (--gpus-per-node) to a divisor of {world} "
+                        f"(or {world} for one node)")
+    dry_run = getattr(getattr(job_config, "comm", None), "mode", "") == "fake_backend"
+    if ap.memory_gib > hw.memory_gib and not dry_run:
+        raise UserError(f"autoparallel.memory_gib = {ap.memory_gib:g} is more than the "
+                        f"{hw.memory_gib:g} GiB of a {hw.name!r} device: set at most "
+                        f"{hw.memory_gib:g} (0 takes the profile's usable "
+                        f"{hw.budget_bytes / 2**30:.3g} GiB), or name the hardware the job "
+                        "runs on (--hardware); a dry run (COMM_MODE=fake_backend) may exceed it")
     budget = ap.memory_gib * 2**30 if ap.memory_gib > 0 else hw.budget_bytes
     training = job_config.training
     global_batch = (training.global_batch_size if training.global_batch_size > 0
@@ -372,6 +388,9 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
                          DTYPE_BYTES[training.mixed_precision_reduce])
     except KeyError as exc:
         raise UserError(f"unsupported mixed precision dtype {exc}") from exc
+    # the model config the sections name (an HF config.json) is read and checked before the
+    # model is built from it
+    identity = config_identity(model_config_of(job_config))
     graph = layer_graph_for(job_config)
     check_stage_split_keys(job_config, graph, constraints)
     constraints = without_excluded(constraints, graph, world)
@@ -425,7 +444,6 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
         "versions": {"torchtitan_autoparallel": __version__, "torch": torch.__version__,
                      "torchtitan": version("torchtitan")},
     }
-    identity = config_identity(model_config_of(job_config))
     if identity:  # the custom config sections the model read (the HF config.json's hash)
         fingerprint["model_config"] = identity
     custom = getattr(getattr(job_config, "experimental", None), "custom_import", "")
@@ -449,10 +467,30 @@ def layer_identity(layer: Layer) -> list[Any]:
 
 
 def fingerprint_diff(plan_fp: dict[str, Any], job_fp: dict[str, Any]) -> list[str]:
-    """Readable differences ``key: plan -> job`` (package versions excluded: they warn)."""
-    keys = sorted((set(plan_fp) | set(job_fp)) - {"versions"})
-    return [f"{k}: plan {plan_fp.get(k)!r} -> job {job_fp.get(k)!r}"
-            for k in keys if plan_fp.get(k) != job_fp.get(k)]
+    """Readable differences ``key: plan X -> job Y`` (package versions excluded: they warn);
+    within a record (the constraints, the features) only the entries that differ, as
+    ``key: entry plan X -> job Y``."""
+    out = []
+    for k in sorted((set(plan_fp) | set(job_fp)) - {"versions"}):
+        a, b = plan_fp.get(k), job_fp.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{k}: {line}" for line in _entries_diff(a, b)]
+        elif a != b:
+            out.append(f"{k}: plan {shown(a)} -> job {shown(b)}")
+    return out
+
+
+def _entries_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """``entry plan X -> job Y`` for each entry of two records that differs (nested ones as
+    ``outer.inner``; an entry one side lacks shows as None)."""
+    out = []
+    for k in sorted(set(a) | set(b), key=str):
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _entries_diff(x, y, f"{prefix}{k}.")
+        elif x != y:
+            out.append(f"{prefix}{k} plan {shown(x)} -> job {shown(y)}")
+    return out
 
 
 def with_global_batch(inputs: JobInputs, global_batch: int) -> JobInputs:

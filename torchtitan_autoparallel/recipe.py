@@ -6,7 +6,7 @@ from typing import Any
 
 from .assembly import build_plan, candidate_for
 from .errors import UserError
-from .layout import BlockStrategy, Mesh, fsdp_sharded
+from .layout import TECHNIQUES, BlockStrategy, Mesh, fsdp_sharded
 from .pins import recipe_from_config, recipe_of
 from .plan import Plan
 from .planning_inputs import job_inputs, with_global_batch
@@ -36,7 +36,11 @@ def recipe_plan(job_config: Any, world: int) -> Plan:
     if global_batch % (local * mesh.dp):
         raise UserError(f"global batch {global_batch} is not a multiple of local batch {local} "
                         f"x data-parallel degree {mesh.dp}")
-    inputs = dataclasses.replace(with_global_batch(inputs, global_batch), pins={})
+    # TorchTitan's recipe, not the search: every technique it runs is costed, whatever
+    # autoparallel.techniques leaves out (e.g. its activation checkpointing without "ac")
+    inputs = dataclasses.replace(
+        with_global_batch(inputs, global_batch), pins={},
+        constraints=dataclasses.replace(inputs.constraints, techniques=TECHNIQUES))
     if inputs.features.float8 and inputs.features.float8_filter is None:
         # TorchTitan converts every linear it can (quantize.linear.float8.filter_fqns = [])
         inputs = dataclasses.replace(

@@ -37,6 +37,7 @@ MAX_SEQ_LEN = 1 << 26
 """Tokens per sequence (64 M)."""
 
 TRAINING_RULES: dict[str, Rule] = {
+    "steps": Rule(int, ge=1),
     "seq_len": Rule(int, ge=1, le=MAX_SEQ_LEN),
     "local_batch_size": Rule(int, ge=1, le=MAX_BATCH),
     "global_batch_size": Rule(int, le=MAX_BATCH),
@@ -70,7 +71,11 @@ def check_job_options(job_config: Any) -> None:
     if isinstance(values.get("hardware"), HardwareProfile):
         values.pop("hardware")  # a loaded profile handed in by recost / the profile fitter
     check_fields("autoparallel.", values, Autoparallel, AUTOPARALLEL_RULES)
-    training = job_config.training
+    check_training(job_config.training)
+
+
+def check_training(training: Any) -> None:
+    """The ``[training]`` values planning and both releases' training entry points read."""
     for key, rule in TRAINING_RULES.items():
         if hasattr(training, key):
             check_value("training.", key, getattr(training, key), rule)

@@ -89,10 +89,10 @@ def load_runs(csv_path: str | Path, base: HardwareProfile | None = None,
               statuses: tuple[str, ...] = ("ok",)) -> list[Run]:
     """The measured runs of ``csv_path`` (rows of the same plan merged: median time), checked:
     positive times, existing plan files made for ``base``'s hardware."""
+    from ..frontend import frontend
     from ..plan import Plan
-    from ..titan.v0_2.registry import register
 
-    register()
+    frontend().prepare_models("")  # the installed release's models, read by recost
     path = Path(csv_path)
     merged: dict[Path, list[dict[str, str]]] = {}
     for n, row in enumerate(read_rows(path), start=2):

@@ -4,8 +4,10 @@ a planned job follow its plan)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from ...errors import UserError
@@ -60,18 +62,22 @@ def read_toml(path: str) -> dict[str, Any]:
 def parse_config(argv: list[str]) -> Any:
     """Parse TorchTitan's config (TOML + CLI) with the project's extension merged in; the keys
     the TOML file or the command line set are recorded (``explicit_keys``)."""
-    import contextlib
     import io
 
+    from ...cli_args import bool_value_hint, joined_lists
     from ...errors import shown
 
+    argv = joined_lists(argv)
     path = _config_path(argv)
     toml = read_toml(path) if path is not None else {}
+    check_toml_booleans(toml)
     usage = io.StringIO()
     try:
-        with contextlib.redirect_stderr(usage):
+        with contextlib.redirect_stderr(usage), _without_assets_warning():
             job = _config_manager().parse_args(argv)
     except SystemExit as exc:  # tyro's usage error (a box on stderr): one line instead
+        if bool_value_hint(argv):
+            raise UserError(bool_value_hint(argv)) from exc
         message = tyro_message(usage.getvalue())
         raise UserError("invalid command-line override" + (f": {message}" if message else "")
                         ) from exc
@@ -80,6 +86,41 @@ def parse_config(argv: list[str]) -> Any:
     sys.stderr.write(usage.getvalue())
     record_explicit(job, toml, argv)
     return job
+
+
+def check_toml_booleans(toml: dict[str, Any]) -> None:
+    """The project's boolean keys in a TOML config (``[parallelism] auto``,
+    ``[autoparallel] measure_memory``) are booleans: TorchTitan's parser reads a string there
+    as a flag missing its value."""
+    import dataclasses
+
+    from ...config import Autoparallel, Parallelism
+    from ...errors import Rule, check_value
+
+    for section, cls in (("parallelism", Parallelism), ("autoparallel", Autoparallel)):
+        values = toml.get(section)
+        for f in dataclasses.fields(cls):
+            if f.type is bool and isinstance(values, dict) and f.name in values:
+                check_value(f"{section}.", f.name, values[f.name], Rule(bool),
+                            f"write {f.name} = true or {f.name} = false (no quotes)")
+
+
+@contextlib.contextmanager
+def _without_assets_warning() -> Iterator[None]:
+    """TorchTitan's ConfigManager warns "HF assets path ... does not exist!" for a relative
+    ``model.hf_assets_path`` read outside the checkout; ``resolve_assets_path`` then finds the
+    package's assets, and ``check_config`` names a tokenizer that is really missing."""
+    import logging
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("HF assets path ")
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
 
 
 def tyro_message(text: str, limit: int = 400) -> str:
@@ -109,10 +150,14 @@ def resolve_assets_path(job_config: Any) -> None:
 
 def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
     """Reject settings this machine cannot run, naming the fix."""
-    from ...validate import check_model_name
+    from ...launch import check_plan_outputs
+    from ...validate import check_model_name, check_training
     from .runtime.cpu import cuda_only_features
 
     check_model_name(job_config.model.name)
+    check_training(job_config.training)
+    check_plan_outputs(job_config.autoparallel,
+                       job_config.parallelism.auto or bool(job_config.autoparallel.plan_file))
     resolve_assets_path(job_config)
     tokenizer = os.path.join(job_config.model.hf_assets_path, "tokenizer.json")
     if not os.path.isfile(tokenizer):
