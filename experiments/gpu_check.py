@@ -370,7 +370,7 @@ def async_tp_rows(profile: Any, device: str = "cuda", jobs=ASYNC_TP_JOBS,
     with tp chunks: what ``gemm_times`` adds up under async TP, and where it assumes the
     transfers take nothing from the GEMMs), and a line per model: whether bf16's copies slow
     the chunk GEMMs more than float8's."""
-    from torchtitan_autoparallel.cost.model import _linears_s
+    from torchtitan_autoparallel.cost.compute import _linears_s
 
     rows: list[dict[str, object]] = []
     for model, flavor, local_batch in jobs:

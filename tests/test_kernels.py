@@ -107,7 +107,7 @@ def test_float8_rowwise_linears_predict_held_out_shapes(tmp_path, axis):
 def test_tp_splits_the_side_the_tp_plan_shards():
     """Llama 3's inferred TP plan: wq / wk / wv / w1 / w3 column-wise (outputs split, wk and wv
     too, though their outputs are the narrower side), wo / w2 row-wise (inputs split)."""
-    from torchtitan_autoparallel.cost.model import _tp_split, linear_styles
+    from torchtitan_autoparallel.cost.compute import _tp_split, linear_styles
     from torchtitan_autoparallel.planning_inputs import model_layer_graph
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
@@ -366,7 +366,7 @@ def test_float8_gemm_ratio_on_the_500w_board_matches_fbgemm():
     casts are the gathered ones, the input's another linear's) on h100_grand_teton runs that
     faster than bf16 within 3 % of the measured ratios' geometric mean, within 8 % of each, and
     never past the 2x tensor-core peak."""
-    from torchtitan_autoparallel.cost.model import _linears_s
+    from torchtitan_autoparallel.cost.compute import _linears_s
 
     hw = load_profile("h100_grand_teton")
     model, measured = [], []
@@ -394,7 +394,7 @@ def test_async_tp_decomposes_gemms_as_torch_symmetric_memory_does():
 
     import torch.distributed._symmetric_memory as symm_mem
 
-    from torchtitan_autoparallel.cost.model import _linears_s
+    from torchtitan_autoparallel.cost.compute import _linears_s
 
     source = inspect.getsource(symm_mem)
     assert "for i, y in enumerate(x.chunk(group_size)):" in source

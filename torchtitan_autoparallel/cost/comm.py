@@ -1,0 +1,232 @@
+"""Communication of a block: TP / SP collectives and the GEMMs they overlap with (async TP),
+context parallel's ring, FSDP's all-gathers and reduce-scatters, and MoE's all-to-alls."""
+
+from ..features import Features
+from ..graph.layer_graph import Layer
+from ..layout import BlockStrategy, Mesh, reshard_group
+from .common import AC_EFFECT, Precision, collective_s
+from .compute import (
+    FSDP_COPY_BYTES_PER_PARAM,
+    _linears_s,
+    _low_speedups,
+    gemm_times,
+    linear_names,
+    linear_styles,
+    linear_tokens,
+    low_precision_linears,
+    measured_float8_table,
+)
+from .hardware import HardwareProfile
+
+ROW_PARALLEL_FLOP_SHARE = 1 / 3
+"""Share of a decoder block's linear FLOPs in its row-parallel linears (wo and w2; Llama 3 8B
+34 %, 70B 35 %): the backward GEMMs a fused all-gather of their output gradient can hide under."""
+
+
+def tp_region_gemms(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+                    hw: HardwareProfile, features: Features) -> tuple[tuple[float, float], ...]:
+    """(column-wise, row-wise) forward GEMM seconds of each module the block's TP plan gathers
+    into and scatters out of (attention, FFN), at the job's shapes and precision; empty where
+    the graph does not record the linears' styles or the block is not two such modules."""
+    styles, names = linear_styles(layer), linear_names(layer)
+    if not all(styles):
+        return ()
+    tp = mesh.tp if strategy.tp_mode == "sp" else 1
+    tokens = linear_tokens(layer, mesh, strategy, microbatch)
+    speedup, wgrad = _low_speedups(hw, features)
+    chunks = tp if features.async_tp and tp > 1 else 1
+    low = low_precision_linears(layer, mesh, strategy, microbatch, hw, features)
+    measured = measured_float8_table(hw, features)
+    regions: dict[str, list[float]] = {}
+    for shape, is_low, style, name in zip(layer.linear_shapes, low, styles, names, strict=True):
+        fwd, _ = _linears_s((shape,), tokens, tp, chunks, hw.gemm_table, hw.clock_scale, speedup,
+                            wgrad, (is_low,), (style,), measured, hw.hbm_gbps)
+        region = regions.setdefault(name.rpartition(".")[0], [0.0, 0.0, 0.0])
+        region[0 if style == "colwise" else 1] += fwd
+        region[2] += style == "rowwise"
+    found = tuple((col, row) for col, row, rows in regions.values() if rows == 1)
+    return found if len(found) == 2 else ()
+
+
+def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int, act: float,
+              tp_nodes: bool, hw: HardwareProfile, prec: Precision, features: Features
+              ) -> float:
+    """Exposed TP + SP communication of one micro-batch through a block.
+
+    Each forward (and a full recomputation) all-gathers into the attention's and the FFN's
+    column-parallel linears and reduce-scatters out of their row-parallel ones: 2 + 2
+    collectives; backward runs their transposes, an all-gather of the row-parallel linears'
+    output gradient and a reduce-scatter of the column-parallel linears' input gradient.
+    Without async TP every collective is exposed. Async TP (Inductor's micro-pipeline pass)
+    fuses an all-gather into the GEMMs that consume it and a reduce-scatter into the one GEMM
+    that produces it; the transfers (copy engines, no SMs) then hide under those GEMMs, run in
+    tp chunks, except the first chunk. What the pass cannot fuse stays exposed: the backward
+    reduce-scatter (the input gradient is a sum of GEMMs, q + k + v and w1 + w3, not one
+    GEMM), and every all-gather whose result is cast before its GEMMs (float8 rowwise in
+    forward, the float8 output gradient in backward)."""
+    fwd_passes = 2 if strategy.ac == "full" else 1
+    gather = scatter = collective_s("all_gather", act, mesh.tp, tp_nodes, hw)
+    # TorchTitan's float8 tensorwise TP styles cast the input before the forward all-gather
+    # (1 byte per element); backward gathers the bf16 output gradient, cast afterwards
+    gather_fwd = gather / prec.param_bytes if features.linear == "float8_tensorwise" else gather
+    # SP gathers and scatters along the sequence dim (dim 1): with more than one sequence per
+    # micro-batch the unfused collectives concatenate the chunks (torch.cat after the
+    # all-gather, before the reduce-scatter), one more read and write of the full activation
+    cat = (2 * act / (hw.hbm_gbps * 1e9)
+           if microbatch > 1 and hw.gemm_table and hw.hbm_gbps > 0 else 0.0)
+    # selective AC: TorchTitan's save list keeps reduce-scatter outputs, not all-gather ones,
+    # so backward gathers the column-parallel linears' inputs again, for their weight
+    # gradients (the gathered input as the transposed operand: not fused)
+    regathers = 2 if strategy.ac == "selective" else 0
+    # (seconds, count, fused under async TP) per kind of collective
+    kinds = ((gather_fwd, 2 * fwd_passes, not features.linear.startswith(("float8_rowwise", "mx"))),
+             (scatter, 2 * fwd_passes, True),
+             (gather, 2, features.linear == "none"),
+             (scatter, 2, False),
+             (gather_fwd, regathers, False))
+    if not features.async_tp or not hw.gemm_table:
+        total = sum(n * (t + cat) for t, n, _ in kinds)
+        return total * (1.0 - hw.async_tp_overlap) if features.async_tp else total
+    fused = sum(n * t for t, n, f in kinds if f)
+    regions = tp_region_gemms(layer, mesh, strategy, microbatch, hw, features)
+    if regions:
+        # each fused collective hides under its own GEMMs only: the gather into a module under
+        # its column-wise GEMMs, the scatter out of it under its row-wise GEMM, the backward
+        # gather of the row-wise output gradient under that linear's input-gradient GEMM (the
+        # forward's FLOPs); a transfer longer than its GEMMs is exposed by the difference
+        exposed = 0.0
+        for col, row in regions:
+            for (t, n, f), gemm in zip(kinds[:3], (col, row, row), strict=True):
+                if f:
+                    exposed += n / 2 * max(t / mesh.tp, t - gemm)
+    else:
+        gemm_fwd, _ = gemm_times(layer, mesh, strategy, microbatch, hw, features)
+        hiding = gemm_fwd * (fwd_passes + (ROW_PARALLEL_FLOP_SHARE if kinds[2][2] else 0.0))
+        exposed = max(fused / mesh.tp, fused - hiding)
+    if hw.hbm_gbps > 0:
+        # the fused matmul + reduce-scatter sums the tp partial products it gathered after
+        # the last chunk: the full activation read, a tp-th written, on the compute stream
+        exposed += 2 * fwd_passes * act * (1 + 1 / mesh.tp) / (hw.hbm_gbps * 1e9)
+    return exposed + sum(n * (t + cat) for t, n, f in kinds if not f)
+
+
+def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+              hw: HardwareProfile, prec: Precision, gpus_per_node: int, features: Features
+              ) -> float:
+    """Exposed TP communication of one micro-batch through a block: TP + SP's collectives
+    (``sp_comm_s``) or, with tp as data parallel, the all-to-alls between sequence and batch
+    shards; none in tp mode "none". It only grows with checkpointing (more passes, gathers)."""
+    act = layer.io_bytes * microbatch * (prec.param_bytes / 4) / mesh.cp
+    tp_nodes = mesh.spans_nodes("tp", gpus_per_node)
+    if strategy.tp_mode == "sp":
+        return sp_comm_s(layer, mesh, strategy, microbatch, act, tp_nodes, hw, prec, features)
+    if strategy.tp_mode == "dp":
+        # residual stream sequence-shard <-> batch-shard: one all-to-all at entry and exit,
+        # both again in backward (and the entry again for a full recompute)
+        a2a = collective_s("all_to_all", act / mesh.tp, mesh.tp, tp_nodes, hw)
+        return a2a * (4 + (2 if strategy.ac == "full" else 0))
+    return 0.0
+
+
+def cp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+              hw: HardwareProfile, prec: Precision, gpus_per_node: int) -> tuple[float, float]:
+    """(exposed transfer time, latency) of ring attention for one micro-batch through a block
+    (zeros without CP): cp - 1 exchanges of the local keys/values in forward, twice that in
+    backward (keys/values and their gradients), hidden under the attention compute; each ring
+    step also synchronises the neighbours, a latency never hidden."""
+    if mesh.cp == 1:
+        return 0.0, 0.0
+    kv = layer.kv_bytes * microbatch * (prec.param_bytes / 4) / (mesh.cp * mesh.tp)
+    cp_nodes = mesh.spans_nodes("cp", gpus_per_node)
+    step = collective_s("all_to_all", kv * 2, 2, cp_nodes, hw)  # one neighbour exchange
+    exchanges = (mesh.cp - 1) * (3 + (1 if strategy.ac == "full" else 0))
+    attn = layer.attn_flops * microbatch / (mesh.tp * mesh.cp) / hw.attention_flops_per_s
+    attn *= 1.0 + hw.attention_backward_factor + AC_EFFECT[strategy.ac][1]
+    hidden = max(0.0, step * exchanges - hw.comm_overlap * attn)
+    alpha = (hw.inter_node_latency_us if cp_nodes else hw.intra_node_latency_us) * 1e-6
+    return hidden, exchanges * alpha
+
+
+def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, hw: HardwareProfile,
+           prec: Precision, gpus_per_node: int, features: Features, low: float,
+           saturated: bool = False) -> tuple[float, float, float, float, float]:
+    """FSDP / HSDP for one micro-batch through ``layer``: (forward collectives, backward
+    collectives, copies on the training stream, unsharded parameter bytes, unsharded gradient
+    bytes). ``low``: the share of the parameters all-gathered in float8. ``saturated``: every
+    collective at its link's peak bandwidth without latency, a floor under every FSDP unit's
+    share of its unit's collectives."""
+    param_split = 1 if strategy.tp_mode == "dp" else mesh.tp
+    fsdp_group = mesh.dp_shard * mesh.cp * (mesh.tp if strategy.tp_mode == "dp" else 1)
+    # FSDP: all-gather params in forward (and again in backward if resharded), reduce-scatter
+    # grads; HSDP adds an all-reduce of the shard over dp_replicate. With ep > 1 the routed
+    # experts are split over ep x etp and FSDP-sharded over the remaining efsdp ranks.
+    ds_nodes = mesh.dp_shard * mesh.cp * mesh.tp > gpus_per_node
+    rep_nodes = mesh.spans_nodes("dp_replicate", gpus_per_node)
+    ep = mesh.ep if layer.expert_params else 1
+    groups = [(layer.params - (layer.expert_params if ep > 1 else 0), param_split, fsdp_group)]
+    if ep > 1:
+        groups.append((layer.expert_params, mesh.ep * mesh.etp, mesh.efsdp))
+    gathers = 2 if strategy.reshard_after_forward else 1
+    # an integer reshard keeps a 1/node shard after forward and all-gathers it back over the
+    # node's ranks (NVLink) in backward
+    node = reshard_group(strategy.reshard_after_forward)
+    # an FSDP unit of k blocks gathers, reduce-scatters (and all-reduces) the k blocks'
+    # parameters in one collective each: this block's share is 1/k of the unit's collective
+    unit = strategy.fsdp_unit
+    ag = rs = ar = node_ag = unsharded = gbytes = copied = 0.0
+    for n_params, split, group in groups:
+        gathered_bytes = (1.0 - low) * prec.param_bytes + low * 1.0
+        pb, gb = n_params * gathered_bytes / split, n_params * prec.reduce_bytes / split
+        # members of the group on one node (ranks are node-major; the group is strided by
+        # the dims inside it)
+        rails = max(1, min(group, gpus_per_node * group // max(mesh.dp_shard * mesh.cp
+                                                                * mesh.tp, 1)))
+        rep_rails = max(1, gpus_per_node // (mesh.dp_shard * mesh.cp * mesh.tp))
+        ag += collective_s("all_gather", unit * pb, group, ds_nodes, hw, rails,
+                           saturated) / unit
+        if node:
+            node_ag += collective_s("all_gather", unit * pb, node, False, hw, 1,
+                                   saturated) / unit
+        rs += collective_s("reduce_scatter", unit * gb, group, ds_nodes, hw, rails,
+                           saturated) / unit
+        ar += collective_s("all_reduce", unit * gb / group, mesh.dp_replicate, rep_nodes, hw,
+                           rep_rails, saturated) / unit
+        unsharded += pb
+        gbytes += gb
+        if group > 1:
+            # every micro-batch: the all-gathered parameters (again after resharding) and the
+            # reduce-scattered gradients pass through host copies on the training thread
+            copied += pb * gathers + gb + (pb / node if node else 0.0)
+    fwd_comm = ag
+    bwd_comm = (node_ag if node else ag if strategy.reshard_after_forward else 0.0) + rs + ar
+    copy_s = copied / (hw.host_copy_gbps * 1e9) if hw.host_copy_gbps > 0 else 0.0
+    if hw.gemm_table and hw.hbm_gbps > 0:
+        # FSDP2's copy-out / cast / copy-in kernels run on the device between the blocks
+        # (4 B per parameter per gather of FSDP_COPY_BYTES_PER_PARAM, the rest per reduce)
+        per_param = FSDP_COPY_BYTES_PER_PARAM - 4.0 + 4.0 * gathers
+        copy_s += sum(n * per_param / split for n, split, group in groups if group > 1) / (
+            hw.hbm_gbps * 1e9)
+    if features.cpu_offload and hw.pcie_gbps > 0:
+        # sharded parameters come from host memory for every all-gather, reduced gradient
+        # shards go back (FSDP's CPUOffloadPolicy), on the training stream
+        copy_s += sum(n * (prec.param_bytes * gathers + prec.reduce_bytes) / (split * group)
+                      for n, split, group in groups) / (hw.pcie_gbps * 1e9)
+    if features.float8_all_gather and not features.precompute_scale and fsdp_group > 1:
+        # without the precomputed scale, every float8 weight all-reduces its amax when gathered
+        copy_s += len(layer.linear_shapes) * gathers * collective_s(
+            "all_reduce", 4.0, fsdp_group, ds_nodes, hw, 1, saturated)
+    return fwd_comm, bwd_comm, copy_s, unsharded, gbytes
+
+
+def moe_dispatch_s(layer: Layer, mesh: Mesh, microbatch: int, act_scale: float,
+                   hw: HardwareProfile, gpus_per_node: int) -> float:
+    """One token dispatch (or combine) all-to-all over the ep group: every local token goes to
+    its top-k experts. With etp = 1 the tp ranks split the tokens first (TorchTitan's
+    ReordererSequenceParallel); with etp = tp each tp rank sends the same tokens. Routing is
+    assumed uniform up to the profile's ``moe_load_imbalance`` (busiest rank / mean)."""
+    # io_bytes: one sequence of hidden states in fp32; act_scale converts to the compute dtype
+    nbytes = microbatch * layer.io_bytes * act_scale / mesh.cp * layer.top_k
+    if mesh.etp == 1:
+        nbytes /= mesh.tp
+    nbytes *= hw.moe_load_imbalance
+    return collective_s("all_to_all", nbytes, mesh.ep, mesh.spans_nodes("ep", gpus_per_node), hw)
