@@ -10,10 +10,8 @@ shards the model on meta tensors across a fake process group, reports, and exits
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
 from typing import Any
 
 from ...errors import UserError, run_cli
@@ -26,26 +24,10 @@ from .runtime.dry_run import dry_run_report, prepare_dry_run
 PREFLIGHT_ENV = "AUTOPARALLEL_PREFLIGHT"
 
 
-def _compiled_graphs() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-def _gathered(value: float) -> list[float]:
-    """``value`` from every rank, by global rank (one rank: just it)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return [value]
-    out: list[float] = [0.0] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
-
-
 def _make_trainer_class() -> type:
     from torchtitan.train import Trainer
 
+    from ...runtime.step_metrics import record_logged_metrics, recorded_step
     from .runtime.pipeline import drop_loss_visibility_warning
 
     drop_loss_visibility_warning()
@@ -58,29 +40,12 @@ def _make_trainer_class() -> type:
             from .runtime import early_step
 
             early_step.install(self.model_parts, job_config)
-            self._last_metrics: dict[str, float] = {}
             self._microbatch = 0
-            log = self.metrics_processor.log
+            from .runtime.pipeline import last_stage_loss
 
-            def record(step: int, loss: float, max_loss: float, grad_norm: float, **kw: Any):
-                # read the step's memory peaks before TorchTitan's log resets them
-                from .runtime.pipeline import last_stage_loss
-
-                # under PP only the last stage holds the loss (the others a negative
-                # placeholder, summed over data parallel): every rank logs the real one
-                loss = last_stage_loss(float(loss), self.parallel_dims)
-                max_loss = last_stage_loss(float(max_loss), self.parallel_dims)
-                peak = self.metrics_processor.device_memory_monitor.get_peak_stats()
-                self._last_metrics = {
-                    "loss": loss,
-                    "grad_norm": float(grad_norm),
-                    "peak_memory_gib": peak.max_reserved_gib,
-                    # bytes held by tensors (torch.cuda.max_memory_allocated on GPUs)
-                    "peak_active_gib": peak.max_active_gib,
-                }
-                return log(step, loss, max_loss, grad_norm, **kw)
-
-            self.metrics_processor.log = record
+            # under PP only the last stage holds the loss (the others a negative placeholder,
+            # summed over data parallel): every rank logs the real one
+            record_logged_metrics(self, lambda loss: last_stage_loss(loss, self.parallel_dims))
 
         def forward_backward_step(self, *args: Any, **kwargs: Any) -> Any:
             from .apply import sync_replicas_on_last_microbatch
@@ -98,70 +63,8 @@ def _make_trainer_class() -> type:
 
         def train_step(self, data_iterator: Any) -> None:
             self._microbatch = 0
-            measured, by_rank = None, []
-            start = time.perf_counter()
-            if self.job_config.autoparallel.measure_memory and self.step == 2:
-                measured = self._measured_step(data_iterator)
-                by_rank = _gathered(measured["Total"])
-            else:
-                super().train_step(data_iterator)
-            elapsed = time.perf_counter() - start
-            path = self.job_config.autoparallel.metrics_file
-            if not path or int(os.environ.get("RANK", "0")) != 0:
-                return
-            training = self.job_config.training
-            tokens = training.seq_len * self.gradient_accumulation_steps * (
-                training.local_batch_size * self._batch_degree()
-            )
-            # loss, grad norm and memory exist on TorchTitan's log steps only (metrics.log_freq):
-            # other steps' rows carry the step time alone, never a previous step's loss
-            metrics, self._last_metrics = self._last_metrics, {}
-            row = {
-                "step": self.step,
-                **metrics,
-                "step_time_s": elapsed,
-                "tokens_per_s": tokens / elapsed,
-                # graphs torch.compile has produced in this process so far (0: nothing compiled)
-                "compiled_graphs": _compiled_graphs(),
-            }
-            if measured is not None:
-                row["measured_tensor_peak_gib"] = measured["Total"]
-                row["measured_tensor_peak_by_kind_gib"] = measured
-                # every rank's peak, by global rank (pp ranks differ under pipelining)
-                row["measured_tensor_peak_by_rank_gib"] = by_rank
-            with open(path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-
-        def _measured_step(self, data_iterator: Any) -> dict[str, float]:
-            """Run one step under MemTracker; this rank's peak tensor memory (GiB) by kind."""
-            from torch.distributed._tools.mem_tracker import MemTracker
-            from torch.nn.modules.module import register_module_forward_pre_hook
-
-            tracker = MemTracker()
-            # the container is not an Optimizer: hand MemTracker the torch optimizers inside
-            tracker.track_external(*self.model_parts, *self.optimizers.optimizers)
-            roots = {id(m) for m in self.model_parts}
-
-            def new_microbatch(module: Any, args: Any) -> None:
-                # MemTracker refuses a root module called twice (gradient accumulation, pipeline
-                # micro-batches): the root's own stats restart with each micro-batch (its
-                # blocks' are kept for backwards still to run), the global peak is kept.
-                # Registered before MemTracker's own global hooks, so it runs first.
-                if id(module) in roots and module in tracker.memory_tracking:
-                    del tracker.memory_tracking[module]
-
-            handle = register_module_forward_pre_hook(new_microbatch)
-            try:
-                with tracker:
-                    super().train_step(data_iterator)
-            finally:
-                handle.remove()
-            peak = max(tracker.get_tracker_snapshot("peak").values(), key=lambda d: d["Total"])
-            return {str(getattr(k, "value", k)): v / 2**30 for k, v in peak.items()}
-
-        def _batch_degree(self) -> int:
-            dims = self.parallel_dims
-            return dims.get_mesh("batch").size() if dims.dp_enabled else 1
+            recorded_step(self, super().train_step, data_iterator,
+                          self.job_config.autoparallel, self.job_config.training)
 
     return AutoparallelTrainer
 

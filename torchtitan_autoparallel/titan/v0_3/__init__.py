@@ -47,8 +47,12 @@ def parallelize_module(name: str) -> Any:
 
 
 def read_job(argv: list[str]) -> Job:
-    """``--module M --config FUNCTION [overrides]`` -> the planner's view of the job."""
-    return job_of(parse_job(argv))
+    """``--module M --config FUNCTION [overrides]`` -> the planner's view of the job (read
+    offline: no device check while the config is read, see ``cpu.planning_without_device``)."""
+    from .cpu import planning_without_device
+
+    with planning_without_device():
+        return job_of(parse_job(argv))
 
 
 def model_names() -> list[str]:

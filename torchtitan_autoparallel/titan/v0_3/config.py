@@ -18,6 +18,7 @@ from typing import Any
 from torchtitan.config import ParallelismConfig as TitanParallelism
 from torchtitan.trainer import Trainer
 
+from ...cli_args import bool_value_hint, joined_lists
 from ...config import Autoparallel
 from ...errors import UserError
 from ...explicit import cli_keys
@@ -126,6 +127,66 @@ def _import_cause(argv: list[str]) -> str:
     return ""
 
 
+def _load_config(manager: Any, argv: list[str]) -> tuple[Any, list[str]]:
+    """TorchTitan's ``--module`` / ``--config`` lookup and the config function's call; one
+    line when the registry does not import (a syntax error included), the function raises, or
+    it returns something other than a ``Trainer.Config``."""
+    try:
+        loaded, rest = manager._load_config(argv)
+    except (ValueError, ImportError) as exc:
+        raise UserError(f"{str(exc).splitlines()[0]}{_import_cause(argv)}") from None
+    except SyntaxError as exc:
+        raise UserError(f"--module's config registry does not import: {exc.msg} "
+                        f"({exc.filename}, line {exc.lineno}); fix the file") from None
+    except Exception as exc:  # the user's config function raised: its error, in one line
+        name = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"), "")
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise UserError(f"config function {name} raised {type(exc).__name__}: {first[:200]}; "
+                        "fix the function") from None
+    if not isinstance(loaded, Trainer.Config):
+        name = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"), "")
+        raise UserError(f"config function {name} returned {type(loaded).__name__}, not a "
+                        "Trainer.Config: return one (e.g. Trainer.Config(model_spec=...) as "
+                        "TorchTitan's config_registry functions do)")
+    return loaded, rest
+
+
+def config_nodes(config: Any, depth: int = 0) -> list[Any]:
+    """Every dataclass in a config tree, also inside lists (a model's per-layer block
+    configs, which ``Configurable.traverse`` does not enter)."""
+    if depth > 16:
+        return []
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return [config, *(node for f in dataclasses.fields(config)
+                          for node in config_nodes(getattr(config, f.name, None), depth + 1))]
+    if isinstance(config, (list, tuple)):
+        return [node for item in config for node in config_nodes(item, depth + 1)]
+    return []
+
+
+def _check_experts(loaded: Any, rest: list[str]) -> None:
+    """TorchTitan 0.3.0 validates CUDA graphs against the EP token dispatcher before anything
+    else: an EP degree that divides no expert count is named first (the job parsed with CUDA
+    graphs off, then its routed experts counted)."""
+    import tyro
+    from torchtitan.config.manager import custom_registry
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), warnings_off():
+            probe = tyro.cli(type(loaded), args=[*rest, "--training.disable_cuda_graphs"],
+                             default=loaded, registry=custom_registry)
+    except (SystemExit, Exception):  # any other refusal: TorchTitan's own line stands
+        return
+    ep = probe.parallelism.expert_parallel_degree
+    spec = probe.model_spec
+    counts = sorted({n for node in (config_nodes(spec.model) if spec is not None else [])
+                     if isinstance(n := getattr(node, "num_experts", None), int) and n > 0})
+    if ep > 1 and counts and counts[0] % ep:
+        raise UserError(f"parallelism.expert_parallel_degree = {ep} does not divide the "
+                        f"{counts[0]} experts of {spec.name} {spec.flavor}: choose a divisor "
+                        f"of {counts[0]}")
+
+
 def parse_job(argv: list[str]) -> Config:
     """``--module M --config C [--section.key value ...]`` as TorchTitan 0.3.0 reads it, with
     ``parallelism.auto`` and ``autoparallel.*``; the keys the user set are recorded."""
@@ -133,20 +194,21 @@ def parse_job(argv: list[str]) -> Config:
     from torchtitan.config import ConfigManager
     from torchtitan.config.manager import custom_registry
 
-    manager = ConfigManager()
-    try:
-        loaded, rest = manager._load_config(list(argv))
-    except (ValueError, ImportError) as exc:
-        raise UserError(f"{str(exc).splitlines()[0]}{_import_cause(argv)}") from None
+    argv = joined_lists(list(argv))
+    loaded, rest = _load_config(ConfigManager(), argv)
     loaded = with_auto(loaded)
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
             config = tyro.cli(type(loaded), args=rest, default=loaded, registry=custom_registry)
     except SystemExit:
+        if bool_value_hint(rest):
+            raise UserError(bool_value_hint(rest)) from None
         lines = [line.strip(" │╭╮╰╯─") for line in errors.getvalue().splitlines()]
         text = "; ".join(line for line in lines if line and "--help" not in line
                          and not line.startswith("usage"))
+        if "CUDA graphs" in text:
+            _check_experts(loaded, rest)
         raise UserError(f"TorchTitan's command line refused the arguments: {text[:300]}"
                         ) from None
     except (ValueError, TypeError) as exc:

@@ -10,10 +10,12 @@ changes anything.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -358,3 +360,21 @@ def apply_process_shims() -> bool:
     uneven_all_to_all()
     strided_p2p()
     return True
+
+
+@contextlib.contextmanager
+def planning_without_device() -> Iterator[None]:
+    """Planning offline (``plan`` / ``predict``; planning runs no kernel): TorchTitan 0.3.0's
+    ``Float8LinearConverter`` refuses to be configured on a machine without an SM89 GPU
+    ("float8 is only supported on NVIDIA SM89 or later"), so a float8 config function such as
+    llama3_405b could not be read for the GPUs it is planned for. Its capability check passes
+    while the config is read; the hardware profile planned for then refuses float8 where that
+    device would (``features.check_profile``). Tested by tests_v0_3/test_bad_inputs_v0_3.py."""
+    from torchtitan.components.quantization import float8
+
+    original = float8.has_cuda_capability
+    float8.has_cuda_capability = lambda major, minor: True
+    try:
+        yield
+    finally:
+        float8.has_cuda_capability = original

@@ -16,7 +16,7 @@ from ...cost.model import STEP_BYTES_PER_PARAM
 from ...errors import UserError
 from ...explicit import EXPLICIT_ATTR, NOTES_ATTR, RELEASE_FIXED_ATTR
 from ...model_config import ModelConfig, hf_config_file
-from .config import Config, explicit_of
+from .config import Config, config_nodes, explicit_of
 
 READ, RUNTIME, REFUSED, NOTED = "read", "runtime", "refused", "noted"
 KEYS: dict[str, str] = {
@@ -287,7 +287,7 @@ def _converters(model_config: Any) -> tuple[list[str], str | None, bool, list[st
     """The quantization converters baked into the model config (0.2.2's converter names), the
     float8 recipe, whether float8 is emulated, and notes on what the cost model does not
     see."""
-    configs = [cfg for _, cfg, _, _ in model_config.traverse(object, recurse=True)]
+    configs = config_nodes(model_config)  # the blocks' linears too (lm_head may be bf16)
     names = {type(cfg).__qualname__.split(".")[0] for cfg in configs}
     converters, recipe, notes = [], None, []
     emulate = any(getattr(cfg, "emulate", False) for cfg in configs

@@ -37,7 +37,7 @@ def check_applicable(plan: Any) -> None:
         fqns = [layer.fqn for layer in plan.layers if layer.tp_mode == "dp"]
         raise UserError(f"the plan runs tensor parallel as data parallel on {fqns[0]} "
                         f"({len(fqns)} layers): not applied to TorchTitan 0.3.0 yet; leave "
-                        "out tp_dp (--autoparallel.techniques without it)")
+                        "out tp_dp (e.g. --autoparallel.techniques fsdp hsdp ddp tp cp ep ac pp)")
     if m.tp > 1 and modes != {"sp"}:
         n = sum(layer.tp_mode == "sp" for layer in plan.layers)
         raise UserError(f"the plan runs tensor parallel on {n} of {len(plan.layers)} layers "
@@ -310,15 +310,26 @@ def plan_config(config: Any, world: int, rank: int, on_cpu: bool = False) -> Any
     """Plan ``config`` on ``world`` ranks (rank 0 solves, or reads ``autoparallel.plan_file``,
     and hands the plan to the others), print it on rank 0, apply it; the plan."""
     from ...launch import plan_from_rank0, resolve_plan
-    from .job import job_of
+    from .job import CPU_CP, job_of
 
-    job = job_of(config, cpu_ranks=on_cpu and config.comm.mode != "fake_backend")
-    plan = plan_from_rank0(lambda: resolve_plan(job, world), config.autoparallel.time_limit_s,
+    ap = config.autoparallel
+    cpu_ranks = on_cpu and config.comm.mode != "fake_backend"
+    # a plan file is checked against the job as planned offline (CP searched); CPU ranks
+    # then refuse a plan with CP below
+    job = job_of(config, cpu_ranks=cpu_ranks and not ap.plan_file)
+    plan = plan_from_rank0(lambda: resolve_plan(job, world), ap.time_limit_s,
                            alone=config.comm.mode == "fake_backend")
+    if cpu_ranks and plan.mesh.cp > 1:
+        raise UserError(f"plan {ap.plan_file} runs context parallel (cp = {plan.mesh.cp}) on "
+                        f"CPU ranks: {CPU_CP}; plan the job again with "
+                        "--parallelism.context_parallel_degree 1, or run on GPUs")
     if rank == 0:
         print(plan.table(), flush=True)
         for note in getattr(job, NOTES_ATTR, []):
             print(f"  note: {note}", flush=True)
+        if ap.save_plan:
+            plan.save(ap.save_plan)
+            print(f"plan written to {ap.save_plan}", flush=True)
     apply_plan(config, plan)
     return plan
 
@@ -347,12 +358,37 @@ def debug_assets(config: Any) -> list[str]:
     return done
 
 
+def metrics_trainer(config: Any) -> Any:
+    """TorchTitan 0.3.0's Trainer for ``config`` that writes ``autoparallel.metrics_file``
+    and measures step 2's memory under ``autoparallel.measure_memory`` (as on 0.2.2)."""
+    from torchtitan.trainer import Trainer
+
+    from ...runtime.step_metrics import record_logged_metrics, recorded_step
+
+    class MetricsTrainer(Trainer):
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            record_logged_metrics(self)
+
+        def train_step(self, data_iterator: Any) -> None:
+            recorded_step(self, super().train_step, data_iterator, self.config.autoparallel,
+                          self.config.training)
+
+    return MetricsTrainer(config)
+
+
 def check_runtime(config: Any, on_cpu: bool) -> None:
     """UserError for a job this machine cannot start (a missing package it names, a GPU-only
-    feature on CPU ranks)."""
+    feature on CPU ranks, settings out of range, a plan output that cannot be written)."""
     import importlib.util
 
+    from ...launch import check_plan_outputs
+    from ...validate import check_training
     from .job import OPTIMIZERS, optimizers_of, override_targets
+
+    check_training(config.training)
+    ap = config.autoparallel
+    check_plan_outputs(ap, config.parallelism.auto or bool(ap.plan_file))
 
     kwargs = getattr(config.dataloader, "load_dataset_kwargs", None) or {}
     files = kwargs.get("data_files") if isinstance(kwargs, dict) else None
@@ -405,6 +441,8 @@ def run(argv: list[str]) -> int:
         from .hf_check import check_hf_config
 
         check_hf_config(config)
+    if config.autoparallel.plan_file and not config.parallelism.auto:
+        config.parallelism.auto = True  # a plan file is replayed, as on TorchTitan 0.2.2
     if config.parallelism.auto:
         if config.checkpoint.create_seed_checkpoint:
             raise UserError("--checkpoint.create_seed_checkpoint runs on 1 rank without a "
@@ -427,7 +465,9 @@ def run(argv: list[str]) -> int:
         reset_buffers_in_init_states()  # HF's rotary inv_freq and other non-persistent buffers
     trainer = None
     try:
-        trainer = config.build()
+        ap = config.autoparallel
+        trainer = metrics_trainer(config) if ap.metrics_file or ap.measure_memory \
+            else config.build()
         if config.checkpoint.create_seed_checkpoint:
             if world != 1 or not config.checkpoint.enable:
                 raise UserError("a seed checkpoint is created on 1 rank with "
