@@ -49,13 +49,15 @@ ARCHS = {
     "olmo2": {**LLAMA, "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2"},
     "phi3": {**LLAMA, "architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
              "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    "mixtral": {**LLAMA, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                "num_local_experts": 4, "num_experts_per_tok": 2},
     "qwen2_moe": {**LLAMA, "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
                   "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
                   "shared_expert_intermediate_size": 128},
 }
 """Other HF architectures at the ``tiny`` flavor's sizes: sliding window (Mistral), per-head
 q / k norms (Qwen3), a scaled embedding (Gemma), whole-projection q / k norms (OLMo2), fused
-projections (Phi-3), routed experts (Qwen2-MoE)."""
+projections (Phi-3), routed experts (Mixtral, Qwen2-MoE)."""
 
 # the README's example, with the test's tiny flavor
 TOML = """\
@@ -385,13 +387,17 @@ def test_whole_projection_qk_norms_refuse_tp_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("arch, words", [
     ("phi3", r"cannot run Phi3ForCausalLM .*its init_weights, which every run goes through, "
-             r"stops at AttributeError: 'Phi3Attention' object has no attribute 'q_proj'"),
+             r"raises AttributeError: 'Phi3Attention' object has no attribute 'q_proj'"),
+    ("mixtral", r"cannot run MixtralForCausalLM .*its init_weights, which every run goes "
+                r"through, leaves model\.model\.layers\.0\.block_sparse_moe\.gate\.weight "
+                r"\(52 parameters in all\) unwritten"),
     ("qwen2_moe", r"cannot build Qwen2MoeForCausalLM .*: KeyError: 'sdpa_torchtitan'"),
 ])
 def test_an_architecture_the_backend_cannot_run_is_one_line(tmp_path, arch, words):
-    """TorchTitan's own 1-rank recipe stops at these with a traceback (measured); planning
-    says so in one line, and so does run_train.sh's preflight for the recipe (no auto)
-    before any rank starts."""
+    """TorchTitan's own 1-rank recipe stops at these with a traceback, or (Mixtral) trains
+    on parameters its init never wrote, to NaN losses (measured); planning says so in one
+    line, and so does run_train.sh's preflight for the recipe (no auto) before any rank
+    starts."""
     from torchtitan_autoparallel.planner import plan_job
 
     with pytest.raises(UserError, match=words):
@@ -416,3 +422,27 @@ def test_other_architectures_train_as_one_rank(tmp_path, arch, overrides):
     as planned (no TP): TorchTitan's 1-rank recipe losses from one seed checkpoint."""
     plan = _auto_parity(_reference(tmp_path / "ref", ARCHS[arch]), tmp_path, 2, *overrides)
     assert plan.mesh.tp == (2 if overrides else 1)
+
+
+def test_mixtral_parameters_left_unwritten_by_init_are_refused_at_init(tmp_path):
+    """Past the preflight (a run started without it), the rank's own init refuses too: the
+    backend's init_weights never writes Mixtral's router and experts."""
+    import copy
+
+    import torch
+
+    from torchtitan_autoparallel.model_config import model_config_of
+    from torchtitan_autoparallel.titan.v0_2.model import graph_job_config
+    from torchtitan_autoparallel.titan.v0_2.registry import make_plannable, train_spec_of
+
+    job = _job(write_job(tmp_path, auto=False, config=ARCHS["mixtral"]))
+    make_plannable(BACKEND)
+    spec = train_spec_of(BACKEND)
+    args = copy.deepcopy(spec.model_args["tiny"])
+    args.update_from_config(graph_job_config(model_config_of(job), 128))
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    model.to_empty(device="cpu")
+    with pytest.raises(UserError, match=r"leaves model\.model\.layers\.0\.block_sparse_moe\."
+                       r"gate\.weight \(52 parameters in all\) uninitialised"), torch.no_grad():
+        model.init_weights(buffer_device=None)

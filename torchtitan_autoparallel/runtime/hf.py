@@ -21,8 +21,11 @@
   by the HF model's own ``_init_weights`` and HF's rope init function; one left NaN is refused
   in one line. Installed by ``with_rotary_reset`` (0.2.2's train spec) and
   ``reset_buffers_in_init_states`` (0.3.0's ``HFTransformerModel``, from the project's
-  ``titan.v0_3.train``). Tested by tests/test_hf_backend.py::test_rotary_buffers_after_meta_init
-  and tests_v0_3/test_hf_backend_v0_3.py (two malloc fill patterns, bit-identical losses).
+  ``titan.v0_3.train``). On 0.2.2 the parameters are NaN-filled before ``init_weights`` too:
+  one its ``_init_weights`` does not know (Mixtral's experts' ``w1`` / ``w2`` / ``w3``, which
+  trained to NaN losses) is refused in one line. Tested by
+  tests/test_hf_backend.py::test_rotary_buffers_after_meta_init and ::test_mixtral_*, and
+  tests_v0_3/test_hf_backend_v0_3.py (two malloc fill patterns, bit-identical losses).
 * ``with_rotary_in_every_stage``: the backend's pipeline split drops ``rotary_emb`` from stages
   given in the config (see there).
 """
@@ -179,12 +182,27 @@ def reset_rotary_buffers(model: nn.Module) -> int:
 
 def with_rotary_reset(model_cls: type) -> type:
     """``model_cls`` (TorchTitan 0.2.2's ``HFTransformerModel``) whose ``init_weights`` also
-    recomputes the non-persistent buffers (see the module docstring)."""
+    recomputes the non-persistent buffers and refuses parameters it leaves unwritten (see the
+    module docstring)."""
 
     class HFModelWithRotaryReset(model_cls):  # type: ignore[misc, valid-type]
         def init_weights(self, *args: Any, **kwargs: Any) -> None:
+            params = {n: _local(p) for n, p in self.named_parameters() if not p.is_meta}
+            with torch.no_grad():
+                for param in params.values():
+                    param.fill_(float("nan"))
             super().init_weights(*args, **kwargs)
             reset_nonpersistent_buffers(self)
+            left = [n for n, p in params.items() if torch.isnan(p).any()]
+            if left:
+                from ..errors import UserError
+
+                raise UserError(
+                    f"TorchTitan 0.2.2's HF backend leaves {left[0]} ({len(left)} parameters "
+                    "in all) uninitialised: its init_weights does not know this "
+                    f"architecture's {type(self.model).__name__} modules, which would train "
+                    "from whatever memory held; this architecture cannot be trained with the "
+                    "backend")
 
     return HFModelWithRotaryReset
 

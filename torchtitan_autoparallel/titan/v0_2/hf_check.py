@@ -4,8 +4,11 @@ any rank starts (planning, ``run_train.sh``'s preflight, a recipe run through th
 The backend's ``init_weights`` runs its own ``_init_weights`` (patched into transformers'
 ``PreTrainedModel``), which reads ``q_proj`` / ``k_proj`` / ``v_proj`` of every attention module
 by name: an architecture with fused projections (Phi-3's ``qkv_proj``) stops there with a
-traceback on every run, one rank included. Here the same ``init_weights`` runs on a model built
-on meta (no values are written there); what it raises is one line naming the architecture.
+traceback on every run, one rank included; modules it does not know (Mixtral's experts and
+router) it leaves as allocated, and the run trains to NaN losses without a word. Here the same
+``init_weights`` runs on a model built on meta (no values are written there; the in-place writes
+are recorded): what it raises, or a parameter it never writes, is one line naming the
+architecture.
 """
 
 from __future__ import annotations
@@ -15,15 +18,43 @@ from typing import Any
 from ...errors import UserError
 
 
-def refusal(model: Any) -> str | None:
-    """Why TorchTitan 0.2.2's HF backend cannot initialise ``model`` (built on meta), or None."""
+def _written_storages(run: Any) -> set[int]:
+    """The storages (of meta tensors too) that ``run()`` writes in place."""
     import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
 
+    written: set[int] = set()
+
+    class Writes(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            for arg in func._schema.arguments:
+                value = kwargs.get(arg.name) if arg.kwarg_only else (
+                    args[func._schema.arguments.index(arg)]
+                    if func._schema.arguments.index(arg) < len(args) else None)
+                if arg.alias_info is not None and arg.alias_info.is_write and \
+                        isinstance(value, torch.Tensor):
+                    written.add(value.untyped_storage()._cdata)
+            return func(*args, **kwargs)
+
+    with torch.no_grad(), Writes():
+        run()
+    return written
+
+
+def refusal(model: Any) -> str | None:
+    """Why TorchTitan 0.2.2's HF backend cannot initialise ``model`` (built on meta: no values
+    are written, the writes are recorded), or None."""
     try:
-        with torch.no_grad():
-            model.init_weights(buffer_device=None)
+        written = _written_storages(lambda: model.init_weights(buffer_device=None))
     except Exception as exc:  # what the backend raises is the finding
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200].rstrip('.')}"
+        return f"raises {type(exc).__name__}: {str(exc).splitlines()[0][:200].rstrip('.')}"
+    left = [name for name, p in model.named_parameters()
+            if p.untyped_storage()._cdata not in written]
+    if left:
+        return (f"leaves {left[0]} ({len(left)} parameters in all) unwritten, which would "
+                "train from whatever memory held")
     return None
 
 
@@ -34,9 +65,8 @@ def check_hf_model(model: Any, hf_model: str) -> None:
         return
     arch = type(getattr(model, "model", model)).__name__
     raise UserError(f"TorchTitan 0.2.2's HF backend cannot run {arch} (hf_transformers.model = "
-                    f"{hf_model}): its init_weights, which every run goes through, stops at "
-                    f"{reason}; this architecture cannot be trained with the backend (use one "
-                    "with separate q_proj / k_proj / v_proj projections)")
+                    f"{hf_model}): its init_weights, which every run goes through, {reason}; "
+                    "this architecture cannot be trained with the backend")
 
 
 def check_hf_job(job_config: Any) -> None:

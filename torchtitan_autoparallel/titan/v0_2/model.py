@@ -86,10 +86,10 @@ def build_layer_graph(family: str, flavor: str, model_args: Any, model_cls: type
     from .hf_check import build_on_meta, check_hf_model
 
     hf_model = str(getattr(getattr(job_config, "hf_transformers", None), "model", ""))
-    model = build_on_meta(lambda: model_cls(args), hf_model)
-    graph = graph_of_model(family, flavor, model, seq_len, attn_type, grouped, args)
-    check_hf_model(model, hf_model)  # after reading it: the check initialises the meta model
-    return graph
+    # the check initialises its own meta build; the graph is read from a fresh one
+    check_hf_model(build_on_meta(lambda: model_cls(args), hf_model), hf_model)
+    return graph_of_model(family, flavor, meta_model(lambda: model_cls(args)), seq_len,
+                          attn_type, grouped, args)
 
 
 def planning_adapter(family: str, model_args: Any, model_cls: type, seq_len: int,
