@@ -273,3 +273,17 @@ def test_other_architectures_under_auto_train_as_one_rank(tmp_path, arch, degree
     assert mesh, out[-3000:]
     assert ("tp=2" in mesh.group(1)) == bool(degrees)
     _assert_same(_losses(out), ref.losses)
+
+
+def test_routed_experts_the_planner_cannot_measure_are_one_line(tmp_path):
+    """Mixtral's HF experts run grouped GEMMs, which torch refuses in float32 on meta: the
+    model is refused in one line (TorchTitan's recipe, without auto, trains it: measured
+    finite losses on 1 rank)."""
+    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+
+    job = read_job([*_job(_hf_model(tmp_path / "mixtral", "mixtral")), "--parallelism.auto"])
+    with pytest.raises(UserError, match=r"cannot be measured on the meta device .*"
+                       r"plan it with parallelism.auto = false") as info:
+        plan_job(job, 2)
+    assert "\n" not in str(info.value)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import UserError
+from ...errors import UserError, shown
 
 
 class _MeshNeeded(Exception):
@@ -64,8 +64,8 @@ def check_hf_model(model: Any, hf_model: str) -> None:
     arch = type(getattr(model, "model", model)).__name__
     raise UserError(f"TorchTitan 0.3.0's HF backend cannot run {arch} (--hf_model {hf_model}): "
                     f"its parallelize, which every run goes through (one rank, no TP "
-                    f"included), stops at {reason}; train this architecture with TorchTitan "
-                    "0.2.2's HF backend, or extend the backend's hf_sharding.py")
+                    f"included), stops at {reason}; this architecture cannot be trained with "
+                    "the backend (its hf_sharding.py has no case for it)")
 
 
 def check_hf_config(config: Any) -> None:
@@ -80,6 +80,11 @@ def check_hf_config(config: Any) -> None:
     model_config = copy.deepcopy(config.model_spec.model)
     sized_for(model_config, config.training.seq_len, copy.deepcopy(config))
     hf_as_sdpa(model_config)
-    with warnings_off():
-        model = meta_model(model_config.build)
-    check_hf_model(model, str(getattr(config, "hf_model", "")))
+    hf_model = str(getattr(config, "hf_model", ""))
+    try:
+        with warnings_off():
+            model = meta_model(model_config.build)
+    except Exception as exc:
+        raise UserError(f"TorchTitan 0.3.0's HF backend cannot build the model of --hf_model "
+                        f"{hf_model}: {type(exc).__name__}: {shown(exc, 200)}") from None
+    check_hf_model(model, hf_model)
