@@ -95,26 +95,7 @@ def _plan_job(job_config: Any, world: int) -> Plan:
         raise UserError(no_pipeline_reason(inputs.graph, inputs.global_batch, inputs.constraints,
                                            inputs.features, [m for m in meshes if m.pp > 1]))
     if best is None:
-        # the plain search's smallest budget is achievable; the pipeline search only knows a
-        # floor (no split it costed fits below it)
-        smallest = (f"the smallest budget that works is {gib_up(min_feasible)} GiB"
-                    if math.isfinite(min_feasible) else
-                    f"pipeline plans need at least {gib_up(min_pipeline)} GiB"
-                    if math.isfinite(min_pipeline) else "no plan could be costed")
-        if not inputs.constraints.accumulation:
-            smallest += (" without gradient accumulation, which optimizer."
-                         "early_step_in_backward rules out")
-        fixed = constraint_keys(job_config) + [
-            f"autoparallel.{key} = {getattr(job_config.autoparallel, key)!r}"
-            for key in ("techniques", "pin") if user_set(job_config, f"autoparallel.{key}")]
-        if fixed:  # the search was narrowed: those settings may be what does not fit
-            smallest += f" with what you set ({', '.join(fixed)})"
-        raise UserError(
-            f"no plan fits the memory budget of {inputs.budget_bytes / 2**30:.3g} GiB per "
-            f"device; {smallest} (raise autoparallel.memory_gib, "
-            + ("relax those settings, " if fixed else "")
-            + "lower the batch or sequence length, or add devices)"
-        )
+        raise _no_plan_fits(job_config, inputs, min_feasible, min_pipeline)
     _, job, sol, stats = best
     stats["planning_time_s"] = time.perf_counter() - start
     plan = plan_of_solution(job, sol, stats)
@@ -131,6 +112,32 @@ def _plan_job(job_config: Any, world: int) -> Plan:
             f"the plan runs {plan.local_batch_size} x accumulation "
             f"{plan.gradient_accumulation_steps} for the global batch {plan.global_batch_size}")
     return plan
+
+
+def _no_plan_fits(job_config: Any, inputs: JobInputs, min_feasible: float,
+                  min_pipeline: float) -> UserError:
+    """The one line for a job no plan fits: the smallest budget that works, and the settings
+    that narrowed the search."""
+    # the plain search's smallest budget is achievable; the pipeline search only knows a
+    # floor (no split it costed fits below it)
+    smallest = (f"the smallest budget that works is {gib_up(min_feasible)} GiB"
+                if math.isfinite(min_feasible) else
+                f"pipeline plans need at least {gib_up(min_pipeline)} GiB"
+                if math.isfinite(min_pipeline) else "no plan could be costed")
+    if not inputs.constraints.accumulation:
+        smallest += (" without gradient accumulation, which optimizer."
+                     "early_step_in_backward rules out")
+    fixed = constraint_keys(job_config) + [
+        f"autoparallel.{key} = {getattr(job_config.autoparallel, key)!r}"
+        for key in ("techniques", "pin") if user_set(job_config, f"autoparallel.{key}")]
+    if fixed:  # the search was narrowed: those settings may be what does not fit
+        smallest += f" with what you set ({', '.join(fixed)})"
+    return UserError(
+        f"no plan fits the memory budget of {inputs.budget_bytes / 2**30:.3g} GiB per "
+        f"device; {smallest} (raise autoparallel.memory_gib, "
+        + ("relax those settings, " if fixed else "")
+        + "lower the batch or sequence length, or add devices)"
+    )
 
 
 def moot_fsdp_settings(job_config: Any, plan: Plan) -> list[str]:

@@ -128,6 +128,31 @@ def solve(cand: Candidate, budget: float, time_limit_s: float,
     h = _new_highs()
     h.setOptionValue("mip_rel_gap", 0.0)
     h.setOptionValue("time_limit", float(time_limit_s))
+    built = _build_milp(h, cand, budget)
+    if built is None:
+        return None
+    n_idx, integers, offset = built
+    model_status = _run_milp(h, integers, (cutoff_s - offset) * OBJECTIVE_PER_S)
+    if model_status is None:
+        return None
+    keys = cand.keys()
+    values = h.getSolution().col_value
+    counts = {t.name: {k: int(round(values[n_idx[(t.name, k)]])) for k in keys}
+              for t in cand.types}
+    step = cand.evaluate(cand.per_rank(counts))[0]
+    if step >= cutoff_s:
+        return None
+    peak = max(cand.rank_memory(t, counts[t.name]) for t in cand.types)
+    return Solution(cand, counts, step, peak, h.modelStatusToString(model_status),
+                    float(h.getInfo().mip_gap), h.getNumCol(), h.getNumRow())
+
+
+def _build_milp(h: highspy.Highs, cand: Candidate, budget: float
+                ) -> tuple[dict[tuple[str, Key], int], list[int], float] | None:
+    """Add ``cand``'s MILP to ``h``: per rank type and (class, strategy) the count of blocks
+    that run it, their memory and time rows. The count columns, the columns to make integral,
+    and the step time the objective leaves out; None when the training state alone cannot
+    fit."""
     inf = highspy.kHighsInf
     keys = cand.keys()
     single = len(cand.types) == 1
@@ -189,7 +214,13 @@ def solve(cand: Candidate, budget: float, time_limit_s: float,
             h.addRow(-inf, (budget - cand.edge_state[t.name]) / GIB, len(ns), ns, step)
         elif cand.edge_state[t.name] > budget:
             return None
-    cutoff = (cutoff_s - offset) * OBJECTIVE_PER_S
+    return n_idx, integers, offset
+
+
+def _run_milp(h: highspy.Highs, integers: list[int], cutoff: float
+              ) -> highspy.HighsModelStatus | None:
+    """Solve the MILP built in ``h`` (its LP relaxation first when a ``cutoff`` objective must
+    be beaten); the model status of a feasible point, or None."""
     if math.isfinite(cutoff):
         # the LP relaxation bounds the MILP: no need to branch when it cannot win
         h.run()
@@ -208,15 +239,7 @@ def solve(cand: Candidate, budget: float, time_limit_s: float,
         if model_status == highspy.HighsModelStatus.kTimeLimit:
             raise SolveTimeout
         return None
-    values = h.getSolution().col_value
-    counts = {t.name: {k: int(round(values[n_idx[(t.name, k)]])) for k in keys}
-              for t in cand.types}
-    step = cand.evaluate(cand.per_rank(counts))[0]
-    if step >= cutoff_s:
-        return None
-    peak = max(cand.rank_memory(t, counts[t.name]) for t in cand.types)
-    return Solution(cand, counts, step, peak, h.modelStatusToString(model_status),
-                    float(h.getInfo().mip_gap), h.getNumCol(), h.getNumRow())
+    return model_status
 
 
 def in_bound_order(options: list[Option], cutoff: Callable[[], float], exact: bool,
@@ -259,6 +282,19 @@ def in_bound_order(options: list[Option], cutoff: Callable[[], float], exact: bo
         heapq.heappush(heap, ((bound if exact else floor, mesh, schedule, stages, mb), i, make))
     while heap:
         yield from popped()
+
+
+def _over_budget_floor(over_budget: list[tuple[float, int, Callable[[], Candidate | None]]],
+                       floor: float, piped: bool, budget: float) -> float:
+    """``floor`` lowered by the memory floors of the candidates left out for their state alone
+    (those costed in full too), in the order of their state floor."""
+    for state, _, make in sorted(over_budget, key=lambda o: o[:2]):
+        if state >= floor and not piped:
+            break  # a flat candidate's floor is at least its state floor
+        cand = make()
+        if cand is not None and (cand.memory_lower_bound() > budget or not piped):
+            floor = min(floor, cand.memory_lower_bound())
+    return floor
 
 
 def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Precision,
@@ -331,14 +367,8 @@ def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Prec
                 best = sol
         pruned += len(over_budget)
         if best is None and math.isinf(beat_s):
-            # the floor names what budget would do (needed only when no job has a plan):
-            # those costed in full too
-            for state, _, make in sorted(over_budget, key=lambda o: o[:2]):
-                if state >= floor and not piped:
-                    break  # a flat candidate's floor is at least its state floor
-                cand = make()
-                if cand is not None and (cand.memory_lower_bound() > budget or not piped):
-                    floor = min(floor, cand.memory_lower_bound())
+            # the floor names what budget would do (needed only when no job has a plan)
+            floor = _over_budget_floor(over_budget, floor, piped, budget)
         floors.append(floor)
     status = ("Time limit reached" if timed_out else best.status) if best else "infeasible"
     stats = {"status": status, "gap": best.gap if best else 0.0,

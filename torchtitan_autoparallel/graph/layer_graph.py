@@ -13,7 +13,7 @@ would move with the torch version while the work does not.
 import contextlib
 import functools
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -490,6 +490,38 @@ def graph_of_model(family: str, flavor: str, model: torch.nn.Module, seq_len: in
         return _graph_of_model(family, flavor, model, seq_len, attn_type, grouped, args)
 
 
+def _encoder_layers(adapter: Any, model: torch.nn.Module, seq_len: int,
+                    count: Callable[..., dict[str, int]]) -> tuple[list[Layer], tuple[str, ...]]:
+    """The model's encoders as layers, each at the work its adapter measures, and the plan
+    notes that say what that measurement assumes."""
+    layers, encoded = [], []
+    for fqn, measure in adapter.encoders.items():
+        encoder = submodule_or_none(model, fqn)
+        if encoder is not None:
+            work = resolve(measure)(encoder, seq_len)
+            layers.append(Layer(fqn, "encoder", fwd_flops=work.fwd_flops,
+                                saved_bytes=work.saved_bytes, io_bytes=work.io_bytes,
+                                signature=f"encoder:{fqn}", eager_bytes=work.eager_bytes,
+                                gemm_io_bytes=work.gemm_io_bytes, **count(encoder)))
+            encoded.append((layers[-1], work.assumption))
+    notes = tuple(f"encoder {layer.fqn}: costed at its measured work with {why}; one FSDP "
+                  "unit without activation checkpointing (the job's AC mode applies to the "
+                  "blocks)" for layer, why in encoded)
+    return layers, notes
+
+
+def _moe_fields(adapter: Any, block: torch.nn.Module, experts: Any, seq_len: int
+                ) -> dict[str, Any]:
+    """A block's routed-expert fields of its ``Layer`` (none for a dense block)."""
+    if experts is None:
+        return {}
+    n_expert_params = sum(p.numel() for p in experts.parameters())
+    top_k = adapter.top_k(block)
+    return {"expert_params": n_expert_params, "num_experts": experts.num_experts,
+            "top_k": top_k,
+            "expert_flops": 2.0 * seq_len * top_k * n_expert_params / experts.num_experts}
+
+
 def _graph_of_model(family: str, flavor: str, model: torch.nn.Module, seq_len: int,
                     attn_type: str, grouped: bool, args: Any) -> LayerGraph:
     adapter, inputs = planning_model(family, model, seq_len)
@@ -515,19 +547,8 @@ def _graph_of_model(family: str, flavor: str, model: torch.nn.Module, seq_len: i
     layers.append(Layer(adapter.embedding, "embedding", fwd_flops=0.0,
                         saved_bytes=seq_len * dim * fp32, io_bytes=seq_len * 8,
                         signature="embedding", **count(embedding)))
-    encoded: list[tuple[Layer, str]] = []
-    for fqn, measure in adapter.encoders.items():
-        encoder = submodule_or_none(model, fqn)
-        if encoder is not None:
-            work = resolve(measure)(encoder, seq_len)
-            layers.append(Layer(fqn, "encoder", fwd_flops=work.fwd_flops,
-                                saved_bytes=work.saved_bytes, io_bytes=work.io_bytes,
-                                signature=f"encoder:{fqn}", eager_bytes=work.eager_bytes,
-                                gemm_io_bytes=work.gemm_io_bytes, **count(encoder)))
-            encoded.append((layers[-1], work.assumption))
-    notes = tuple(f"encoder {layer.fqn}: costed at its measured work with {why}; one FSDP "
-                  "unit without activation checkpointing (the job's AC mode applies to the "
-                  "blocks)" for layer, why in encoded)
+    encoders, notes = _encoder_layers(adapter, model, seq_len, count)
+    layers.extend(encoders)
     measured: dict[str, tuple[float, ...]] = {}
     kv_bytes = 2.0 * seq_len * n_kv_heads * head_dim * fp32
     moe_model = False
@@ -543,14 +564,8 @@ def _graph_of_model(family: str, flavor: str, model: torch.nn.Module, seq_len: i
         flops, saved, attn, eager, gemm_io = measured[sig]
         linears = [(n, m) for n, m in block.named_modules() if isinstance(m, torch.nn.Linear)]
         shapes = tuple((m.in_features, m.out_features) for _, m in linears)
-        moe: dict[str, Any] = {}
-        if experts is not None:
-            moe_model = True
-            n_expert_params = sum(p.numel() for p in experts.parameters())
-            top_k = adapter.top_k(block)
-            moe = {"expert_params": n_expert_params, "num_experts": experts.num_experts,
-                   "top_k": top_k,
-                   "expert_flops": 2.0 * seq_len * top_k * n_expert_params / experts.num_experts}
+        moe = _moe_fields(adapter, block, experts, seq_len)
+        moe_model |= experts is not None
         layers.append(Layer(f"{adapter.blocks}.{name}", "block", fwd_flops=flops,
                             saved_bytes=saved, io_bytes=seq_len * dim * fp32, signature=sig,
                             attn_flops=attn, kv_bytes=kv_bytes, **moe, **count(block),
