@@ -123,6 +123,14 @@ def test_config_functions_that_do_not_give_a_config(tmp_path, capsys, monkeypatc
     assert message in line, line
 
 
+def test_hf_config_json_that_is_not_json(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{not json")
+    line = cli_error(capsys, "plan", "--module", "transformers_modeling_backend", "--config",
+                     "transformers_modeling_backend_debugmodel", "--hf_model", str(tmp_path),
+                     "--ngpu", "2")
+    assert "hf_model" in line and "config.json is not valid JSON" in line, line
+
+
 def test_fit_reads_0_3_plans(tmp_path, capsys):
     """``fit`` imported 0.2.2's train specs; it fits a profile to runs of 0.3.0 plans."""
     rows = []

@@ -379,7 +379,7 @@ def metrics_trainer(config: Any) -> Any:
 
 def check_runtime(config: Any, on_cpu: bool) -> None:
     """UserError for a job this machine cannot start (a missing package it names, a GPU-only
-    feature on CPU ranks, settings out of range, a plan output that cannot be written)."""
+    feature on CPU ranks, settings out of range, a plan output where nothing is planned)."""
     import importlib.util
 
     from ...launch import check_plan_outputs
