@@ -409,7 +409,8 @@ def with_inferred_tp(adapter: ModelAdapter, model: nn.Module, inputs: tuple[tupl
         try:
             infer_tp(adapter, model, inputs, dim, seq_len)
         except Exception as exc:  # what inference cannot shard, the family's tp_fn cannot
-            return _without_tp(adapter, exc, "the family's TP plan does not fit this model")
+            return _without_tp(adapter, exc, "the family's TP plan does not fit this model",
+                               "TP stays off for this model")
         return adapter
     if adapter.declared_tp is not None:
         declared = resolve(adapter.declared_tp)(model, adapter.blocks)
@@ -421,13 +422,14 @@ def with_inferred_tp(adapter: ModelAdapter, model: nn.Module, inputs: tuple[tupl
     try:
         fn = infer_tp(adapter, model, inputs, dim, seq_len)
     except Exception as exc:  # whatever stops inference leaves TP out, with the reason
-        return _without_tp(adapter, exc, "no TP plan for this family and none inferred")
+        return _without_tp(adapter, exc, "no TP plan for this family and none inferred",
+                           "register one to enable (ModelAdapter.tp_fn)")
     return dataclasses.replace(adapter, tp_fn=fn)
 
 
-def _without_tp(adapter: ModelAdapter, exc: Exception, what: str) -> ModelAdapter:
-    """``adapter`` with TP excluded: ``what``, and what stopped inference (``exc``)."""
+def _without_tp(adapter: ModelAdapter, exc: Exception, what: str, fix: str) -> ModelAdapter:
+    """``adapter`` with TP excluded: ``what``, what stopped inference (``exc``), ``fix``."""
     found = str(exc) if isinstance(exc, TPInferenceError) else \
         f"{type(exc).__name__}: {str(exc)[:160]}"
-    reason = f"{what} ({found}); register one to enable (ModelAdapter.tp_fn)"
+    reason = f"{what} ({found}); {fix}"
     return dataclasses.replace(adapter, tp_fn=None, excluded={**adapter.excluded, "tp": reason})
