@@ -6,8 +6,8 @@ Triton 3.8 (torch 2.14.1's) drops such a name from the tuning key when the kerne
 3.9 (torch 2.15.0's) refuses it when the module is imported, so ``import
 torchtitan.models.qwen3_5`` fails on any machine. Where exactly that pair is installed, Triton's
 ``Autotuner`` is given the key without the names that are no arguments: what Triton 3.8 tuned
-on. Nothing changes for other versions. Tested by ``tests_v0_3/test_multimodal_v0_3.py``
-(qwen3_5 planned and trained) on torch 2.15.0.
+on. Nothing changes for other versions. Tested by tests_v0_3's qwen3_5 cases (read and planned
+in ``test_multimodal_v0_3.py``, trained on two ranks in ``test_train_v0_3.py``) on torch 2.15.0.
 """
 
 from __future__ import annotations
