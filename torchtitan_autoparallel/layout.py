@@ -180,17 +180,29 @@ def fsdp_sharded(mesh: Mesh, tp_mode: str = "none", experts: bool = False) -> bo
     return mesh.dp_shard * mesh.cp > 1 or tp_mode == "dp" or (experts and mesh.ep > 1)
 
 
+def fsdp_group_size(mesh: Mesh, tp_mode: str = "none") -> int:
+    """Ranks FSDP shards a block's dense parameters over: dp_shard x cp, times tp where the tp
+    dim acts as data parallel (``tp_mode`` "dp")."""
+    return mesh.dp_shard * mesh.cp * (mesh.tp if tp_mode == "dp" else 1)
+
+
+def node_reshard_fits(group: int, node: int) -> bool:
+    """Whether resharding to ``node`` ranks after forward is FSDP2's integer form for an FSDP
+    group of ``group`` ranks: a proper divisor of the group, above 1."""
+    return 1 < node < group and group % node == 0
+
+
 def node_reshard_group(mesh: Mesh, gpus_per_node: int, tp_mode: str = "none") -> int:
     """The integer ``reshard_after_forward`` that keeps a block's backward all-gather inside
     one node: the block's FSDP ranks on one node, when its FSDP group spans several nodes and
     that count is a proper divisor of the group (FSDP2 reshards to consecutive members of its
     mesh, ``mesh.view(-1, n)``); 0 otherwise."""
-    group = mesh.dp_shard * mesh.cp * (mesh.tp if tp_mode == "dp" else 1)
+    group = fsdp_group_size(mesh, tp_mode)
     stride = 1 if tp_mode == "dp" else mesh.tp  # rank distance between FSDP neighbours
     if gpus_per_node < 1 or group * stride <= gpus_per_node or gpus_per_node % stride:
         return 0
     n = gpus_per_node // stride
-    return n if 1 < n < group and group % n == 0 else 0
+    return n if node_reshard_fits(group, n) else 0
 
 
 FSDP_UNIT_SIZES = (2, 4)

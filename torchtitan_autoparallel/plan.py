@@ -13,7 +13,9 @@ from .layout import (
     FSDP_UNIT_SIZES,
     TP_MODES,
     Mesh,
+    fsdp_group_size,
     fsdp_unit_problem,
+    node_reshard_fits,
     reshard_group,
     strategy_label,
     strategy_parts,
@@ -534,9 +536,9 @@ def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
         return f"ep {layer.ep} must be 1 or the mesh's ep ({m.ep})"
     node = reshard_group(layer.reshard_after_forward)
     if node:
-        group = m.dp_shard * m.cp * (m.tp if layer.tp_mode == "dp" else 1)
-        if layer.kind != "block" or m.pp > 1 or layer.ep > 1 or not node < group \
-                or group % node:
+        group = fsdp_group_size(m, layer.tp_mode)
+        if layer.kind != "block" or m.pp > 1 or layer.ep > 1 or \
+                not node_reshard_fits(group, node):
             return (f"reshard_after_forward {node} needs a dense block of a plan without pp "
                     f"and a proper divisor of its FSDP group ({group} ranks)")
     if layer.fsdp_unit not in (1, *FSDP_UNIT_SIZES):

@@ -3,7 +3,7 @@ context parallel's ring, FSDP's all-gathers and reduce-scatters, and MoE's all-t
 
 from ..features import Features
 from ..graph.layer_graph import Layer
-from ..layout import BlockStrategy, Mesh, reshard_group
+from ..layout import BlockStrategy, Mesh, fsdp_group_size, reshard_group
 from .common import AC_EFFECT, Precision, collective_s
 from .compute import (
     FSDP_COPY_BYTES_PER_PARAM,
@@ -156,7 +156,7 @@ def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, hw: HardwareProfil
     collective at its link's peak bandwidth without latency, a floor under every FSDP unit's
     share of its unit's collectives."""
     param_split = 1 if strategy.tp_mode == "dp" else mesh.tp
-    fsdp_group = mesh.dp_shard * mesh.cp * (mesh.tp if strategy.tp_mode == "dp" else 1)
+    fsdp_group = fsdp_group_size(mesh, strategy.tp_mode)
     # FSDP: all-gather params in forward (and again in backward if resharded), reduce-scatter
     # grads; HSDP adds an all-reduce of the shard over dp_replicate. With ep > 1 the routed
     # experts are split over ep x etp and FSDP-sharded over the remaining efsdp ranks.

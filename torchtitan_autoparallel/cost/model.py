@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..features import EAGER, Features
 from ..graph.layer_graph import Layer, LayerGraph
-from ..layout import TP_MODES, BlockStrategy, Mesh, edge_strategy, reshard_group
+from ..layout import TP_MODES, BlockStrategy, Mesh, edge_strategy, fsdp_group_size, reshard_group
 from .comm import (  # noqa: F401  (re-exported: the cost model's names)
     ROW_PARALLEL_FLOP_SHARE,
     cp_comm_s,
@@ -152,7 +152,7 @@ def _block_memory(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch:
     saved_scale = act_scale * (AUTOCAST_ACTIVATION_FACTOR if cast else 1.0)
     io_scale = 1.0 if cast else act_scale  # the residual stream stays fp32 under autocast
     # tp mode "dp": parameters are not split by tp but FSDP-sharded over dp_shard x tp
-    fsdp_group = mesh.dp_shard * mesh.cp * (mesh.tp if strategy.tp_mode == "dp" else 1)
+    fsdp_group = fsdp_group_size(mesh, strategy.tp_mode)
     ep = mesh.ep if layer.expert_params else 1
     node = reshard_group(strategy.reshard_after_forward)
     # what an eager block saves for backward without AC; compiled, the partitioner saves less
