@@ -15,7 +15,7 @@ from .errors import Rule, UserError, check_fields, check_value, shown
 from .exclusions import exclusion_notes
 from .features import Features
 from .graph.layer_graph import LayerGraph
-from .layout import BlockStrategy, Mesh, edge_strategy
+from .layout import GIB, BlockStrategy, Mesh, edge_strategy
 from .pins import Pin
 from .pipeline_candidate import build_pipeline_candidate
 from .plan import LayerPlan, Pipeline, Plan
@@ -167,9 +167,9 @@ def plan_of(inputs: JobInputs, mesh: Mesh, local_batch: int, accum: int,
         predicted={
             "step_time_s": step,
             "tokens_per_s": inputs.global_batch * inputs.graph.seq_len / step,
-            "peak_memory_gib": peak_bytes / 2**30,
-            "state_memory_gib": state_bytes / 2**30,
-            "budget_gib": inputs.budget_bytes / 2**30,
+            "peak_memory_gib": peak_bytes / GIB,
+            "state_memory_gib": state_bytes / GIB,
+            "budget_gib": inputs.budget_bytes / GIB,
         },
         solver={**solver, "objective": step},
         pipeline=pipeline,
@@ -290,8 +290,8 @@ def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrateg
     if shape is not None:
         shape.bubble_fraction = round(cand.beta * max(times) / step, 6)
         shape.rank_time_ms = [round(t * 1e3, 6) for t in times]
-        shape.rank_memory_gib = [round(b / 2**30, 6) for b in memory]
-        shape.rank_state_gib = [round(b / 2**30, 6) for b in states]
+        shape.rank_memory_gib = [round(b / GIB, 6) for b in memory]
+        shape.rank_state_gib = [round(b / GIB, 6) for b in states]
     layers = layer_plans(inputs, cand.mesh, strategies,
                          lambda cls, strategy: cand.costs[(cls, strategy)].plan_fields())
     return plan_of(inputs, cand.mesh, cand.microbatch * cand.microbatches, cand.accum, layers,

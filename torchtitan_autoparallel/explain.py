@@ -16,7 +16,7 @@ from .cost.model import (
     low_precision_linears,
 )
 from .errors import tomllib
-from .layout import BlockStrategy, fsdp_unit_problem, reshard_group
+from .layout import GIB, BlockStrategy, fsdp_unit_problem, reshard_group
 from .plan import LayerPlan, Plan, check_plan_for_job
 from .recost import block_counts, inputs_from_plan
 
@@ -32,7 +32,7 @@ def explain_rows(plan: Plan, cache: dict[str, Any] | None = None) -> list[dict[s
     cand = candidate_for(inputs, plan.mesh, plan.local_batch_size, plan.pipeline)
     class_of, _ = block_counts(plan, inputs)
     per_rank, rank_of_fqn = rank_counts(plan, class_of)
-    budget = plan.predicted["budget_gib"] * 2**30
+    budget = plan.predicted["budget_gib"] * GIB
     rows = []
     for layer in plan.layers:
         if layer.kind != "block":
@@ -89,14 +89,14 @@ def schedule_lines(plan: Plan) -> list[str]:
         best = found.best
         if best is None:
             lines.append(f"  {schedule:<22} does not fit the memory budget "
-                         f"({inputs.budget_bytes / 2**30:.3g} GiB)")
+                         f"({inputs.budget_bytes / GIB:.3g} GiB)")
             continue
         cand = best.candidate
         slowest = max(cand.rank_time(t, best.counts[t.name]) for t in cand.types)
         bubble = cand.beta * slowest / best.step_time_s
         lines.append(f"  {schedule:<22} {cand.stages_per_rank} stages/rank, bubble "
                      f"{bubble:6.1%}, step {best.step_time_s:.4g} s "
-                     f"({best.step_time_s / mine:.3f}x), peak {best.peak_bytes / 2**30:.3g} GiB")
+                     f"({best.step_time_s / mine:.3f}x), peak {best.peak_bytes / GIB:.3g} GiB")
     return lines
 
 
@@ -283,7 +283,7 @@ def unit_lines(plan: Plan, inputs: Any) -> list[str]:
         return [f"FSDP units: declined: {problem or 'not searched on MoE models'}"]
     cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
     class_of, counts = block_counts(plan, inputs)
-    budget = plan.predicted["budget_gib"] * 2**30
+    budget = plan.predicted["budget_gib"] * GIB
     grouped = {sig for sig, s in counts if s.fsdp_unit > 1}
     lines, seen = [], set()
     for layer in blocks:
@@ -300,7 +300,7 @@ def unit_lines(plan: Plan, inputs: Any) -> list[str]:
                 f"{(one.time_s - mine.time_s) * 1e3:.3g} ms faster per block and micro-batch "
                 f"than units of one (exposed communication {one.exposed_comm_s * 1e3:.3g} -> "
                 f"{mine.exposed_comm_s * 1e3:.3g} ms), working set "
-                f"{(mine.transient_bytes - one.transient_bytes) / 2**30:+.3g} GiB")
+                f"{(mine.transient_bytes - one.transient_bytes) / GIB:+.3g} GiB")
             continue
         if sig in grouped:
             lines.append(f"{what}: the rest of the run, in units of one")
@@ -324,8 +324,8 @@ def unit_lines(plan: Plan, inputs: Any) -> list[str]:
         lines.append(
             f"{what}: declined: units of {best.fsdp_unit} would be {gain:.3g} ms faster per "
             f"block and micro-batch but need a working set "
-            f"{(alt.transient_bytes - one.transient_bytes) / 2**30:+.3g} GiB: peak "
-            f"{peak / 2**30:.3g} GiB " + (f"over the {budget / 2**30:.3g} GiB budget"
+            f"{(alt.transient_bytes - one.transient_bytes) / GIB:+.3g} GiB: peak "
+            f"{peak / GIB:.3g} GiB " + (f"over the {budget / GIB:.3g} GiB budget"
                                          if peak > budget else "within the budget"))
     return lines
 

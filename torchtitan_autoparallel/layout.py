@@ -63,6 +63,10 @@ def strategy_label(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
                                    unsharded, fsdp_unit).values())
 
 
+GIB = 2.0**30
+"""Bytes per GiB: what memory budgets, peaks and profiles are written in."""
+
+
 def reshard_group(reshard_after_forward: bool | int) -> int:
     """The group size an integer ``reshard_after_forward`` reshards to (FSDP2's integer form:
     after forward each rank keeps a 1/n shard, and backward all-gathers over those n ranks);

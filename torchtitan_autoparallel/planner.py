@@ -16,7 +16,7 @@ from .cost.model import clear_compute_memo
 from .errors import UserError
 from .explicit import NOTES_ATTR, user_set
 from .features import features_from_config
-from .layout import Mesh
+from .layout import GIB, Mesh
 from .pipeline_candidate import no_pipeline_reason, prefix_classes
 from .plan import Plan
 from .planning_inputs import constraint_keys, job_inputs, with_global_batch
@@ -133,7 +133,7 @@ def _no_plan_fits(job_config: Any, inputs: JobInputs, min_feasible: float,
     if fixed:  # the search was narrowed: those settings may be what does not fit
         smallest += f" with what you set ({', '.join(fixed)})"
     return UserError(
-        f"no plan fits the memory budget of {inputs.budget_bytes / 2**30:.3g} GiB per "
+        f"no plan fits the memory budget of {inputs.budget_bytes / GIB:.3g} GiB per "
         f"device; {smallest} (raise autoparallel.memory_gib, "
         + ("relax those settings, " if fixed else "")
         + "lower the batch or sequence length, or add devices)"
@@ -162,7 +162,7 @@ def moot_fsdp_settings(job_config: Any, plan: Plan) -> list[str]:
 def gib_up(size_bytes: float, digits: int = 3) -> str:
     """``size_bytes`` in GiB to ``digits`` significant digits, rounded up: a budget that
     large is enough."""
-    gib = size_bytes / 2**30
+    gib = size_bytes / GIB
     if gib <= 0:
         return "0"
     scale = 10 ** (digits - 1 - math.floor(math.log10(gib)))

@@ -22,7 +22,7 @@ from .explicit import release_fixed, user_set
 from .features import Features, features_from_config
 from .frontend import frontend
 from .graph.layer_graph import Layer, LayerGraph
-from .layout import AC_MODES, TECHNIQUES
+from .layout import AC_MODES, GIB, TECHNIQUES
 from .model_config import (
     ModelConfig,
     config_identity,
@@ -377,9 +377,9 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
         raise UserError(f"autoparallel.memory_gib = {ap.memory_gib:g} is more than the "
                         f"{hw.memory_gib:g} GiB of a {hw.name!r} device: set at most "
                         f"{hw.memory_gib:g} (0 takes the profile's usable "
-                        f"{hw.budget_bytes / 2**30:.3g} GiB), or name the hardware the job "
+                        f"{hw.budget_bytes / GIB:.3g} GiB), or name the hardware the job "
                         "runs on (--hardware); a dry run (COMM_MODE=fake_backend) may exceed it")
-    budget = ap.memory_gib * 2**30 if ap.memory_gib > 0 else hw.budget_bytes
+    budget = ap.memory_gib * GIB if ap.memory_gib > 0 else hw.budget_bytes
     training = job_config.training
     global_batch = (training.global_batch_size if training.global_batch_size > 0
                     else training.local_batch_size * (dp or world))
@@ -413,7 +413,7 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
         "hardware_hash": hashlib.sha256(
             json.dumps({k: v for k, v in hw.to_dict().items() if k != "provenance"},
                        sort_keys=True).encode()).hexdigest()[:16],
-        "memory_budget_gib": round(budget / 2**30, 6),
+        "memory_budget_gib": round(budget / GIB, 6),
         "mixed_precision_param": training.mixed_precision_param,
         "mixed_precision_reduce": training.mixed_precision_reduce,
         "constraints": {"dp_replicate": constraints.dp_replicate,

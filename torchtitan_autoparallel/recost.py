@@ -20,7 +20,7 @@ from .exclusions import without_excluded
 from .features import Features
 from .frontend import frontend
 from .graph.layer_graph import LayerGraph
-from .layout import BlockStrategy
+from .layout import GIB, BlockStrategy
 from .model_config import (
     model_config_from_fingerprint,
 )
@@ -151,7 +151,7 @@ def record_from_fingerprint(fp: dict[str, Any], graph: LayerGraph,
         c.get("etp", 0), tuple(c["techniques"]), reshard_after_forward=reshard), graph,
         fp["world_size"])
     inputs = JobInputs(graph, constraints, hw, fp["gpus_per_node"],
-                       fp["memory_budget_gib"] * 2**30, fp["global_batch_size"],
+                       fp["memory_budget_gib"] * GIB, fp["global_batch_size"],
                        Precision(DTYPE_BYTES[fp["mixed_precision_param"]],
                                  DTYPE_BYTES[fp["mixed_precision_reduce"]]),
                        fp["world_size"], fp, pins, features)

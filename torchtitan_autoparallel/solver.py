@@ -41,12 +41,11 @@ from .cost.model import Precision
 from .errors import UserError
 from .features import EAGER, Features
 from .graph.layer_graph import LayerGraph
-from .layout import Mesh
+from .layout import GIB, Mesh
 from .pins import Pin
 from .pipeline_candidate import pipeline_options
 from .strategies import Constraints
 
-GIB = 2.0**30
 """Memory rows in GiB: numbers of similar size for HiGHS."""
 
 

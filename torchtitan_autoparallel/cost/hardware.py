@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Rule, UserError, check_fields, read_input, shown, tomllib
+from ..layout import GIB
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -163,7 +164,7 @@ class HardwareProfile:
 
     @property
     def budget_bytes(self) -> float:
-        return self.memory_gib * 2**30 * self.usable_memory_fraction
+        return self.memory_gib * GIB * self.usable_memory_fraction
 
 
 def available_profiles() -> list[str]:

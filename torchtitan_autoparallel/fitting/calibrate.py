@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 from ..cost.hardware import HardwareProfile
 from ..cost.model import collective_s
 from ..errors import UserError
+from ..layout import GIB
 from ..progress import Progress
 from .fit import Run, fit_profile
 
@@ -145,9 +146,9 @@ def calibrate(world: int, name: str, gpus_per_node: int, quick: bool = False
     flops = matmul_tflops(device, sizes, 3 if quick else 10, progress)
     times = collective_times(world, comm_sizes, 3 if quick else 10, progress)
     if device == "cuda":
-        memory = torch.cuda.get_device_properties(0).total_memory / 2**30
+        memory = torch.cuda.get_device_properties(0).total_memory / GIB
     else:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / world
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB / world
     start = HardwareProfile(
         name=name,
         peak_tflops=max(flops.values()),

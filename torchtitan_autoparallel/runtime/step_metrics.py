@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..layout import GIB
+
 
 def compiled_graphs() -> int:
     """Graphs torch.compile has produced in this process so far."""
@@ -117,4 +119,4 @@ def measured_step(trainer: Any, run_step: Callable[[Any], None], data_iterator: 
     finally:
         handle.remove()
     peak = max(tracker.get_tracker_snapshot("peak").values(), key=lambda d: d["Total"])
-    return {str(getattr(k, "value", k)): v / 2**30 for k, v in peak.items()}
+    return {str(getattr(k, "value", k)): v / GIB for k, v in peak.items()}

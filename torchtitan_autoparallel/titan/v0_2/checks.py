@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import UserError
-from ...layout import AC_MODES
+from ...layout import AC_MODES, GIB
 
 # What TorchTitan 0.2.2's quantization converters import from torchao, per feature: torchao
 # 0.18.0 no longer has the MX linear config nor the MoE training config those converters use.
@@ -58,7 +58,7 @@ def device() -> Any:
     if not torch.cuda.is_available():
         return None
     props = torch.cuda.get_device_properties(0)
-    return Device(props.name, (props.major, props.minor), props.total_memory / 2**30)
+    return Device(props.name, (props.major, props.minor), props.total_memory / GIB)
 
 
 def check_auto_settings(job_config: Any) -> None:

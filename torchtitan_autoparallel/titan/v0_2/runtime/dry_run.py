@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ....layout import GIB
+
 
 def prepare_dry_run(job_config: Any) -> None:
     """Adjust the process and the job for a meta-device dry run."""
@@ -80,7 +82,7 @@ def dry_run_report(trainer: Any) -> str:
     )
     report = (
         f"dry run OK: world {dims.world_size} ({mesh}); "
-        f"parameters per rank {local_bytes / 2**30:.2f} GiB"
+        f"parameters per rank {local_bytes / GIB:.2f} GiB"
     )
     plan = getattr(trainer.job_config, "_autoparallel_plan", None)
     if plan is not None:
@@ -91,7 +93,7 @@ def dry_run_report(trainer: Any) -> str:
         if plan.pipeline is not None and plan.pipeline.rank_state_gib:
             state = plan.pipeline.rank_state_gib[0]
         report += (
-            f"; plan {plan.digest()}: sharded state {4 * local_bytes / 2**30:.2f} GiB "
+            f"; plan {plan.digest()}: sharded state {4 * local_bytes / GIB:.2f} GiB "
             f"(predicted {state:.2f} GiB), predicted peak "
             f"{p['peak_memory_gib']:.2f} GiB of budget {p['budget_gib']:.2f} GiB"
         )
