@@ -196,13 +196,16 @@ FILL_ARCHS = [pytest.param("mistral"), pytest.param("qwen3", marks=pytest.mark.s
 def test_losses_do_not_depend_on_what_fresh_memory_holds(tmp_path, arch):
     """TorchTitan's recipe through the project's entry point, once with fresh memory filled
     with 0x55 and once with 0xaa: the same losses and gradient norms, digit for digit (with
-    ``inv_freq`` left as allocated, Mistral's step 1 was 8.10743 vs 8.10744); under auto the
-    same again."""
+    ``inv_freq`` left as allocated, Mistral's step 1 was 8.10743 vs 8.10744)."""
     first = _fill_losses(tmp_path, arch, 85)
     assert first == _fill_losses(tmp_path, arch, 170)
-    if arch == "mistral":
-        auto = _fill_losses(tmp_path / "auto", arch, 170, "--parallelism.auto")
-        assert _fill_losses(tmp_path / "auto", arch, 85, "--parallelism.auto") == auto
+
+
+@pytest.mark.slow  # measured passing (with the recipe's pair: 189 s on 2 busy cores)
+def test_losses_under_auto_do_not_depend_on_what_fresh_memory_holds(tmp_path):
+    """The same under --parallelism.auto (the plan's parallelize in place of the recipe's)."""
+    auto = _fill_losses(tmp_path, "mistral", 170, "--parallelism.auto")
+    assert _fill_losses(tmp_path, "mistral", 85, "--parallelism.auto") == auto
 
 
 @pytest.mark.parametrize("arch, words", [
