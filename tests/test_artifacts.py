@@ -129,15 +129,19 @@ def test_unsharded_meshes_are_labelled_ddp_or_single() -> None:
     from torchtitan_autoparallel.layout import Mesh
     from torchtitan_autoparallel.plan import LayerPlan
 
-    assert Mesh(2, 1, 1, 1).replicate_only and not Mesh(2, 2, 1, 1).replicate_only
-    assert not Mesh(1, 1, 1, 1).replicate_only and not Mesh(2, 1, 2, 1).replicate_only
-    assert Mesh(2, 1, 1, 1).unsharded_label == "ddp"
-    assert Mesh(1, 1, 1, 1).unsharded_label == "single"
-    assert Mesh(2, 2, 1, 1).unsharded_label == "" and Mesh(1, 1, 1, 2).unsharded_label == ""
+    assert Mesh(dp_replicate=2, dp_shard=1, tp=1).replicate_only
+    assert not Mesh(dp_replicate=2, dp_shard=2, tp=1).replicate_only
+    assert not Mesh(dp_replicate=1, dp_shard=1, tp=1).replicate_only
+    assert not Mesh(dp_replicate=2, dp_shard=1, tp=2).replicate_only
+    assert Mesh(dp_replicate=2, dp_shard=1, tp=1).unsharded_label == "ddp"
+    assert Mesh(dp_replicate=1, dp_shard=1, tp=1).unsharded_label == "single"
+    assert Mesh(dp_replicate=2, dp_shard=2, tp=1).unsharded_label == ""
+    assert Mesh(dp_replicate=1, dp_shard=1, tp=1, cp=2).unsharded_label == ""
     layer = LayerPlan("layers.0", "block", ac="full", reshard_after_forward=False)
     assert layer.describe() == "fsdp-keep+ac:full"
     assert layer.describe("ddp") == "ddp+ac:full"
-    assert layer.describe(Mesh(1, 1, 1, 1).unsharded_label) == "single+ac:full"
+    one = Mesh(dp_replicate=1, dp_shard=1, tp=1)
+    assert layer.describe(one.unsharded_label) == "single+ac:full"
 
 
 def test_405b_plan_files_are_byte_identical(tmp_path, monkeypatch):

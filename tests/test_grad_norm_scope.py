@@ -12,8 +12,9 @@ def _plan(mesh: Mesh, modes: list[str]) -> Plan:
 
 
 def test_only_plans_with_blocks_on_several_meshes_need_it() -> None:
-    assert needed(_plan(Mesh(1, 2, 2), ["sp", "dp", "sp"]))
-    assert needed(_plan(Mesh(1, 2, 2), ["dp", "dp"]))  # embedding / output stay on tp
-    assert not needed(_plan(Mesh(1, 2, 2), ["sp", "sp"]))
-    assert not needed(_plan(Mesh(1, 4, 1), ["none", "none"]))
+    assert needed(_plan(Mesh(dp_replicate=1, dp_shard=2, tp=2), ["sp", "dp", "sp"]))
+    # embedding / output stay on tp
+    assert needed(_plan(Mesh(dp_replicate=1, dp_shard=2, tp=2), ["dp", "dp"]))
+    assert not needed(_plan(Mesh(dp_replicate=1, dp_shard=2, tp=2), ["sp", "sp"]))
+    assert not needed(_plan(Mesh(dp_replicate=1, dp_shard=4, tp=1), ["none", "none"]))
     assert not needed(None)  # recipes: TorchTitan's own clipping

@@ -56,7 +56,7 @@ def _linear_layer(m: int, k: int, n: int) -> Layer:
 
 
 def _float8_speedup(m: int, k: int, n: int, recipe: str, hw) -> float:
-    layer, mesh = _linear_layer(m, k, n), Mesh(1, 1, 1)
+    layer, mesh = _linear_layer(m, k, n), Mesh(dp_replicate=1, dp_shard=1, tp=1)
     strategy, prec = BlockStrategy("none", False), Precision(2, 4)
     bf16 = compute_s(layer, mesh, strategy, 1, hw, prec, Features(compile=True))[1]
     # every linear float8 (filter_fqns set, empty): the linear's own float8 cost
@@ -70,7 +70,7 @@ def test_planner_keeps_a_linear_in_bf16_exactly_where_float8_is_slower():
     cost (every linear converted) beats bf16, so the chosen cost is the better of the two."""
     hw = load_profile("h100_sxm")
     for m, k, n in ((1024, 1024, 1024), (8192, 4096, 1024), (16384, 8192, 8192)):
-        layer, mesh = _linear_layer(m, k, n), Mesh(1, 1, 1)
+        layer, mesh = _linear_layer(m, k, n), Mesh(dp_replicate=1, dp_shard=1, tp=1)
         strategy, prec = BlockStrategy("none", False), Precision(2, 4)
         bf16 = compute_s(layer, mesh, strategy, 1, hw, prec, Features(compile=True))[1]
         chosen = compute_s(layer, mesh, strategy, 1, hw, prec,
@@ -131,7 +131,8 @@ def test_ring_attention_work_grows_with_the_ring_at_a_fixed_local_length():
 
     register()
     work = [sum(ring_attention_bytes(model_layer_graph("llama3", "8B", 32768 * cp).blocks[0],
-                                     Mesh(1, 8 // cp, 1, cp), 1)) for cp in (2, 4, 8)]
+                                     Mesh(dp_replicate=1, dp_shard=8 // cp, tp=1, cp=cp), 1))
+            for cp in (2, 4, 8)]
     assert work[0] < work[1] < work[2]
     assert work[2] / work[0] > 3
 

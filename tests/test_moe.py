@@ -53,11 +53,11 @@ def test_ep_follows_torchtitan_rules():
     assert legal_ep(8, dp_shard=4, cp=1, tp=1) == [(2, 1), (4, 1)]
     assert legal_ep(6, dp_shard=4, cp=1, tp=1) == [(2, 1)]  # ep must divide the experts
     assert legal_ep(8, dp_shard=1, cp=1, tp=4) == []  # TorchTitan needs FSDP beside EP
-    assert Mesh(1, 4, 2, 1, ep=4, etp=1).efsdp == 2
+    assert Mesh(dp_replicate=1, dp_shard=4, tp=2, ep=4).efsdp == 2
 
 
 def test_pins_fix_or_restrict_strategies():
-    mesh, constraints = Mesh(1, 2, 2), Constraints()
+    mesh, constraints = Mesh(dp_replicate=1, dp_shard=2, tp=2), Constraints()
     free = pinned_strategies(mesh, 4, constraints, False, None)
     assert any(s.tp_mode == "dp" for s in free)
     region = pinned_strategies(mesh, 4, constraints, False, Pin(regions=("attention",)))
@@ -116,10 +116,12 @@ def test_looped_experts_cost_a_kernel_per_expert_and_ep_splits_them():
     def cost(mesh, grouped):
         return block_cost(layer, mesh, s, 2, hw, Precision(2, 4), 8, grouped).compute_s
 
-    for mesh, local in ((Mesh(1, 8, 1), 64), (Mesh(1, 8, 1, 1, ep=8), 8)):
+    for mesh, local in ((Mesh(dp_replicate=1, dp_shard=8, tp=1), 64),
+                        (Mesh(dp_replicate=1, dp_shard=8, tp=1, ep=8), 8)):
         extra = cost(mesh, False) - cost(mesh, True)
         assert extra == pytest.approx(local * 9 * hw.kernel_launch_us * 1e-6)
     # EP moves tokens (all-to-all) and FSDP-gathers experts over efsdp only
-    no_ep = block_cost(layer, Mesh(1, 8, 1), s, 2, hw, Precision(2, 4), 8)
-    ep = block_cost(layer, Mesh(1, 8, 1, 1, ep=8), s, 2, hw, Precision(2, 4), 8)
+    no_ep = block_cost(layer, Mesh(dp_replicate=1, dp_shard=8, tp=1), s, 2, hw, Precision(2, 4), 8)
+    ep = block_cost(layer, Mesh(dp_replicate=1, dp_shard=8, tp=1, ep=8), s, 2, hw,
+                    Precision(2, 4), 8)
     assert ep.transient_bytes < no_ep.transient_bytes

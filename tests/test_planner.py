@@ -281,7 +281,7 @@ def test_memory_terms_measured_on_one_gpu():
     params = sum(layer.params for layer in graph.layers)
     body = params - graph.layers[0].params  # all but the embedding
     logits = graph.seq_len * graph.vocab_size
-    single, fsdp = Mesh(1, 1, 1, 1), Mesh(1, 2, 1, 1)
+    single, fsdp = Mesh(dp_replicate=1, dp_shard=1, tp=1), Mesh(dp_replicate=1, dp_shard=2, tp=1)
 
     def cand(mesh, mb, global_batch, prec):
         return build_candidate(graph, mesh, mb, global_batch, hw, prec, 8, Constraints())
@@ -309,7 +309,8 @@ def test_memory_terms_measured_on_one_gpu():
                     if cls == block.signature and s.ac == "none")
 
     single_cost = no_ac(cand(single, 1, 1, bf16))
-    assert no_ac(cand(Mesh(2, 1, 1, 1), 1, 2, bf16)).kept_bytes == single_cost.kept_bytes
+    ddp = Mesh(dp_replicate=2, dp_shard=1, tp=1)
+    assert no_ac(cand(ddp, 1, 2, bf16)).kept_bytes == single_cost.kept_bytes
     assert no_ac(cand(fsdp, 1, 2, bf16)).kept_bytes == pytest.approx(block.saved_bytes / 2)
 
 
@@ -471,7 +472,8 @@ def test_embedding_and_output_are_costed_as_applied():
     bw = hw.intra_node_gbps * 1e9
     emb, out = graph.layers[0].params * 4, graph.layers[-1].params * 4
     expected = (3 * emb / 2 + 2 * out / 2) / bw
-    got = edges_cost(graph, Mesh(1, 2, 1), 1, hw, Precision(4, 4), 8).time_s
+    got = edges_cost(graph, Mesh(dp_replicate=1, dp_shard=2, tp=1), 1, hw, Precision(4, 4),
+                     8).time_s
     assert got == pytest.approx(expected, rel=1e-6)
 
 

@@ -99,7 +99,7 @@ def test_optimizer_implementation_is_costed(implementation, bytes_per_param):
     job = parse_config(["--job.config_file", str(REPO / "train_configs/llama3_debug_auto.toml"),
                         f"--optimizer.implementation={implementation}"])
     inputs = job_inputs(job, 1)
-    cand = candidate_for(inputs, Mesh(1, 1, 1, 1), 2)
+    cand = candidate_for(inputs, Mesh(dp_replicate=1, dp_shard=1, tp=1), 2)
     assert cand.edge_state["first"] == pytest.approx(cand.state_bytes * bytes_per_param / 16)
 
 

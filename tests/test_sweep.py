@@ -199,17 +199,18 @@ def test_host_time_stretches_oversubscribed_ranks() -> None:
     from torchtitan_autoparallel.layout import Mesh
 
     hw = dataclasses.replace(load_profile("cpu"), host_cores=2, block_overhead_us=1000.0)
-    assert host_time_s(1.0, Mesh(1, 2, 1, 1), hw, 8) == pytest.approx(1.001)
-    assert host_time_s(1.0, Mesh(1, 8, 1, 1), hw, 8) == pytest.approx(4.001)
+    assert host_time_s(1.0, Mesh(dp_replicate=1, dp_shard=2, tp=1), hw, 8) == pytest.approx(1.001)
+    assert host_time_s(1.0, Mesh(dp_replicate=1, dp_shard=8, tp=1), hw, 8) == pytest.approx(4.001)
     gpu = load_profile("h100_sxm")
     # a GPU's ranks have their own devices: no stretch, only the per-layer host time
-    assert host_time_s(1.0, Mesh(1, 8, 1, 1), gpu, 8) == pytest.approx(
+    assert host_time_s(1.0, Mesh(dp_replicate=1, dp_shard=8, tp=1), gpu, 8) == pytest.approx(
         1.0 + gpu.block_overhead_us * 1e-6)
     # collectives of oversubscribed ranks wait for a time slice; not so at 2 ranks on 2 cores
     hw = dataclasses.replace(hw, intra_node_latency_us=100.0, oversubscribed_latency_us=5000.0)
-    assert host_profile(hw, Mesh(1, 4, 1, 1), 8).intra_node_latency_us == 5100.0
-    assert host_profile(hw, Mesh(1, 2, 1, 1), 8) is hw
-    assert host_profile(gpu, Mesh(1, 8, 1, 1), 8) is gpu
+    four = Mesh(dp_replicate=1, dp_shard=4, tp=1)
+    assert host_profile(hw, four, 8).intra_node_latency_us == 5100.0
+    assert host_profile(hw, Mesh(dp_replicate=1, dp_shard=2, tp=1), 8) is hw
+    assert host_profile(gpu, Mesh(dp_replicate=1, dp_shard=8, tp=1), 8) is gpu
 
 
 def test_host_copies_make_sharded_data_parallel_cost_more_than_replication() -> None:
@@ -230,7 +231,7 @@ def test_host_copies_make_sharded_data_parallel_cost_more_than_replication() -> 
         return block_cost(layer, mesh, BlockStrategy("none", reshard), 1, profile,
                           Precision(), 8).time_s
 
-    ddp, fsdp = Mesh(2, 1, 1, 1), Mesh(1, 2, 1, 1)
+    ddp, fsdp = Mesh(dp_replicate=2, dp_shard=1, tp=1), Mesh(dp_replicate=1, dp_shard=2, tp=1)
     assert time(copies, ddp) == time(hw, ddp)  # replication: no sharded collectives
     # 4 MB of parameters all-gathered twice (forward, backward) + 4 MB of gradients
     assert time(copies, fsdp) - time(hw, fsdp) == pytest.approx(12e6 / 1e9)

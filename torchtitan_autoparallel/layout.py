@@ -74,10 +74,11 @@ def reshard_group(reshard_after_forward: bool | int) -> int:
     return 0 if isinstance(reshard_after_forward, bool) else reshard_after_forward
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, kw_only=True)
 class Mesh:
     """pp x dp_replicate x dp_shard x cp x tp = world size (TorchTitan's mesh order: pp
-    outermost, tp innermost).
+    outermost, tp innermost). Built with keywords only; the fields' order is the order meshes
+    sort in (dp_replicate, dp_shard, tp, cp, ...), which the search's tie-breaking follows.
 
     ``ep`` / ``etp`` follow TorchTitan's rules for routed experts: with ``etp = tp`` the ep ranks
     come from dp_shard x cp; with ``etp = 1`` they also take all of tp (ep a multiple of tp).

@@ -23,8 +23,8 @@ def recipe_plan(job_config: Any, world: int) -> Plan:
     if dp_shard == -1:
         dp_shard = world // (dp_replicate * tp * cp * pp)
     ep = par.expert_parallel_degree if inputs.graph.num_experts else 1
-    mesh = Mesh(dp_replicate, dp_shard, tp, cp, ep,
-                par.expert_tensor_parallel_degree if ep > 1 else 1, pp)
+    mesh = Mesh(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, cp=cp, ep=ep,
+                etp=par.expert_tensor_parallel_degree if ep > 1 else 1, pp=pp)
     if mesh.world != world:
         raise UserError(
             f"[parallelism] degrees pp={pp} dp_replicate={dp_replicate} dp_shard={dp_shard} "

@@ -106,7 +106,8 @@ def enumerate_meshes(
                         refused[why] = None
                         continue
                     meshes.extend(
-                        Mesh(dp_replicate, dp_shard, tp, cp, ep, etp, pp)
+                        Mesh(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, cp=cp, ep=ep,
+                             etp=etp, pp=pp)
                         for ep, etp in expert_degrees(graph, dp_shard, cp, tp, constraints,
                                                       allowed)
                     )

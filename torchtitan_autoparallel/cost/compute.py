@@ -440,7 +440,7 @@ def _compute_of(layer: Layer, shard: int, mesh: Mesh, strategy: BlockStrategy, m
                 ) -> tuple[float, float]:
     """``block_compute_s`` on dp_shard ``shard`` x the mesh's cp x tp, the strategy's AC and TP
     mode alone (what ``compute_s`` keys it by)."""
-    return block_compute_s(layer, Mesh(1, shard, mesh.tp, mesh.cp),
+    return block_compute_s(layer, Mesh(dp_replicate=1, dp_shard=shard, tp=mesh.tp, cp=mesh.cp),
                            BlockStrategy(strategy.ac, False, strategy.tp_mode), microbatch, hw,
                            prec, features)
 
