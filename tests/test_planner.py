@@ -635,8 +635,9 @@ def test_fsdp_units_match_brute_force():
                     unit = block_cost(unit_as_one_layer(layer, k), mesh, BlockStrategy("none", r),
                                       1, hw, prec, gpn)
                     ref_costs[(cls, BlockStrategy("none", r, "none", k))] = BlockCost(
-                        unit.time_s / k, 0.0, 0.0, 0.0, unit.kept_bytes / k,
-                        unit.state_bytes / k, unit.transient_bytes)
+                        time_s=unit.time_s / k, compute_s=0.0, comm_s=0.0, exposed_comm_s=0.0,
+                        kept_bytes=unit.kept_bytes / k, state_bytes=unit.state_bytes / k,
+                        transient_bytes=unit.transient_bytes)
             per_class.append([(cls, seq) for seq in unit_sequences(n, reshards)])
         reference = dataclasses.replace(cand, costs=ref_costs)
 

@@ -1,6 +1,8 @@
 """Communication of a block: TP / SP collectives and the GEMMs they overlap with (async TP),
 context parallel's ring, FSDP's all-gathers and reduce-scatters, and MoE's all-to-alls."""
 
+from typing import NamedTuple
+
 from ..features import Features
 from ..graph.layer_graph import Layer
 from ..layout import BlockStrategy, Mesh, fsdp_group_size, reshard_group
@@ -147,14 +149,28 @@ def cp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     return hidden, exchanges * alpha
 
 
+class FsdpCost(NamedTuple):
+    """FSDP / HSDP of one block for one micro-batch (``fsdp_s``)."""
+
+    fwd_s: float
+    """Collectives in forward (the all-gathers)."""
+    bwd_s: float
+    """Collectives in backward (all-gathers again after resharding, reduce-scatters, HSDP's
+    all-reduce)."""
+    copy_s: float
+    """Copies on the training stream (host copies, device copy-in / copy-out, CPU offload)."""
+    unsharded_bytes: float
+    """The block's parameters as FSDP all-gathers them."""
+    grad_bytes: float
+    """Its unsharded gradients before the reduce-scatter."""
+
+
 def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, hw: HardwareProfile,
            prec: Precision, gpus_per_node: int, features: Features, low: float,
-           saturated: bool = False) -> tuple[float, float, float, float, float]:
-    """FSDP / HSDP for one micro-batch through ``layer``: (forward collectives, backward
-    collectives, copies on the training stream, unsharded parameter bytes, unsharded gradient
-    bytes). ``low``: the share of the parameters all-gathered in float8. ``saturated``: every
-    collective at its link's peak bandwidth without latency, a floor under every FSDP unit's
-    share of its unit's collectives."""
+           saturated: bool = False) -> FsdpCost:
+    """FSDP / HSDP for one micro-batch through ``layer``. ``low``: the share of the parameters
+    all-gathered in float8. ``saturated``: every collective at its link's peak bandwidth
+    without latency, a floor under every FSDP unit's share of its unit's collectives."""
     param_split = 1 if strategy.tp_mode == "dp" else mesh.tp
     fsdp_group = fsdp_group_size(mesh, strategy.tp_mode)
     # FSDP: all-gather params in forward (and again in backward if resharded), reduce-scatter
@@ -215,7 +231,7 @@ def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, hw: HardwareProfil
         # without the precomputed scale, every float8 weight all-reduces its amax when gathered
         copy_s += len(layer.linear_shapes) * gathers * collective_s(
             "all_reduce", 4.0, fsdp_group, ds_nodes, hw, 1, saturated)
-    return fwd_comm, bwd_comm, copy_s, unsharded, gbytes
+    return FsdpCost(fwd_comm, bwd_comm, copy_s, unsharded, gbytes)
 
 
 def moe_dispatch_s(layer: Layer, mesh: Mesh, microbatch: int, act_scale: float,

@@ -49,7 +49,7 @@ class Precision:
     """Bytes per element of gradient reduction (mixed_precision_reduce)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BlockCost:
     time_s: float
     compute_s: float

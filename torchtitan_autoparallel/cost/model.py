@@ -17,6 +17,7 @@ are re-exported here for the callers.
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 from ..features import EAGER, Features
 from ..graph.layer_graph import Layer, LayerGraph
@@ -137,8 +138,10 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
                                            unsharded, gbytes)
     parts = (("tp", tp_only), ("cp ring", cp_comm), ("ep all-to-all", ep_comm),
              ("fsdp / dp", exposed), ("host copies", copy_s))
-    return BlockCost(time, compute, tp_comm + fwd_comm + bwd_comm, tp_comm + exposed,
-                     kept, state, transient, parts, unsharded, gbytes)
+    return BlockCost(time_s=time, compute_s=compute, comm_s=tp_comm + fwd_comm + bwd_comm,
+                     exposed_comm_s=tp_comm + exposed, kept_bytes=kept, state_bytes=state,
+                     transient_bytes=transient, exposed_parts=parts, unsharded_bytes=unsharded,
+                     grad_bytes=gbytes)
 
 
 def _block_memory(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
@@ -185,12 +188,16 @@ def _block_memory(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch:
     return kept, state, transient
 
 
+FsdpFloor = Literal["", "step", "microbatch"]
+"""When a time floor counts FSDP's collectives: "" not at all, "step" once per step (pipeline
+stages), "microbatch" in every micro-batch (flat plans)."""
+
 _NO_AC = {mode: BlockStrategy("none", False, mode) for mode in ("none", *TP_MODES)}
 
 
 def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfile,
                      prec: Precision, gpus_per_node: int, features: Features,
-                     tp_modes: tuple[str, ...], hide_ep: bool = False, fsdp: str = ""
+                     tp_modes: tuple[str, ...], hide_ep: bool = False, fsdp: FsdpFloor = ""
                      ) -> float:
     """A floor under ``block_cost(...).time_s`` of every strategy on ``mesh`` whose TP mode is
     in ``tp_modes``: the compute of the fastest mode without AC, plus what every strategy pays
@@ -213,7 +220,7 @@ def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProf
 
 def _with_fsdp(modes: tuple[tuple[float, float, float], ...], extra: float,
                fsdp_modes: tuple[tuple[float, float, float], ...], hw: HardwareProfile,
-               fsdp: str) -> float:
+               fsdp: FsdpFloor) -> float:
     """A block floor's device time with FSDP's collectives (``block_time_floor``): as
     ``block_cost`` counts them, monotone in the compute and in each collective's time, so the
     least of both bounds it for every strategy (AC and resharding only add to them)."""
@@ -261,7 +268,7 @@ def _fsdp_floor(layer: Layer, mesh: Mesh, hw: HardwareProfile, prec: Precision,
 
 def model_time_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
                      prec: Precision, gpus_per_node: int, features: Features,
-                     tp_modes: tuple[str, ...], hide_ep: bool = False, fsdp: str = ""
+                     tp_modes: tuple[str, ...], hide_ep: bool = False, fsdp: FsdpFloor = ""
                      ) -> float:
     """A floor under the forward + backward time of one micro-batch through the whole model on
     ``mesh`` whose blocks run one of ``tp_modes`` (``block_tp_modes``; edges run "sp" on
