@@ -31,8 +31,8 @@ def resolve_plan(job_config: Any, world: int) -> Any:
     diff = fingerprint_diff(plan.fingerprint, job_fp)
     if diff:
         raise UserError(
-            f"plan {ap.plan_file} was made for another job ({'; '.join(diff[:4])}"
-            f"{f'; {len(diff) - 4} more' if len(diff) > 4 else ''}): plan this job again "
+            f"plan {ap.plan_file} was made for another job ({'; '.join(diff)}): plan this "
+            "job again "
             "(python -m torchtitan_autoparallel plan with the same config and overrides, "
             "--out a new file), drop autoparallel.plan_file to plan at launch, or run the job "
             "the plan was made for")

@@ -470,14 +470,18 @@ def fingerprint_diff(plan_fp: dict[str, Any], job_fp: dict[str, Any]) -> list[st
     """Readable differences ``key: plan X -> job Y`` (package versions excluded: they warn);
     within a record (the constraints, the features) only the entries that differ, as
     ``key: entry plan X -> job Y``."""
-    out = []
+    values, records = [], []
     for k in sorted((set(plan_fp) | set(job_fp)) - {"versions"}):
         a, b = plan_fp.get(k), job_fp.get(k)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += [f"{k}: {line}" for line in _entries_diff(a, b)]
+            records += [f"{k}: {line}" for line in _entries_diff(a, b)]
         elif a != b:
-            out.append(f"{k}: plan {shown(a)} -> job {shown(b)}")
-    return out
+            values.append(f"{k}: plan {shown(a)} -> job {shown(b)}")
+    causes = ("model:", "flavor:", "seq_len:", "model_config:")
+    if any(line.startswith(causes) for line in values + records):
+        # the model's hash follows from its name, flavor, sequence length and config
+        values = [line for line in values if not line.startswith("model_hash:")]
+    return values + records  # the model, world and batch first, then the records' entries
 
 
 def _entries_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
