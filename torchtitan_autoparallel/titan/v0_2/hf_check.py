@@ -29,10 +29,8 @@ def _written_storages(run: Any) -> set[int]:
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
-            for arg in func._schema.arguments:
-                value = kwargs.get(arg.name) if arg.kwarg_only else (
-                    args[func._schema.arguments.index(arg)]
-                    if func._schema.arguments.index(arg) < len(args) else None)
+            for i, arg in enumerate(func._schema.arguments):
+                value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
                 if arg.alias_info is not None and arg.alias_info.is_write and \
                         isinstance(value, torch.Tensor):
                     written.add(value.untyped_storage()._cdata)
