@@ -161,27 +161,36 @@ def test_plan_names_the_model_and_flavor(capsys):
         "model: llama3 flavor debugmodel, hardware 'cpu'"
 
 
-def test_own_options_are_checked_before_torchtitan_is_imported():
-    """``--memory-gib -1`` came after 5-8 s of imports and model building."""
+@pytest.mark.parametrize("args,message", [
+    (["--memory-gib", "-1"], "autoparallel.memory_gib = -1.0 is invalid"),
+    (["--gpus-per-node", "-1"], "autoparallel.gpus_per_node = -1 is invalid"),
+    (["--training.seq_len", "0"], "training.seq_len = 0 is invalid"),
+    (["--training.local-batch-size=-3"], "training.local_batch_size = -3 is invalid"),
+    (["--training.steps", "-1"], "training.steps = -1 is invalid"),
+])
+def test_values_are_checked_before_torchtitan_is_imported(args, message):
+    """``seq_len 0`` and ``--memory-gib -1`` came after 5-8 s of imports and model building:
+    the same line now comes before torch and TorchTitan are imported."""
     code = ("import sys; from torchtitan_autoparallel.cli import main; "
             "from torchtitan_autoparallel.errors import run_cli; "
             "c = run_cli(lambda: main(sys.argv[1:])); "
             "print('torch' in sys.modules, 'torchtitan' in sys.modules); sys.exit(c)")
-    for option in ("--memory-gib", "--gpus-per-node"):
-        proc = _run([sys.executable, "-c", code, "plan", "--config", str(DEBUG_AUTO),
-                     "--ngpu", "2", option, "-1"])
-        line = one_line_error(proc.returncode, proc.stderr)
-        assert f"autoparallel.{option[2:].replace('-', '_')} = -1" in line
-        assert proc.stdout.split() == ["False", "False"], proc.stdout
+    proc = _run([sys.executable, "-c", code, "plan", "--config", str(DEBUG_AUTO), "--ngpu",
+                 "2", *args])
+    assert message in one_line_error(proc.returncode, proc.stderr)
+    assert proc.stdout.split() == ["False", "False"], proc.stdout
 
 
 def test_no_assets_warning_outside_the_checkout(tmp_path):
     """"HF assets path ./assets/tokenizer does not exist!" before every command run from
     another folder (the package's assets are found; a missing tokenizer is its own line)."""
     proc = _run([sys.executable, "-m", "torchtitan_autoparallel", "plan", "--config",
-                 str(DEBUG_AUTO), "--ngpu", "2", "--training.seq_len", "0"], cwd=tmp_path)
-    line = one_line_error(proc.returncode, proc.stderr)
-    assert "training.seq_len = 0 is invalid" in line and "HF assets" not in proc.stderr
+                 str(DEBUG_AUTO), "--ngpu", "2"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "HF assets" not in proc.stdout + proc.stderr
+    bad = _run([sys.executable, "-m", "torchtitan_autoparallel", "plan", "--config",
+                str(DEBUG_AUTO), "--ngpu", "2", "--training.seq_len", "abc"], cwd=tmp_path)
+    assert "Error parsing --training.seq-len" in one_line_error(bad.returncode, bad.stderr)
 
 
 # ------------------------------------------------------------------------------ training

@@ -372,6 +372,41 @@ def main(argv: list[str] | None = None) -> int:
     return args.func(args)
 
 
+def _check_training_early(args: argparse.Namespace) -> None:
+    """The integer ``[training]`` values planning checks (``validate.TRAINING_RULES``), as the
+    TOML and the ``--training.<key>`` overrides give them, by the same rules before TorchTitan
+    is imported; what only TorchTitan's parser can read is checked after it, as before."""
+    import os
+
+    from .errors import check_value, tomllib
+    from .validate import TRAINING_RULES
+
+    rules = {key: rule for key, rule in TRAINING_RULES.items() if rule.kind is int}
+    values: dict[str, object] = {}
+    config = getattr(args, "config", "")
+    if config.endswith(".toml") and os.path.isfile(config):
+        try:
+            with open(config, "rb") as f:
+                section = tomllib.load(f).get("training")
+        except (OSError, ValueError):
+            section = None  # read (and refused in one line) by the parser later
+        if isinstance(section, dict):
+            values.update((k, v) for k, v in section.items() if k in rules)
+    overrides = getattr(args, "overrides", [])
+    for i, arg in enumerate(overrides):
+        name, _, value = arg.partition("=")
+        key = name.replace("-", "_")[len("__training."):]
+        if not name.startswith("--training.") or key not in rules:
+            continue
+        value = value if "=" in arg else (overrides[i + 1] if i + 1 < len(overrides) else "")
+        try:
+            values[key] = int(value)
+        except ValueError:
+            values.pop(key, None)  # not an integer: TorchTitan's parser names it
+    for key, value in values.items():
+        check_value("training.", key, value, rules[key])
+
+
 def _check_own_options(args: argparse.Namespace) -> None:
     """The command's own ``--memory-gib`` / ``--gpus-per-node`` by the rules of the keys they
     set, before TorchTitan and the model are imported (seconds), and ``plan``'s ``--out``
@@ -385,6 +420,7 @@ def _check_own_options(args: argparse.Namespace) -> None:
         value = getattr(args, key, None)
         if value is not None:
             check_value("autoparallel.", key, value, AUTOPARALLEL_RULES[key])
+    _check_training_early(args)
     out, config = getattr(args, "out", ""), getattr(args, "config", "")
     if out and config and os.path.exists(config) and os.path.exists(out) \
             and os.path.samefile(out, config):
