@@ -108,7 +108,8 @@ def test_looped_experts_cost_a_kernel_per_expert_and_ep_splits_them():
     from torchtitan_autoparallel.graph.layer_graph import Layer
     from torchtitan_autoparallel.layout import BlockStrategy
 
-    layer = Layer("layers.1", "block", 10**8, 1e12, 1e8, 4096 * 1024 * 4, "moe", 0.0, 0.0,
+    layer = Layer(fqn="layers.1", kind="block", params=10**8, fwd_flops=1e12, saved_bytes=1e8,
+                  io_bytes=4096 * 1024 * 4, signature="moe", attn_flops=0.0, kv_bytes=0.0,
                   expert_params=9 * 10**7, num_experts=64, top_k=2, expert_flops=5e11)
     hw = dataclasses.replace(load_profile("h100_sxm"), moe_load_imbalance=1.0)
     s = BlockStrategy("none", True, "none")

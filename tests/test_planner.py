@@ -22,8 +22,8 @@ from torchtitan_autoparallel.strategies import Constraints, enumerate_meshes, mi
 def random_graph(rng: random.Random) -> LayerGraph:
     dim = rng.choice([256, 512, 1024])
     seq = rng.choice([512, 1024, 2048])
-    layers = [Layer("tok_embeddings", "embedding", 32000 * dim, 0.0, seq * dim * 4, seq * 8,
-                    "embedding")]
+    layers = [Layer(fqn="tok_embeddings", kind="embedding", params=32000 * dim, fwd_flops=0.0,
+                    saved_bytes=seq * dim * 4, io_bytes=seq * 8, signature="embedding")]
     n_classes = rng.choice([1, 2])
     counts = [rng.randint(1, 5)] if n_classes == 1 else [rng.randint(1, 2), rng.randint(1, 2)]
     i = 0
@@ -38,11 +38,13 @@ def random_graph(rng: random.Random) -> LayerGraph:
             moe = {"expert_params": expert_params, "num_experts": experts, "top_k": 2,
                    "expert_flops": 2.0 * seq * 2 * expert_params / experts}
         for _ in range(count):
-            layers.append(Layer(f"layers.{i}", "block", params, flops, saved, seq * dim * 4,
-                                f"class{c}", **moe))
+            layers.append(Layer(fqn=f"layers.{i}", kind="block", params=params,
+                                fwd_flops=flops, saved_bytes=saved, io_bytes=seq * dim * 4,
+                                signature=f"class{c}", **moe))
             i += 1
-    layers.append(Layer("output", "output", 32000 * dim, 2.0 * seq * dim * 32000,
-                        2 * seq * 32000 * 4, seq * dim * 4, "output"))
+    layers.append(Layer(fqn="output", kind="output", params=32000 * dim,
+                        fwd_flops=2.0 * seq * dim * 32000, saved_bytes=2 * seq * 32000 * 4,
+                        io_bytes=seq * dim * 4, signature="output"))
     heads = rng.choice([4, 8, 16])
     return LayerGraph("synthetic", "random", seq, dim, 32000, heads, heads, dim // heads,
                       tuple(layers))

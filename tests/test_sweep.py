@@ -223,7 +223,8 @@ def test_host_copies_make_sharded_data_parallel_cost_more_than_replication() -> 
     from torchtitan_autoparallel.graph.layer_graph import Layer
     from torchtitan_autoparallel.layout import BlockStrategy, Mesh
 
-    layer = Layer("layers.0", "block", 10**6, 1e9, 1e6, 1e5, "b")
+    layer = Layer(fqn="layers.0", kind="block", params=10**6, fwd_flops=1e9, saved_bytes=1e6,
+                  io_bytes=1e5, signature="b")
     hw = dataclasses.replace(load_profile("cpu"), host_copy_gbps=0.0)
     copies = dataclasses.replace(hw, host_copy_gbps=1.0)
 

@@ -54,9 +54,10 @@ class EncoderWork:
     """What was assumed of its input where the model does not say (a plan note)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Layer:
-    """One schedulable unit: the embedding, a transformer block, or norm + output."""
+    """One schedulable unit: the embedding, a transformer block, or norm + output (built with
+    keywords only)."""
 
     fqn: str
     kind: str
@@ -499,7 +500,7 @@ def _encoder_layers(adapter: Any, model: torch.nn.Module, seq_len: int,
         encoder = submodule_or_none(model, fqn)
         if encoder is not None:
             work = resolve(measure)(encoder, seq_len)
-            layers.append(Layer(fqn, "encoder", fwd_flops=work.fwd_flops,
+            layers.append(Layer(fqn=fqn, kind="encoder", fwd_flops=work.fwd_flops,
                                 saved_bytes=work.saved_bytes, io_bytes=work.io_bytes,
                                 signature=f"encoder:{fqn}", eager_bytes=work.eager_bytes,
                                 gemm_io_bytes=work.gemm_io_bytes, **count(encoder)))
@@ -544,7 +545,7 @@ def _graph_of_model(family: str, flavor: str, model: torch.nn.Module, seq_len: i
         return total
 
     layers = []
-    layers.append(Layer(adapter.embedding, "embedding", fwd_flops=0.0,
+    layers.append(Layer(fqn=adapter.embedding, kind="embedding", fwd_flops=0.0,
                         saved_bytes=seq_len * dim * fp32, io_bytes=seq_len * 8,
                         signature="embedding", **count(embedding)))
     encoders, notes = _encoder_layers(adapter, model, seq_len, count)
@@ -566,7 +567,7 @@ def _graph_of_model(family: str, flavor: str, model: torch.nn.Module, seq_len: i
         shapes = tuple((m.in_features, m.out_features) for _, m in linears)
         moe = _moe_fields(adapter, block, experts, seq_len)
         moe_model |= experts is not None
-        layers.append(Layer(f"{adapter.blocks}.{name}", "block", fwd_flops=flops,
+        layers.append(Layer(fqn=f"{adapter.blocks}.{name}", kind="block", fwd_flops=flops,
                             saved_bytes=saved, io_bytes=seq_len * dim * fp32, signature=sig,
                             attn_flops=attn, kv_bytes=kv_bytes, **moe, **count(block),
                             eager_bytes=eager, gemm_io_bytes=gemm_io, linear_shapes=shapes,
@@ -575,7 +576,7 @@ def _graph_of_model(family: str, flavor: str, model: torch.nn.Module, seq_len: i
                             linear_styles=_linear_styles(adapter, sig, linears)))
     head = [model.get_submodule(n) for n in (adapter.final_norm, adapter.output) if n]
     # logits are kept in fp32 for the loss, plus their gradient buffer during backward
-    layers.append(Layer(adapter.output, "output", fwd_flops=2.0 * seq_len * dim * vocab,
+    layers.append(Layer(fqn=adapter.output, kind="output", fwd_flops=2.0 * seq_len * dim * vocab,
                         saved_bytes=2 * seq_len * vocab * fp32 + 2 * seq_len * dim * fp32,
                         io_bytes=seq_len * dim * fp32, signature="output", **count(*head)))
     excluded = adapter.exclusions(moe_model, heads is not None)
