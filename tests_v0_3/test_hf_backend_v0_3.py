@@ -138,10 +138,14 @@ def _initialised(model: str) -> tuple:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from torchtitan_autoparallel.graph.layer_graph import meta_model
-    from torchtitan_autoparallel.runtime.hf import reset_buffers_in_init_states
-    from torchtitan_autoparallel.titan.v0_3.model import model_spec, sized_for, trainer_config
+    from torchtitan_autoparallel.titan.v0_3.model import (
+        model_spec,
+        reset_hf_buffers_in_init_states,
+        sized_for,
+        trainer_config,
+    )
 
-    reset_buffers_in_init_states()
+    reset_hf_buffers_in_init_states()
     config = model_spec("transformers_modeling_backend", "debugmodel").model
     sized_for(config, 256, trainer_config("transformers_modeling_backend",
                                           {"hf_transformers": {"model": model}}))

@@ -20,10 +20,10 @@
   (non-persistent). Each such buffer of a transformers module is filled with NaN, then written
   by the HF model's own ``_init_weights`` and HF's rope init function; one left NaN is refused
   in one line. Installed by ``with_rotary_reset`` (0.2.2's train spec) and
-  ``reset_buffers_in_init_states`` (0.3.0's ``HFTransformerModel``, from the project's
-  ``titan.v0_3.train``). On 0.2.2 the parameters are NaN-filled before ``init_weights`` too:
-  one its ``_init_weights`` does not know (Mixtral's experts' ``w1`` / ``w2`` / ``w3``, which
-  trained to NaN losses) is refused in one line. Tested by
+  ``titan.v0_3.model.reset_hf_buffers_in_init_states`` (0.3.0's ``HFTransformerModel``,
+  installed by the project's ``titan.v0_3.train``). On 0.2.2 the parameters are NaN-filled
+  before ``init_weights`` too: one its ``_init_weights`` does not know (Mixtral's experts'
+  ``w1`` / ``w2`` / ``w3``, which trained to NaN losses) is refused in one line. Tested by
   tests/test_hf_backend.py::test_rotary_buffers_after_meta_init and ::test_mixtral_*, and
   tests_v0_3/test_hf_backend_v0_3.py (two malloc fill patterns, bit-identical losses).
 * ``with_rotary_in_every_stage``: the backend's pipeline split drops ``rotary_emb`` from stages
@@ -205,24 +205,6 @@ def with_rotary_reset(model_cls: type) -> type:
                     "backend")
 
     return HFModelWithRotaryReset
-
-
-def reset_buffers_in_init_states() -> None:
-    """TorchTitan 0.3.0's ``HFTransformerModel.init_states`` followed by
-    ``reset_nonpersistent_buffers`` (idempotent; see the module docstring)."""
-    from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
-
-    original = HFTransformerModel.init_states
-    if getattr(original, "resets_buffers", False):
-        return
-
-    def init_states(self: nn.Module, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        reset_nonpersistent_buffers(self)
-
-    init_states.resets_buffers = True  # type: ignore[attr-defined]
-    init_states.__wrapped__ = original  # type: ignore[attr-defined]
-    HFTransformerModel.init_states = init_states  # type: ignore[method-assign]
 
 
 ROTARY = "rotary_emb"

@@ -12,7 +12,7 @@ from ...frontend import Frontend, register_frontend
 from ...graph.layer_graph import LayerGraph
 from ...model_config import ModelConfig
 from .model import build_layer_graph, graph_job_config
-from .registry import import_custom_module, register, train_spec_of
+from .registry import HF_BACKEND, import_custom_module, register, train_spec_of
 
 
 def read_model(name: str, flavor: str, seq_len: int, model_config: ModelConfig | None = None
@@ -26,6 +26,11 @@ def read_model(name: str, flavor: str, seq_len: int, model_config: ModelConfig |
                         f"{sorted(spec.model_args)}")
     job: Any = graph_job_config(model_config, seq_len) if model_config and model_config.sections \
         else None
+    if name == HF_BACKEND and job is not None:  # what the backend cannot run
+        from .hf_check import check_hf_spec
+
+        section = job.hf_transformers
+        check_hf_spec(spec, flavor, job, str(getattr(section, "model", "")))
     graph = build_layer_graph(name, flavor, spec.model_args[flavor], spec.model_cls, seq_len,
                               job)
     if spec.pipelining_fn is None:

@@ -67,22 +67,26 @@ def check_hf_model(model: Any, hf_model: str) -> None:
                     "this architecture cannot be trained with the backend")
 
 
-def check_hf_job(job_config: Any) -> None:
-    """``check_hf_model`` on the model of ``job_config`` (the HF backend's), built on meta as the
-    planner builds it."""
+def check_hf_spec(spec: Any, flavor: str, job_config: Any, hf_model: str) -> None:
+    """``check_hf_model`` on train spec ``spec``'s ``flavor`` set up from ``job_config``, built
+    on meta (its own build: the check initialises it)."""
     import copy
 
+    args = copy.deepcopy(spec.model_args[flavor])
+    args.update_from_config(job_config)
+    check_hf_model(build_on_meta(lambda: spec.model_cls(args), hf_model), hf_model)
+
+
+def check_hf_job(job_config: Any) -> None:
+    """``check_hf_spec`` on the model of ``job_config`` (the HF backend's), as the planner
+    sets it up."""
     from ...model_config import model_config_of
     from .model import graph_job_config
     from .registry import train_spec_of
 
-    spec = train_spec_of(job_config.model.name)
-    args = copy.deepcopy(spec.model_args[job_config.model.flavor])
-    args.update_from_config(graph_job_config(model_config_of(job_config),
-                                             job_config.training.seq_len))
-    hf_model = str(job_config.hf_transformers.model)
-    model = build_on_meta(lambda: spec.model_cls(args), hf_model)
-    check_hf_model(model, hf_model)
+    check_hf_spec(train_spec_of(job_config.model.name), job_config.model.flavor,
+                  graph_job_config(model_config_of(job_config), job_config.training.seq_len),
+                  str(job_config.hf_transformers.model))
 
 
 def build_on_meta(build: Any, hf_model: str) -> Any:

@@ -78,18 +78,8 @@ def build_layer_graph(family: str, flavor: str, model_args: Any, model_cls: type
     (default: TorchTitan's default job config)."""
     grouped = bool(getattr(getattr(model_args, "moe_args", None), "use_grouped_mm", True))
     args, attn_type = measurable_args(model_args, seq_len, job_config)
-    from .registry import HF_BACKEND
-
-    if family != HF_BACKEND:
-        return graph_of_model(family, flavor, meta_model(lambda: model_cls(args)), seq_len,
-                              attn_type, grouped, args)
-    from .hf_check import build_on_meta, check_hf_model
-
-    hf_model = str(getattr(getattr(job_config, "hf_transformers", None), "model", ""))
-    # the check initialises its own meta build; the graph is read from a fresh one
-    check_hf_model(build_on_meta(lambda: model_cls(args), hf_model), hf_model)
-    return graph_of_model(family, flavor, meta_model(lambda: model_cls(args)), seq_len,
-                          attn_type, grouped, args)
+    model = meta_model(lambda: model_cls(args))
+    return graph_of_model(family, flavor, model, seq_len, attn_type, grouped, args)
 
 
 def planning_adapter(family: str, model_args: Any, model_cls: type, seq_len: int,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import UserError, shown
+from ...errors import UserError
 
 
 class _MeshNeeded(Exception):
@@ -66,25 +66,3 @@ def check_hf_model(model: Any, hf_model: str) -> None:
                     f"its parallelize, which every run goes through (one rank, no TP "
                     f"included), stops at {reason}; this architecture cannot be trained with "
                     "the backend (its hf_sharding.py has no case for it)")
-
-
-def check_hf_config(config: Any) -> None:
-    """``check_hf_model`` on the model ``config`` (a 0.3.0 HF backend trainer config) builds,
-    built on meta at the job's sequence length."""
-    import copy
-
-    from ...graph.layer_graph import meta_model
-    from .model import hf_as_sdpa, sized_for
-    from .quiet import warnings_off
-
-    model_config = copy.deepcopy(config.model_spec.model)
-    sized_for(model_config, config.training.seq_len, copy.deepcopy(config))
-    hf_as_sdpa(model_config)
-    hf_model = str(getattr(config, "hf_model", ""))
-    try:
-        with warnings_off():
-            model = meta_model(model_config.build)
-    except Exception as exc:
-        raise UserError(f"TorchTitan 0.3.0's HF backend cannot build the model of --hf_model "
-                        f"{hf_model}: {type(exc).__name__}: {shown(exc, 200)}") from None
-    check_hf_model(model, hf_model)

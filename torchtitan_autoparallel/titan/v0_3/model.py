@@ -159,3 +159,44 @@ def _check_decoder_only(name: str, flavor: str, model: Any) -> None:
                         f"embedding, encoders, blocks and output ({', '.join(outside)}): the "
                         "planner reads decoders and their registered encoders only "
                         "(ModelAdapter.encoders); drop --parallelism.auto for this model")
+
+
+def check_hf_config(config: Any) -> None:
+    """``hf_check.check_hf_model`` on the model ``config`` (an HF backend trainer config)
+    builds, built on meta at the job's sequence length; a build that fails is one line."""
+    from .hf_check import check_hf_model
+
+    model_config = copy.deepcopy(config.model_spec.model)
+    sized_for(model_config, config.training.seq_len, copy.deepcopy(config))
+    hf_as_sdpa(model_config)
+    hf_model = str(getattr(config, "hf_model", ""))
+    try:
+        with warnings_off():
+            model = meta_model(model_config.build)
+    except Exception as exc:
+        raise UserError(f"TorchTitan 0.3.0's HF backend cannot build the model of --hf_model "
+                        f"{hf_model}: {type(exc).__name__}: {shown(exc, 200)}") from None
+    check_hf_model(model, hf_model)
+
+
+def reset_hf_buffers_in_init_states() -> None:
+    """The HF backend's ``HFTransformerModel.init_states`` followed by
+    ``runtime.hf.reset_nonpersistent_buffers`` (idempotent). Upstream, TorchTitan 0.3.0's
+    ``init_states`` looks for a ``rope_init_fn`` attribute transformers 5 no longer has and its
+    patched ``_init_weights`` skips rotary modules: ``inv_freq`` kept what memory held (see
+    runtime/hf.py). Tested by tests_v0_3/test_hf_backend_v0_3.py."""
+    from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
+
+    from ...runtime.hf import reset_nonpersistent_buffers
+
+    original = HFTransformerModel.init_states
+    if getattr(original, "resets_buffers", False):
+        return
+
+    def init_states(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        reset_nonpersistent_buffers(self)
+
+    init_states.resets_buffers = True  # type: ignore[attr-defined]
+    init_states.__wrapped__ = original  # type: ignore[attr-defined]
+    HFTransformerModel.init_states = init_states  # type: ignore[method-assign]

@@ -438,7 +438,7 @@ def run(argv: list[str]) -> int:
             logger.info(f"TorchTitan's tests/assets is absent: {line}")
     check_runtime(config, on_cpu)
     if _hf_config(config):  # before any rank builds it: what the HF backend cannot run
-        from .hf_check import check_hf_config
+        from .model import check_hf_config
 
         check_hf_config(config)
     if config.autoparallel.plan_file and not config.parallelism.auto:
@@ -460,9 +460,9 @@ def run(argv: list[str]) -> int:
         logger.info("Local tensor mode enabled - skipping training execution")
         return 0
     if _hf_config(config):
-        from ...runtime.hf import reset_buffers_in_init_states
+        from .model import reset_hf_buffers_in_init_states
 
-        reset_buffers_in_init_states()  # HF's rotary inv_freq and other non-persistent buffers
+        reset_hf_buffers_in_init_states()  # HF's rotary inv_freq, other non-persistent buffers
     trainer = None
     try:
         ap = config.autoparallel
