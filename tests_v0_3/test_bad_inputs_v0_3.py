@@ -200,6 +200,19 @@ def test_list_options_take_several_values(capsys):
     assert plan["fingerprint"]["pin"] == ["layers.0", "layers.1"]
 
 
+def test_values_are_checked_before_torchtitan_is_imported():
+    """``seq_len 0`` came after the imports and the config function's model."""
+    code = ("import sys; from torchtitan_autoparallel.cli import main; "
+            "from torchtitan_autoparallel.errors import run_cli; "
+            "c = run_cli(lambda: main(sys.argv[1:])); print('torchtitan' in sys.modules); "
+            "sys.exit(c)")
+    proc = subprocess.run([sys.executable, "-c", code, "plan", *DEBUG, "--ngpu", "2",
+                           "--training.seq_len", "0"], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert "training.seq_len = 0 is invalid" in one_line(proc.returncode, proc.stderr)
+    assert proc.stdout.split() == ["False"]
+
+
 def test_auto_false_says_how_to_turn_auto_off(capsys):
     line = cli_error(capsys, "predict", *DEBUG, "--ngpu", "2", "--parallelism.auto=False")
     assert "--parallelism.auto is a flag" in line and "--parallelism.no-auto" in line
