@@ -71,7 +71,7 @@ def _parse(config: str, extra: tuple[str, ...]) -> Any:
 def _memoize_layer_graphs() -> None:
     """Build each (model, flavor, seq_len) layer graph once: every recipe variant of a model
     shares it (the graph does not depend on the parallelization)."""
-    from torchtitan_autoparallel import planning_inputs
+    from torchtitan_autoparallel.job import inputs as planning_inputs
 
     if getattr(planning_inputs.layer_graph_for, "_memoized", False):
         return
@@ -94,7 +94,7 @@ def recipe_variants(world: int, n_heads: int, n_kv: int, seq_len: int, gpus_per_
     """Legal (dp_replicate, dp_shard, cp, tp, ep, etp, ac) recipes: tp inside a node and dividing
     the heads, cp with seq_len % (2 cp tp) == 0, the global batch split over dp, and for MoE
     models ep = 1 or any layout TorchTitan accepts (``legal_ep``)."""
-    from torchtitan_autoparallel.strategies import legal_ep
+    from torchtitan_autoparallel.candidates.strategies import legal_ep
 
     out = []
     for tp in _divisors(min(world, gpus_per_node)):
@@ -118,7 +118,7 @@ def _recipe(config: str, world: int, global_batch: int, degrees: tuple[int, ...]
     parsed config is copied and edited rather than re-parsed (parsing dominates otherwise)."""
     import copy
 
-    from torchtitan_autoparallel.recipe import recipe_plan
+    from torchtitan_autoparallel.plan.recipe import recipe_plan
 
     job = copy.deepcopy(_parse(config, ()))
     job.training.global_batch_size = global_batch
@@ -147,7 +147,7 @@ def _fits(plan: Any) -> bool:
 def evaluate(model: str, world: int) -> dict[str, Any]:
     """One row: auto plan, shipped recipe and the best legal recipe variant, predicted."""
     from torchtitan_autoparallel.errors import UserError
-    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.solve.planner import plan_job
 
     _memoize_layer_graphs()
     auto_cfg, shipped_cfg = MODELS[model]

@@ -227,8 +227,8 @@ def ring_rows(profile: Any) -> list[dict[str, object]]:
     from published import overrides
 
     from torchtitan_autoparallel.cost.model import attention_times
-    from torchtitan_autoparallel.recipe import recipe_plan
-    from torchtitan_autoparallel.recost import inputs_from_plan
+    from torchtitan_autoparallel.plan.recipe import recipe_plan
+    from torchtitan_autoparallel.plan.recost import inputs_from_plan
     from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
 
     rows = []
@@ -256,7 +256,7 @@ ASYNC_TP_SEQ, ASYNC_TP_TP = 8192, 8
 def async_tp_linears(flavor: str) -> list[tuple[str, str, int, int]]:
     """(name, TP style, in features, out features) of a Llama 3 block's linears, read from the
     layer graph, one per distinct (style, shape): wq, wk (= wv), wo, w1 (= w3), w2."""
-    from torchtitan_autoparallel.planning_inputs import model_layer_graph
+    from torchtitan_autoparallel.job.inputs import model_layer_graph
 
     block = model_layer_graph("llama3", flavor, ASYNC_TP_SEQ).blocks[0]
     seen: dict[tuple[str, int, int], str] = {}

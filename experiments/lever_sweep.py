@@ -38,7 +38,7 @@ CHOICES = {"reshard": True, "node2": 2, "keep": False}
 
 def plans() -> dict[str, Any]:
     """The planner's plan and the rejected ones, by arm name."""
-    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.solve.planner import plan_job
     from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
     from torchtitan_autoparallel.titan.v0_2.runtime import cpu
@@ -97,7 +97,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
 
-    from torchtitan_autoparallel.recost import recost
+    from torchtitan_autoparallel.plan.recost import recost
 
     arms = plans()
     predicted = {name: recost(plan).predicted["step_time_s"] for name, plan in arms.items()}

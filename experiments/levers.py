@@ -65,7 +65,7 @@ def switched_off(name: str, value: Any) -> Iterator[None]:
     """The planner with ``strategies.<name>`` replaced by ``value``: the node reshard
     (``node_reshard_group`` giving 0: only reshard / keep) or FSDP units
     (``FSDP_UNIT_SIZES`` empty: one unit per block) switched off."""
-    from torchtitan_autoparallel import strategies
+    from torchtitan_autoparallel.candidates import strategies
 
     saved = getattr(strategies, name)
     setattr(strategies, name, value)
@@ -80,7 +80,7 @@ LEVERS_OFF = {"reshard to node": ("node_reshard_group", lambda *args, **kwargs: 
 
 
 def plan(fields: dict[str, str], extra: tuple[str, ...] = ()) -> Any:
-    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.solve.planner import plan_job
     from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
 
     # a time limit no job reaches, so that with and without differ by the lever only
@@ -98,7 +98,7 @@ def float8_use(p: Any) -> str:
 
 
 def node_use(p: Any) -> str:
-    from torchtitan_autoparallel.layout import reshard_group
+    from torchtitan_autoparallel.candidates.layout import reshard_group
 
     blocks = [layer for layer in p.layers if layer.kind == "block"]
     nodes = [layer for layer in blocks if reshard_group(layer.reshard_after_forward)]
@@ -129,8 +129,8 @@ def unit_use(p: Any) -> str:
 
 def unit_declined(p: Any) -> str:
     """``explain``'s reason for the first kind of block."""
-    from torchtitan_autoparallel.explain import unit_lines
-    from torchtitan_autoparallel.recost import inputs_from_plan
+    from torchtitan_autoparallel.commands.explain import unit_lines
+    from torchtitan_autoparallel.plan.recost import inputs_from_plan
 
     line = unit_lines(p, inputs_from_plan(p))[0]
     return line[line.index("declined"):] if "declined" in line else line

@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from torchtitan_autoparallel.plan import Plan  # noqa: E402
+from torchtitan_autoparallel.plan.schema import Plan  # noqa: E402
 
 from parity import run_job  # noqa: E402
 

@@ -184,7 +184,7 @@ def auto_overrides(f: dict[str, str], hardware: str) -> list[str]:
 def auto_rows(rows: list[Row]) -> list[str]:
     """Plan the Table 1 / 3 jobs with auto: its predicted tokens/s per GPU against the
     published best row of the same job and features."""
-    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.solve.planner import plan_job
     from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
 
     lines = ["", "Auto on the same jobs (predicted; the recipe rows above are TorchTitan's):", "",
@@ -212,7 +212,7 @@ def auto_rows(rows: list[Row]) -> list[str]:
 
 
 def predict(rows: list[Row], hardware: str) -> None:
-    from torchtitan_autoparallel.recipe import recipe_plan
+    from torchtitan_autoparallel.plan.recipe import recipe_plan
     from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
 
     for row in rows:

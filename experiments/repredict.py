@@ -57,8 +57,8 @@ def rows_for(csv_path: str, hardware: str = "") -> list[dict]:
         plan_path,
         read_rows,
     )
-    from torchtitan_autoparallel.plan import Plan
-    from torchtitan_autoparallel.recost import recost
+    from torchtitan_autoparallel.plan.recost import recost
+    from torchtitan_autoparallel.plan.schema import Plan
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()

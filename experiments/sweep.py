@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from torchtitan_autoparallel.progress import Progress  # noqa: E402
+from torchtitan_autoparallel.commands.progress import Progress  # noqa: E402
 
 CSV_FIELDS = [
     "cell", "config", "family", "ngpu", "global_batch", "seq_len", "memory_gib", "arm", "round",
@@ -201,7 +201,7 @@ def legal_recipes(cfg: Config, n_heads: int, n_kv_heads: int, num_experts: int =
     CP, and for MoE models EP / ETP by TorchTitan's rules, and their products; CP needs
     ``seq_len % (2 cp tp) == 0``; the global batch must split over dp), times the config's
     activation-checkpointing modes."""
-    from torchtitan_autoparallel.strategies import legal_ep
+    from torchtitan_autoparallel.candidates.strategies import legal_ep
 
     out = []
     for tp in _divisors(cfg.ngpu):
@@ -277,13 +277,13 @@ def predict(cfg: Config, recipe: Recipe | None, plan_path: Path | None) -> dict[
 
     try:
         if recipe is None:
-            from torchtitan_autoparallel.planner import plan_job
+            from torchtitan_autoparallel.solve.planner import plan_job
 
             plan = plan_job(_job_config(cfg, True, []), cfg.ngpu)
             if plan_path is not None:
                 plan.save(str(plan_path))
         else:
-            from torchtitan_autoparallel.recipe import recipe_plan
+            from torchtitan_autoparallel.plan.recipe import recipe_plan
 
             plan = recipe_plan(_job_config(cfg, False, recipe_overrides(cfg, recipe)), cfg.ngpu)
             if plan_path is not None:

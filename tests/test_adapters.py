@@ -41,7 +41,7 @@ def _job(*overrides: str, config: str = AUTO):
 
 
 def _plan(world: int, *overrides: str):
-    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.solve.planner import plan_job
 
     return plan_job(_job(*overrides), world)
 
@@ -79,7 +79,7 @@ def test_discovery_finds_what_the_builtin_registrations_say(family, flavor):
 
 
 def test_discovery_reads_the_test_model():
-    from torchtitan_autoparallel.planning_inputs import job_inputs
+    from torchtitan_autoparallel.job.inputs import job_inputs
 
     plan = _plan(2)
     found = job_inputs(_job(), 2).graph.adapter
@@ -202,7 +202,7 @@ def test_selective_ac_without_an_op_list():
     makes it every block's mode; an adapter opts out through ``excluded``."""
     from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
 
-    from torchtitan_autoparallel.planning_inputs import job_inputs
+    from torchtitan_autoparallel.job.inputs import job_inputs
 
     job = _job("--activation_checkpoint.mode=selective",
                "--activation_checkpoint.selective_ac_option=op")
@@ -325,7 +325,7 @@ def test_layer_graph_read_without_meta_init_is_the_same(monkeypatch):
     from torch.overrides import TorchFunctionMode
 
     from torchtitan_autoparallel.graph import layer_graph
-    from torchtitan_autoparallel.planning_inputs import model_layer_graph
+    from torchtitan_autoparallel.job.inputs import model_layer_graph
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     class Initialising(TorchFunctionMode):

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from torchtitan_autoparallel.cli import main
+from torchtitan_autoparallel.commands.cli import main
 from torchtitan_autoparallel.errors import run_cli
 
 from parity import REPO, run_job
@@ -126,8 +126,8 @@ def test_replayed_plan_trains_identically(tmp_path):
 def test_unsharded_meshes_are_labelled_ddp_or_single() -> None:
     """On a pure data-parallel mesh or one device nothing is sharded: tables say ddp / single,
     not fsdp / fsdp-keep."""
-    from torchtitan_autoparallel.layout import Mesh
-    from torchtitan_autoparallel.plan import LayerPlan
+    from torchtitan_autoparallel.candidates.layout import Mesh
+    from torchtitan_autoparallel.plan.schema import LayerPlan
 
     assert Mesh(dp_replicate=2, dp_shard=1, tp=1).replicate_only
     assert not Mesh(dp_replicate=2, dp_shard=2, tp=1).replicate_only
@@ -150,7 +150,7 @@ def test_405b_plan_files_are_byte_identical(tmp_path, monkeypatch):
     many times slower, still inside the job's 30 s deadline) the files are the same."""
     import time as time_module
 
-    from torchtitan_autoparallel import planner
+    from torchtitan_autoparallel.solve import planner
 
     config = str(REPO / "train_configs" / "llama3_405b_auto.toml")
     argv = ["plan", "--config", config, "--ngpu", "128", "--out"]

@@ -222,7 +222,7 @@ def test_cpu_offload_plans_fsdp(capsys):
 
 def cli_ok(capsys, *argv: str) -> dict:
     """A successful ``--json`` run's plan."""
-    from torchtitan_autoparallel.cli import main as cli_main
+    from torchtitan_autoparallel.commands.cli import main as cli_main
     from torchtitan_autoparallel.errors import run_cli
 
     assert run_cli(lambda: cli_main(list(argv))) == 0
@@ -259,7 +259,7 @@ def test_edited_inputs_show_in_diff(plan_file, tmp_path, capsys):
     def edit(data: dict) -> None:
         data["inputs"]["hardware"]["peak_tflops"] *= 2
 
-    from torchtitan_autoparallel.cli import main as cli_main
+    from torchtitan_autoparallel.commands.cli import main as cli_main
     from torchtitan_autoparallel.errors import run_cli
 
     code = run_cli(lambda: cli_main(["diff", str(plan_file),
@@ -285,7 +285,7 @@ def test_plan_with_an_edited_mesh_is_explained_and_shown(plan_file, tmp_path, ca
 
 
 def run_json(capsys, *argv: str) -> dict:
-    from torchtitan_autoparallel.cli import main as cli_main
+    from torchtitan_autoparallel.commands.cli import main as cli_main
     from torchtitan_autoparallel.errors import run_cli
 
     code = run_cli(lambda: cli_main(list(argv)))

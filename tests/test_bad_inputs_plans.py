@@ -24,7 +24,7 @@ PROFILES = REPO / "torchtitan_autoparallel" / "profiles"
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory) -> Path:
     """The parity job (llama3 debug, PARITY_OVERRIDES) planned for 2 ranks: DDP as solved."""
-    from torchtitan_autoparallel.cli import main as cli_main
+    from torchtitan_autoparallel.commands.cli import main as cli_main
     from torchtitan_autoparallel.errors import run_cli
 
     path = tmp_path_factory.mktemp("plan") / "plan.json"
@@ -174,7 +174,7 @@ TOP_LEVEL_EDITS = {
 
 
 def test_every_top_level_field_is_edited():
-    from torchtitan_autoparallel.plan import Plan
+    from torchtitan_autoparallel.plan.schema import Plan
 
     assert set(TOP_LEVEL_EDITS) == {f.name for f in dataclasses.fields(Plan)}
 
@@ -200,7 +200,7 @@ def test_edited_field_that_changes_nothing_applies_the_files_decisions(plan_file
                                                                        monkeypatch, field):
     """What the job runs is the unedited plan's (equal digests apply identically)."""
     from torchtitan_autoparallel.launch import resolve_plan
-    from torchtitan_autoparallel.plan import Plan
+    from torchtitan_autoparallel.plan.schema import Plan
     from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
@@ -294,7 +294,7 @@ def test_recosted_warning_is_said_once(plan_file, tmp_path, capsys):
 def test_plan_of_a_config_without_auto_says_so(tmp_path, capsys):
     empty = tmp_path / "empty.toml"
     empty.write_text("")
-    from torchtitan_autoparallel.cli import main as cli_main
+    from torchtitan_autoparallel.commands.cli import main as cli_main
     from torchtitan_autoparallel.errors import run_cli
 
     assert run_cli(lambda: cli_main(["plan", "--config", str(empty), "--ngpu", "2"])) == 0
@@ -326,7 +326,7 @@ def test_configs_parse_without_tomllib():
 def test_float8_emulate_plans_on_a_profile_without_gemm_tables(capsys):
     """``--quantize.linear.float8.emulate`` on the CPU profile ended in a FileNotFoundError
     traceback (``profiles/kernels/.csv``) while the notes were written."""
-    from torchtitan_autoparallel.cli import main as cli_main
+    from torchtitan_autoparallel.commands.cli import main as cli_main
     from torchtitan_autoparallel.errors import run_cli
 
     code = run_cli(lambda: cli_main(["plan", "--config", str(DEBUG_AUTO), "--ngpu", "2",

@@ -26,7 +26,7 @@ from parity import REPO
 
 def planned(capsys, *argv: str) -> dict:
     """A successful ``plan --json``'s plan."""
-    from torchtitan_autoparallel.cli import main
+    from torchtitan_autoparallel.commands.cli import main
     from torchtitan_autoparallel.errors import run_cli
 
     code = run_cli(lambda: main(["plan", "--config", str(DEBUG_AUTO), "--json", *argv]))
@@ -154,7 +154,7 @@ def test_auto_yes_in_the_toml_is_one_line(tmp_path, capsys):
 
 
 def test_plan_names_the_model_and_flavor(capsys):
-    from torchtitan_autoparallel.cli import main
+    from torchtitan_autoparallel.commands.cli import main
 
     assert main(["plan", "--config", str(DEBUG_AUTO), "--ngpu", "2"]) == 0
     assert capsys.readouterr().out.splitlines()[1].strip() == \
@@ -171,7 +171,7 @@ def test_plan_names_the_model_and_flavor(capsys):
 def test_values_are_checked_before_torchtitan_is_imported(args, message):
     """``seq_len 0`` and ``--memory-gib -1`` came after 5-8 s of imports and model building:
     the same line now comes before torch and TorchTitan are imported."""
-    code = ("import sys; from torchtitan_autoparallel.cli import main; "
+    code = ("import sys; from torchtitan_autoparallel.commands.cli import main; "
             "from torchtitan_autoparallel.errors import run_cli; "
             "c = run_cli(lambda: main(sys.argv[1:])); "
             "print('torch' in sys.modules, 'torchtitan' in sys.modules); sys.exit(c)")

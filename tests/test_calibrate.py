@@ -1,6 +1,6 @@
 """calibrate measures this machine and writes a profile the planner accepts."""
 
-from torchtitan_autoparallel.cli import main
+from torchtitan_autoparallel.commands.cli import main
 from torchtitan_autoparallel.cost.hardware import load_profile
 from torchtitan_autoparallel.errors import run_cli
 

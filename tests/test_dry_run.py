@@ -46,7 +46,7 @@ def test_auto_plan_dry_run(flavor, ngpu, hardware, tmp_path):
     blocks to the 8 ranks of a node: FSDP2's integer reshard_after_forward), and the blocks
     sharing each FSDP group as the plan's FSDP units (8B on 128 H100s groups its blocks in
     pairs: one fully_shard over two blocks)."""
-    from torchtitan_autoparallel.plan import Plan
+    from torchtitan_autoparallel.plan.schema import Plan
 
     path = tmp_path / "plan.json"
     result = dry_run(flavor, ngpu, tmp_path, *(hardware or ("--autoparallel.hardware=h100_sxm",)),
@@ -67,7 +67,7 @@ def test_auto_plan_dry_run(flavor, ngpu, hardware, tmp_path):
 
 def planned_units(plan) -> dict[str, list[str]]:
     """Per block name: the names of the blocks in its FSDP unit, as the plan groups them."""
-    from torchtitan_autoparallel.plan import fsdp_units
+    from torchtitan_autoparallel.plan.schema import fsdp_units
 
     return {layer.fqn.rpartition(".")[2]: [u.fqn.rpartition(".")[2] for u in unit]
             for unit in fsdp_units(plan.layers) for layer in unit}
@@ -174,7 +174,7 @@ def test_float8_compile_dry_run(tmp_path):
     every block holds the Float8Linears and compile wrapper of TorchTitan's own recipe (its
     FSDP dry run with the same features is the reference), every float8 weight is torchao's
     float8 all-gather tensor, also in blocks sharded over dp_shard x tp."""
-    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.solve.planner import plan_job
     from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
     from torchtitan_autoparallel.titan.v0_2.runtime import cpu
@@ -228,7 +228,7 @@ def test_float8_linears_chosen_by_the_plan_dry_run(tmp_path):
     slower in float8 (``low_precision_linears`` at the plan's shapes: wk / wv, 4096 -> 1024,
     are the close call; compiled, they share the input q's cast), writes them into
     filter_fqns, and TorchTitan's converter builds exactly that (read back from the modules)."""
-    from torchtitan_autoparallel.plan import Plan
+    from torchtitan_autoparallel.plan.schema import Plan
 
     path = tmp_path / "plan.json"
     auto = dry_run("8b", 8, tmp_path / "auto", *FLOAT8_COMPILE,

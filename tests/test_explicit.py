@@ -11,9 +11,9 @@ import pytest
 import tomllib
 from test_bad_inputs import toml_text
 
-from torchtitan_autoparallel.explicit import explicit_keys, user_set
-from torchtitan_autoparallel.planner import plan_job
-from torchtitan_autoparallel.planning_inputs import constraint_keys
+from torchtitan_autoparallel.job.explicit import explicit_keys, user_set
+from torchtitan_autoparallel.job.inputs import constraint_keys
+from torchtitan_autoparallel.solve.planner import plan_job
 from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
 from torchtitan_autoparallel.titan.v0_2.registry import register
 
@@ -157,7 +157,7 @@ def test_layer_wise_selective_ac_is_a_constraint_and_predicted():
     """TorchTitan's layer-wise selective AC (``selective_ac_option = k``) was refused: under
     auto every k-th block is checkpointed, as TorchTitan's recipe does, the rest of each block
     searched; pinned blocks run the recipe itself; ``predict`` costs the recipe as written."""
-    from torchtitan_autoparallel.cli import main as cli_main
+    from torchtitan_autoparallel.commands.cli import main as cli_main
     from torchtitan_autoparallel.errors import run_cli
 
     for k in (2, 3):

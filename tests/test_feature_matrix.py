@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from torchtitan_autoparallel.plan import Plan, plan_shards_with_fsdp
+from torchtitan_autoparallel.plan.schema import Plan, plan_shards_with_fsdp
 
 from parity import PARITY_OVERRIDES, RunResult, assert_parity, run_job
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from torchtitan_autoparallel.errors import UserError
-from torchtitan_autoparallel.features import Features, check_device
+from torchtitan_autoparallel.job.features import Features, check_device
 
 from parity import PARITY_OVERRIDES, assert_grad_norm_parity, assert_parity, run_job
 

@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from torchtitan_autoparallel.cli import main
+from torchtitan_autoparallel.commands.cli import main
 from torchtitan_autoparallel.cost.hardware import load_profile
 from torchtitan_autoparallel.errors import run_cli
 from torchtitan_autoparallel.fitting.calibrate import benchmark_runs
 from torchtitan_autoparallel.fitting.fit import Run, datasheet_caps, fit_profile, predicted_times
 from torchtitan_autoparallel.fitting.report import accuracy
 from torchtitan_autoparallel.fitting.runs import load_runs
-from torchtitan_autoparallel.plan import Plan
+from torchtitan_autoparallel.plan.schema import Plan
 from torchtitan_autoparallel.titan.v0_2.registry import register
 
 RESULTS = Path(__file__).resolve().parent.parent / "experiments" / "results"

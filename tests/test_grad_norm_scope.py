@@ -1,8 +1,8 @@
 """The mixed-mesh gradient clipping is installed only for plans whose gradients live on several
 meshes (a block using the tp dim as data parallel next to TP layers)."""
 
-from torchtitan_autoparallel.layout import Mesh
-from torchtitan_autoparallel.plan import LayerPlan, Plan
+from torchtitan_autoparallel.candidates.layout import Mesh
+from torchtitan_autoparallel.plan.schema import LayerPlan, Plan
 from torchtitan_autoparallel.titan.v0_2.runtime.grad_norm import needed
 
 

@@ -13,7 +13,7 @@ pytest.importorskip("torchtitan.experiments.transformers_modeling_backend",
                     exc_type=ImportError)
 
 from torchtitan_autoparallel.errors import UserError  # noqa: E402
-from torchtitan_autoparallel.plan import Plan  # noqa: E402
+from torchtitan_autoparallel.plan.schema import Plan  # noqa: E402
 
 from parity import assert_parity, make_seed_checkpoint, run_job  # noqa: E402
 
@@ -122,7 +122,7 @@ def _job(config: str, *overrides: str):
 
 
 def test_model_name_from_experiments():
-    from torchtitan_autoparallel.validate import check_model_name
+    from torchtitan_autoparallel.job.validate import check_model_name
 
     check_model_name(BACKEND)  # TorchTitan's get_train_spec resolves it
     with pytest.raises(UserError, match="not a registered model"):
@@ -159,7 +159,7 @@ def test_custom_config_module_keeps_the_projects_sections(tmp_path):
 def test_layer_graph_of_hf_model(tmp_path):
     """Blocks captured on meta (HF's rotary autocast, keyword ``position_embeddings``), named
     as TorchTitan's backend names them; sizes from the flavor over the config.json."""
-    from torchtitan_autoparallel.planning_inputs import layer_graph_for
+    from torchtitan_autoparallel.job.inputs import layer_graph_for
 
     graph = layer_graph_for(_job(write_job(tmp_path, auto=True)))
     assert [layer.fqn for layer in graph.layers] == [
@@ -175,7 +175,7 @@ def test_plan_offers_and_names_every_technique(tmp_path, capsys):
     """``plan`` on 8 devices: TP, PP and selective AC offered (not excluded), CP excluded with
     its reason; the fingerprint names the HF config, and ``explain`` rebuilds the graph from
     the plan file alone."""
-    from torchtitan_autoparallel import cli
+    from torchtitan_autoparallel.commands import cli
 
     config = write_job(tmp_path, auto=True)
     out = tmp_path / "plan.json"
@@ -202,7 +202,7 @@ def test_plan_offers_and_names_every_technique(tmp_path, capsys):
 def test_fingerprint_follows_the_config_json(tmp_path):
     """Editing config.json changes the fingerprint (a plan made from the old one is refused);
     a folder without config.json is one line."""
-    from torchtitan_autoparallel.planning_inputs import fingerprint_diff, job_inputs
+    from torchtitan_autoparallel.job.inputs import fingerprint_diff, job_inputs
 
     config = write_job(tmp_path, auto=True)
     before = job_inputs(_job(config), 2).fingerprint
@@ -221,7 +221,7 @@ def test_rotary_buffers_after_meta_init(tmp_path):
 
     import torch
 
-    from torchtitan_autoparallel.model_config import model_config_of
+    from torchtitan_autoparallel.job.model_config import model_config_of
     from torchtitan_autoparallel.titan.v0_2.model import graph_job_config
     from torchtitan_autoparallel.titan.v0_2.registry import make_plannable, train_spec_of
 
@@ -286,7 +286,7 @@ def test_pipeline_parity(hf_reference, tmp_path):
 def test_mixed_plan_parity(hf_reference, tmp_path):
     """A plan (edited, then replayed from its file) whose blocks mix TP + SP, the tp dim used
     as data parallel, selective and full AC, on fsdp 2 x tp 2."""
-    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.solve.planner import plan_job
 
     auto, seed, reference = hf_reference
     techniques = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,ac"
@@ -334,7 +334,7 @@ def test_qwen2_7b_on_64_h100s_offers_tp_sac_pp_and_builds_them(tmp_path, capsys)
 
     from test_dry_run import check_report
 
-    from torchtitan_autoparallel import cli
+    from torchtitan_autoparallel.commands import cli
 
     config = write_job(tmp_path, auto=True, config=QWEN2_7B)
     text = Path(config).read_text().replace('flavor = "tiny"', 'flavor = "qwen2_7b"').replace(
@@ -364,7 +364,7 @@ def test_qwen2_7b_on_64_h100s_offers_tp_sac_pp_and_builds_them(tmp_path, capsys)
 def test_tp_offered_where_the_backend_shards_the_blocks(tmp_path, arch):
     """The backend's TP function runs these (measured: tp 2 trains at the 1-rank losses, see
     test_other_architectures_train_as_one_rank): planned at tp 2."""
-    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.solve.planner import plan_job
 
     config = write_job(tmp_path, auto=True, config=ARCHS[arch])
     plan = plan_job(_job(config, "--parallelism.tensor_parallel_degree=2"), 2)
@@ -375,7 +375,7 @@ def test_whole_projection_qk_norms_refuse_tp_in_one_line(tmp_path):
     """OLMo2 normalises the whole q / k projections; the backend's TP plan shards them as
     per-head norms and its run crashed at tp 2 ("aten.add.Tensor got mixed torch.Tensor and
     DTensor"). TP is left out with the reason; a job asking for it is one line."""
-    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.solve.planner import plan_job
 
     config = write_job(tmp_path, auto=True, config=ARCHS["olmo2"])
     with pytest.raises(UserError, match=r"needs tp, which .* cannot use: the family's TP plan "
@@ -398,7 +398,7 @@ def test_an_architecture_the_backend_cannot_run_is_one_line(tmp_path, arch, word
     on parameters its init never wrote, to NaN losses (measured); planning says so in one
     line, and so does run_train.sh's preflight for the recipe (no auto) before any rank
     starts."""
-    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.solve.planner import plan_job
 
     with pytest.raises(UserError, match=words):
         plan_job(_job(write_job(tmp_path, auto=True, config=ARCHS[arch])), 2)
@@ -431,7 +431,7 @@ def test_mixtral_parameters_left_unwritten_by_init_are_refused_at_init(tmp_path)
 
     import torch
 
-    from torchtitan_autoparallel.model_config import model_config_of
+    from torchtitan_autoparallel.job.model_config import model_config_of
     from torchtitan_autoparallel.titan.v0_2.model import graph_job_config
     from torchtitan_autoparallel.titan.v0_2.registry import make_plannable, train_spec_of
 

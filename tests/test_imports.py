@@ -19,8 +19,8 @@ ROOT = Path(torchtitan_autoparallel.__file__).resolve().parent
 # Vocabulary every layer may import; each imports nothing of the package.
 LEAVES = (
     f"{PACKAGE}.errors",
-    f"{PACKAGE}.layout",
-    f"{PACKAGE}.schedules",
+    f"{PACKAGE}.candidates.layout",
+    f"{PACKAGE}.candidates.schedules",
 )
 
 
@@ -151,17 +151,18 @@ def test_walk_sees_every_kind_of_import(tmp_path):
         "import os\n"
         f"import {PACKAGE}.errors\n"
         "from typing import TYPE_CHECKING\n"
-        "from .layout import Mesh\n"
-        "from . import schedules\n"
+        "from .candidates.layout import Mesh\n"
+        "from .candidates import schedules\n"
         "from .cost import model\n"
         "if TYPE_CHECKING:\n"
-        "    from .plan import Plan\n"
+        "    from .plan.schema import Plan\n"
         "def f():\n"
         "    from .graph.adapters import ModelAdapter\n"
     )
     assert imports_of(f"{PACKAGE}.top", top, modules) == {
         f"{PACKAGE}.{name}"
-        for name in ("errors", "layout", "schedules", "cost.model", "plan", "graph.adapters")}
+        for name in ("errors", "candidates.layout", "candidates.schedules", "cost.model",
+                     "plan.schema", "graph.adapters")}
     inner = tmp_path / "inner.py"
     inner.write_text("def f():\n    from ..errors import UserError\n")
     assert imports_of(f"{PACKAGE}.graph.inner", inner, modules) == {f"{PACKAGE}.errors"}
@@ -191,8 +192,8 @@ def test_cost_is_pure_functions_of_a_profile_and_a_graph():
     """``cost/`` imports only the layers below it (the graph, the vocabulary, the job's speed
     features): no planner, solver, plan or fitting; calibration and fitting live in
     ``fitting/``, above the planner."""
-    below = (f"{PACKAGE}.cost", f"{PACKAGE}.graph", f"{PACKAGE}.features", f"{PACKAGE}.explicit",
-             *LEAVES)
+    below = (f"{PACKAGE}.cost", f"{PACKAGE}.graph", f"{PACKAGE}.job.features",
+             f"{PACKAGE}.job.explicit", *LEAVES)
     graph = import_graph()
     for module, targets in graph.items():
         if module.startswith(f"{PACKAGE}.cost"):
@@ -204,16 +205,14 @@ RELEASE_CODE = ("titan", "launch")
 """Modules that read or drive a TorchTitan release (its config, train specs, helpers, CPU
 patches): one package per release under ``titan/``, and ``launch`` (a planned job at start,
 for both releases)."""
-PLANNING = ("planner", "planning_inputs", "assembly", "candidate", "pipeline_candidate",
-            "solver", "strategies", "cost", "graph", "plan", "pins", "features", "exclusions",
-            "recost", "explain", "show", "recipe", "frontend", "validate", "layout",
-            "schedules", "errors", "explicit", "model_config")
+PLANNING = ("job", "graph", "candidates", "cost", "solve", "plan", "commands.explain",
+            "commands.show", "frontend", "errors")
 """The planning pipeline and what reads a Plan: shared by every release."""
 TITAN_IMPORTS = {
     "graph.tp_styles": "the inferred TP styles build TorchTitan's NoParallel when applied",
-    "explicit": "a stand-in job config (tests) is compared with TorchTitan 0.2.2's defaults",
-    "model_config": "the custom config sections of a 0.2.2 job (job.custom_config_module)",
-    "recipe": "TorchTitan's own stage split (both releases have it)",
+    "job.explicit": "a stand-in job config (tests) is compared with TorchTitan 0.2.2's defaults",
+    "job.model_config": "the custom config sections of a 0.2.2 job (job.custom_config_module)",
+    "plan.recipe": "TorchTitan's own stage split (both releases have it)",
 }
 """Planning modules that name ``torchtitan`` in an import, and why."""
 
@@ -263,7 +262,8 @@ SHARED_TITAN_IMPORTS = {
 """Modules outside ``titan/`` and the planning pipeline that name ``torchtitan`` in an import,
 and why."""
 RELEASE_USERS = {
-    "cli": "plan / predict read a TorchTitan 0.2.2 TOML job (0.3.0's through its front-end)",
+    "commands.cli": "plan / predict read a TorchTitan 0.2.2 TOML job (0.3.0's through its "
+                    "front-end)",
 }
 """Modules outside ``titan/`` that import a release's package directly, and why (the planning
 pipeline loads the installed release's front-end by name, ``frontend.frontend()``)."""

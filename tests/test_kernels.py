@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 import torchtitan_autoparallel.titan.v0_2.job_config as job_config_module
+from torchtitan_autoparallel.candidates.strategies import BlockStrategy
 from torchtitan_autoparallel.cost import kernels
 from torchtitan_autoparallel.cost.hardware import Device, available_profiles, load_profile
 from torchtitan_autoparallel.cost.model import Precision, compute_s
 from torchtitan_autoparallel.errors import UserError
-from torchtitan_autoparallel.features import Features
 from torchtitan_autoparallel.graph.layer_graph import Layer
-from torchtitan_autoparallel.plan import Mesh
-from torchtitan_autoparallel.strategies import BlockStrategy
+from torchtitan_autoparallel.job.features import Features
+from torchtitan_autoparallel.plan.schema import Mesh
 
 KERNELS = kernels.KERNEL_DIR
 REPO = Path(__file__).resolve().parent.parent
@@ -108,7 +108,7 @@ def test_tp_splits_the_side_the_tp_plan_shards():
     """Llama 3's inferred TP plan: wq / wk / wv / w1 / w3 column-wise (outputs split, wk and wv
     too, though their outputs are the narrower side), wo / w2 row-wise (inputs split)."""
     from torchtitan_autoparallel.cost.compute import _tp_split, linear_styles
-    from torchtitan_autoparallel.planning_inputs import model_layer_graph
+    from torchtitan_autoparallel.job.inputs import model_layer_graph
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
@@ -126,7 +126,7 @@ def test_ring_attention_work_grows_with_the_ring_at_a_fixed_local_length():
     """torch's ring attention merges one partial output per step in fp32: at the same local
     sequence (32k tokens per rank), more ranks in the ring mean more memory-bound work."""
     from torchtitan_autoparallel.cost.model import ring_attention_bytes
-    from torchtitan_autoparallel.planning_inputs import model_layer_graph
+    from torchtitan_autoparallel.job.inputs import model_layer_graph
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
@@ -206,7 +206,7 @@ def test_gpu_without_a_profile_stops_in_one_line(monkeypatch):
 
 
 def test_offline_plan_without_hardware_says_which_profile_in_its_first_line(tmp_path, capsys):
-    from torchtitan_autoparallel.cli import main
+    from torchtitan_autoparallel.commands.cli import main
 
     config = REPO / "train_configs" / "llama3_debug_auto.toml"
     text = config.read_text().replace('hardware = "cpu"\n', "")
@@ -231,7 +231,7 @@ def _job_without_hardware():
 def test_plan_and_explain_give_the_margin_and_the_assumptions(tmp_path, capsys):
     """`plan` sets the predicted gain over TorchTitan's recipe beside the model's measured error
     on the hardware, and `explain` names the assumed constants the step time depends on."""
-    from torchtitan_autoparallel.cli import main
+    from torchtitan_autoparallel.commands.cli import main
 
     out = tmp_path / "plan.json"
     config = str(REPO / "train_configs" / "llama3_debug_auto.toml")

@@ -3,15 +3,15 @@ expert parallel as artifacts (JSON round trip, explain)."""
 
 import pytest
 
-from torchtitan_autoparallel.layout import Mesh
-from torchtitan_autoparallel.pins import Pin, recipe_block_ac
-from torchtitan_autoparallel.plan import Plan
-from torchtitan_autoparallel.strategies import Constraints, legal_ep, pinned_strategies
+from torchtitan_autoparallel.candidates.layout import Mesh
+from torchtitan_autoparallel.candidates.strategies import Constraints, legal_ep, pinned_strategies
+from torchtitan_autoparallel.job.pins import Pin, recipe_block_ac
+from torchtitan_autoparallel.plan.schema import Plan
 
 
 @pytest.fixture(scope="module")
 def planning():
-    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.solve.planner import plan_job
     from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
@@ -81,7 +81,7 @@ def test_llama4_17bx16e_picks_expert_parallel_on_128_h100s(planning):
 
 
 def test_pinned_moe_plan_round_trip_and_explain(planning, tmp_path):
-    from torchtitan_autoparallel.explain import explain_rows
+    from torchtitan_autoparallel.commands.explain import explain_rows
 
     plan = planning("deepseek_v3_debug_auto.toml", 4, "--parallelism.expert_parallel_degree=2",
                     "--autoparallel.pin=layers.1", "--activation_checkpoint.mode=selective",
@@ -103,10 +103,10 @@ def test_pinned_moe_plan_round_trip_and_explain(planning, tmp_path):
 def test_looped_experts_cost_a_kernel_per_expert_and_ep_splits_them():
     import dataclasses
 
+    from torchtitan_autoparallel.candidates.layout import BlockStrategy
     from torchtitan_autoparallel.cost.hardware import load_profile
     from torchtitan_autoparallel.cost.model import Precision, block_cost
     from torchtitan_autoparallel.graph.layer_graph import Layer
-    from torchtitan_autoparallel.layout import BlockStrategy
 
     layer = Layer(fqn="layers.1", kind="block", params=10**8, fwd_flops=1e12, saved_bytes=1e8,
                   io_bytes=4096 * 1024 * 4, signature="moe", attn_flops=0.0, kv_bytes=0.0,

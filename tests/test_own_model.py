@@ -6,7 +6,7 @@ then with a user adapter that adds its TP plan."""
 
 import pytest
 
-from torchtitan_autoparallel.plan import Plan
+from torchtitan_autoparallel.plan.schema import Plan
 
 from parity import SINGLE_RANK, assert_parity, make_seed_checkpoint, run_job
 

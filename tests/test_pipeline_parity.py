@@ -67,7 +67,7 @@ def test_pipeline_memory_measured(tmp_path):
     (training step 2) for Interleaved1F1B with 2 stages per rank and 16 micro-batches: the
     ranks differ in activations in flight and in the stages' per-micro-batch receive buffers
     (without those buffers the prediction is 26-28 % low here)."""
-    from torchtitan_autoparallel.plan import Plan
+    from torchtitan_autoparallel.plan.schema import Plan
 
     plan_path = tmp_path / "plan.json"
     result = run_job("llama3_debug_auto.toml", 2, tmp_path, [

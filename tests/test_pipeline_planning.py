@@ -8,7 +8,7 @@ import json
 import pytest
 
 from torchtitan_autoparallel.errors import UserError
-from torchtitan_autoparallel.plan import Plan
+from torchtitan_autoparallel.plan.schema import Plan
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +53,10 @@ def brute_force(inputs, cand, budget):
 def test_milp_matches_brute_force(job, schedule, squeeze):
     """``squeeze`` < 1: the budget is that fraction of the unconstrained optimum's peak, so
     memory binds and the optimum moves (0.9), or nothing fits (0.8)."""
-    from torchtitan_autoparallel.pipeline_candidate import build_pipeline_candidate
-    from torchtitan_autoparallel.planning_inputs import job_inputs
-    from torchtitan_autoparallel.solver import solve
-    from torchtitan_autoparallel.strategies import enumerate_meshes
+    from torchtitan_autoparallel.candidates.pipeline import build_pipeline_candidate
+    from torchtitan_autoparallel.candidates.strategies import enumerate_meshes
+    from torchtitan_autoparallel.job.inputs import job_inputs
+    from torchtitan_autoparallel.solve.milp import solve
 
     inputs = job_inputs(job("--parallelism.pipeline_parallel_degree=2",
                             "--training.global_batch_size=8", "--training.seq_len=128"), 2)
@@ -83,9 +83,9 @@ def test_milp_matches_brute_force(job, schedule, squeeze):
 
 
 def test_pipeline_plan_file_round_trip_explain_and_diff(job, tmp_path):
-    from torchtitan_autoparallel.explain import diff_lines, explain_rows, explain_text
-    from torchtitan_autoparallel.planner import plan_job
-    from torchtitan_autoparallel.recost import recost
+    from torchtitan_autoparallel.commands.explain import diff_lines, explain_rows, explain_text
+    from torchtitan_autoparallel.plan.recost import recost
+    from torchtitan_autoparallel.solve.planner import plan_job
 
     base = ("--parallelism.pipeline_parallel_degree=2", "--training.global_batch_size=8",
             "--training.seq_len=128")
@@ -131,7 +131,7 @@ def test_torchtitan_pp_recipe_costed_as_is(job):
     TorchTitan's ``generate_llm_fqn_per_model_part`` makes (the split its trainer builds)."""
     from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
 
-    from torchtitan_autoparallel.recipe import recipe_plan
+    from torchtitan_autoparallel.plan.recipe import recipe_plan
 
     recipe = job("--parallelism.pipeline_parallel_degree=2",
                  "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
@@ -151,8 +151,8 @@ def test_show_draws_the_pipeline(job):
     """``show`` of a pipeline plan: its step split into the slowest rank's micro-batches, the
     schedule's bubble, per-step FSDP and the P2P fill (summing to the plan's prediction), the
     fullest pp rank's memory (its predicted peak), and pp among the mesh dims."""
-    from torchtitan_autoparallel.planner import plan_job
-    from torchtitan_autoparallel.show import picture
+    from torchtitan_autoparallel.commands.show import picture
+    from torchtitan_autoparallel.solve.planner import plan_job
 
     plan = plan_job(job("--parallelism.pipeline_parallel_degree=2",
                         "--autoparallel.pp_schedules=1F1B", "--training.global_batch_size=8",

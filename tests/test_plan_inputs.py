@@ -6,8 +6,8 @@ import json
 import pytest
 from test_artifacts import cli
 
-from torchtitan_autoparallel.cli import main
-from torchtitan_autoparallel.plan import SCHEMA_VERSION, Plan
+from torchtitan_autoparallel.commands.cli import main
+from torchtitan_autoparallel.plan.schema import SCHEMA_VERSION, Plan
 
 from parity import REPO
 
@@ -63,8 +63,8 @@ def test_explain_and_diff_after_the_profile_file_is_deleted(own_profile_plan, tm
 
 
 def test_recost_from_the_plan_alone_reproduces_its_prediction(own_profile_plan):
-    from torchtitan_autoparallel.assembly import inputs_record
-    from torchtitan_autoparallel.recost import inputs_from_plan, recost
+    from torchtitan_autoparallel.plan.assembly import inputs_record
+    from torchtitan_autoparallel.plan.recost import inputs_from_plan, recost
 
     plan = Plan.load(str(own_profile_plan))
     assert inputs_record(inputs_from_plan(plan)) == plan.inputs
@@ -74,7 +74,7 @@ def test_recost_from_the_plan_alone_reproduces_its_prediction(own_profile_plan):
 
 
 def test_version_1_plans_round_trip_and_are_read_with_a_warning(tmp_path, capsys):
-    from torchtitan_autoparallel.recost import recost
+    from torchtitan_autoparallel.plan.recost import recost
 
     plan = Plan.load(str(V1_PLAN))
     assert plan.version == 1 and plan.inputs is None
@@ -122,7 +122,7 @@ def test_optional_fields_take_their_value_or_none():
     import typing
 
     from torchtitan_autoparallel.errors import rule_for_type
-    from torchtitan_autoparallel.features import Features
+    from torchtitan_autoparallel.job.features import Features
 
     rule = rule_for_type(typing.get_type_hints(Features)["float8_filter"])
     assert rule.accepts(("output",)) and rule.accepts(None) and not rule.accepts(3)

@@ -7,16 +7,20 @@ import random
 
 import pytest
 
-from torchtitan_autoparallel.candidate import build_candidate
+from torchtitan_autoparallel.candidates.candidate import build_candidate
+from torchtitan_autoparallel.candidates.layout import BlockStrategy
+from torchtitan_autoparallel.candidates.strategies import (
+    Constraints,
+    enumerate_meshes,
+    microbatch_sizes,
+)
 from torchtitan_autoparallel.cost.hardware import load_profile
 from torchtitan_autoparallel.cost.model import Precision
 from torchtitan_autoparallel.errors import UserError
 from torchtitan_autoparallel.graph.layer_graph import Layer, LayerGraph
-from torchtitan_autoparallel.layout import BlockStrategy
-from torchtitan_autoparallel.pins import Pin
-from torchtitan_autoparallel.plan import Plan
-from torchtitan_autoparallel.solver import search
-from torchtitan_autoparallel.strategies import Constraints, enumerate_meshes, microbatch_sizes
+from torchtitan_autoparallel.job.pins import Pin
+from torchtitan_autoparallel.plan.schema import Plan
+from torchtitan_autoparallel.solve.milp import search
 
 
 def random_graph(rng: random.Random) -> LayerGraph:
@@ -92,7 +96,7 @@ def brute_force(graph, world, global_batch, hw, prec, gpn, budget, constraints, 
 def single_block_units(monkeypatch):
     """FSDP units of one block only: ``brute_force`` enumerates every split of each class over
     its strategies, which units would triple (they have their own brute force below)."""
-    monkeypatch.setattr("torchtitan_autoparallel.strategies.FSDP_UNIT_SIZES", ())
+    monkeypatch.setattr("torchtitan_autoparallel.candidates.strategies.FSDP_UNIT_SIZES", ())
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -134,7 +138,7 @@ def test_milp_matches_brute_force(seed, single_block_units):
 
 @pytest.fixture(scope="module")
 def planning():
-    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.solve.planner import plan_job
     from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
     from torchtitan_autoparallel.titan.v0_2.runtime import cpu
@@ -274,8 +278,8 @@ def test_memory_terms_measured_on_one_gpu():
     """The memory terms MemTracker showed on one H200 (experiments/results/h200_model.md):
     gradients stay resident while accumulating; under autocast (one device / DDP, bf16) the
     cached bf16 weight copies and fp32 residual activations; bf16 logits beside the fp32 ones."""
+    from torchtitan_autoparallel.candidates.layout import Mesh
     from torchtitan_autoparallel.cost.model import edges_cost
-    from torchtitan_autoparallel.layout import Mesh
 
     graph = random_graph(random.Random(3))
     hw = load_profile("h200_sxm")
@@ -323,7 +327,7 @@ def test_peak_memory_matches_one_h200(planning, local, ac, measured_gib):
     """Tensor peaks MemTracker measured on one H200 (experiments/results/h200_model.md, llama3
     1B, global batch 8 x 4096 tokens, bf16): the predicted peak of TorchTitan's recipe is
     within 5 % of each."""
-    from torchtitan_autoparallel.recipe import recipe_plan
+    from torchtitan_autoparallel.plan.recipe import recipe_plan
     from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
 
     job = parse_config(["--job.config_file", "train_configs/llama3_1b_auto.toml",
@@ -354,7 +358,7 @@ def test_model_hash_is_stable_within_and_across_processes():
     import subprocess
     import sys
 
-    from torchtitan_autoparallel.planning_inputs import job_inputs
+    from torchtitan_autoparallel.job.inputs import job_inputs
     from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
@@ -371,7 +375,7 @@ def test_model_hash_is_stable_within_and_across_processes():
     assert model_hash("deepseek_v3_671b_auto.toml") == first
     code = ("from torchtitan_autoparallel.titan.v0_2.registry import register; register()\n"
             "from torchtitan_autoparallel.titan.v0_2.job_config import parse_config\n"
-            "from torchtitan_autoparallel.planning_inputs import job_inputs\n"
+            "from torchtitan_autoparallel.job.inputs import job_inputs\n"
             "job = parse_config(['--job.config_file', "
             "'train_configs/deepseek_v3_671b_auto.toml'])\n"
             "print(job_inputs(job, 128).fingerprint['model_hash'])\n")
@@ -385,7 +389,7 @@ def test_solver_rejects_non_finite_costs_and_time_outs_without_a_plan():
     """A NaN in the costs (a profile built around the validation) is refused before HiGHS runs;
     a solve stopped by its time limit before any feasible point is an error naming the limit,
     not the all-zero vector HiGHS returns (which the search once took as the fastest plan)."""
-    from torchtitan_autoparallel.solver import SolveTimeout, solve
+    from torchtitan_autoparallel.solve.milp import SolveTimeout, solve
 
     graph = random_graph(random.Random(5))
     hw = load_profile("h100_sxm")
@@ -409,8 +413,8 @@ def test_time_limit_without_a_plan_names_the_limit(planning):
 def test_pipeline_search_out_of_time_names_the_limit(planning, monkeypatch):
     """A pipeline search whose MILPs all run out of time: the time-limit error, not "no plan
     fits the memory budget" (what it used to say)."""
-    from torchtitan_autoparallel import solver
-    from torchtitan_autoparallel.solver import SolveTimeout
+    from torchtitan_autoparallel.solve import milp as solver
+    from torchtitan_autoparallel.solve.milp import SolveTimeout
 
     def out_of_time(*args, **kwargs):
         raise SolveTimeout
@@ -425,7 +429,7 @@ def test_one_time_limit_for_the_whole_job(planning, monkeypatch):
     search gets what is left of one deadline, so all solves together keep to time_limit_s."""
     import time
 
-    from torchtitan_autoparallel import planner
+    from torchtitan_autoparallel.solve import planner
 
     deadlines: list[float] = []
 
@@ -462,8 +466,8 @@ def test_embedding_and_output_are_costed_as_applied():
     compute, no latency and no overlap, a ring all-gather or reduce-scatter of B bytes takes
     B / 2 / bandwidth: the embedding all-gathers twice and reduce-scatters once, the output
     all-gathers once and reduce-scatters once."""
+    from torchtitan_autoparallel.candidates.layout import Mesh
     from torchtitan_autoparallel.cost.model import edges_cost
-    from torchtitan_autoparallel.layout import Mesh
 
     graph = random_graph(random.Random(7))
     hw = dataclasses.replace(
@@ -534,10 +538,10 @@ def test_memoized_compute_equals_the_full_mesh_compute(features):
     """The search memoizes block compute on part of the mesh: on every mesh and strategy the
     8B search enumerates on 64 H100s (ep, replication, resharding varied), it equals the
     unmemoized function given the whole mesh and strategy."""
+    from torchtitan_autoparallel.candidates.strategies import pinned_strategies
     from torchtitan_autoparallel.cost.model import block_compute_s, clear_compute_memo, compute_s
-    from torchtitan_autoparallel.features import Features
-    from torchtitan_autoparallel.planning_inputs import job_inputs
-    from torchtitan_autoparallel.strategies import pinned_strategies
+    from torchtitan_autoparallel.job.features import Features
+    from torchtitan_autoparallel.job.inputs import job_inputs
     from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
 
     inputs = job_inputs(parse_config(["--job.config_file", "train_configs/llama3_8b_auto.toml",
@@ -701,8 +705,8 @@ def test_fsdp_units_explained(planning):
     """explain gives the unit size with its predicted gain where the plan groups blocks (8B on
     128 H100s: FSDP over 64 ranks, latency-bound collectives), and the reason where it does not
     (a DDP plan: nothing FSDP shards)."""
-    from torchtitan_autoparallel.explain import unit_lines
-    from torchtitan_autoparallel.recost import inputs_from_plan
+    from torchtitan_autoparallel.commands.explain import unit_lines
+    from torchtitan_autoparallel.plan.recost import inputs_from_plan
 
     plan = planning("llama3_8b_auto.toml", 128, "--autoparallel.hardware=h100_sxm")
     units = {layer.fsdp_unit for layer in plan.layers if layer.kind == "block"}
@@ -730,10 +734,10 @@ def test_search_bounds_are_below_every_strategy(config, world, features):
     of the options the job enumerates (pp and DualPipeV's hidden all-to-alls included): floor
     <= that bound == the minimum over every strategy of the fully costed candidate, and the
     state floor is the full candidate's, below its exact memory floor (flat)."""
-    from torchtitan_autoparallel.candidate import flat_options
-    from torchtitan_autoparallel.features import Features
-    from torchtitan_autoparallel.pipeline_candidate import pipeline_options
-    from torchtitan_autoparallel.planning_inputs import job_inputs
+    from torchtitan_autoparallel.candidates.candidate import flat_options
+    from torchtitan_autoparallel.candidates.pipeline import pipeline_options
+    from torchtitan_autoparallel.job.features import Features
+    from torchtitan_autoparallel.job.inputs import job_inputs
     from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
@@ -781,12 +785,12 @@ def test_block_floors_with_fsdp_are_below_every_strategy_of_every_mesh(config, w
     step on pipeline stages) against the block's cost under every strategy, on every mesh of
     the job (brute force over mesh x micro-batch x strategy of the costs the floor bounds);
     FSDP makes the floor tighter than the compute alone on some meshes."""
+    from torchtitan_autoparallel.candidates.pipeline import stage_tp_modes
+    from torchtitan_autoparallel.candidates.strategies import block_strategies, block_tp_modes
     from torchtitan_autoparallel.cost.model import block_cost, block_time_floor
     from torchtitan_autoparallel.cost.pipeline import stage_block_cost
-    from torchtitan_autoparallel.features import Features
-    from torchtitan_autoparallel.pipeline_candidate import stage_tp_modes
-    from torchtitan_autoparallel.planning_inputs import job_inputs
-    from torchtitan_autoparallel.strategies import block_strategies, block_tp_modes
+    from torchtitan_autoparallel.job.features import Features
+    from torchtitan_autoparallel.job.inputs import job_inputs
     from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 

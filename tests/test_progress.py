@@ -6,8 +6,8 @@ from pathlib import Path
 
 from test_sweep import sweep
 
-from torchtitan_autoparallel import progress as progress_module
-from torchtitan_autoparallel.progress import Progress
+from torchtitan_autoparallel.commands import progress as progress_module
+from torchtitan_autoparallel.commands.progress import Progress
 
 
 def test_eta_is_the_mean_time_per_item_times_what_is_left(monkeypatch, capsys):

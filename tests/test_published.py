@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from torchtitan_autoparallel.errors import UserError
-from torchtitan_autoparallel.planner import plan_job
-from torchtitan_autoparallel.planning_inputs import job_inputs
+from torchtitan_autoparallel.job.inputs import job_inputs
+from torchtitan_autoparallel.solve.planner import plan_job
 from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
 from torchtitan_autoparallel.titan.v0_2.registry import register
 
@@ -174,7 +174,7 @@ def test_plan_notes_give_the_measured_error_of_their_gpu():
     """A plan for h100_sxm said "never measured" though published.md measures H100 runs: its
     notes now give that error (measured with the Grand Teton profile of the same GPU) and the
     memory margin against the measured memory error; B200 has no published row."""
-    from torchtitan_autoparallel.explain import model_error, model_lines
+    from torchtitan_autoparallel.commands.explain import model_error, model_lines
 
     tps, mem = _published_md_errors()
     assert len(tps) == 12

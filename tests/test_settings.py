@@ -8,8 +8,8 @@ import functools
 import pytest
 import torch
 
-from torchtitan_autoparallel.built import block_features, fsdp_group
 from torchtitan_autoparallel.errors import UserError
+from torchtitan_autoparallel.plan.built import block_features, fsdp_group
 
 from settings_harness import build, fake_process_group
 

@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-from torchtitan_autoparallel.planner import plan_job
+from torchtitan_autoparallel.solve.planner import plan_job
 from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
 from torchtitan_autoparallel.titan.v0_2.registry import register
 from torchtitan_autoparallel.titan.v0_2.settings import HOWS, SETTINGS
@@ -91,9 +91,9 @@ def test_optimizer_implementation_is_costed(implementation, bytes_per_param):
     parameter), plus one foreach temporary of every parameter for foreach (MemTracker on CPU,
     plain and FSDP-sharded: fused 16, foreach 20, for-loop 16 + one parameter's
     temporaries)."""
-    from torchtitan_autoparallel.assembly import candidate_for
-    from torchtitan_autoparallel.plan import Mesh
-    from torchtitan_autoparallel.planning_inputs import job_inputs
+    from torchtitan_autoparallel.job.inputs import job_inputs
+    from torchtitan_autoparallel.plan.assembly import candidate_for
+    from torchtitan_autoparallel.plan.schema import Mesh
 
     register()
     job = parse_config(["--job.config_file", str(REPO / "train_configs/llama3_debug_auto.toml"),

@@ -8,7 +8,7 @@ import sys
 import pytest
 from test_artifacts import cli
 
-from torchtitan_autoparallel.plan import Plan
+from torchtitan_autoparallel.plan.schema import Plan
 
 from parity import REPO
 
@@ -36,7 +36,7 @@ def _hex(rgba) -> str:
 
 @pytest.fixture(scope="module")
 def drawn(tmp_path_factory):
-    from torchtitan_autoparallel.show import draw, picture
+    from torchtitan_autoparallel.commands.show import draw, picture
 
     out = {}
     for name, path in PLANS.items():
@@ -94,7 +94,7 @@ def test_drawn_cells_have_the_colour_of_their_strategy(drawn, name):
 
 @pytest.mark.parametrize("name", list(PLANS))
 def test_memory_and_time_segments_sum_to_the_prediction(drawn, name):
-    from torchtitan_autoparallel.recost import recost
+    from torchtitan_autoparallel.plan.recost import recost
 
     plan, pic, fig = drawn[name]
     again = recost(plan).predicted  # the cost model's own totals (Candidate.memory / step_time)

@@ -194,9 +194,9 @@ def test_median_relative_error() -> None:
 def test_host_time_stretches_oversubscribed_ranks() -> None:
     import dataclasses
 
+    from torchtitan_autoparallel.candidates.layout import Mesh
     from torchtitan_autoparallel.cost.hardware import load_profile
     from torchtitan_autoparallel.cost.model import host_profile, host_time_s
-    from torchtitan_autoparallel.layout import Mesh
 
     hw = dataclasses.replace(load_profile("cpu"), host_cores=2, block_overhead_us=1000.0)
     assert host_time_s(1.0, Mesh(dp_replicate=1, dp_shard=2, tp=1), hw, 8) == pytest.approx(1.001)
@@ -218,10 +218,10 @@ def test_host_copies_make_sharded_data_parallel_cost_more_than_replication() -> 
     training thread (the time DDP saves on CPU); off (0) on GPU profiles."""
     import dataclasses
 
+    from torchtitan_autoparallel.candidates.layout import BlockStrategy, Mesh
     from torchtitan_autoparallel.cost.hardware import load_profile
     from torchtitan_autoparallel.cost.model import Precision, block_cost
     from torchtitan_autoparallel.graph.layer_graph import Layer
-    from torchtitan_autoparallel.layout import BlockStrategy, Mesh
 
     layer = Layer(fqn="layers.0", kind="block", params=10**6, fwd_flops=1e9, saved_bytes=1e6,
                   io_bytes=1e5, signature="b")
@@ -272,8 +272,8 @@ seq_len = 4096
 def test_repredict_costs_the_plan_that_ran() -> None:
     """``recost.recost`` (behind repredict.py and the CPU profile fit) costs a stored plan,
     mixed AC included, as it ran: unchanged model and profile, unchanged prediction."""
-    from torchtitan_autoparallel.planner import plan_job
-    from torchtitan_autoparallel.recost import recost
+    from torchtitan_autoparallel.plan.recost import recost
+    from torchtitan_autoparallel.solve.planner import plan_job
     from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 

@@ -30,7 +30,7 @@ from torchtitan_autoparallel.graph.tp_infer import (
     block_signature,
     infer_block_plan,
 )
-from torchtitan_autoparallel.plan import Plan
+from torchtitan_autoparallel.plan.schema import Plan
 
 from parity import (
     SINGLE_RANK,

@@ -40,7 +40,7 @@ def one_line(code: int, err: str) -> str:
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
     """The command in this process (the models TorchTitan registers are read once)."""
-    from torchtitan_autoparallel.cli import main
+    from torchtitan_autoparallel.commands.cli import main
     from torchtitan_autoparallel.errors import run_cli
 
     code = run_cli(lambda: main(list(argv)))
@@ -202,7 +202,7 @@ def test_list_options_take_several_values(capsys):
 
 def test_values_are_checked_before_torchtitan_is_imported():
     """``seq_len 0`` came after the imports and the config function's model."""
-    code = ("import sys; from torchtitan_autoparallel.cli import main; "
+    code = ("import sys; from torchtitan_autoparallel.commands.cli import main; "
             "from torchtitan_autoparallel.errors import run_cli; "
             "c = run_cli(lambda: main(sys.argv[1:])); print('torchtitan' in sys.modules); "
             "sys.exit(c)")

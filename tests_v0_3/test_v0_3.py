@@ -48,7 +48,7 @@ def test_llama3_8b_graph_against_torchtitans_own_counts():
     from torchtitan.models.llama3 import model_registry
 
     from torchtitan_autoparallel.graph.layer_graph import meta_model
-    from torchtitan_autoparallel.planning_inputs import model_layer_graph
+    from torchtitan_autoparallel.job.inputs import model_layer_graph
     from torchtitan_autoparallel.titan.v0_3.model import sized_for
 
     seq = 8192
@@ -80,8 +80,8 @@ def test_each_family_read_against_torchtitans_own_counts_and_planned_on_64(famil
     x tokens for attention, which it counts without the causal half) within 1 %; the job's
     plan on 64 GPUs (routed experts read: MoE blocks plan with EP where the job sets it)."""
     from torchtitan_autoparallel.graph.layer_graph import meta_model
-    from torchtitan_autoparallel.planner import plan_job
-    from torchtitan_autoparallel.planning_inputs import model_layer_graph
+    from torchtitan_autoparallel.job.inputs import model_layer_graph
+    from torchtitan_autoparallel.solve.planner import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
     from torchtitan_autoparallel.titan.v0_3.model import model_spec, sized_for
 
@@ -154,7 +154,7 @@ def test_auto_and_set_keys_on_0_3s_command_line():
     assert isinstance(config, Config) and config.parallelism.auto
     job = read_job(["--module", "llama3", "--config", "llama3_debugmodel",
                     "--parallelism.tensor_parallel_degree", "2"])
-    from torchtitan_autoparallel.explicit import user_set
+    from torchtitan_autoparallel.job.explicit import user_set
 
     assert user_set(job, "parallelism.tensor_parallel_degree")
     assert not user_set(job, "parallelism.context_parallel_degree")
@@ -225,7 +225,7 @@ def test_a_refused_key_is_one_line_under_auto_only(flag, key):
 
 
 def test_cuda_graphs_setting_is_noted_in_the_plan():
-    from torchtitan_autoparallel.planner import plan_job
+    from torchtitan_autoparallel.solve.planner import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
 
     job = read_job(["--module", "llama3", "--config", "llama3_debugmodel", "--parallelism.auto",

@@ -1,7 +1,7 @@
 import sys
 
 try:
-    from .cli import main
+    from .commands.cli import main
     from .errors import run_cli
 except KeyboardInterrupt:  # Ctrl-C while torch imports
     print("error: interrupted; nothing was written", file=sys.stderr)

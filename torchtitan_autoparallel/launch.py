@@ -16,11 +16,11 @@ def resolve_plan(job_config: Any, world: int) -> Any:
 
     from torchtitan.tools.logging import logger
 
-    from .assembly import inputs_record
-    from .plan import Plan, check_plan_for_job
-    from .planner import plan_job
-    from .planning_inputs import fingerprint_diff, job_inputs
-    from .recost import recosted_file
+    from .job.inputs import fingerprint_diff, job_inputs
+    from .plan.assembly import inputs_record
+    from .plan.recost import recosted_file
+    from .plan.schema import Plan, check_plan_for_job
+    from .solve.planner import plan_job
 
     ap = job_config.autoparallel
     if not ap.plan_file:
@@ -82,7 +82,7 @@ def plan_from_rank0(resolve: Any, time_limit_s: float, alone: bool = False) -> A
     import json
     from datetime import timedelta
 
-    from .plan import Plan
+    from .plan.schema import Plan
 
     if (alone or int(os.environ.get("WORLD_SIZE", "1")) == 1
             or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"):

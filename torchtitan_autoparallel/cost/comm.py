@@ -3,9 +3,9 @@ context parallel's ring, FSDP's all-gathers and reduce-scatters, and MoE's all-t
 
 from typing import NamedTuple
 
-from ..features import Features
+from ..candidates.layout import BlockStrategy, Mesh, fsdp_group_size, reshard_group
 from ..graph.layer_graph import Layer
-from ..layout import BlockStrategy, Mesh, fsdp_group_size, reshard_group
+from ..job.features import Features
 from .common import AC_EFFECT, Precision, collective_s
 from .compute import (
     FSDP_COPY_BYTES_PER_PARAM,

@@ -5,8 +5,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..candidates.layout import Mesh
 from ..graph.layer_graph import Layer
-from ..layout import Mesh
 from . import kernels
 from .hardware import HardwareProfile
 

@@ -4,9 +4,9 @@ float8 with its casts), attention (flash / ring), the loss, and the memoized per
 import functools
 from dataclasses import dataclass
 
-from ..features import Features
+from ..candidates.layout import BlockStrategy, Mesh
 from ..graph.layer_graph import Layer
-from ..layout import BlockStrategy, Mesh
+from ..job.features import Features
 from . import kernels
 from .common import _COMPUTE, _MEMOS, AC_EFFECT, Precision, _memoized
 from .hardware import HardwareProfile

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..candidates.layout import GIB
 from ..errors import Rule, UserError, check_fields, read_input, shown, tomllib
-from ..layout import GIB
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 

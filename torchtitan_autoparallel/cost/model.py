@@ -19,9 +19,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from ..features import EAGER, Features
+from ..candidates.layout import (
+    TP_MODES,
+    BlockStrategy,
+    Mesh,
+    edge_strategy,
+    fsdp_group_size,
+    reshard_group,
+)
 from ..graph.layer_graph import Layer, LayerGraph
-from ..layout import TP_MODES, BlockStrategy, Mesh, edge_strategy, fsdp_group_size, reshard_group
+from ..job.features import EAGER, Features
 from .comm import (  # noqa: F401  (re-exported: the cost model's names)
     ROW_PARALLEL_FLOP_SHARE,
     cp_comm_s,

@@ -38,10 +38,10 @@ per step and the stage holds its unsharded parameters and gradients throughout.
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..features import EAGER, Features
+from ..candidates.layout import BlockStrategy, Mesh, fsdp_sharded
+from ..candidates.schedules import SINGLE_STAGE
 from ..graph.layer_graph import Layer, LayerGraph
-from ..layout import BlockStrategy, Mesh, fsdp_sharded
-from ..schedules import SINGLE_STAGE
+from ..job.features import EAGER, Features
 from .hardware import HardwareProfile
 from .model import (
     AC_EFFECT,

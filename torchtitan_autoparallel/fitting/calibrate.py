@@ -22,11 +22,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..candidates.layout import GIB
+from ..commands.progress import Progress
 from ..cost.hardware import HardwareProfile
 from ..cost.model import collective_s
 from ..errors import UserError
-from ..layout import GIB
-from ..progress import Progress
 from .fit import Run, fit_profile
 
 

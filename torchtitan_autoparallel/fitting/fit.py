@@ -61,7 +61,7 @@ import numpy as np
 
 from ..cost.hardware import HardwareProfile
 from ..errors import UserError
-from ..recost import recost
+from ..plan.recost import recost
 
 DEFAULT_FREE = ("matmul_efficiency", "intra_node_gbps", "inter_node_gbps", "intra_node_latency_us",
                 "inter_node_latency_us", "oversubscribed_latency_us", "block_overhead_us",

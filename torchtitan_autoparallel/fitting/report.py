@@ -75,7 +75,7 @@ def constants_table(base: HardwareProfile, result: FitResult) -> str:
 
 def fit_command(args: argparse.Namespace) -> int:
     from ..cost.profile_file import write_profile
-    from ..recost import recost
+    from ..plan.recost import recost
     from .runs import load_runs
 
     base = load_profile(args.base)

@@ -90,7 +90,7 @@ def load_runs(csv_path: str | Path, base: HardwareProfile | None = None,
     """The measured runs of ``csv_path`` (rows of the same plan merged: median time), checked:
     positive times, existing plan files made for ``base``'s hardware."""
     from ..frontend import frontend
-    from ..plan import Plan
+    from ..plan.schema import Plan
 
     frontend().prepare_models("")  # the installed release's models, read by recost
     path = Path(csv_path)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..layout import GIB
+from ..candidates.layout import GIB
 
 
 def compiled_graphs() -> int:

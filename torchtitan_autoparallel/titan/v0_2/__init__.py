@@ -10,7 +10,7 @@ from typing import Any
 from ...errors import UserError, shown
 from ...frontend import Frontend, register_frontend
 from ...graph.layer_graph import LayerGraph
-from ...model_config import ModelConfig
+from ...job.model_config import ModelConfig
 from .model import build_layer_graph, graph_job_config
 from .registry import HF_BACKEND, import_custom_module, register, train_spec_of
 

@@ -15,12 +15,12 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ...candidates.layout import tp_dp_problem
 from ...errors import UserError
-from ...features import features_from_config
 from ...graph.adapters import INFER_TP, ModelAdapter, resolve, submodule_or_none
 from ...graph.discover import get_adapter
-from ...layout import tp_dp_problem
-from ...plan import Plan, fsdp_units
+from ...job.features import features_from_config
+from ...plan.schema import Plan, fsdp_units
 from .model import planning_adapter
 from .runtime.moe import reduce_sequence_parallel_moe_grads, reduce_tensor_parallel_router_grads
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...candidates.layout import AC_MODES, GIB
 from ...errors import UserError
-from ...layout import AC_MODES, GIB
 
 # What TorchTitan 0.2.2's quantization converters import from torchao, per feature: torchao
 # 0.18.0 no longer has the MX linear config nor the MoE training config those converters use.
@@ -137,7 +137,7 @@ OPTIMIZERS = ("Adam", "AdamW")
 
 def check_plan_features(job_config: Any, plan: Any) -> None:
     """Features the chosen plan cannot apply."""
-    from ...plan import plan_shards_with_fsdp
+    from ...plan.schema import plan_shards_with_fsdp
 
     val = job_config.validation
     if val.enable and plan.mesh.pp > 1 and (

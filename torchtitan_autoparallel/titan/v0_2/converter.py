@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from ...errors import UserError
 from ...graph.adapters import submodule_or_none
-from ...plan import Plan
+from ...plan.schema import Plan
 
 NAME = "autoparallel"
 PLAN_ATTR = "_autoparallel_plan"

@@ -80,7 +80,7 @@ def check_hf_spec(spec: Any, flavor: str, job_config: Any, hf_model: str) -> Non
 def check_hf_job(job_config: Any) -> None:
     """``check_hf_spec`` on the model of ``job_config`` (the HF backend's), as the planner
     sets it up."""
-    from ...model_config import model_config_of
+    from ...job.model_config import model_config_of
     from .model import graph_job_config
     from .registry import train_spec_of
 
@@ -108,7 +108,7 @@ def _architecture(hf_model: str) -> str:
     """The first of ``architectures`` in ``hf_model``'s config.json ("the model" if none)."""
     import json
 
-    from ...model_config import hf_config_file
+    from ...job.model_config import hf_config_file
 
     try:
         with open(hf_config_file(hf_model)) as f:

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...errors import UserError
-from ...explicit import record_explicit
-from ...features import check_device, features_from_config
+from ...job.explicit import record_explicit
+from ...job.features import check_device, features_from_config
 from .. import ASSETS
 from .checks import (
     check_job_keys,
@@ -28,7 +28,7 @@ def _config_manager() -> Any:
     ``[hf_transformers]``) is merged on top of both instead of replacing the project's."""
     from torchtitan.config import ConfigManager, JobConfig
 
-    from ...config import JobConfig as Extension
+    from ...job.config import JobConfig as Extension
 
     return ConfigManager(ConfigManager._merge_configs(JobConfig, Extension))
 
@@ -64,8 +64,8 @@ def parse_config(argv: list[str]) -> Any:
     the TOML file or the command line set are recorded (``explicit_keys``)."""
     import io
 
-    from ...cli_args import bool_value_hint, joined_lists
     from ...errors import shown
+    from ...job.arguments import bool_value_hint, joined_lists
 
     argv = joined_lists(argv)
     path = _config_path(argv)
@@ -94,8 +94,8 @@ def check_toml_booleans(toml: dict[str, Any]) -> None:
     as a flag missing its value."""
     import dataclasses
 
-    from ...config import Autoparallel, Parallelism
     from ...errors import Rule, check_value
+    from ...job.config import Autoparallel, Parallelism
 
     for section, cls in (("parallelism", Parallelism), ("autoparallel", Autoparallel)):
         values = toml.get(section)
@@ -150,8 +150,8 @@ def resolve_assets_path(job_config: Any) -> None:
 
 def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
     """Reject settings this machine cannot run, naming the fix."""
+    from ...job.validate import check_model_name, check_training
     from ...launch import check_plan_outputs
-    from ...validate import check_model_name, check_training
     from .runtime.cpu import cuda_only_features
 
     check_model_name(job_config.model.name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ...explicit import user_set
+from ...job.explicit import user_set
 from ...launch import plan_from_rank0, resolve_plan
 from .checks import check_auto_settings, check_plan_features
 

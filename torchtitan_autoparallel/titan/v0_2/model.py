@@ -12,7 +12,7 @@ from typing import Any
 from ...errors import UserError
 from ...graph.adapters import ModelAdapter
 from ...graph.layer_graph import LayerGraph, graph_of_model, meta_model, planning_model
-from ...model_config import ModelConfig
+from ...job.model_config import ModelConfig
 
 
 def _assign(target: Any, values: dict[str, Any]) -> None:

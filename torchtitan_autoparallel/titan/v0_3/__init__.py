@@ -8,7 +8,7 @@ from typing import Any
 
 from ...frontend import Frontend, register_frontend
 from ...graph.adapters import ModelAdapter, register_adapter
-from . import quiet, triton_keys  # noqa: F401  (before TorchTitan is imported)
+from . import quiet, triton_keys  # noqa: F401  before TorchTitan is imported
 from .config import parse_job
 from .job import Job, job_of
 from .model import HF_BACKEND, family_module, read_model

@@ -18,10 +18,10 @@ from typing import Any
 from torchtitan.config import ParallelismConfig as TitanParallelism
 from torchtitan.trainer import Trainer
 
-from ...cli_args import bool_value_hint, joined_lists
-from ...config import Autoparallel
 from ...errors import UserError
-from ...explicit import cli_keys
+from ...job.arguments import bool_value_hint, joined_lists
+from ...job.config import Autoparallel
+from ...job.explicit import cli_keys
 from .quiet import warnings_off
 
 

@@ -11,11 +11,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...config import Autoparallel
 from ...cost.model import STEP_BYTES_PER_PARAM
 from ...errors import UserError
-from ...explicit import EXPLICIT_ATTR, NOTES_ATTR, RELEASE_FIXED_ATTR
-from ...model_config import ModelConfig, hf_config_file
+from ...job.config import Autoparallel
+from ...job.explicit import EXPLICIT_ATTR, NOTES_ATTR, RELEASE_FIXED_ATTR
+from ...job.model_config import ModelConfig, hf_config_file
 from .config import Config, config_nodes, explicit_of
 
 READ, RUNTIME, REFUSED, NOTED = "read", "runtime", "refused", "noted"

@@ -12,7 +12,7 @@ from typing import Any
 from ...errors import UserError, shown
 from ...graph.discover import get_adapter
 from ...graph.layer_graph import LayerGraph, graph_of_model, meta_model
-from ...model_config import ModelConfig
+from ...job.model_config import ModelConfig
 from .quiet import warnings_off
 
 HF_BACKEND = "transformers_modeling_backend"

@@ -24,7 +24,7 @@ import sys
 from typing import Any
 
 from ...errors import UserError, run_cli
-from ...explicit import NOTES_ATTR
+from ...job.explicit import NOTES_ATTR
 from .. import ASSETS
 from . import cpu
 
@@ -108,7 +108,7 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
         validate_config,
     )
 
-    from ...plan import fsdp_units
+    from ...plan.schema import fsdp_units
 
     blocks = dict(model.layers.named_children())
     planned = [layer.fqn for layer in plan.layers if layer.kind == "block"]
@@ -382,8 +382,8 @@ def check_runtime(config: Any, on_cpu: bool) -> None:
     feature on CPU ranks, settings out of range, a plan output where nothing is planned)."""
     import importlib.util
 
+    from ...job.validate import check_training
     from ...launch import check_plan_outputs
-    from ...validate import check_training
     from .job import OPTIMIZERS, optimizers_of, override_targets
 
     check_training(config.training)

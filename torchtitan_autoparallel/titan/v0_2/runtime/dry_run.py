@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....layout import GIB
+from ....candidates.layout import GIB
 
 
 def prepare_dry_run(job_config: Any) -> None:
@@ -99,7 +99,7 @@ def dry_run_report(trainer: Any) -> str:
         )
     import json
 
-    from ....built import block_features
+    from ....plan.built import block_features
 
     # the blocks' container: a planned block's fqn is "<container>.<name>"
     blocks = (next(layer.fqn for layer in plan.layers if layer.kind == "block").rpartition(".")[0]

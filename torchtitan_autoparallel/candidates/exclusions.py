@@ -3,8 +3,8 @@ and an error where the user fixed a degree that needs one of them."""
 
 import dataclasses
 
-from .errors import UserError
-from .graph.layer_graph import LayerGraph
+from ..errors import UserError
+from ..graph.layer_graph import LayerGraph
 from .strategies import Constraints
 
 # fixed degree (Constraints field, its [parallelism] key) -> the technique it needs

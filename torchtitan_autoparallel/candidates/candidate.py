@@ -17,8 +17,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .cost.hardware import HardwareProfile
-from .cost.model import (
+from ..cost.hardware import HardwareProfile
+from ..cost.model import (
     STATE_BYTES_PER_PARAM,
     STEP_BYTES_PER_PARAM,
     BlockCost,
@@ -28,11 +28,11 @@ from .cost.model import (
     model_time_floor,
     state_memory,
 )
-from .cost.pipeline import StageBlockCost
-from .features import EAGER, Features
-from .graph.layer_graph import LayerGraph
+from ..cost.pipeline import StageBlockCost
+from ..graph.layer_graph import LayerGraph
+from ..job.features import EAGER, Features
+from ..job.pins import Pin
 from .layout import BlockStrategy, Mesh
-from .pins import Pin
 from .schedules import V_SCHEDULES
 from .strategies import (
     Constraints,

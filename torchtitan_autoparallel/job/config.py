@@ -8,9 +8,9 @@ as for any built-in option.
 
 from dataclasses import dataclass, field
 
-from .layout import TECHNIQUES
+from ..candidates.layout import TECHNIQUES
 
-CONFIG_MODULE = "torchtitan_autoparallel.config"
+CONFIG_MODULE = "torchtitan_autoparallel.job.config"
 
 
 @dataclass

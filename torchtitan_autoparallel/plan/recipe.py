@@ -4,12 +4,12 @@ and compared with auto plans on the same cost model."""
 import dataclasses
 from typing import Any
 
+from ..candidates.layout import TECHNIQUES, BlockStrategy, Mesh, fsdp_sharded
+from ..errors import UserError
+from ..job.inputs import job_inputs, with_global_batch
+from ..job.pins import recipe_from_config, recipe_of
 from .assembly import build_plan, candidate_for
-from .errors import UserError
-from .layout import TECHNIQUES, BlockStrategy, Mesh, fsdp_sharded
-from .pins import recipe_from_config, recipe_of
-from .plan import Plan
-from .planning_inputs import job_inputs, with_global_batch
+from .schema import Plan
 
 
 def recipe_plan(job_config: Any, world: int) -> Plan:
@@ -79,8 +79,8 @@ def _pipeline_recipe_plan(job_config: Any, inputs: Any, mesh: Mesh, local: int,
 
     from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
 
-    from .plan import Pipeline
-    from .schedules import SCHEDULES, SINGLE_STAGE
+    from ..candidates.schedules import SCHEDULES, SINGLE_STAGE
+    from .schema import Pipeline
 
     par = job_config.parallelism
     schedule = par.pipeline_parallel_schedule

@@ -13,9 +13,8 @@ import functools
 import math
 from dataclasses import dataclass
 
-from .candidate import Candidate, Option, block_classes, rank_types
-from .cost.hardware import HardwareProfile
-from .cost.model import (
+from ..cost.hardware import HardwareProfile
+from ..cost.model import (
     FWD_BWD_BYTES_PER_PARAM,
     GRAD_BYTES_PER_PARAM,
     STATE_BYTES_PER_PARAM,
@@ -25,7 +24,7 @@ from .cost.model import (
     model_time_floor,
     state_bytes,
 )
-from .cost.pipeline import (
+from ..cost.pipeline import (
     backward_split,
     boundary_bytes,
     boundary_tensors,
@@ -34,10 +33,11 @@ from .cost.pipeline import (
     p2p_s,
     stage_block_cost,
 )
-from .features import EAGER, Features
-from .graph.layer_graph import LayerGraph
+from ..graph.layer_graph import LayerGraph
+from ..job.features import EAGER, Features
+from ..job.pins import Pin
+from .candidate import Candidate, Option, block_classes, rank_types
 from .layout import AC_MODES, BlockStrategy, Mesh, divisors, fsdp_sharded
-from .pins import Pin
 from .schedules import (
     MOE_ONLY,
     SCHEDULES,

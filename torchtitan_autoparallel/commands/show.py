@@ -11,11 +11,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .assembly import candidate_for, rank_counts
-from .cost.model import STATE_BYTES_PER_PARAM, core_share, edges_cost
-from .errors import UserError, atomic_write_all, check_output_path
-from .plan import Plan
-from .recost import block_counts, inputs_from_plan
+from ..cost.model import STATE_BYTES_PER_PARAM, core_share, edges_cost
+from ..errors import UserError, atomic_write_all, check_output_path
+from ..plan.assembly import candidate_for, rank_counts
+from ..plan.recost import block_counts, inputs_from_plan
+from ..plan.schema import Plan
 
 ASPECTS = ("params", "tp", "ep", "cp", "ac", "pinned")
 """Columns of the layer table: the aspects of ``layout.strategy_parts`` plus the mesh's cp."""

@@ -3,8 +3,9 @@
 import functools
 from dataclasses import dataclass
 
-from .errors import UserError
-from .graph.layer_graph import LayerGraph
+from ..errors import UserError
+from ..graph.layer_graph import LayerGraph
+from ..job.pins import Pin
 from .layout import (
     AC_MODES,
     FSDP_UNIT_SIZES,
@@ -18,7 +19,6 @@ from .layout import (
     node_reshard_group,
     tp_dp_problem,
 )
-from .pins import Pin
 
 
 @dataclass(frozen=True)

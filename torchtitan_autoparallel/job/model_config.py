@@ -15,7 +15,7 @@ import hashlib
 import os
 from typing import Any
 
-from .errors import UserError
+from ..errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +80,7 @@ def hf_config_file(model: str, key: str = "hf_transformers.model") -> str:
 
         path = cached_file(model, "config.json")
     except Exception as exc:  # offline, unknown id, gated repo
-        from .errors import shown
+        from ..errors import shown
 
         raise UserError(f"{key} = {model!r}: no config.json found "
                         f"({shown(exc, 160)}); name a local folder holding config.json or a "
@@ -96,7 +96,7 @@ def _check_json(path: str, key: str, model: str) -> None:
     reader raises with a traceback)."""
     import json
 
-    from .errors import read_input, shown
+    from ..errors import read_input, shown
 
     try:
         data = json.loads(read_input(path, "config.json").decode("utf-8"))

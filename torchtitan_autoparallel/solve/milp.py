@@ -35,16 +35,16 @@ from dataclasses import dataclass, field
 
 import highspy
 
-from .candidate import Candidate, Counts, Key, Option, flat_options
-from .cost.hardware import HardwareProfile
-from .cost.model import Precision
-from .errors import UserError
-from .features import EAGER, Features
-from .graph.layer_graph import LayerGraph
-from .layout import GIB, Mesh
-from .pins import Pin
-from .pipeline_candidate import pipeline_options
-from .strategies import Constraints
+from ..candidates.candidate import Candidate, Counts, Key, Option, flat_options
+from ..candidates.layout import GIB, Mesh
+from ..candidates.pipeline import pipeline_options
+from ..candidates.strategies import Constraints
+from ..cost.hardware import HardwareProfile
+from ..cost.model import Precision
+from ..errors import UserError
+from ..graph.layer_graph import LayerGraph
+from ..job.features import EAGER, Features
+from ..job.pins import Pin
 
 """Memory rows in GiB: numbers of similar size for HiGHS."""
 

@@ -22,11 +22,11 @@ import json
 import sys
 from typing import Any
 
-from .errors import UserError, check_output_path, run_cli
+from ..errors import UserError, check_output_path, run_cli
 
 
 def _job(args: argparse.Namespace, auto: bool) -> Any:
-    from .frontend import frontend
+    from ..frontend import frontend
 
     release = frontend().release
     if getattr(args, "out", None):
@@ -46,8 +46,8 @@ def _job(args: argparse.Namespace, auto: bool) -> Any:
 def _check_features_on_profile(job: Any) -> None:
     """The job's low-precision kernels refused for a profile whose device refuses them (as
     training on that device would)."""
-    from .cost.hardware import CPU_PROFILE, load_profile
-    from .features import check_profile, features_from_config
+    from ..cost.hardware import CPU_PROFILE, load_profile
+    from ..job.features import check_profile, features_from_config
 
     hardware = job.autoparallel.hardware
     if not isinstance(hardware, str):
@@ -71,7 +71,7 @@ def _autoparallel_overrides(args: argparse.Namespace, auto: bool) -> list[str]:
 
 def _job_by_module(args: argparse.Namespace, auto: bool, release: str) -> Any:
     """A TorchTitan 0.3.0 job: ``--module M --config FN`` and tyro overrides."""
-    from .frontend import frontend
+    from ..frontend import frontend
 
     if release == "0.2":
         raise UserError("--module names a TorchTitan 0.3.0 config registry, and TorchTitan "
@@ -92,9 +92,9 @@ def _job_by_module(args: argparse.Namespace, auto: bool, release: str) -> Any:
 
 
 def _job_from_toml(args: argparse.Namespace, auto: bool) -> Any:
-    from .titan.v0_2.checks import check_auto_settings, check_job_keys
-    from .titan.v0_2.job_config import parse_config, read_toml
-    from .titan.v0_2.registry import import_custom_module, register
+    from ..titan.v0_2.checks import check_auto_settings, check_job_keys
+    from ..titan.v0_2.job_config import parse_config, read_toml
+    from ..titan.v0_2.registry import import_custom_module, register
 
     register()
     for arg in args.overrides:
@@ -149,10 +149,10 @@ def _emit(args: argparse.Namespace, plan: Any, headline: list[str] = ()) -> None
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from ..job.inputs import reusing_layer_graphs
+    from ..solve.planner import plan_job
+    from ..titan.v0_2.checks import check_plan_features
     from .explain import model_lines
-    from .planner import plan_job
-    from .planning_inputs import reusing_layer_graphs
-    from .titan.v0_2.checks import check_plan_features
 
     job = _job(args, auto=True)
     with reusing_layer_graphs():
@@ -173,8 +173,8 @@ def _recipe_margin(job: Any, plan: Any, world: int) -> str:
     model's measured error ("" where the recipe cannot run this job)."""
     import copy
 
+    from ..plan.recipe import recipe_plan
     from .explain import margin_note
-    from .recipe import recipe_plan
 
     recipe_job = copy.deepcopy(job)
     recipe_job.parallelism.auto = False
@@ -196,8 +196,8 @@ def _recipe_margin(job: Any, plan: Any, world: int) -> str:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    from ..plan.recipe import recipe_plan
     from .explain import fit_lines
-    from .recipe import recipe_plan
 
     plan = recipe_plan(_job(args, auto=False), args.ngpu)
     profile = plan.inputs["hardware"]["name"] if plan.inputs else plan.fingerprint["hardware"]
@@ -208,9 +208,9 @@ def _predict(args: argparse.Namespace) -> int:
 def _load(path: str, cache: dict[str, Any] | None = None, quiet: bool = False) -> Any:
     """The plan file at ``path``, re-costed (a warning where its predictions differ, unless
     ``quiet``: the same file read a second time)."""
-    from .frontend import frontend
-    from .plan import SCHEMA_VERSION, Plan
-    from .recost import recosted_file
+    from ..frontend import frontend
+    from ..plan.recost import recosted_file
+    from ..plan.schema import SCHEMA_VERSION, Plan
 
     frontend().prepare_models("")
     plan = Plan.load(path)
@@ -266,8 +266,8 @@ def _show(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     import platform
 
-    from .cost.profile_file import write_profile
-    from .fitting.calibrate import calibrate
+    from ..cost.profile_file import write_profile
+    from ..fitting.calibrate import calibrate
 
     # the target is checked before the measurements (minutes on a GPU), not after them
     check_output_path(args.out, "profile")
@@ -288,7 +288,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from .fitting.report import fit_command
+    from ..fitting.report import fit_command
 
     return fit_command(args)
 
@@ -378,8 +378,8 @@ def _check_training_early(args: argparse.Namespace) -> None:
     is imported; what only TorchTitan's parser can read is checked after it, as before."""
     import os
 
-    from .errors import check_value, tomllib
-    from .validate import TRAINING_RULES
+    from ..errors import check_value, tomllib
+    from ..job.validate import TRAINING_RULES
 
     rules = {key: rule for key, rule in TRAINING_RULES.items() if rule.kind is int}
     values: dict[str, object] = {}
@@ -413,8 +413,8 @@ def _check_own_options(args: argparse.Namespace) -> None:
     never the config it reads."""
     import os
 
-    from .errors import check_value
-    from .validate import AUTOPARALLEL_RULES
+    from ..errors import check_value
+    from ..job.validate import AUTOPARALLEL_RULES
 
     for key in ("memory_gib", "gpus_per_node"):
         value = getattr(args, key, None)

@@ -14,8 +14,8 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UserError, shown
-from .graph.layer_graph import LayerGraph
+from ..errors import UserError, shown
+from ..graph.layer_graph import LayerGraph
 
 
 @dataclass(frozen=True)

@@ -10,26 +10,26 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from . import __version__
-from .assembly import (
+from .. import __version__
+from ..candidates.exclusions import without_excluded
+from ..candidates.layout import AC_MODES, GIB, TECHNIQUES
+from ..candidates.strategies import Constraints
+from ..cost.hardware import CPU_PROFILE, HardwareProfile, load_profile
+from ..cost.model import Precision
+from ..errors import UserError, shown
+from ..frontend import frontend
+from ..graph.layer_graph import Layer, LayerGraph
+from ..plan.assembly import (
     JobInputs,
 )
-from .cost.hardware import CPU_PROFILE, HardwareProfile, load_profile
-from .cost.model import Precision
-from .errors import UserError, shown
-from .exclusions import without_excluded
 from .explicit import release_fixed, user_set
 from .features import Features, features_from_config
-from .frontend import frontend
-from .graph.layer_graph import Layer, LayerGraph
-from .layout import AC_MODES, GIB, TECHNIQUES
 from .model_config import (
     ModelConfig,
     config_identity,
     model_config_of,
 )
 from .pins import Pin, recipe_block_ac, recipe_from_config, recipe_of, resolve_pins
-from .strategies import Constraints
 from .validate import check_job_options
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -191,7 +191,7 @@ def pipeline_constraints(job_config: Any, features: Features, techniques: tuple[
     degree, the schedule (else ``autoparallel.pp_schedules``) and the micro-batch size when
     the user set them. The stage split is the planner's: keys that would set it are errors, as
     are schedules the job cannot run."""
-    from .schedules import SCHEDULES, ZERO_BUBBLE, schedule_stages
+    from ..candidates.schedules import SCHEDULES, ZERO_BUBBLE, schedule_stages
 
     par, ap = job_config.parallelism, job_config.autoparallel
     pp = par.pipeline_parallel_degree  # >= 1 (constraints_from_config checks every degree)
@@ -265,7 +265,7 @@ def check_stage_split_keys(job_config: Any, graph: LayerGraph, constraints: Cons
     """Stage-split keys set under auto are errors; where the fixed schedule could not run the
     split they ask for either, that is the reason given (as TorchTitan's ``pipeline_llm``
     computes it: ceil((blocks + first + last stage less layers) / layers per stage) stages)."""
-    from .schedules import schedule_stages
+    from ..candidates.schedules import schedule_stages
 
     par = job_config.parallelism
     if not par.auto:

@@ -7,8 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import Rule, UserError, atomic_write, check_fields, check_value, read_input, shown
-from .layout import (
+from ..candidates.layout import (
     AC_MODES,
     FSDP_UNIT_SIZES,
     TP_MODES,
@@ -21,7 +20,8 @@ from .layout import (
     strategy_parts,
     tp_dp_problem,
 )
-from .schedules import SCHEDULES, SINGLE_STAGE, V_SCHEDULES, microbatch_ok
+from ..candidates.schedules import SCHEDULES, SINGLE_STAGE, V_SCHEDULES, microbatch_ok
+from ..errors import Rule, UserError, atomic_write, check_fields, check_value, read_input, shown
 
 SCHEMA_VERSION = 2
 """2: the plan stores its resolved planning inputs (``Plan.inputs``). 1 is still read (the

@@ -25,7 +25,7 @@ compute capability before any rank starts.
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import UserError
+from ..errors import UserError
 from .explicit import user_set
 
 FLOAT8_LINEAR = "quantize.linear.float8"

@@ -8,19 +8,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .candidate import Candidate, Counts, block_classes, build_candidate
-from .cost.hardware import HardwareProfile
-from .cost.model import Precision, linear_names, low_precision_linears
-from .errors import Rule, UserError, check_fields, check_value, shown
-from .exclusions import exclusion_notes
-from .features import Features
-from .graph.layer_graph import LayerGraph
-from .layout import GIB, BlockStrategy, Mesh, edge_strategy
-from .pins import Pin
-from .pipeline_candidate import build_pipeline_candidate
-from .plan import LayerPlan, Pipeline, Plan
-from .solver import Solution
-from .strategies import Constraints
+from ..candidates.candidate import Candidate, Counts, block_classes, build_candidate
+from ..candidates.exclusions import exclusion_notes
+from ..candidates.layout import GIB, BlockStrategy, Mesh, edge_strategy
+from ..candidates.pipeline import build_pipeline_candidate
+from ..candidates.strategies import Constraints
+from ..cost.hardware import HardwareProfile
+from ..cost.model import Precision, linear_names, low_precision_linears
+from ..errors import Rule, UserError, check_fields, check_value, shown
+from ..graph.layer_graph import LayerGraph
+from ..job.features import Features
+from ..job.pins import Pin
+from ..solve.milp import Solution
+from .schema import LayerPlan, Pipeline, Plan
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def check_inputs_record(record: Any, source: str) -> None:
     """A plan's stored planning inputs, checked as their sources are (the hardware profile by
     its rules, the rest by their types), so an edited value is one line, not a traceback or a
     negative time."""
-    from .cost.hardware import check_profile_data
+    from ..cost.hardware import check_profile_data
 
     where = f"plan {source}: inputs."
     fix = "re-plan the job, or restore the value"

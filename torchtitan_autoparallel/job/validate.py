@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .errors import Rule, UserError, check_fields, check_value, shown
+from ..errors import Rule, UserError, check_fields, check_value, shown
 
 # ---------------------------------------------------------------------------------------------
 # [autoparallel] and the [training] values planning reads
@@ -49,7 +49,7 @@ TRAINING_RULES: dict[str, Rule] = {
 def check_model_name(name: Any) -> None:
     """``model.name`` names a model the installed TorchTitan resolves (its front-end's
     ``model_names``)."""
-    from .frontend import frontend
+    from ..frontend import frontend
 
     names = frontend().model_names()
     if not isinstance(name, str) or name not in names:
@@ -64,7 +64,7 @@ def check_job_options(job_config: Any) -> None:
     check_model_name(job_config.model.name)
 
     ap = job_config.autoparallel
-    from .cost.hardware import HardwareProfile
+    from ..cost.hardware import HardwareProfile
 
     values = {f.name: getattr(ap, f.name) for f in dataclasses.fields(Autoparallel)
               if hasattr(ap, f.name)}

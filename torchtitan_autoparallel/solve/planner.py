@@ -11,17 +11,17 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .assembly import JobInputs, plan_of_solution
-from .cost.model import clear_compute_memo
-from .errors import UserError
-from .explicit import NOTES_ATTR, user_set
-from .features import features_from_config
-from .layout import GIB, Mesh
-from .pipeline_candidate import no_pipeline_reason, prefix_classes
-from .plan import Plan
-from .planning_inputs import constraint_keys, job_inputs, with_global_batch
-from .solver import Solution, search
-from .strategies import enumerate_meshes
+from ..candidates.layout import GIB, Mesh
+from ..candidates.pipeline import no_pipeline_reason, prefix_classes
+from ..candidates.strategies import enumerate_meshes
+from ..cost.model import clear_compute_memo
+from ..errors import UserError
+from ..job.explicit import NOTES_ATTR, user_set
+from ..job.features import features_from_config
+from ..job.inputs import constraint_keys, job_inputs, with_global_batch
+from ..plan.assembly import JobInputs, plan_of_solution
+from ..plan.schema import Plan
+from .milp import Solution, search
 
 
 @contextlib.contextmanager
@@ -143,7 +143,7 @@ def _no_plan_fits(job_config: Any, inputs: JobInputs, min_feasible: float,
 def moot_fsdp_settings(job_config: Any, plan: Plan) -> list[str]:
     """A note naming the FSDP-only settings the job sets when the plan shards nothing with
     FSDP (DDP or one device): they take no effect, and the plan says so."""
-    from .plan import plan_shards_with_fsdp
+    from ..plan.schema import plan_shards_with_fsdp
 
     if plan_shards_with_fsdp(plan):
         return []

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .assembly import candidate_for, rank_counts
-from .cost.model import (
+from ..candidates.layout import GIB, BlockStrategy, fsdp_unit_problem, reshard_group
+from ..cost.model import (
     float8_linear_times,
     input_key,
     linear_names,
@@ -15,10 +15,10 @@ from .cost.model import (
     linear_tokens,
     low_precision_linears,
 )
-from .errors import tomllib
-from .layout import GIB, BlockStrategy, fsdp_unit_problem, reshard_group
-from .plan import LayerPlan, Plan, check_plan_for_job
-from .recost import block_counts, inputs_from_plan
+from ..errors import tomllib
+from ..plan.assembly import candidate_for, rank_counts
+from ..plan.recost import block_counts, inputs_from_plan
+from ..plan.schema import LayerPlan, Plan, check_plan_for_job
 
 
 def explain_rows(plan: Plan, cache: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -69,8 +69,8 @@ def explain_rows(plan: Plan, cache: dict[str, Any] | None = None) -> list[dict[s
 def schedule_lines(plan: Plan) -> list[str]:
     """Why this pipeline schedule: the best plan of every schedule the job allows on the
     plan's mesh and micro-batch size (bubble, step, peak), as the planner compared them."""
-    from .pipeline_candidate import schedules_for
-    from .solver import search
+    from ..candidates.pipeline import schedules_for
+    from ..solve.milp import search
 
     pipe = plan.pipeline
     if pipe is None:
@@ -100,7 +100,7 @@ def schedule_lines(plan: Plan) -> list[str]:
     return lines
 
 
-VALIDATION = Path(__file__).resolve().parent / "profiles" / "validation" / "model_error.toml"
+VALIDATION = Path(__file__).resolve().parent.parent / "profiles" / "validation" / "model_error.toml"
 """The cost model's measured error per hardware profile: median and max |error| of predicted
 tokens/s and max |error| of peak memory against published runs (written by
 experiments/published.py, each entry naming its source), and the GPU each profile models."""
@@ -210,7 +210,7 @@ def fit_lines(plan: Plan, profile: str) -> list[str]:
 def assumed_lines(plan: Plan, inputs: Any, cache: dict[str, Any]) -> list[str]:
     """The assumed constants of the plan's profile that its predicted step time depends on:
     each moved by +-20 % and the plan re-costed; those that move it by 1 % or more."""
-    from .recost import recost
+    from ..plan.recost import recost
 
     hw, base = inputs.hw, plan.predicted["step_time_s"]
     swings = []
@@ -505,7 +505,7 @@ def diff_lines(a: Plan, b: Plan) -> list[str]:
 
 def pipeline_diff(a: Plan, b: Plan) -> list[str]:
     """Schedule, stages per rank, micro-batches and stage split differences."""
-    from .plan import stage_text
+    from ..plan.schema import stage_text
 
     pa, pb = a.pipeline, b.pipeline
     if pa is None and pb is None:

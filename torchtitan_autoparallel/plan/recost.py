@@ -5,6 +5,21 @@ import dataclasses
 import math
 from typing import Any
 
+from ..candidates.candidate import block_classes
+from ..candidates.exclusions import without_excluded
+from ..candidates.layout import GIB, BlockStrategy
+from ..candidates.strategies import Constraints
+from ..cost.hardware import HardwareProfile, load_profile
+from ..cost.model import Precision
+from ..errors import UserError
+from ..frontend import frontend
+from ..graph.layer_graph import LayerGraph
+from ..job.features import Features
+from ..job.inputs import DTYPE_BYTES, model_layer_graph
+from ..job.model_config import (
+    model_config_from_fingerprint,
+)
+from ..job.pins import Pin, recipe_of, resolve_pins
 from .assembly import (
     JobInputs,
     build_plan,
@@ -12,22 +27,7 @@ from .assembly import (
     check_inputs_record,
     inputs_record,
 )
-from .candidate import block_classes
-from .cost.hardware import HardwareProfile, load_profile
-from .cost.model import Precision
-from .errors import UserError
-from .exclusions import without_excluded
-from .features import Features
-from .frontend import frontend
-from .graph.layer_graph import LayerGraph
-from .layout import GIB, BlockStrategy
-from .model_config import (
-    model_config_from_fingerprint,
-)
-from .pins import Pin, recipe_of, resolve_pins
-from .plan import Plan, check_plan_for_job
-from .planning_inputs import DTYPE_BYTES, model_layer_graph
-from .strategies import Constraints
+from .schema import Plan, check_plan_for_job
 
 
 def recost(plan: Plan, hw: HardwareProfile | None = None,
@@ -50,7 +50,7 @@ def check_costable(plan: Plan, inputs: JobInputs, costed: set[tuple[str, BlockSt
     """Every block's strategy is one the cost model has for that block on the plan's mesh
     (``costed``: the candidate's (class, strategy) keys); an FSDP unit holds blocks of one
     kind (an edited plan that fails here would be applied uncosted, or not at all)."""
-    from .plan import PLAN_FIX, fsdp_units
+    from .schema import PLAN_FIX, fsdp_units
 
     class_of = dict(zip([b.fqn for b in inputs.graph.blocks],
                         block_classes(inputs.graph, inputs.pins), strict=True))

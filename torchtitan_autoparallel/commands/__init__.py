@@ -1,0 +1,1 @@
+"""The user-facing commands: plan, predict, explain, show, diff, fit, calibrate."""

@@ -1,0 +1,1 @@
+"""The one MILP builder (HiGHS) and the one search loop over candidates."""
