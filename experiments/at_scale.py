@@ -61,7 +61,7 @@ FIELDS = ["model", "world", "global_batch", "auto_status", "auto_mesh", "auto_tp
 
 @functools.cache
 def _parse(config: str, extra: tuple[str, ...]) -> Any:
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()

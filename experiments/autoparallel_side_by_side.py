@@ -73,7 +73,7 @@ def our_plan(config: str, world: int, global_batch: int, mesh: dict[str, int] | 
     """This planner's plan of the job (``mesh``: the degrees fixed to AutoParallel's) and its
     planning time (config parsed, layer graph included)."""
     from torchtitan_autoparallel.solve.planner import plan_job
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
@@ -114,7 +114,7 @@ def recipe_plan_for(config: str, world: int, global_batch: int, tp: int) -> Any:
     """TorchTitan's FSDP + TP recipe on AutoParallel's mesh, without AC (AutoParallel's path
     applies none), costed by this project's model."""
     from torchtitan_autoparallel.plan.recipe import recipe_plan
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     job = parse_config(["--job.config_file", str(REPO / "train_configs" / config),
                         "--autoparallel.hardware=h100_sxm",

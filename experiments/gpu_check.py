@@ -229,7 +229,7 @@ def ring_rows(profile: Any) -> list[dict[str, object]]:
     from torchtitan_autoparallel.cost.model import attention_times
     from torchtitan_autoparallel.plan.recipe import recipe_plan
     from torchtitan_autoparallel.plan.recost import inputs_from_plan
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     rows = []
     for f in RING_JOBS:

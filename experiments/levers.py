@@ -81,7 +81,7 @@ LEVERS_OFF = {"reshard to node": ("node_reshard_group", lambda *args, **kwargs: 
 
 def plan(fields: dict[str, str], extra: tuple[str, ...] = ()) -> Any:
     from torchtitan_autoparallel.solve.planner import plan_job
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     # a time limit no job reaches, so that with and without differ by the lever only
     argv = published.auto_overrides(fields, HW) + ["--autoparallel.time_limit_s=600", *extra]

@@ -222,7 +222,7 @@ def published_throughput(row: Row, job_config: Any) -> None:
 def predict(rows: list[Row]) -> None:
     from torchtitan_autoparallel.errors import UserError
     from torchtitan_autoparallel.plan.recipe import recipe_plan
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     for row in rows:
         row.reason = why_not(row.fields)

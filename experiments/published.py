@@ -185,7 +185,7 @@ def auto_rows(rows: list[Row]) -> list[str]:
     """Plan the Table 1 / 3 jobs with auto: its predicted tokens/s per GPU against the
     published best row of the same job and features."""
     from torchtitan_autoparallel.solve.planner import plan_job
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     lines = ["", "Auto on the same jobs (predicted; the recipe rows above are TorchTitan's):", "",
              "| job | published best | recipe predicted | auto predicted | auto plan |",
@@ -213,7 +213,7 @@ def auto_rows(rows: list[Row]) -> list[str]:
 
 def predict(rows: list[Row], hardware: str) -> None:
     from torchtitan_autoparallel.plan.recipe import recipe_plan
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     for row in rows:
         plan = recipe_plan(parse_config(overrides(row.fields, hardware)),

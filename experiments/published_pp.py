@@ -60,7 +60,7 @@ def label(f: dict[str, str]) -> str:
 
 def auto_lines(row: published.Row, fixed: bool) -> tuple[list[str], object]:
     from torchtitan_autoparallel.solve.planner import plan_job
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     f = row.fields
     keep = [o for o in overrides(f, "h100_grand_teton") if not o.startswith(
@@ -84,7 +84,7 @@ def auto_lines(row: published.Row, fixed: bool) -> tuple[list[str], object]:
 def main() -> int:
     from torchtitan_autoparallel.commands.explain import schedule_lines
     from torchtitan_autoparallel.plan.recipe import recipe_plan
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()

@@ -230,7 +230,7 @@ def legal_recipes(cfg: Config, n_heads: int, n_kv_heads: int, num_experts: int =
 # ---------------------------------------------------------------- planner (in-process)
 
 def _job_config(cfg: Config, auto: bool, extra: list[str]) -> Any:
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()

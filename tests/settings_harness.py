@@ -41,11 +41,11 @@ def build(config: str, *overrides: str) -> tuple[nn.Module, Any, Any]:
     from torchtitan.protocols.model_converter import build_model_converters
     from torchtitan.protocols.train_spec import get_train_spec
 
-    from torchtitan_autoparallel.titan.v0_2.job_config import check_config, parse_config
+    from torchtitan_autoparallel.titan.v0_2 import cpu
+    from torchtitan_autoparallel.titan.v0_2.job import check_config, parse_config
     from torchtitan_autoparallel.titan.v0_2.launch import prepare_planned_job
+    from torchtitan_autoparallel.titan.v0_2.patches.dry_run import _assume_quantization_capability
     from torchtitan_autoparallel.titan.v0_2.registry import register
-    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
-    from torchtitan_autoparallel.titan.v0_2.runtime.dry_run import _assume_quantization_capability
 
     cpu.install()
     register()

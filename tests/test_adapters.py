@@ -29,8 +29,8 @@ def fresh_adapters(monkeypatch):
 
 
 def _job(*overrides: str, config: str = AUTO):
+    from torchtitan_autoparallel.titan.v0_2 import cpu
     from torchtitan_autoparallel.titan.v0_2.registry import import_custom_module, register
-    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
     from torchtitan_autoparallel.titan.v0_2.train import parse_config
 
     cpu.install()

@@ -37,10 +37,9 @@ def test_auto_plan_parity(family, ngpu, references, tmp_path):
 def heterogeneous_budget(family: str, world: int) -> float:
     """A memory budget under which the planner checkpoints some blocks and not others."""
     from torchtitan_autoparallel.solve.planner import plan_job
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2 import cpu
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
-    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
-
     cpu.install()
     register()
     base = ["--job.config_file", f"train_configs/{family}_debug_auto.toml", *PARITY_OVERRIDES]
@@ -81,10 +80,9 @@ def test_mixed_tp_plan_parity(references, tmp_path):
     """A plan (edited, then replayed from its file) whose blocks mix TP + SP, the tp dim used as
     data parallel, and full AC, on fsdp 2 x tp 2."""
     from torchtitan_autoparallel.solve.planner import plan_job
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2 import cpu
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
-    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
-
     cpu.install()
     register()
     techniques = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac"  # no pp
@@ -149,10 +147,9 @@ def test_replicate_only_plan_with_accumulation_parity(references, tmp_path):
     from step 2 on). Replicated plans synchronise on the last micro-batch only. Local batch 1 x
     2 micro-batches on 2 replicas."""
     from torchtitan_autoparallel.solve.planner import plan_job
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2 import cpu
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
-    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
-
     cpu.install()
     register()
     job = parse_config(["--job.config_file", "train_configs/llama3_debug_auto.toml",
@@ -206,10 +203,9 @@ def edited_plan_parity(references, tmp_path, ngpu: int, options: list[str],
     saved and replayed from the file (which shows ``label`` in its table): losses and gradient
     norms against the 1-rank run; returns the largest relative difference."""
     from torchtitan_autoparallel.solve.planner import plan_job
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2 import cpu
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
-    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
-
     cpu.install()
     register()
     plan = plan_job(parse_config(["--job.config_file", "train_configs/llama3_debug_auto.toml",

@@ -201,7 +201,7 @@ def test_edited_field_that_changes_nothing_applies_the_files_decisions(plan_file
     """What the job runs is the unedited plan's (equal digests apply identically)."""
     from torchtitan_autoparallel.launch import resolve_plan
     from torchtitan_autoparallel.plan.schema import Plan
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
@@ -314,7 +314,7 @@ def test_plan_refuses_a_plan_file(plan_file, capsys):
 def test_configs_parse_without_tomllib():
     """Python 3.10 has no tomllib; the package falls back to tomli (a dependency)."""
     code = ("import sys; sys.modules['tomllib'] = None\n"
-            "from torchtitan_autoparallel.titan.v0_2.job_config import read_toml\n"
+            "from torchtitan_autoparallel.titan.v0_2.job import read_toml\n"
             f"print(read_toml({str(DEBUG_AUTO)!r})['parallelism']['auto'])\n"
             "from torchtitan_autoparallel.cost.hardware import load_profile\n"
             "print(load_profile('h100_sxm').name)")

@@ -58,7 +58,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
-        from torchtitan_autoparallel.titan.v0_2.runtime.cpu_attention import (
+        from torchtitan_autoparallel.titan.v0_2.cpu_attention import (
             _cpu_fwd_cp_strategy,
             _cpu_fwd_strategy,
             enable_cpu_ring_attention,

@@ -5,7 +5,7 @@ import types
 import pytest
 import torch
 
-from torchtitan_autoparallel.titan.v0_2.runtime import cpu
+from torchtitan_autoparallel.titan.v0_2 import cpu
 
 pytestmark = pytest.mark.skipif(not cpu.cpu_mode(), reason="CPU patches only apply without CUDA")
 

@@ -14,7 +14,7 @@ from torchtitan.components.tokenizer import build_hf_tokenizer
 from torchtitan.config import JobConfig
 
 from torchtitan_autoparallel.titan.v0_2 import data
-from torchtitan_autoparallel.titan.v0_2.job_config import resolve_assets_path
+from torchtitan_autoparallel.titan.v0_2.job import resolve_assets_path
 
 SEQ_LEN = 16
 G = 8

@@ -175,10 +175,9 @@ def test_float8_compile_dry_run(tmp_path):
     FSDP dry run with the same features is the reference), every float8 weight is torchao's
     float8 all-gather tensor, also in blocks sharded over dp_shard x tp."""
     from torchtitan_autoparallel.solve.planner import plan_job
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2 import cpu
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
-    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
-
     features = (*FLOAT8_COMPILE, "--parallelism.enable_async_tensor_parallel",
                 "--parallelism.tensor_parallel_degree=8",
                 "--autoparallel.techniques=fsdp,tp,tp_dp,ac", "--training.global_batch_size=64")

@@ -10,7 +10,7 @@ import pytest
 from torchtitan_autoparallel.errors import UserError
 from torchtitan_autoparallel.plan.schema import Plan
 from torchtitan_autoparallel.solve.planner import plan_job
-from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+from torchtitan_autoparallel.titan.v0_2.job import parse_config
 from torchtitan_autoparallel.titan.v0_2.registry import register
 
 from parity import REPO, assert_parity, run_job

@@ -14,7 +14,7 @@ from test_bad_inputs import toml_text
 from torchtitan_autoparallel.job.explicit import explicit_keys, user_set
 from torchtitan_autoparallel.job.inputs import constraint_keys
 from torchtitan_autoparallel.solve.planner import plan_job
-from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+from torchtitan_autoparallel.titan.v0_2.job import parse_config
 from torchtitan_autoparallel.titan.v0_2.registry import register
 
 from parity import REPO
@@ -87,7 +87,7 @@ def test_schedule_1f1b_on_the_command_line_runs_1f1b():
 
 
 def test_schedule_1f1b_in_the_toml_reaches_torchtitan(tmp_path, monkeypatch):
-    from torchtitan_autoparallel.titan.v0_2.job_config import check_config
+    from torchtitan_autoparallel.titan.v0_2.job import check_config
     from torchtitan_autoparallel.titan.v0_2.launch import prepare_planned_job
 
     monkeypatch.setenv("WORLD_SIZE", "4")

@@ -42,8 +42,8 @@ def test_largest_flavor_plans_on_64_ranks(family):
 
     from torchtitan_autoparallel.errors import UserError
     from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.titan.v0_2 import cpu
     from torchtitan_autoparallel.titan.v0_2.registry import register
-    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
     from torchtitan_autoparallel.titan.v0_2.train import parse_config
 
     cpu.install()

@@ -112,9 +112,9 @@ def test_killed_rank_resumes_with_the_same_plan(tmp_path):
 SHARED_PLAN_SCRIPT = """
 import os, sys
 from torchtitan_autoparallel.titan.v0_2.registry import register
-from torchtitan_autoparallel.titan.v0_2.runtime import cpu
+from torchtitan_autoparallel.titan.v0_2 import cpu
 from torchtitan_autoparallel.launch import resolve_plan
-from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+from torchtitan_autoparallel.titan.v0_2.job import parse_config
 from torchtitan_autoparallel.titan.v0_2.launch import shared_plan
 cpu.install(); register()
 rank = int(os.environ["RANK"])

@@ -65,9 +65,7 @@ def test_entrypoint_checks_device_before_ranks(monkeypatch, capsys):
     """The preflight (run_train.sh, one process, before torchrun) refuses float8 on an SM80 GPU:
     a GPU is simulated by answering its capability and leaving the CPU runtime off."""
     from torchtitan_autoparallel.errors import run_cli
-    from torchtitan_autoparallel.titan.v0_2 import job_config, train
-    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
-
+    from torchtitan_autoparallel.titan.v0_2 import cpu, job_config, train
     asked = []
     monkeypatch.setattr(job_config, "device_capability", lambda: asked.append(1) or (8, 0))
     monkeypatch.setattr(cpu, "install", lambda: False)
@@ -108,10 +106,9 @@ def test_preflight_refuses(config, overrides, message, monkeypatch, capsys):
 
 
 def _parsed(*overrides: str):
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2 import cpu
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
-    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
-
     cpu.install()
     register()
     return parse_config(["--job.config_file", "train_configs/llama3_debug_auto.toml",

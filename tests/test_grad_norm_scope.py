@@ -3,7 +3,7 @@ meshes (a block using the tp dim as data parallel next to TP layers)."""
 
 from torchtitan_autoparallel.candidates.layout import Mesh
 from torchtitan_autoparallel.plan.schema import LayerPlan, Plan
-from torchtitan_autoparallel.titan.v0_2.runtime.grad_norm import needed
+from torchtitan_autoparallel.titan.v0_2.patches.grad_norm import needed
 
 
 def _plan(mesh: Mesh, modes: list[str]) -> Plan:

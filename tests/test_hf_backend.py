@@ -112,7 +112,7 @@ def write_job(folder: Path, auto: bool, config: dict | None = None) -> str:
 
 
 def _job(config: str, *overrides: str):
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import import_custom_module, register
 
     register()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import torchtitan_autoparallel.titan.v0_2.job_config as job_config_module
+import torchtitan_autoparallel.titan.v0_2.job as job_config_module
 from torchtitan_autoparallel.candidates.strategies import BlockStrategy
 from torchtitan_autoparallel.cost import kernels
 from torchtitan_autoparallel.cost.hardware import Device, available_profiles, load_profile
@@ -218,7 +218,7 @@ def test_offline_plan_without_hardware_says_which_profile_in_its_first_line(tmp_
 
 
 def _job_without_hardware():
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()

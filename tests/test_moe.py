@@ -12,7 +12,7 @@ from torchtitan_autoparallel.plan.schema import Plan
 @pytest.fixture(scope="module")
 def planning():
     from torchtitan_autoparallel.solve.planner import plan_job
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()

@@ -16,12 +16,12 @@ CASES = {
     "deepseek_v3-ep2": ("deepseek_v3", 2, ["--parallelism.expert_parallel_degree=2"]),
     # 4 ranks, etp = 1: ep takes the tp ranks too (TorchTitan's ReordererSequenceParallel;
     # its router and MoE-input gradients corrected by
-    # titan.v0_2.runtime.moe.reduce_sequence_parallel_moe_grads)
+    # titan.v0_2.patches.moe.reduce_sequence_parallel_moe_grads)
     "deepseek_v3-ep4-tp2": ("deepseek_v3", 4, ["--parallelism.expert_parallel_degree=4",
                                                "--parallelism.tensor_parallel_degree=2"]),
     # tp 2, ep 1: the routed experts tensor parallel over tp; deepseek_v3 scores after the
     # experts, so the router's gradient is corrected by
-    # titan.v0_2.runtime.moe.reduce_tensor_parallel_router_grads
+    # titan.v0_2.patches.moe.reduce_tensor_parallel_router_grads
     # (TorchTitan 0.2.2 alone: router.gate 62-72 % off 1 rank at step 1, grad norm 1.5e-3 off by
     # step 5; corrected: every parameter's gradient within 5.3e-7, grad norms within 3.2e-5)
     "deepseek_v3-tp2": ("deepseek_v3", 2, ["--parallelism.tensor_parallel_degree=2"]),

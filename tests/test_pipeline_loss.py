@@ -1,5 +1,5 @@
 """TorchTitan's pipeline-parallel recipe through this project's trainer: the same losses and
-gradient norms as one rank (titan/v0_2/runtime/pipeline.py normalises the schedule's loss)."""
+gradient norms as one rank (titan/v0_2/patches/pipeline.py normalises the schedule's loss)."""
 
 from parity import assert_parity, run_job
 

@@ -13,10 +13,9 @@ from torchtitan_autoparallel.plan.schema import Plan
 
 @pytest.fixture(scope="module")
 def job():
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2 import cpu
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
-    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
-
     cpu.install()
     register()
 

@@ -139,10 +139,9 @@ def test_milp_matches_brute_force(seed, single_block_units):
 @pytest.fixture(scope="module")
 def planning():
     from torchtitan_autoparallel.solve.planner import plan_job
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2 import cpu
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
-    from torchtitan_autoparallel.titan.v0_2.runtime import cpu
-
     cpu.install()
     register()
 
@@ -328,7 +327,7 @@ def test_peak_memory_matches_one_h200(planning, local, ac, measured_gib):
     1B, global batch 8 x 4096 tokens, bf16): the predicted peak of TorchTitan's recipe is
     within 5 % of each."""
     from torchtitan_autoparallel.plan.recipe import recipe_plan
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     job = parse_config(["--job.config_file", "train_configs/llama3_1b_auto.toml",
                         "--autoparallel.hardware=h200_sxm", "--training.global_batch_size=8",
@@ -359,7 +358,7 @@ def test_model_hash_is_stable_within_and_across_processes():
     import sys
 
     from torchtitan_autoparallel.job.inputs import job_inputs
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     from parity import REPO
@@ -374,7 +373,7 @@ def test_model_hash_is_stable_within_and_across_processes():
     model_hash("deepseek_v3_16b_auto.toml")
     assert model_hash("deepseek_v3_671b_auto.toml") == first
     code = ("from torchtitan_autoparallel.titan.v0_2.registry import register; register()\n"
-            "from torchtitan_autoparallel.titan.v0_2.job_config import parse_config\n"
+            "from torchtitan_autoparallel.titan.v0_2.job import parse_config\n"
             "from torchtitan_autoparallel.job.inputs import job_inputs\n"
             "job = parse_config(['--job.config_file', "
             "'train_configs/deepseek_v3_671b_auto.toml'])\n"
@@ -542,7 +541,7 @@ def test_memoized_compute_equals_the_full_mesh_compute(features):
     from torchtitan_autoparallel.cost.model import block_compute_s, clear_compute_memo, compute_s
     from torchtitan_autoparallel.job.features import Features
     from torchtitan_autoparallel.job.inputs import job_inputs
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     inputs = job_inputs(parse_config(["--job.config_file", "train_configs/llama3_8b_auto.toml",
                                       "--autoparallel.hardware=h100_grand_teton"]), 64)
@@ -738,7 +737,7 @@ def test_search_bounds_are_below_every_strategy(config, world, features):
     from torchtitan_autoparallel.candidates.pipeline import pipeline_options
     from torchtitan_autoparallel.job.features import Features
     from torchtitan_autoparallel.job.inputs import job_inputs
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
@@ -791,7 +790,7 @@ def test_block_floors_with_fsdp_are_below_every_strategy_of_every_mesh(config, w
     from torchtitan_autoparallel.cost.pipeline import stage_block_cost
     from torchtitan_autoparallel.job.features import Features
     from torchtitan_autoparallel.job.inputs import job_inputs
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()

@@ -12,7 +12,7 @@ import pytest
 from torchtitan_autoparallel.errors import UserError
 from torchtitan_autoparallel.job.inputs import job_inputs
 from torchtitan_autoparallel.solve.planner import plan_job
-from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+from torchtitan_autoparallel.titan.v0_2.job import parse_config
 from torchtitan_autoparallel.titan.v0_2.registry import register
 
 REPO = Path(__file__).resolve().parent.parent

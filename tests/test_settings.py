@@ -56,7 +56,7 @@ def test_degree_is_a_constraint(config, key, value, dim):
 
 def prepared(config: str, *overrides: str):
     """(job config as TorchTitan will run it, plan) of a planned job, without building."""
-    from torchtitan_autoparallel.titan.v0_2.job_config import check_config, parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import check_config, parse_config
     from torchtitan_autoparallel.titan.v0_2.launch import prepare_planned_job
     from torchtitan_autoparallel.titan.v0_2.registry import register
 

@@ -9,7 +9,7 @@ import typing
 import pytest
 
 from torchtitan_autoparallel.solve.planner import plan_job
-from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+from torchtitan_autoparallel.titan.v0_2.job import parse_config
 from torchtitan_autoparallel.titan.v0_2.registry import register
 from torchtitan_autoparallel.titan.v0_2.settings import HOWS, SETTINGS
 

@@ -274,7 +274,7 @@ def test_repredict_costs_the_plan_that_ran() -> None:
     mixed AC included, as it ran: unchanged model and profile, unchanged prediction."""
     from torchtitan_autoparallel.plan.recost import recost
     from torchtitan_autoparallel.solve.planner import plan_job
-    from torchtitan_autoparallel.titan.v0_2.job_config import parse_config
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()

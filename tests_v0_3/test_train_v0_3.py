@@ -140,7 +140,7 @@ def _plan(**mesh):
 ])
 def test_what_the_apply_cannot_run_stops_in_one_line(change, words):
     from torchtitan_autoparallel.errors import UserError
-    from torchtitan_autoparallel.titan.v0_3.train import check_applicable
+    from torchtitan_autoparallel.titan.v0_3.apply import check_applicable
 
     change = dict(change)
     plan = _plan(**{k: v for k, v in change.items() if k != "tp_mode"})

@@ -93,7 +93,7 @@ def _job_by_module(args: argparse.Namespace, auto: bool, release: str) -> Any:
 
 def _job_from_toml(args: argparse.Namespace, auto: bool) -> Any:
     from ..titan.v0_2.checks import check_auto_settings, check_job_keys
-    from ..titan.v0_2.job_config import parse_config, read_toml
+    from ..titan.v0_2.job import parse_config, read_toml
     from ..titan.v0_2.registry import import_custom_module, register
 
     register()

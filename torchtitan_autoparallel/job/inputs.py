@@ -341,22 +341,10 @@ def model_layer_graph(name: str, flavor: str, seq_len: int,
     return graph
 
 
-def job_inputs(job_config: Any, world: int, features: Features | None = None, dp: int = 0
-               ) -> JobInputs:
-    """Resolve the planning inputs of ``job_config`` on ``world`` devices (validating them).
-    ``features``: the job's speed features when rebuilt from a plan (default: from the
-    config). ``training.global_batch_size = -1`` means local batch x data-parallel degree
-    (TorchTitan's rule): ``dp`` is that degree where known (a plan's mesh), else the world
-    size, and ``plan_job`` re-resolves it per data-parallel degree it searches."""
-    from importlib.metadata import version
-
-    import torch
-
+def _hardware(job_config: Any, world: int) -> tuple[HardwareProfile, int, float]:
+    """The job's hardware profile (with its MoE load imbalance), devices per node and memory
+    budget in bytes, each checked against the world and the device."""
     ap = job_config.autoparallel
-    check_job_options(job_config)
-    features = features or features_from_config(job_config)
-    constraints = validation_constraints(job_config, early_step_constraints(
-        job_config, constraints_from_config(job_config, features), world))
     hw = (ap.hardware if isinstance(ap.hardware, HardwareProfile)
           else load_profile(ap.hardware or CPU_PROFILE))
     imbalance = getattr(ap, "moe_load_imbalance", 0.0)
@@ -380,6 +368,54 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
                         f"{hw.budget_bytes / GIB:.3g} GiB), or name the hardware the job "
                         "runs on (--hardware); a dry run (COMM_MODE=fake_backend) may exceed it")
     budget = ap.memory_gib * GIB if ap.memory_gib > 0 else hw.budget_bytes
+    return hw, gpus_per_node, budget
+
+
+def _constraints_record(job_config: Any, constraints: Constraints, ac_option: str
+                        ) -> dict[str, Any]:
+    """The constraints a plan's fingerprint records: the degrees and techniques always, the
+    rest only when set (other plans keep their digests)."""
+    return {"dp_replicate": constraints.dp_replicate,
+            "dp_shard": constraints.dp_shard, "tp": constraints.tp,
+            "cp": constraints.cp, "ep": constraints.ep, "etp": constraints.etp,
+            "techniques": sorted(constraints.techniques),
+            **({"reshard_after_forward": constraints.reshard_after_forward}
+               if constraints.reshard_after_forward != "default" else {}),
+            **({"accumulation": False} if not constraints.accumulation else {}),
+            **({"node_reshard": False} if not constraints.node_reshard else {}),
+            **({"ac_modes": list(constraints.ac_modes)}
+               if user_set(job_config, "activation_checkpoint.mode") else {}),
+            # layer-wise selective AC: every k-th searched block full (Pin.ac)
+            **({"ac_layerwise": int(ac_option)} if ac_option.isdigit() else {}),
+            # pipeline constraints only when set: other plans keep their digests
+            **{key: list(value) if isinstance(value, tuple) else value
+               for key, value in (("pp", constraints.pp),
+                                  ("pp_schedules", constraints.pp_schedules),
+                                  ("pp_microbatch", constraints.pp_microbatch),
+                                  ("pp_stages_per_rank",
+                                   constraints.pp_stages_per_rank),
+                                  ("pp_ep_overlap",
+                                   "off" if not constraints.pp_ep_overlap else ""))
+               if value}}
+
+
+def job_inputs(job_config: Any, world: int, features: Features | None = None, dp: int = 0
+               ) -> JobInputs:
+    """Resolve the planning inputs of ``job_config`` on ``world`` devices (validating them).
+    ``features``: the job's speed features when rebuilt from a plan (default: from the
+    config). ``training.global_batch_size = -1`` means local batch x data-parallel degree
+    (TorchTitan's rule): ``dp`` is that degree where known (a plan's mesh), else the world
+    size, and ``plan_job`` re-resolves it per data-parallel degree it searches."""
+    from importlib.metadata import version
+
+    import torch
+
+    ap = job_config.autoparallel
+    check_job_options(job_config)
+    features = features or features_from_config(job_config)
+    constraints = validation_constraints(job_config, early_step_constraints(
+        job_config, constraints_from_config(job_config, features), world))
+    hw, gpus_per_node, budget = _hardware(job_config, world)
     training = job_config.training
     global_batch = (training.global_batch_size if training.global_batch_size > 0
                     else training.local_batch_size * (dp or world))
@@ -416,28 +452,7 @@ def job_inputs(job_config: Any, world: int, features: Features | None = None, dp
         "memory_budget_gib": round(budget / GIB, 6),
         "mixed_precision_param": training.mixed_precision_param,
         "mixed_precision_reduce": training.mixed_precision_reduce,
-        "constraints": {"dp_replicate": constraints.dp_replicate,
-                        "dp_shard": constraints.dp_shard, "tp": constraints.tp,
-                        "cp": constraints.cp, "ep": constraints.ep, "etp": constraints.etp,
-                        "techniques": sorted(constraints.techniques),
-                        **({"reshard_after_forward": constraints.reshard_after_forward}
-                           if constraints.reshard_after_forward != "default" else {}),
-                        **({"accumulation": False} if not constraints.accumulation else {}),
-                        **({"node_reshard": False} if not constraints.node_reshard else {}),
-                        **({"ac_modes": list(constraints.ac_modes)}
-                           if user_set(job_config, "activation_checkpoint.mode") else {}),
-                        # layer-wise selective AC: every k-th searched block full (Pin.ac)
-                        **({"ac_layerwise": int(ac_option)} if ac_option.isdigit() else {}),
-                        # pipeline constraints only when set: other plans keep their digests
-                        **{key: list(value) if isinstance(value, tuple) else value
-                           for key, value in (("pp", constraints.pp),
-                                              ("pp_schedules", constraints.pp_schedules),
-                                              ("pp_microbatch", constraints.pp_microbatch),
-                                              ("pp_stages_per_rank",
-                                               constraints.pp_stages_per_rank),
-                                              ("pp_ep_overlap",
-                                               "off" if not constraints.pp_ep_overlap else ""))
-                           if value}},
+        "constraints": _constraints_record(job_config, constraints, ac_option),
         "moe_load_imbalance": hw.moe_load_imbalance,
         "pin": globs,
         "pin_recipe": recipe if any(p.whole for p in pins.values()) else {},

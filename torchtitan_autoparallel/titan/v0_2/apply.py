@@ -22,7 +22,7 @@ from ...graph.discover import get_adapter
 from ...job.features import features_from_config
 from ...plan.schema import Plan, fsdp_units
 from .model import planning_adapter
-from .runtime.moe import reduce_sequence_parallel_moe_grads, reduce_tensor_parallel_router_grads
+from .patches.moe import reduce_sequence_parallel_moe_grads, reduce_tensor_parallel_router_grads
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -57,7 +57,7 @@ def _with_plan_and_cpu_reduction(
     converter attached a plan to the model; then the CPU gradient-reduction fix."""
     from .apply import apply_plan
     from .converter import PLAN_ATTR
-    from .runtime.cpu import force_sum_reduction
+    from .cpu import force_sum_reduction
 
     def parallelize(model: nn.Module, parallel_dims: Any, job_config: Any) -> nn.Module:
         plan = getattr(model, PLAN_ATTR, None)

@@ -15,9 +15,9 @@ import sys
 from typing import Any
 
 from ...errors import UserError, run_cli
-from .job_config import check_config, parse_config
+from .job import check_config, parse_config
 from .launch import prepare_planned_job
-from .runtime.dry_run import dry_run_report, prepare_dry_run
+from .patches.dry_run import dry_run_report, prepare_dry_run
 
 # Set by run_train.sh: parse and check the job in one process before torchrun starts the ranks,
 # so a user mistake is reported once, as one line, without torchrun's failure report.
@@ -28,7 +28,7 @@ def _make_trainer_class() -> type:
     from torchtitan.train import Trainer
 
     from ...runtime.step_metrics import record_logged_metrics, recorded_step
-    from .runtime.pipeline import drop_loss_visibility_warning
+    from .patches.pipeline import drop_loss_visibility_warning
 
     drop_loss_visibility_warning()
 
@@ -37,11 +37,11 @@ def _make_trainer_class() -> type:
 
         def __init__(self, job_config: Any) -> None:
             super().__init__(job_config)
-            from .runtime import early_step
+            from .patches import early_step
 
             early_step.install(self.model_parts, job_config)
             self._microbatch = 0
-            from .runtime.pipeline import last_stage_loss
+            from .patches.pipeline import last_stage_loss
 
             # under PP only the last stage holds the loss (the others a negative placeholder,
             # summed over data parallel): every rank logs the real one
@@ -56,7 +56,7 @@ def _make_trainer_class() -> type:
                 sync_replicas_on_last_microbatch(self.model_parts, plan, self._microbatch)
             self._microbatch += 1
             if self.parallel_dims.pp_enabled:
-                from .runtime.pipeline import pipeline_step
+                from .patches.pipeline import pipeline_step
 
                 return pipeline_step(self, super().forward_backward_step, **kwargs)
             return super().forward_backward_step(*args, **kwargs)
@@ -72,8 +72,8 @@ def _make_trainer_class() -> type:
 def main(argv: list[str] | None = None) -> int:
     """Parse, check, build the Trainer and train (or dry-run). Returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    from .runtime import cpu as cpu_runtime
-    from .runtime import grad_norm
+    from . import cpu as cpu_runtime
+    from .patches import grad_norm
 
     cpu = cpu_runtime.install()
     from torchtitan.tools.logging import init_logger, logger

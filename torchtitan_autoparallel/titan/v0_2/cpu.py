@@ -301,7 +301,7 @@ def aot_eager_blocks_on_cpu(job_config: Any) -> bool:
 
 def check_cpu_plan(job_config: Any, plan: Any) -> None:
     """Refuse a plan this machine cannot train: TP + SP blocks compiled with ``aot_eager``."""
-    from ....errors import UserError
+    from ...errors import UserError
 
     if aot_eager_blocks_on_cpu(job_config) and any(
             layer.tp_mode == "sp" for layer in plan.layers):

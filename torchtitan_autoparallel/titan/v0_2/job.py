@@ -152,7 +152,7 @@ def check_config(job_config: Any, cpu: bool, dry_run: bool) -> None:
     """Reject settings this machine cannot run, naming the fix."""
     from ...job.validate import check_model_name, check_training
     from ...launch import check_plan_outputs
-    from .runtime.cpu import cuda_only_features
+    from .cpu import cuda_only_features
 
     check_model_name(job_config.model.name)
     check_training(job_config.training)

@@ -1,0 +1,321 @@
+"""A plan applied to TorchTitan 0.3.0's model, as its ``parallelize_llama`` reads: the plan's
+mesh and batch in the config (``apply_plan``), then per model part (each pipeline stage's)
+``plan_parallelize``: TP / CP / EP as the model declares them, activation checkpointing per
+block, compile, FSDP per unit with each block's ``reshard_after_forward``. What this apply
+cannot run (tensor parallel as data parallel, TP on some layers only) stops in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ...errors import UserError
+
+
+def check_applicable(plan: Any) -> None:
+    """UserError naming what in ``plan`` this apply cannot run."""
+    m = plan.mesh
+    modes = {layer.tp_mode for layer in plan.layers}
+    if "dp" in modes:
+        fqns = [layer.fqn for layer in plan.layers if layer.tp_mode == "dp"]
+        raise UserError(f"the plan runs tensor parallel as data parallel on {fqns[0]} "
+                        f"({len(fqns)} layers): not applied to TorchTitan 0.3.0 yet; leave "
+                        "out tp_dp (e.g. --autoparallel.techniques fsdp hsdp ddp tp cp ep ac pp)")
+    if m.tp > 1 and modes != {"sp"}:
+        n = sum(layer.tp_mode == "sp" for layer in plan.layers)
+        raise UserError(f"the plan runs tensor parallel on {n} of {len(plan.layers)} layers "
+                        "(tp > 1): TorchTitan 0.3.0's model.parallelize shards every layer; "
+                        "not applied yet")
+
+
+def apply_plan(config: Any, plan: Any) -> None:
+    """The plan's mesh and batch in ``config``, and ``plan_parallelize`` as its
+    ``parallelize_fn``."""
+    check_applicable(plan)
+    m, p, t = plan.mesh, config.parallelism, config.training
+    p.data_parallel_replicate_degree = m.dp_replicate
+    p.data_parallel_shard_degree = m.dp_shard
+    p.tensor_parallel_degree = m.tp
+    p.context_parallel_degree = m.cp
+    p.expert_parallel_degree = m.ep
+    p.pipeline_parallel_degree = m.pp
+    if plan.global_batch_size != (plan.local_batch_size * m.dp
+                                   * plan.gradient_accumulation_steps):
+        raise UserError(f"plan: global batch {plan.global_batch_size} is not local "
+                        f"{plan.local_batch_size} x dp {m.dp} x accumulation "
+                        f"{plan.gradient_accumulation_steps}")
+    t.local_batch_size = plan.local_batch_size
+    t.global_batch_size = plan.global_batch_size  # TorchTitan derives the accumulation steps
+    if plan.pipeline is not None:
+        # TorchTitan's pipeline_llm splits the planned stages and runs the planned schedule,
+        # calling plan_parallelize on each stage's model part
+        p.pipeline_parallel_schedule = plan.pipeline.schedule
+        p.pipeline_parallel_microbatch_size = plan.pipeline.microbatch_size
+        p.module_fqns_per_model_part = [list(stage) for stage in plan.pipeline.stages]
+        p.pipeline_parallel_layers_per_stage = None
+
+    def parallelize(model: Any, **kwargs: Any) -> Any:
+        return plan_parallelize(model, plan=plan, **kwargs)
+
+    config.model_spec = dataclasses.replace(config.model_spec, parallelize_fn=parallelize)
+
+
+def _ac_policies(ac_config: Any, dump_folder: str) -> dict[str, Any]:
+    """AC mode -> the 0.3.0 policy that applies it (the job's own options kept when it names
+    that mode)."""
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    out: dict[str, Any] = {"none": None}
+    for mode, cls in (("full", FullAC), ("selective", SelectiveAC)):
+        cfg = ac_config if type(ac_config) is cls.Config else cls.Config()
+        out[mode] = cfg.build(dump_folder=dump_folder)
+    return out
+
+
+def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any,
+                     parallelism: Any, compile_config: Any, ac_config: Any,
+                     dump_folder: str) -> Any:
+    """TorchTitan 0.3.0's ``parallelize_llama`` with AC, FSDP ``reshard_after_forward`` and
+    FSDP units per block from ``plan``: TP / CP / EP as the model declares them, AC per block,
+    compile, FSDP per unit. A vision encoder (qwen3_5, Kimi K2.5) is compiled and FSDP-sharded
+    as one unit as the family's ``parallelize`` does, without the blocks' AC (as the plan costs
+    it)."""
+    blocks = dict(model.layers.named_children())
+    _check_plan_fits_model(model, plan, blocks, parallel_dims)
+    _apply_declared_sharding(model, blocks, parallel_dims, parallelism)
+    by_fqn = {layer.fqn: layer for layer in plan.layers}
+    _apply_ac_per_block(model, blocks, by_fqn, ac_config, dump_folder)
+    encoders = {layer.fqn: getattr(model, layer.fqn) for layer in plan.layers
+                if layer.kind == "encoder" and getattr(model, layer.fqn, None) is not None}
+    if compile_config.enable and "model" in compile_config.components:
+        _apply_compile(model, encoders, compile_config, parallel_dims)
+    _apply_fsdp_per_unit(model, plan, blocks, encoders, parallel_dims, parallelism, training)
+    return model
+
+
+def _check_plan_fits_model(model: Any, plan: Any, blocks: dict[str, Any],
+                           parallel_dims: Any) -> None:
+    """Refuse, in one line, a plan whose blocks are not this model's (or this stage's), and
+    what 0.3.0's apply does not run under a plan."""
+    planned = [layer.fqn for layer in plan.layers if layer.kind == "block"]
+    parts = [planned] if plan.pipeline is None else \
+        [[f for f in stage if f in planned] for stage in plan.pipeline.stages]
+    if [f"layers.{name}" for name in blocks] not in parts:
+        raise UserError(f"plan: its blocks {planned[:2]}... are not the model's layers "
+                        f"({len(blocks)} blocks)")
+    if _is_hf(model):
+        _declare_hf_sharding(model, parallel_dims)
+    if parallel_dims.pp_enabled and getattr(model, "enable_weight_tying", False):
+        raise UserError("pipeline stages with tied embedding and output weights: not applied "
+                        "to TorchTitan 0.3.0; set --parallelism.pipeline_parallel_degree 1")
+    if getattr(model, "mtp_layers", None) is not None:
+        raise UserError("multi-token prediction layers (model.mtp_layers) are not in the plan: "
+                        "use a config without MTP (num_mtp_layers = 0) under auto")
+
+
+def _apply_declared_sharding(model: Any, blocks: dict[str, Any], parallel_dims: Any,
+                             parallelism: Any) -> None:
+    """Tensor / context / expert parallel: the sharding the model declares, as TorchTitan's
+    parallelize_llama / parallelize_deepseekv3 apply it."""
+    from torchtitan.distributed.context_parallel import apply_cp_to_forward
+    from torchtitan.distributed.full_dtensor import validate_config
+
+    if parallelism.spmd_backend in ("full_dtensor", "spmd_types"):
+        validate_config(parallel_dims, model)
+        model.parallelize(parallel_dims)
+        return
+    if parallel_dims.cp_enabled:
+        apply_cp_to_forward([block.attention.inner_attention for block in blocks.values()],
+                            parallel_dims.get_mesh("cp"))
+    if parallel_dims.tp_enabled or parallel_dims.ep_enabled:
+        model.parallelize(parallel_dims)
+
+
+def _apply_ac_per_block(model: Any, blocks: dict[str, Any], by_fqn: dict[str, Any],
+                        ac_config: Any, dump_folder: str) -> None:
+    """Each block wrapped in the activation checkpointing its plan entry names."""
+    policies = _ac_policies(ac_config, dump_folder)
+    for name in list(blocks):
+        policy = policies[by_fqn[f"layers.{name}"].ac]
+        if policy is not None:
+            blocks[name] = policy._wrap_block(blocks[name], base_fqn=f"layers.{name}")
+            model.layers.register_module(name, blocks[name])
+
+
+def _apply_compile(model: Any, encoders: dict[str, Any], compile_config: Any,
+                   parallel_dims: Any) -> None:
+    """TorchTitan's ``apply_compile`` on the model's blocks and on each encoder (as
+    parallelize_qwen3_5 / _kimi_k2_5 compile it)."""
+    from torchtitan.distributed.compile import apply_compile
+
+    apply_compile(model, compile_config=compile_config, parallel_dims=parallel_dims)
+    for encoder in encoders.values():
+        apply_compile(encoder, compile_config=compile_config, parallel_dims=parallel_dims)
+
+
+def _fsdp_arguments(parallel_dims: Any, parallelism: Any, training: Any
+                    ) -> tuple[dict[str, Any], Any, Any, Any]:
+    """``fully_shard``'s keyword arguments for dense parameters (mesh, mixed precision,
+    offload), the data-parallel mesh dims, and the experts' mesh and its dims."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.distributed.full_dtensor import resolve_fsdp_mesh, resolve_sparse_fsdp_mesh
+
+    edp_mesh = edp_mesh_dims = None
+    if parallelism.spmd_backend in ("full_dtensor", "spmd_types"):
+        dp_mesh, dp_mesh_dims = resolve_fsdp_mesh(parallel_dims)
+        edp_mesh, edp_mesh_dims = resolve_sparse_fsdp_mesh(parallel_dims)
+    else:
+        names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
+        dp_mesh, dp_mesh_dims = parallel_dims.get_mesh(names), None
+        if parallel_dims.ep_enabled:
+            edp_mesh = parallel_dims.get_optional_mesh(
+                ["dp_replicate", "efsdp"] if parallel_dims.dp_replicate_enabled else ["efsdp"])
+    fsdp: dict[str, Any] = {"mesh": dp_mesh, "mp_policy": MixedPrecisionPolicy(
+        param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+        reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+        cast_forward_inputs=False)}
+    if dp_mesh_dims is not None:
+        fsdp["dp_mesh_dims"] = dp_mesh_dims
+    if training.enable_cpu_offload:
+        fsdp["offload_policy"] = CPUOffloadPolicy()
+    return fsdp, dp_mesh_dims, edp_mesh, edp_mesh_dims
+
+
+def _apply_fsdp_per_unit(model: Any, plan: Any, blocks: dict[str, Any],
+                         encoders: dict[str, Any], parallel_dims: Any, parallelism: Any,
+                         training: Any) -> None:
+    """FSDP with the plan's ``reshard_after_forward``: each encoder one unit (its pixels cast
+    to the parameters' dtype, as TorchTitan's apply_fsdp_to_vision_encoder), the embedding and
+    the head, then the blocks by the plan's FSDP units, then the model."""
+    import torch.nn as nn
+    from torch.distributed.fsdp import fully_shard
+    from torchtitan.distributed.fsdp import disable_fsdp_gradient_division
+
+    from ...plan.schema import fsdp_units
+
+    fsdp, dp_mesh_dims, edp_mesh, edp_mesh_dims = _fsdp_arguments(parallel_dims, parallelism,
+                                                                  training)
+    by_fqn = {layer.fqn: layer for layer in plan.layers}
+
+    def reshard(kind: str) -> bool | int:
+        layers = [layer for layer in plan.layers if layer.kind == kind]
+        return layers[0].reshard_after_forward if layers else True
+
+    for fqn, encoder in encoders.items():
+        fully_shard(encoder, **{k: v for k, v in fsdp.items() if k != "offload_policy"} | {
+            "mp_policy": dataclasses.replace(fsdp["mp_policy"], cast_forward_inputs=True)},
+            reshard_after_forward=by_fqn[fqn].reshard_after_forward)
+    ends: list[nn.Module] = [m for m in (model.norm, model.lm_head) if m is not None]
+    if getattr(model, "enable_weight_tying", False):
+        fully_shard([model.tok_embeddings, *ends], **fsdp,
+                    reshard_after_forward=reshard("output"))
+    else:
+        if model.tok_embeddings is not None:
+            fully_shard(model.tok_embeddings, **fsdp,
+                        reshard_after_forward=reshard("embedding"))
+        if len(ends) == 2:
+            fully_shard(ends, **fsdp, reshard_after_forward=reshard("output"))
+    placement = _expert_placement(blocks.values(), parallel_dims.ep, fsdp, dp_mesh_dims,
+                                  edp_mesh, edp_mesh_dims)
+    units = []
+    here = {f"layers.{name}" for name in blocks}
+    for unit in fsdp_units([layer for layer in plan.layers if layer.fqn in here]):
+        modules = [blocks[layer.fqn.split(".", 1)[1]] for layer in unit]
+        units.append(modules[0])
+        fully_shard(modules if len(modules) > 1 else modules[0], **fsdp,
+                    reshard_after_forward=unit[0].reshard_after_forward,
+                    **({"shard_placement_fn": placement} if placement else {}))
+    fully_shard(model, **fsdp)
+    disable_fsdp_gradient_division(model)
+    if parallel_dims.ep_enabled:
+        _prefetch_explicitly(model, units)
+
+
+def _is_hf(model: Any) -> bool:
+    return type(model).__module__.startswith(
+        "torchtitan.experiments.transformers_modeling_backend")
+
+
+def _declare_hf_sharding(model: Any, parallel_dims: Any) -> None:
+    """What TorchTitan 0.3.0's ``parallelize_hf_transformers`` does before
+    ``model.parallelize``: tied embedding and output weights untied (FSDP shards them
+    apart), HF MoE blocks swapped for TorchTitan's, HF modules converted to TorchTitan's
+    ``Module`` protocol, and the backend's sharding declared on them."""
+    import torch.nn as nn
+    from torchtitan.experiments.transformers_modeling_backend.hf_sharding import (
+        set_hf_sharding_configs,
+    )
+    from torchtitan.experiments.transformers_modeling_backend.module_conversion import (
+        convert_hf_to_module,
+    )
+
+    embedding, output = model.tok_embeddings, model.lm_head
+    if embedding is not None and output is not None and any(
+            p is q for p in embedding.parameters() for q in output.parameters()):
+        output.weight = nn.Parameter(output.weight.clone(),
+                                     requires_grad=output.weight.requires_grad)
+    if any(getattr(block, "moe_enabled", False) for block in model.layers):
+        from torchtitan.experiments.transformers_modeling_backend.moe_replacement import (
+            build_and_swap_native_moe,
+        )
+
+        build_and_swap_native_moe(model, parallel_dims)
+    convert_hf_to_module(model)
+    set_hf_sharding_configs(model, enable_sp=parallel_dims.tp_enabled)
+
+
+def _expert_placement(blocks: Any, ep: int, fsdp: dict[str, Any], dp_mesh_dims: Any,
+                      edp_mesh: Any, edp_mesh_dims: Any) -> Any:
+    """The ``shard_placement_fn`` TorchTitan 0.3.0's ``apply_fsdp_to_decoder`` gives MoE blocks
+    (None when no block has routed experts or the default placement serves): under EP the
+    routed experts shard over ``efsdp`` (the ranks EP leaves), the rest over the dp mesh; the
+    experts on dim 1 when their FSDP x EP ranks outnumber the experts (dim 0 would pad)."""
+    from torch.distributed.tensor import Shard
+
+    experts = [block.moe.routed_experts.inner_experts for block in blocks
+               if getattr(block, "moe_enabled", False)]
+    if not experts:
+        return None
+    params = {p for e in experts for p in e.parameters()}
+    ranks = edp_mesh["efsdp"].size() * ep if ep > 1 else fsdp["mesh"].size()
+    expert_dim = Shard(1) if ranks > min(e.num_experts for e in experts) else Shard(0)
+    if ep == 1:
+        if expert_dim == Shard(0):
+            return None
+        return lambda param: expert_dim if param in params else None
+    from torch.distributed.fsdp._fully_shard._fsdp_common import ShardPlacementResult
+    from torch.distributed.fsdp._fully_shard._fsdp_init import _get_mesh_info
+
+    expert_mesh = _get_mesh_info(edp_mesh, edp_mesh_dims)
+    dense_mesh = _get_mesh_info(fsdp["mesh"], dp_mesh_dims)
+
+    def place(param: Any) -> Any:
+        if param in params:
+            return ShardPlacementResult(placement=expert_dim, mesh_info=expert_mesh)
+        return ShardPlacementResult(placement=Shard(0), mesh_info=dense_mesh)
+
+    return place
+
+
+def _prefetch_explicitly(model: Any, units: list[Any]) -> None:
+    """TorchTitan 0.3.0's explicit FSDP prefetch under EP (its all-to-all's device-to-host
+    syncs would stall implicit prefetching), per FSDP unit: forward gathers the next unit
+    (the last one the norm and output), backward the previous one (the first the
+    embedding)."""
+    ends = [m for m in (model.norm, model.lm_head) if m is not None]
+    if model.tok_embeddings is not None and units:
+        model.tok_embeddings.set_modules_to_forward_prefetch([units[0]])
+    for unit, nxt in zip(units, units[1:] + [None], strict=True):
+        if nxt is not None:
+            unit.set_modules_to_forward_prefetch([nxt])
+        elif len(ends) == 2:
+            unit.set_modules_to_forward_prefetch(ends)
+    back = units[::-1]
+    if len(ends) == 2 and back:
+        model.lm_head.set_modules_to_backward_prefetch([back[0]])
+    for unit, prev in zip(back, back[1:] + [None], strict=True):
+        if prev is not None:
+            unit.set_modules_to_backward_prefetch([prev])
+        elif model.tok_embeddings is not None:
+            unit.set_modules_to_backward_prefetch([model.tok_embeddings])
