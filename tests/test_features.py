@@ -65,9 +65,9 @@ def test_entrypoint_checks_device_before_ranks(monkeypatch, capsys):
     """The preflight (run_train.sh, one process, before torchrun) refuses float8 on an SM80 GPU:
     a GPU is simulated by answering its capability and leaving the CPU runtime off."""
     from torchtitan_autoparallel.errors import run_cli
-    from torchtitan_autoparallel.titan.v0_2 import cpu, job_config, train
+    from torchtitan_autoparallel.titan.v0_2 import cpu, job, train
     asked = []
-    monkeypatch.setattr(job_config, "device_capability", lambda: asked.append(1) or (8, 0))
+    monkeypatch.setattr(job, "device_capability", lambda: asked.append(1) or (8, 0))
     monkeypatch.setattr(cpu, "install", lambda: False)
     monkeypatch.setenv(train.PREFLIGHT_ENV, "1")
     monkeypatch.setenv("WORLD_SIZE", "2")

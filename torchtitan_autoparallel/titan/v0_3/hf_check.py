@@ -56,12 +56,31 @@ def refusal(model: Any) -> str | None:
     return None
 
 
+def trainer_refusal(model: Any) -> str | None:
+    """Why TorchTitan 0.3.0's Trainer cannot start on ``model``, or None: its MoE
+    load-balancing hook (``register_moe_load_balancing_hook``) reads ``moe`` of every layer the
+    backend marks ``moe_enabled``, which the backend's HF decoder layers do not have (their
+    experts sit under the HF name, e.g. Mixtral's ``block_sparse_moe``)."""
+    for name, module in model.named_modules():
+        if getattr(module, "moe_enabled", False) and not hasattr(module, "moe"):
+            return (f"its Trainer's MoE load-balancing hook reads {name}.moe, which the "
+                    f"backend's {type(module).__name__} does not have (AttributeError when "
+                    "the Trainer starts)")
+    return None
+
+
 def check_hf_model(model: Any, hf_model: str) -> None:
-    """UserError when TorchTitan 0.3.0's HF backend cannot run ``model`` (see ``refusal``)."""
+    """UserError when TorchTitan 0.3.0's HF backend cannot run ``model`` (see ``refusal`` and
+    ``trainer_refusal``)."""
+    arch = type(getattr(model, "model", model)).__name__
+    reason = trainer_refusal(model)
+    if reason is not None:
+        raise UserError(f"TorchTitan 0.3.0 cannot train {arch} (--hf_model {hf_model}) with "
+                        f"its HF backend: {reason}; this architecture cannot be trained with "
+                        "the backend")
     reason = refusal(model)
     if reason is None:
         return
-    arch = type(getattr(model, "model", model)).__name__
     raise UserError(f"TorchTitan 0.3.0's HF backend cannot run {arch} (--hf_model {hf_model}): "
                     f"its parallelize, which every run goes through (one rank, no TP "
                     f"included), stops at {reason}; this architecture cannot be trained with "
