@@ -13,7 +13,7 @@ import torchtitan_autoparallel.titan.v0_2.job as job_config_module
 from torchtitan_autoparallel.candidates.strategies import BlockStrategy
 from torchtitan_autoparallel.cost import kernels
 from torchtitan_autoparallel.cost.hardware import Device, available_profiles, load_profile
-from torchtitan_autoparallel.cost.model import Precision, compute_s
+from torchtitan_autoparallel.cost.model import CostContext, Precision, compute_s
 from torchtitan_autoparallel.errors import UserError
 from torchtitan_autoparallel.graph.layer_graph import Layer
 from torchtitan_autoparallel.job.features import Features
@@ -55,13 +55,17 @@ def _linear_layer(m: int, k: int, n: int) -> Layer:
                  linear_input_elements=float(m * k))
 
 
+def _ctx(hw, prec, features):
+    return CostContext(hw=hw, prec=prec, gpus_per_node=8, features=features)
+
+
 def _float8_speedup(m: int, k: int, n: int, recipe: str, hw) -> float:
     layer, mesh = _linear_layer(m, k, n), Mesh(dp_replicate=1, dp_shard=1, tp=1)
     strategy, prec = BlockStrategy("none", False), Precision(2, 4)
-    bf16 = compute_s(layer, mesh, strategy, 1, hw, prec, Features(compile=True))[1]
+    bf16 = compute_s(layer, mesh, strategy, 1, _ctx(hw, prec, Features(compile=True)))[1]
     # every linear float8 (filter_fqns set, empty): the linear's own float8 cost
-    f8 = compute_s(layer, mesh, strategy, 1, hw, prec,
-                   Features(compile=True, linear=f"float8_{recipe}", float8_filter=()))[1]
+    f8 = compute_s(layer, mesh, strategy, 1, _ctx(hw, prec, Features(
+        compile=True, linear=f"float8_{recipe}", float8_filter=())))[1]
     return bf16 / f8
 
 
@@ -72,9 +76,9 @@ def test_planner_keeps_a_linear_in_bf16_exactly_where_float8_is_slower():
     for m, k, n in ((1024, 1024, 1024), (8192, 4096, 1024), (16384, 8192, 8192)):
         layer, mesh = _linear_layer(m, k, n), Mesh(dp_replicate=1, dp_shard=1, tp=1)
         strategy, prec = BlockStrategy("none", False), Precision(2, 4)
-        bf16 = compute_s(layer, mesh, strategy, 1, hw, prec, Features(compile=True))[1]
-        chosen = compute_s(layer, mesh, strategy, 1, hw, prec,
-                           Features(compile=True, linear="float8_tensorwise"))[1]
+        bf16 = compute_s(layer, mesh, strategy, 1, _ctx(hw, prec, Features(compile=True)))[1]
+        chosen = compute_s(layer, mesh, strategy, 1, _ctx(hw, prec, Features(
+            compile=True, linear="float8_tensorwise")))[1]
         assert chosen == pytest.approx(bf16 / max(1.0, _float8_speedup(m, k, n, "tensorwise",
                                                                         hw)))
 

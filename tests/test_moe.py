@@ -105,7 +105,7 @@ def test_looped_experts_cost_a_kernel_per_expert_and_ep_splits_them():
 
     from torchtitan_autoparallel.candidates.layout import BlockStrategy
     from torchtitan_autoparallel.cost.hardware import load_profile
-    from torchtitan_autoparallel.cost.model import Precision, block_cost
+    from torchtitan_autoparallel.cost.model import CostContext, Precision, block_cost
     from torchtitan_autoparallel.graph.layer_graph import Layer
 
     layer = Layer(fqn="layers.1", kind="block", params=10**8, fwd_flops=1e12, saved_bytes=1e8,
@@ -113,16 +113,16 @@ def test_looped_experts_cost_a_kernel_per_expert_and_ep_splits_them():
                   expert_params=9 * 10**7, num_experts=64, top_k=2, expert_flops=5e11)
     hw = dataclasses.replace(load_profile("h100_sxm"), moe_load_imbalance=1.0)
     s = BlockStrategy("none", True, "none")
+    ctx = CostContext(hw=hw, prec=Precision(2, 4), gpus_per_node=8)
 
     def cost(mesh, grouped):
-        return block_cost(layer, mesh, s, 2, hw, Precision(2, 4), 8, grouped).compute_s
+        return block_cost(layer, mesh, s, 2, ctx, grouped).compute_s
 
     for mesh, local in ((Mesh(dp_replicate=1, dp_shard=8, tp=1), 64),
                         (Mesh(dp_replicate=1, dp_shard=8, tp=1, ep=8), 8)):
         extra = cost(mesh, False) - cost(mesh, True)
         assert extra == pytest.approx(local * 9 * hw.kernel_launch_us * 1e-6)
     # EP moves tokens (all-to-all) and FSDP-gathers experts over efsdp only
-    no_ep = block_cost(layer, Mesh(dp_replicate=1, dp_shard=8, tp=1), s, 2, hw, Precision(2, 4), 8)
-    ep = block_cost(layer, Mesh(dp_replicate=1, dp_shard=8, tp=1, ep=8), s, 2, hw,
-                    Precision(2, 4), 8)
+    no_ep = block_cost(layer, Mesh(dp_replicate=1, dp_shard=8, tp=1), s, 2, ctx)
+    ep = block_cost(layer, Mesh(dp_replicate=1, dp_shard=8, tp=1, ep=8), s, 2, ctx)
     assert ep.transient_bytes < no_ep.transient_bytes

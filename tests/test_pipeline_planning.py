@@ -61,9 +61,8 @@ def test_milp_matches_brute_force(job, schedule, squeeze):
                             "--training.global_batch_size=8", "--training.seq_len=128"), 2)
     mesh, = enumerate_meshes(inputs.graph, 2, inputs.gpus_per_node, inputs.constraints)
     v = 1 if schedule == "1F1B" else 2
-    cand = build_pipeline_candidate(inputs.graph, mesh, schedule, v, 1, 8, inputs.hw,
-                                    inputs.precision, inputs.gpus_per_node, inputs.constraints,
-                                    inputs.pins, inputs.features)
+    cand = build_pipeline_candidate(inputs.graph, mesh, schedule, v, 1, 8, inputs.cost_context,
+                                    inputs.constraints, inputs.pins)
     free = solve(cand, inputs.budget_bytes, 30.0)
     budget = squeeze * free.peak_bytes if squeeze < 1 else inputs.budget_bytes
     sol = solve(cand, budget, 30.0)

@@ -15,7 +15,7 @@ from torchtitan_autoparallel.candidates.strategies import (
     microbatch_sizes,
 )
 from torchtitan_autoparallel.cost.hardware import load_profile
-from torchtitan_autoparallel.cost.model import Precision
+from torchtitan_autoparallel.cost.model import CostContext, Precision
 from torchtitan_autoparallel.errors import UserError
 from torchtitan_autoparallel.graph.layer_graph import Layer, LayerGraph
 from torchtitan_autoparallel.job.pins import Pin
@@ -64,17 +64,21 @@ def compositions(n: int, parts: int):
             yield (first, *rest)
 
 
+def _ctx(hw, prec, gpus_per_node=8):
+    """The cost context of a test job: ``hw``, ``prec``, eager, 8 devices a node."""
+    return CostContext(hw=hw, prec=prec, gpus_per_node=gpus_per_node)
+
+
 def flat_meshes(graph, world, gpn, constraints):
     """The meshes without pp (pipeline candidates have their own brute force)."""
     return [m for m in enumerate_meshes(graph, world, gpn, constraints) if m.pp == 1]
 
 
-def brute_force(graph, world, global_batch, hw, prec, gpn, budget, constraints, pins):
+def brute_force(graph, world, global_batch, ctx, budget, constraints, pins):
     best = None
-    for mesh in flat_meshes(graph, world, gpn, constraints):
+    for mesh in flat_meshes(graph, world, ctx.gpus_per_node, constraints):
         for mb in microbatch_sizes(global_batch, mesh):
-            cand = build_candidate(graph, mesh, mb, global_batch, hw, prec, gpn, constraints,
-                                   pins)
+            cand = build_candidate(graph, mesh, mb, global_batch, ctx, constraints, pins)
             per_class = []
             for cls, n in cand.classes.items():
                 options = []
@@ -119,15 +123,16 @@ def test_milp_matches_brute_force(seed, single_block_units):
     pins = {"layers.0": Pin("full", True)} if rng.random() < 0.3 else {}
     meshes = flat_meshes(graph, world, gpn, constraints)
     meshes = [m for m in meshes if global_batch % m.dp == 0]
-    cands = [build_candidate(graph, m, mb, global_batch, hw, prec, gpn, constraints, pins)
+    ctx = CostContext(hw=hw, prec=prec, gpus_per_node=gpn)
+    cands = [build_candidate(graph, m, mb, global_batch, ctx, constraints, pins)
              for m in meshes for mb in microbatch_sizes(global_batch, m)]
     lo = min(c.memory_lower_bound() for c in cands)
     hi = max(c.rank_memory(c.types[0], {(cls, c.strategies[cls][-1]): n
                                         for cls, n in c.classes.items()})
              for c in cands)
     budget = rng.uniform(lo * 0.9, hi * 1.1)
-    result = search(graph, global_batch, hw, prec, gpn, budget, constraints, meshes, 30.0, pins)
-    expected = brute_force(graph, world, global_batch, hw, prec, gpn, budget, constraints, pins)
+    result = search(graph, global_batch, ctx, budget, constraints, meshes, 30.0, pins)
+    expected = brute_force(graph, world, global_batch, ctx, budget, constraints, pins)
     if expected is None:
         assert result.best is None
         return
@@ -289,7 +294,7 @@ def test_memory_terms_measured_on_one_gpu():
     single, fsdp = Mesh(dp_replicate=1, dp_shard=1, tp=1), Mesh(dp_replicate=1, dp_shard=2, tp=1)
 
     def cand(mesh, mb, global_batch, prec):
-        return build_candidate(graph, mesh, mb, global_batch, hw, prec, 8, Constraints())
+        return build_candidate(graph, mesh, mb, global_batch, _ctx(hw, prec), Constraints())
 
     # accumulation: + 4 B per (sharded) parameter; same micro-batch, one step vs two
     one, two = cand(fsdp, 1, 2, bf16), cand(fsdp, 1, 4, bf16)
@@ -297,14 +302,14 @@ def test_memory_terms_measured_on_one_gpu():
     assert two.edge_memory["first"] - one.edge_memory["first"] == pytest.approx(4 * params / 2)
     # autocast: bf16 weight cache of every non-embedding weight; FSDP (mixed precision) or
     # fp32 training caches nothing
-    cache = (edges_cost(graph, single, 1, hw, bf16, 8).kept_bytes
-             - edges_cost(graph, fsdp, 1, hw, bf16, 8).kept_bytes)
+    cache = (edges_cost(graph, single, 1, _ctx(hw, bf16)).kept_bytes
+             - edges_cost(graph, fsdp, 1, _ctx(hw, bf16)).kept_bytes)
     assert cache == pytest.approx(2 * body, rel=1e-3)
-    assert edges_cost(graph, single, 1, hw, fp32, 8).kept_bytes == pytest.approx(
-        edges_cost(graph, fsdp, 1, hw, fp32, 8).kept_bytes)
+    assert edges_cost(graph, single, 1, _ctx(hw, fp32)).kept_bytes == pytest.approx(
+        edges_cost(graph, fsdp, 1, _ctx(hw, fp32)).kept_bytes)
     # bf16 logits (2 B) kept beside the fp32 logits and their gradient (8 B)
-    assert edges_cost(graph, fsdp, 1, hw, bf16, 8).kept_bytes - edges_cost(
-        graph, fsdp, 1, hw, fp32, 8).kept_bytes == pytest.approx(2 * logits, rel=0.01)
+    assert edges_cost(graph, fsdp, 1, _ctx(hw, bf16)).kept_bytes - edges_cost(
+        graph, fsdp, 1, _ctx(hw, fp32)).kept_bytes == pytest.approx(2 * logits, rel=0.01)
     # block activations: DDP trains under autocast like one device (same activations); FSDP
     # casts the parameters itself and keeps them all in bf16 (half of fp32)
     block = graph.blocks[0]
@@ -395,10 +400,11 @@ def test_solver_rejects_non_finite_costs_and_time_outs_without_a_plan():
     mesh = enumerate_meshes(graph, 2, 8, Constraints())[0]
     args = (graph, mesh, 1, 2 * mesh.dp)
     bad = dataclasses.replace(hw, clock_scale=float("nan"))
-    cand = build_candidate(*args, bad, Precision(4, 4), 8, Constraints())
+    cand = build_candidate(*args, _ctx(bad, Precision(4, 4)), Constraints())
     with pytest.raises(UserError, match="non-finite"):
-        search(graph, 2 * mesh.dp, bad, Precision(4, 4), 8, 1e15, Constraints(), [mesh], 30.0)
-    cand = build_candidate(*args, hw, Precision(4, 4), 8, Constraints())
+        search(graph, 2 * mesh.dp, _ctx(bad, Precision(4, 4)), 1e15, Constraints(), [mesh],
+               30.0)
+    cand = build_candidate(*args, _ctx(hw, Precision(4, 4)), Constraints())
     with pytest.raises(SolveTimeout):
         solve(cand, 1e15, 0.0)
     assert solve(cand, 1e15, 30.0) is not None
@@ -439,7 +445,7 @@ def test_one_time_limit_for_the_whole_job(planning, monkeypatch):
             return original(*args, **kwargs)
         return run
 
-    monkeypatch.setattr(planner, "search", recording(planner.search, 8))
+    monkeypatch.setattr(planner, "search", recording(planner.search, 6))
     start = time.perf_counter()
     planning("llama3_debug_auto.toml", 4, "--training.global_batch_size=-1",
              "--training.local_batch_size=4", "--autoparallel.time_limit_s=20")
@@ -477,8 +483,8 @@ def test_embedding_and_output_are_costed_as_applied():
     bw = hw.intra_node_gbps * 1e9
     emb, out = graph.layers[0].params * 4, graph.layers[-1].params * 4
     expected = (3 * emb / 2 + 2 * out / 2) / bw
-    got = edges_cost(graph, Mesh(dp_replicate=1, dp_shard=2, tp=1), 1, hw, Precision(4, 4),
-                     8).time_s
+    got = edges_cost(graph, Mesh(dp_replicate=1, dp_shard=2, tp=1), 1,
+                     _ctx(hw, Precision(4, 4))).time_s
     assert got == pytest.approx(expected, rel=1e-6)
 
 
@@ -499,15 +505,16 @@ def test_node_reshard_matches_brute_force(single_block_units):
         prec = Precision(2, 4)
         constraints = Constraints(dp_shard=world, techniques=("fsdp", "ac"))
         meshes = flat_meshes(graph, world, gpn, constraints)
-        cands = [build_candidate(graph, m, mb, world, hw, prec, gpn, constraints, {})
+        ctx = CostContext(hw=hw, prec=prec, gpus_per_node=gpn)
+        cands = [build_candidate(graph, m, mb, world, ctx, constraints, {})
                  for m in meshes for mb in microbatch_sizes(world, m)]
         lo = min(c.memory_lower_bound() for c in cands)
         hi = max(c.rank_memory(c.types[0], {(cls, BlockStrategy("none", False)): n
                                             for cls, n in c.classes.items()}) for c in cands)
         for fraction in (0.3, 0.5, 0.7, 0.9):
             budget = lo + fraction * (hi - lo)
-            result = search(graph, world, hw, prec, gpn, budget, constraints, meshes, 30.0, {})
-            expected = brute_force(graph, world, world, hw, prec, gpn, budget, constraints, {})
+            result = search(graph, world, ctx, budget, constraints, meshes, 30.0, {})
+            expected = brute_force(graph, world, world, ctx, budget, constraints, {})
             assert result.best is not None and expected is not None
             assert result.best.step_time_s == pytest.approx(expected, rel=1e-9), (seed, fraction)
             chosen += [s.reshard_after_forward for counts in result.best.counts.values()
@@ -551,7 +558,9 @@ def test_memoized_compute_equals_the_full_mesh_compute(features):
     for mesh in enumerate_meshes(inputs.graph, 64, gpn, inputs.constraints):
         for mb in (1, 2):
             for s in pinned_strategies(mesh, mb, inputs.constraints, False, None, gpn):
-                args = (layer, mesh, s, mb, inputs.hw, inputs.precision, Features(**features))
+                args = (layer, mesh, s, mb, CostContext(
+                    hw=inputs.hw, prec=inputs.precision, gpus_per_node=gpn,
+                    features=Features(**features)))
                 assert compute_s(*args) == block_compute_s(*args), (mesh, s, mb)
                 checked += 1
     assert checked > 100
@@ -629,7 +638,8 @@ def test_fsdp_units_match_brute_force():
         meshes = flat_meshes(graph, world, gpn, constraints)
         assert [(m.dp_shard, m.tp, m.cp) for m in meshes] == [(world, 1, 1)]
         (mesh,) = meshes
-        cand = build_candidate(graph, mesh, 1, world, hw, prec, gpn, constraints, {})
+        ctx = CostContext(hw=hw, prec=prec, gpus_per_node=gpn)
+        cand = build_candidate(graph, mesh, 1, world, ctx, constraints, {})
         ref_costs, per_class = {}, []
         for cls, n in cand.classes.items():
             layer = next(b for b, c in zip(graph.blocks, [b.signature for b in graph.blocks],
@@ -638,7 +648,7 @@ def test_fsdp_units_match_brute_force():
             for k in (1, 2, 4):
                 for r in reshards:
                     unit = block_cost(unit_as_one_layer(layer, k), mesh, BlockStrategy("none", r),
-                                      1, hw, prec, gpn)
+                                      1, ctx)
                     ref_costs[(cls, BlockStrategy("none", r, "none", k))] = BlockCost(
                         time_s=unit.time_s / k, compute_s=0.0, comm_s=0.0, exposed_comm_s=0.0,
                         kept_bytes=unit.kept_bytes / k, state_bytes=unit.state_bytes / k,
@@ -660,7 +670,7 @@ def test_fsdp_units_match_brute_force():
         hi = max(reference.rank_memory(reference.types[0], c) for c in singles)
         for fraction in (0.2, 0.5, 0.8, 1.0, 1.5):
             budget = lo + fraction * (hi - lo)
-            result = search(graph, world, hw, prec, gpn, budget, constraints, meshes, 30.0, {})
+            result = search(graph, world, ctx, budget, constraints, meshes, 30.0, {})
             fits = [reference.evaluate([c])[0] for c in options
                     if reference.rank_memory(reference.types[0], c) <= budget]
             assert result.best is not None and fits
@@ -743,16 +753,16 @@ def test_search_bounds_are_below_every_strategy(config, world, features):
     register()
     inputs = job_inputs(parse_config(["--job.config_file", f"train_configs/{config}",
                                       "--autoparallel.hardware=h100_grand_teton"]), world)
-    args = (inputs.graph, inputs.global_batch, inputs.hw, inputs.precision,
-            inputs.gpus_per_node)
+    feats = Features(**features)
+    args = (inputs.graph, inputs.global_batch, CostContext(
+        hw=inputs.hw, prec=inputs.precision, gpus_per_node=inputs.gpus_per_node, features=feats))
     meshes = [m for m in enumerate_meshes(inputs.graph, world, inputs.gpus_per_node,
                                           inputs.constraints)
               if inputs.global_batch % m.dp == 0]
-    feats = Features(**features)
     flat, _, _ = flat_options(*args, inputs.constraints, [m for m in meshes if m.pp == 1],
-                              inputs.pins, feats)
+                              inputs.pins)
     piped, _, _ = pipeline_options(*args, float("inf"), inputs.constraints,
-                                   [m for m in meshes if m.pp > 1], inputs.pins, feats)
+                                   [m for m in meshes if m.pp > 1], inputs.pins)
     rng = random.Random(0)
     checked = pipelined = fewer = 0
     for floor, mesh, schedule, _, _, make in (rng.sample(flat, min(30, len(flat)))
@@ -796,8 +806,10 @@ def test_block_floors_with_fsdp_are_below_every_strategy_of_every_mesh(config, w
     register()
     inputs = job_inputs(parse_config(["--job.config_file", f"train_configs/{config}",
                                       "--autoparallel.hardware=h100_grand_teton"]), world)
-    graph, hw, prec, gpn = inputs.graph, inputs.hw, inputs.precision, inputs.gpus_per_node
-    feats, moe = Features(**features), graph.num_experts > 0
+    graph, gpn = inputs.graph, inputs.gpus_per_node
+    ctx = CostContext(hw=inputs.hw, prec=inputs.precision, gpus_per_node=gpn,
+                      features=Features(**features))
+    moe = graph.num_experts > 0
     layer = graph.blocks[-1]
     checked = tighter = 0
     for mesh in enumerate_meshes(graph, world, gpn, inputs.constraints):
@@ -805,21 +817,19 @@ def test_block_floors_with_fsdp_are_below_every_strategy_of_every_mesh(config, w
             flat = mesh.pp == 1
             modes = (block_tp_modes(mesh, mb, inputs.constraints, moe) if flat
                      else stage_tp_modes(mesh))
-            floor = block_time_floor(layer, mesh, mb, hw, prec, gpn, feats, modes,
+            floor = block_time_floor(layer, mesh, mb, ctx, modes,
                                      fsdp="microbatch" if flat else "step")
             for s in block_strategies(mesh, mb, inputs.constraints, moe, gpn, len(graph.blocks)):
                 if flat:
-                    time_s = block_cost(layer, mesh, s, mb, hw, prec, gpn, graph.grouped_experts,
-                                        feats).time_s
+                    time_s = block_cost(layer, mesh, s, mb, ctx, graph.grouped_experts).time_s
                 elif s.tp_mode in modes:
-                    time_s = stage_block_cost(layer, mesh, s, mb, hw, prec, gpn,
-                                              graph.grouped_experts, feats).time_s
+                    time_s = stage_block_cost(layer, mesh, s, mb, ctx,
+                                              graph.grouped_experts).time_s
                 else:
                     continue
                 assert floor <= time_s * (1 + 1e-12), (mesh, mb, s)
                 checked += 1
-            tighter += floor > 1.01 * block_time_floor(layer, mesh, mb, hw, prec, gpn, feats,
-                                                       modes)
+            tighter += floor > 1.01 * block_time_floor(layer, mesh, mb, ctx, modes)
     assert checked > 500 and tighter > 10, (checked, tighter)
 
 

@@ -196,21 +196,24 @@ def test_host_time_stretches_oversubscribed_ranks() -> None:
 
     from torchtitan_autoparallel.candidates.layout import Mesh
     from torchtitan_autoparallel.cost.hardware import load_profile
-    from torchtitan_autoparallel.cost.model import host_profile, host_time_s
+    from torchtitan_autoparallel.cost.model import CostContext, Precision, host_time_s, on_host
+
+    def ctx(profile):
+        return CostContext(hw=profile, prec=Precision(), gpus_per_node=8)
 
     hw = dataclasses.replace(load_profile("cpu"), host_cores=2, block_overhead_us=1000.0)
-    assert host_time_s(1.0, Mesh(dp_replicate=1, dp_shard=2, tp=1), hw, 8) == pytest.approx(1.001)
-    assert host_time_s(1.0, Mesh(dp_replicate=1, dp_shard=8, tp=1), hw, 8) == pytest.approx(4.001)
+    two, eight = Mesh(dp_replicate=1, dp_shard=2, tp=1), Mesh(dp_replicate=1, dp_shard=8, tp=1)
+    assert host_time_s(1.0, two, ctx(hw)) == pytest.approx(1.001)
+    assert host_time_s(1.0, eight, ctx(hw)) == pytest.approx(4.001)
     gpu = load_profile("h100_sxm")
     # a GPU's ranks have their own devices: no stretch, only the per-layer host time
-    assert host_time_s(1.0, Mesh(dp_replicate=1, dp_shard=8, tp=1), gpu, 8) == pytest.approx(
-        1.0 + gpu.block_overhead_us * 1e-6)
+    assert host_time_s(1.0, eight, ctx(gpu)) == pytest.approx(1.0 + gpu.block_overhead_us * 1e-6)
     # collectives of oversubscribed ranks wait for a time slice; not so at 2 ranks on 2 cores
     hw = dataclasses.replace(hw, intra_node_latency_us=100.0, oversubscribed_latency_us=5000.0)
     four = Mesh(dp_replicate=1, dp_shard=4, tp=1)
-    assert host_profile(hw, four, 8).intra_node_latency_us == 5100.0
-    assert host_profile(hw, Mesh(dp_replicate=1, dp_shard=2, tp=1), 8) is hw
-    assert host_profile(gpu, Mesh(dp_replicate=1, dp_shard=8, tp=1), 8) is gpu
+    assert on_host(ctx(hw), four).hw.intra_node_latency_us == 5100.0
+    assert on_host(ctx(hw), two).hw is hw
+    assert on_host(ctx(gpu), eight).hw is gpu
 
 
 def test_host_copies_make_sharded_data_parallel_cost_more_than_replication() -> None:
@@ -220,7 +223,7 @@ def test_host_copies_make_sharded_data_parallel_cost_more_than_replication() -> 
 
     from torchtitan_autoparallel.candidates.layout import BlockStrategy, Mesh
     from torchtitan_autoparallel.cost.hardware import load_profile
-    from torchtitan_autoparallel.cost.model import Precision, block_cost
+    from torchtitan_autoparallel.cost.model import CostContext, Precision, block_cost
     from torchtitan_autoparallel.graph.layer_graph import Layer
 
     layer = Layer(fqn="layers.0", kind="block", params=10**6, fwd_flops=1e9, saved_bytes=1e6,
@@ -229,8 +232,8 @@ def test_host_copies_make_sharded_data_parallel_cost_more_than_replication() -> 
     copies = dataclasses.replace(hw, host_copy_gbps=1.0)
 
     def time(profile, mesh, reshard=True):
-        return block_cost(layer, mesh, BlockStrategy("none", reshard), 1, profile,
-                          Precision(), 8).time_s
+        return block_cost(layer, mesh, BlockStrategy("none", reshard), 1,
+                          CostContext(hw=profile, prec=Precision(), gpus_per_node=8)).time_s
 
     ddp, fsdp = Mesh(dp_replicate=2, dp_shard=1, tp=1), Mesh(dp_replicate=1, dp_shard=2, tp=1)
     assert time(copies, ddp) == time(hw, ddp)  # replication: no sharded collectives

@@ -17,12 +17,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..cost.hardware import HardwareProfile
 from ..cost.model import (
     STATE_BYTES_PER_PARAM,
     STEP_BYTES_PER_PARAM,
     BlockCost,
-    Precision,
+    CostContext,
     block_cost,
     edges_cost,
     model_time_floor,
@@ -30,7 +29,6 @@ from ..cost.model import (
 )
 from ..cost.pipeline import StageBlockCost
 from ..graph.layer_graph import LayerGraph
-from ..job.features import EAGER, Features
 from ..job.pins import Pin
 from .layout import BlockStrategy, Mesh
 from .schedules import V_SCHEDULES
@@ -302,9 +300,8 @@ def faster_units(cls: str, strategies: list[BlockStrategy], costs: dict[Key, Blo
 
 
 def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch: int,
-                    hw: HardwareProfile, prec: Precision, gpus_per_node: int,
-                    constraints: Constraints, pins: dict[str, Pin] | None = None,
-                    features: Features = EAGER, fastest: bool = False,
+                    ctx: CostContext, constraints: Constraints,
+                    pins: dict[str, Pin] | None = None, fastest: bool = False,
                     order: list[str] | None = None) -> Candidate:
     """Costs of every block strategy for one flat (mesh, micro-batch): one rank type.
     ``fastest``: only the strategies that set the time bound (``fastest_strategies``), enough
@@ -322,22 +319,22 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
         if cls not in representative:
             representative[cls] = layer
             strategies[cls] = pinned_strategies(mesh, microbatch, constraints, moe_model,
-                                                pins.get(layer.fqn), gpus_per_node, runs[cls])
+                                                pins.get(layer.fqn), ctx.gpus_per_node,
+                                                runs[cls])
             if fastest:
                 strategies[cls] = fastest_strategies(strategies[cls])
     costs = {
-        (c, s): block_cost(representative[c], mesh, s, microbatch, hw, prec, gpus_per_node,
-                           graph.grouped_experts, features)
+        (c, s): block_cost(representative[c], mesh, s, microbatch, ctx, graph.grouped_experts)
         for c in classes for s in strategies[c]
     }
     for c in classes:
         strategies[c] = faster_units(c, strategies[c], costs)
-    edges = edges_cost(graph, mesh, microbatch, hw, prec, gpus_per_node, features)
+    edges = edges_cost(graph, mesh, microbatch, ctx)
     # parameters, gradients and optimizer state do not depend on the block's strategy
     state = edges.state_bytes + sum(
         costs[(c, strategies[c][0])].state_bytes * n for c, n in classes.items())
     accum = global_batch // (microbatch * mesh.dp)
-    resident, step_bytes, per_step = state_memory(state, accum, hw, features)
+    resident, step_bytes, per_step = state_memory(state, accum, ctx)
     name = FLAT[0].name
     return Candidate(mesh, microbatch, accum, dict(classes), strategies, costs, FLAT,
                      {name: 1}, {name: edges.time_s}, {name: 0.0},
@@ -345,10 +342,10 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
                      per_step_s=per_step, state_bytes=state)
 
 
-def flat_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Precision,
-                 gpus_per_node: int, constraints: Constraints, meshes: list[Mesh],
-                 pins: dict[str, Pin] | None = None, features: Features = EAGER,
-                 cutoff: float = math.inf) -> tuple[list[Option], int, float]:
+def flat_options(graph: LayerGraph, global_batch: int, ctx: CostContext,
+                 constraints: Constraints, meshes: list[Mesh],
+                 pins: dict[str, Pin] | None = None, cutoff: float = math.inf
+                 ) -> tuple[list[Option], int, float]:
     """(options, how many, inf) for ``meshes`` (all with pp = 1), each bounded by its compute
     floor and costed on demand (the search takes the memory floor from those it costs); an
     option whose bound reaches ``cutoff`` (a step time already reached) is not listed."""
@@ -360,12 +357,11 @@ def flat_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec
             count += 1
             modes = block_tp_modes(mesh, mb, constraints, graph.num_experts > 0)
             accum = global_batch // (mb * mesh.dp)
-            floor = model_time_floor(graph, mesh, mb, hw, prec, gpus_per_node, features, modes)
+            floor = model_time_floor(graph, mesh, mb, ctx, modes)
             if not accum * floor >= cutoff:  # then FSDP's share, for the fewer left
-                floor = model_time_floor(graph, mesh, mb, hw, prec, gpus_per_node, features,
-                                      modes, fsdp="microbatch")
+                floor = model_time_floor(graph, mesh, mb, ctx, modes, fsdp="microbatch")
             if not accum * floor >= cutoff:  # a NaN goes on to the finiteness check
                 options.append((accum * floor, mesh, "", 1, mb, functools.partial(
-                    build_candidate, graph, mesh, mb, global_batch, hw, prec, gpus_per_node,
-                    constraints, pins, features, order=order)))
+                    build_candidate, graph, mesh, mb, global_batch, ctx, constraints, pins,
+                    order=order)))
     return options, count, math.inf

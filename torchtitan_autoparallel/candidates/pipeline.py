@@ -13,12 +13,12 @@ import functools
 import math
 from dataclasses import dataclass
 
-from ..cost.hardware import HardwareProfile
 from ..cost.model import (
     FWD_BWD_BYTES_PER_PARAM,
     GRAD_BYTES_PER_PARAM,
     STATE_BYTES_PER_PARAM,
     STEP_BYTES_PER_PARAM,
+    CostContext,
     Precision,
     edge_cost,
     model_time_floor,
@@ -34,7 +34,7 @@ from ..cost.pipeline import (
     stage_block_cost,
 )
 from ..graph.layer_graph import LayerGraph
-from ..job.features import EAGER, Features
+from ..job.features import Features
 from ..job.pins import Pin
 from .candidate import Candidate, Option, block_classes, rank_types
 from .layout import AC_MODES, BlockStrategy, Mesh, divisors, fsdp_sharded
@@ -68,9 +68,8 @@ def hides_ep(schedule: str, constraints: Constraints) -> bool:
 
 
 def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: int,
-                             microbatch: int, microbatches: int, hw: HardwareProfile,
-                             prec: Precision, gpus_per_node: int, constraints: Constraints,
-                             pins: dict[str, Pin], features: Features = EAGER,
+                             microbatch: int, microbatches: int, ctx: CostContext,
+                             constraints: Constraints, pins: dict[str, Pin],
                              cache: dict | None = None, keep_strategies: bool = False,
                              fastest: bool = False) -> Candidate | None:
     """Costs of one pipeline candidate (None when its block classes interleave or a class has
@@ -89,9 +88,8 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
     hide_ep = hides_ep(schedule, constraints)
     key = (mesh, microbatch, hide_ep, keep_strategies, fastest)
     if key not in cache:
-        cache[key] = _block_costs(graph, cache["classes"], mesh, microbatch, hw, prec,
-                                  gpus_per_node, constraints, pins, features, hide_ep,
-                                  keep_strategies, fastest)
+        cache[key] = _block_costs(graph, cache["classes"], mesh, microbatch, ctx, constraints,
+                                  pins, hide_ep, keep_strategies, fastest)
     classes, strategies, costs, edges = cache[key]
     if not all(strategies.values()):
         return None  # a pinned block's recipe the schedule cannot run (DualPipeV's EP with AC)
@@ -99,15 +97,15 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
     flight = {t.name: in_flight(schedule, mesh.pp, v, microbatches, t.rank) for t in types}
     edge_time, edge_step, edge_memory, edge_state = {}, {}, {}, {}
     hop = cache.setdefault(("hop", mesh, microbatch),
-                           p2p_s(graph, mesh, microbatch, prec, hw, gpus_per_node))
-    boundary = boundary_bytes(graph, mesh, microbatch, prec)
+                           p2p_s(graph, mesh, microbatch, ctx))
+    boundary = boundary_bytes(graph, mesh, microbatch, ctx.prec)
     logits_held = microbatches if schedule == "GPipe" else 1  # the last stage's, in flight
     for t in types:
         kinds = [k for k, on in (("embedding", t.embedding), ("output", t.output)) if on]
         # sends: the stage outputs forward, the input gradients back, per stage and micro-batch
         sends = 2 * v - (1 if t.embedding else 0) - (1 if t.output else 0)
         edge_time[t.name] = (sum(edges[k].time_s for k in kinds)
-                             + sends * hop * (1 - hw.comm_overlap))
+                             + sends * hop * (1 - ctx.hw.comm_overlap))
         edge_step[t.name] = 0.0
         # embedding activations stay for every micro-batch in flight, the logits for one
         # (all under GPipe); each stage's outputs in flight and the receive buffers
@@ -119,7 +117,7 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
     split_key = ("split", mesh, microbatch, hide_ep, keep_strategies)
     if split_key not in cache:
         frugal = min(strategies[order[0]], key=lambda s: s.ac != "none")
-        cache[split_key] = backward_split(cache["last_block"], frugal, hw)
+        cache[split_key] = backward_split(cache["last_block"], frugal, ctx.hw)
     split = cache[split_key]
     beta = bubble(schedule, mesh.pp, v, split)
     fill = 2 * (mesh.pp - 1) * hop
@@ -135,10 +133,8 @@ def stage_tp_modes(mesh: Mesh) -> tuple[str, ...]:
 
 
 def _block_costs(graph: LayerGraph, block_class: list[str], mesh: Mesh, microbatch: int,
-                 hw: HardwareProfile,
-                 prec: Precision, gpus_per_node: int, constraints: Constraints,
-                 pins: dict[str, Pin], features: Features, hide_ep: bool,
-                 keep_strategies: bool = False, fastest: bool = False) -> tuple:
+                 ctx: CostContext, constraints: Constraints, pins: dict[str, Pin],
+                 hide_ep: bool, keep_strategies: bool = False, fastest: bool = False) -> tuple:
     classes: dict[str, int] = {}
     representative = {}
     strategies: dict[str, list[BlockStrategy]] = {}
@@ -160,19 +156,19 @@ def _block_costs(graph: LayerGraph, block_class: list[str], mesh: Mesh, microbat
                                    for reshard in (False, True)]
             if fastest:
                 strategies[cls] = fastest_strategies(strategies[cls])
-    costs = {(c, s): stage_block_cost(representative[c], mesh, s, microbatch, hw, prec,
-                                      gpus_per_node, graph.grouped_experts, features, hide_ep)
+    costs = {(c, s): stage_block_cost(representative[c], mesh, s, microbatch, ctx,
+                                      graph.grouped_experts, hide_ep)
              for c in classes for s in strategies[c]}
     edges = {}
     for layer in graph.edges:
-        cost = edge_cost(graph, layer, mesh, microbatch, hw, prec, gpus_per_node, features)
+        cost = edge_cost(graph, layer, mesh, microbatch, ctx)
         per_param = cost.state_bytes / STATE_BYTES_PER_PARAM
         sharded = fsdp_sharded(mesh)
         edges[layer.kind] = EdgeCost(
             cost.time_s,
             per_param * (FWD_BWD_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM)
             + (cost.gathered_bytes if sharded else 0.0),
-            cost.kept_bytes, per_param * STEP_BYTES_PER_PARAM[features.optimizer])
+            cost.kept_bytes, per_param * STEP_BYTES_PER_PARAM[ctx.features.optimizer])
     return classes, strategies, costs, edges
 
 
@@ -253,30 +249,28 @@ def no_pipeline_reason(graph: LayerGraph, global_batch: int, constraints: Constr
             "training.global_batch_size or lower parallelism.pipeline_parallel_microbatch_size")
 
 
-def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
-                     prec: Precision, gpus_per_node: int, budget: float,
+def pipeline_options(graph: LayerGraph, global_batch: int, ctx: CostContext, budget: float,
                      constraints: Constraints, meshes: list[Mesh], pins: dict[str, Pin],
-                     features: Features = EAGER, cutoff: float = math.inf
-                     ) -> tuple[list[Option], int, float]:
+                     cutoff: float = math.inf) -> tuple[list[Option], int, float]:
     """(options, how many, a floor under the memory of those skipped) for ``meshes`` (all with
     pp > 1). The bound is ``model_time_floor``'s (FSDP's collectives once per step, no memory
     costed): a mesh whose memory floor exceeds ``budget`` is skipped without costing, an
     option whose bound reaches ``cutoff`` (a step time already reached) is not listed."""
-    schedules = schedules_for(graph, constraints, features)
+    schedules = schedules_for(graph, constraints, ctx.features)
     n_blocks = len(graph.blocks)
     cache: dict = {}
     options: list[Option] = []
     splits = 0
     min_floor = math.inf
     # the bubble's shares of one micro-batch's time (checkpointing only lengthens B)
-    split = backward_split(graph.blocks[-1], BlockStrategy("none", False), hw)
+    split = backward_split(graph.blocks[-1], BlockStrategy("none", False), ctx.hw)
     # per (pp, micro-batches): the (schedule, stages per rank, hidden all-to-alls, share of the
     # work per pp rank with the bubble) that can run
     runnable: dict[tuple[int, int], list[tuple[str, int, bool, float]]] = {}
     for mesh in meshes:
         if global_batch % mesh.dp:
             continue
-        floor = _memory_floor(graph, mesh, prec)
+        floor = _memory_floor(graph, mesh, ctx.prec)
         local = global_batch // mesh.dp
         modes = stage_tp_modes(mesh)
         for mb in divisors(local):
@@ -299,16 +293,15 @@ def pipeline_options(graph: LayerGraph, global_batch: int, hw: HardwareProfile,
             for schedule, v, hide_ep, share in shapes:
                 for fsdp in ("", "step"):  # FSDP's share only for the fewer left
                     if (hide_ep, fsdp) not in work:
-                        work[(hide_ep, fsdp)] = model_time_floor(
-                            graph, mesh, mb, hw, prec, gpus_per_node, features, modes, hide_ep,
-                            fsdp)
+                        work[(hide_ep, fsdp)] = model_time_floor(graph, mesh, mb, ctx, modes,
+                                                                 hide_ep, fsdp)
                     bound = share * work[(hide_ep, fsdp)]
                     if bound >= cutoff:
                         break
                 if not bound >= cutoff:  # a NaN goes on to the finiteness check
                     options.append((bound, mesh, schedule, v, mb, functools.partial(
-                        build_pipeline_candidate, graph, mesh, schedule, v, mb, m, hw, prec,
-                        gpus_per_node, constraints, pins, features, cache)))
+                        build_pipeline_candidate, graph, mesh, schedule, v, mb, m, ctx,
+                        constraints, pins, cache)))
     return options, splits, min_floor
 
 

@@ -83,9 +83,8 @@ def schedule_lines(plan: Plan) -> list[str]:
             pipe.schedule]:
         constraints = dataclasses.replace(inputs.constraints, pp_schedules=(schedule,),
                                           pp_microbatch=pipe.microbatch_size)
-        found = search(inputs.graph, plan.global_batch_size, inputs.hw, inputs.precision,
-                       inputs.gpus_per_node, inputs.budget_bytes, constraints, [plan.mesh],
-                       60.0, inputs.pins, inputs.features)
+        found = search(inputs.graph, plan.global_batch_size, inputs.cost_context,
+                       inputs.budget_bytes, constraints, [plan.mesh], 60.0, inputs.pins)
         best = found.best
         if best is None:
             lines.append(f"  {schedule:<22} does not fit the memory budget "

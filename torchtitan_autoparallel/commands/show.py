@@ -154,8 +154,7 @@ def _breakdown(plan: Plan) -> tuple[list[tuple[str, float]], str, list[tuple[str
     cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
     _, counts = block_counts(plan, inputs)
     costs = {key: cand.costs[key] for key in counts}
-    edges = edges_cost(inputs.graph, plan.mesh, plan.local_batch_size, inputs.hw,
-                       inputs.precision, inputs.gpus_per_node, inputs.features)
+    edges = edges_cost(inputs.graph, plan.mesh, plan.local_batch_size, inputs.cost_context)
     t = cand.types[0].name
     per_param = cand.state_bytes / STATE_BYTES_PER_PARAM
     gib = 2**-30
@@ -175,7 +174,7 @@ def _breakdown(plan: Plan) -> tuple[list[tuple[str, float]], str, list[tuple[str
                   ("gradients", state - 3 * held),
                   ("activations", kept + edges.kept_bytes - edges.logits_bytes),
                   ("logits", edges.logits_bytes), ("working set", working)]
-    share = core_share(plan.mesh, inputs.hw, inputs.gpus_per_node)
+    share = core_share(plan.mesh, inputs.cost_context)
     accum = cand.accum
     time = {"compute": accum * share * sum(n * costs[k].compute_s for k, n in counts.items())}
     for key, n in counts.items():

@@ -6,7 +6,7 @@ from typing import NamedTuple
 from ..candidates.layout import BlockStrategy, Mesh, fsdp_group_size, reshard_group
 from ..graph.layer_graph import Layer
 from ..job.features import Features
-from .common import AC_EFFECT, Precision, collective_s
+from .common import AC_EFFECT, CostContext, collective_s
 from .compute import (
     FSDP_COPY_BYTES_PER_PARAM,
     _linears_s,
@@ -51,8 +51,7 @@ def tp_region_gemms(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatc
 
 
 def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int, act: float,
-              tp_nodes: bool, hw: HardwareProfile, prec: Precision, features: Features
-              ) -> float:
+              tp_nodes: bool, ctx: CostContext) -> float:
     """Exposed TP + SP communication of one micro-batch through a block.
 
     Each forward (and a full recomputation) all-gathers into the attention's and the FFN's
@@ -66,6 +65,7 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     reduce-scatter (the input gradient is a sum of GEMMs, q + k + v and w1 + w3, not one
     GEMM), and every all-gather whose result is cast before its GEMMs (float8 rowwise in
     forward, the float8 output gradient in backward)."""
+    hw, prec, features = ctx.hw, ctx.prec, ctx.features
     fwd_passes = 2 if strategy.ac == "full" else 1
     gather = scatter = collective_s("all_gather", act, mesh.tp, tp_nodes, hw)
     # TorchTitan's float8 tensorwise TP styles cast the input before the forward all-gather
@@ -113,33 +113,33 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
 
 
 def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
-              hw: HardwareProfile, prec: Precision, gpus_per_node: int, features: Features
-              ) -> float:
+              ctx: CostContext) -> float:
     """Exposed TP communication of one micro-batch through a block: TP + SP's collectives
     (``sp_comm_s``) or, with tp as data parallel, the all-to-alls between sequence and batch
     shards; none in tp mode "none". It only grows with checkpointing (more passes, gathers)."""
-    act = layer.io_bytes * microbatch * (prec.param_bytes / 4) / mesh.cp
-    tp_nodes = mesh.spans_nodes("tp", gpus_per_node)
+    act = layer.io_bytes * microbatch * ctx.act_scale / mesh.cp
+    tp_nodes = mesh.spans_nodes("tp", ctx.gpus_per_node)
     if strategy.tp_mode == "sp":
-        return sp_comm_s(layer, mesh, strategy, microbatch, act, tp_nodes, hw, prec, features)
+        return sp_comm_s(layer, mesh, strategy, microbatch, act, tp_nodes, ctx)
     if strategy.tp_mode == "dp":
         # residual stream sequence-shard <-> batch-shard: one all-to-all at entry and exit,
         # both again in backward (and the entry again for a full recompute)
-        a2a = collective_s("all_to_all", act / mesh.tp, mesh.tp, tp_nodes, hw)
+        a2a = collective_s("all_to_all", act / mesh.tp, mesh.tp, tp_nodes, ctx.hw)
         return a2a * (4 + (2 if strategy.ac == "full" else 0))
     return 0.0
 
 
 def cp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
-              hw: HardwareProfile, prec: Precision, gpus_per_node: int) -> tuple[float, float]:
+              ctx: CostContext) -> tuple[float, float]:
     """(exposed transfer time, latency) of ring attention for one micro-batch through a block
     (zeros without CP): cp - 1 exchanges of the local keys/values in forward, twice that in
     backward (keys/values and their gradients), hidden under the attention compute; each ring
     step also synchronises the neighbours, a latency never hidden."""
     if mesh.cp == 1:
         return 0.0, 0.0
-    kv = layer.kv_bytes * microbatch * (prec.param_bytes / 4) / (mesh.cp * mesh.tp)
-    cp_nodes = mesh.spans_nodes("cp", gpus_per_node)
+    hw = ctx.hw
+    kv = layer.kv_bytes * microbatch * ctx.act_scale / (mesh.cp * mesh.tp)
+    cp_nodes = mesh.spans_nodes("cp", ctx.gpus_per_node)
     step = collective_s("all_to_all", kv * 2, 2, cp_nodes, hw)  # one neighbour exchange
     exchanges = (mesh.cp - 1) * (3 + (1 if strategy.ac == "full" else 0))
     attn = layer.attn_flops * microbatch / (mesh.tp * mesh.cp) / hw.attention_flops_per_s
@@ -165,12 +165,12 @@ class FsdpCost(NamedTuple):
     """Its unsharded gradients before the reduce-scatter."""
 
 
-def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, hw: HardwareProfile,
-           prec: Precision, gpus_per_node: int, features: Features, low: float,
+def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext, low: float,
            saturated: bool = False) -> FsdpCost:
     """FSDP / HSDP for one micro-batch through ``layer``. ``low``: the share of the parameters
     all-gathered in float8. ``saturated``: every collective at its link's peak bandwidth
     without latency, a floor under every FSDP unit's share of its unit's collectives."""
+    hw, prec, gpus_per_node, features = ctx.hw, ctx.prec, ctx.gpus_per_node, ctx.features
     param_split = 1 if strategy.tp_mode == "dp" else mesh.tp
     fsdp_group = fsdp_group_size(mesh, strategy.tp_mode)
     # FSDP: all-gather params in forward (and again in backward if resharded), reduce-scatter
@@ -234,15 +234,15 @@ def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, hw: HardwareProfil
     return FsdpCost(fwd_comm, bwd_comm, copy_s, unsharded, gbytes)
 
 
-def moe_dispatch_s(layer: Layer, mesh: Mesh, microbatch: int, act_scale: float,
-                   hw: HardwareProfile, gpus_per_node: int) -> float:
+def moe_dispatch_s(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext) -> float:
     """One token dispatch (or combine) all-to-all over the ep group: every local token goes to
     its top-k experts. With etp = 1 the tp ranks split the tokens first (TorchTitan's
     ReordererSequenceParallel); with etp = tp each tp rank sends the same tokens. Routing is
     assumed uniform up to the profile's ``moe_load_imbalance`` (busiest rank / mean)."""
     # io_bytes: one sequence of hidden states in fp32; act_scale converts to the compute dtype
-    nbytes = microbatch * layer.io_bytes * act_scale / mesh.cp * layer.top_k
+    nbytes = microbatch * layer.io_bytes * ctx.act_scale / mesh.cp * layer.top_k
     if mesh.etp == 1:
         nbytes /= mesh.tp
-    nbytes *= hw.moe_load_imbalance
-    return collective_s("all_to_all", nbytes, mesh.ep, mesh.spans_nodes("ep", gpus_per_node), hw)
+    nbytes *= ctx.hw.moe_load_imbalance
+    return collective_s("all_to_all", nbytes, mesh.ep, mesh.spans_nodes("ep", ctx.gpus_per_node),
+                        ctx.hw)

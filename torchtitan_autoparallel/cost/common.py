@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from ..candidates.layout import Mesh
 from ..graph.layer_graph import Layer
+from ..job.features import EAGER, Features
 from . import kernels
 from .hardware import HardwareProfile
 
@@ -47,6 +48,24 @@ class Precision:
     """Bytes per element of all-gathered parameters and activations (mixed_precision_param)."""
     reduce_bytes: int = 4
     """Bytes per element of gradient reduction (mixed_precision_reduce)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostContext:
+    """What every cost term reads beside the layer, the mesh, the strategy and the micro-batch:
+    the job's hardware profile, precisions, node size and compile / float8 / optimizer
+    features. One per job (``JobInputs.cost_context``); memoized costs are keyed by the
+    identities of its parts."""
+
+    hw: HardwareProfile
+    prec: Precision
+    gpus_per_node: int
+    features: Features = EAGER
+
+    @property
+    def act_scale(self) -> float:
+        """Activation bytes per element relative to the fp32 ones the layer graph measured."""
+        return self.prec.param_bytes / 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +134,7 @@ def collective_s(kind: str, nbytes: float, group: int, spans_nodes: bool,
 
 _MEMOS: tuple[dict[tuple, tuple[Any, tuple]], ...] = ({}, {}, {}, {}, {})
 """Memoized compute times, model time floors (without FSDP; FSDP's parts per mesh), edge costs
-and host profiles (``host_profile``) of the job being planned: each entry keyed by the identities
+and host profiles (``on_host``) of the job being planned: each entry keyed by the identities
 of the objects it was costed from (layer or graph, profile, precision, features) and what it
 reads of the rest, and holding those objects so that their identities stay theirs."""
 _COMPUTE, _FLOOR, _FSDP, _EDGE, _HOST = _MEMOS

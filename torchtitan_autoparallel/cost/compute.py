@@ -8,7 +8,7 @@ from ..candidates.layout import BlockStrategy, Mesh
 from ..graph.layer_graph import Layer
 from ..job.features import Features
 from . import kernels
-from .common import _COMPUTE, _MEMOS, AC_EFFECT, Precision, _memoized
+from .common import _COMPUTE, _MEMOS, AC_EFFECT, CostContext, _memoized
 from .hardware import HardwareProfile
 
 # float8 dynamic scaling, bytes moved per element of one cast of a bf16 operand: eager, amax
@@ -423,26 +423,25 @@ GEMM_PLATEAU = (8192.0, 8192.0, 8192.0)
 
 
 def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
-              hw: HardwareProfile, prec: Precision, features: Features) -> tuple[float, float]:
+              ctx: CostContext) -> tuple[float, float]:
     """``block_compute_s`` on the mesh's dp_shard x cp x tp and the strategy's AC and TP modes
     alone (what it depends on), memoized: the search costs the same block on many meshes that
     differ only in their replication and expert-parallel degrees, and with several resharding
     choices."""
+    hw, prec, features = ctx.hw, ctx.prec, ctx.features
     shard = _compute_shard(mesh, features)
     key = (id(layer), id(hw), id(prec), id(features), shard, mesh.tp, mesh.cp,
            strategy.ac, strategy.tp_mode, microbatch)
     return _memoized(_COMPUTE, key, (layer, hw, prec, features), _compute_of, layer, shard,
-                     mesh, strategy, microbatch, hw, prec, features)
+                     mesh, strategy, microbatch, ctx)
 
 
 def _compute_of(layer: Layer, shard: int, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
-                hw: HardwareProfile, prec: Precision, features: Features
-                ) -> tuple[float, float]:
+                ctx: CostContext) -> tuple[float, float]:
     """``block_compute_s`` on dp_shard ``shard`` x the mesh's cp x tp, the strategy's AC and TP
     mode alone (what ``compute_s`` keys it by)."""
     return block_compute_s(layer, Mesh(dp_replicate=1, dp_shard=shard, tp=mesh.tp, cp=mesh.cp),
-                           BlockStrategy(strategy.ac, False, strategy.tp_mode), microbatch, hw,
-                           prec, features)
+                           BlockStrategy(strategy.ac, False, strategy.tp_mode), microbatch, ctx)
 
 
 def _compute_shard(mesh: Mesh, features: Features) -> int:
@@ -459,8 +458,7 @@ def clear_compute_memo() -> None:
 
 
 def block_compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
-                    hw: HardwareProfile, prec: Precision, features: Features
-                    ) -> tuple[float, float]:
+                    ctx: CostContext) -> tuple[float, float]:
     """(forward, forward + backward + recomputation) compute time of one micro-batch: GEMMs
     (from the measured GEMM table where the profile has one, else at the profile's flat
     efficiency, sped up by float8 / MX linears), attention, and the streaming kernels between
@@ -468,6 +466,7 @@ def block_compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatc
     only the GEMM operands move once), plus float8 casts. It depends on the strategy's AC and
     tp mode only (``compute_s`` memoizes it for the strategies that share them: resharding,
     FSDP units)."""
+    hw, prec, features = ctx.hw, ctx.prec, ctx.features
     _, recompute_frac = AC_EFFECT[strategy.ac]
     # cp splits every sequence (head-tail load balancing evens out causal attention)
     scale = microbatch / (mesh.tp * mesh.cp)

@@ -28,7 +28,6 @@ from ..candidates.layout import (
     reshard_group,
 )
 from ..graph.layer_graph import Layer, LayerGraph
-from ..job.features import EAGER, Features
 from .comm import (  # noqa: F401  (re-exported: the cost model's names)
     ROW_PARALLEL_FLOP_SHARE,
     cp_comm_s,
@@ -50,6 +49,7 @@ from .common import (  # noqa: F401  (re-exported: the cost model's names)
     STATE_BYTES_PER_PARAM,
     STEP_BYTES_PER_PARAM,
     BlockCost,
+    CostContext,
     Precision,
     _memoized,
     autocast,
@@ -99,18 +99,17 @@ from .hardware import HardwareProfile
 
 
 def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
-               hw: HardwareProfile, prec: Precision, gpus_per_node: int,
-               grouped_experts: bool = True, features: Features = EAGER) -> BlockCost:
+               ctx: CostContext, grouped_experts: bool = True) -> BlockCost:
     """Time for one micro-batch through one block (forward + backward) and its memory."""
-    hw = host_profile(hw, mesh, gpus_per_node)
+    ctx = on_host(ctx, mesh)
+    hw, features = ctx.hw, ctx.features
     recompute_frac = AC_EFFECT[strategy.ac][1]
-    act_scale = prec.param_bytes / 4
-    fwd, compute = compute_s(layer, mesh, strategy, microbatch, hw, prec, features)
+    fwd, compute = compute_s(layer, mesh, strategy, microbatch, ctx)
 
     full_ac = strategy.ac == "full"
     ep = mesh.ep if layer.expert_params else 1
-    tp_only = tp_comm_s(layer, mesh, strategy, microbatch, hw, prec, gpus_per_node, features)
-    cp_comm = sum(cp_comm_s(layer, mesh, strategy, microbatch, hw, prec, gpus_per_node))
+    tp_only = tp_comm_s(layer, mesh, strategy, microbatch, ctx)
+    cp_comm = sum(cp_comm_s(layer, mesh, strategy, microbatch, ctx))
     tp_comm = tp_only + cp_comm
 
     # float8 all-gather: the float8 linears' weights travel as 1 byte each
@@ -119,8 +118,7 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         layer.linear_shapes, low_precision_linears(layer, mesh, strategy, microbatch, hw, features),
         strict=True) if is_low) / max(layer.params, 1) \
         if features.float8_all_gather and mesh.dp_shard > 1 else 0.0
-    fwd_comm, bwd_comm, copy_s, unsharded, gbytes = fsdp_s(layer, mesh, strategy, hw, prec,
-                                                           gpus_per_node, features, low)
+    fwd_comm, bwd_comm, copy_s, unsharded, gbytes = fsdp_s(layer, mesh, strategy, ctx, low)
     exposed = max(0.0, fwd_comm - hw.comm_overlap * fwd) + max(
         0.0, bwd_comm - hw.comm_overlap * (compute - fwd)
     )
@@ -134,15 +132,14 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         compute += local * 3 * (3 + (1 if recompute_frac else 0)) * hw.kernel_launch_us * 1e-6
     ep_comm = 0.0
     if ep > 1:
-        ep_comm = moe_dispatch_s(layer, mesh, microbatch, act_scale, hw, gpus_per_node) * (
-            4 + (2 if full_ac else 0))
+        ep_comm = moe_dispatch_s(layer, mesh, microbatch, ctx) * (4 + (2 if full_ac else 0))
         tp_comm += ep_comm
         # the slowest ep rank sets the pace: routed-expert compute scaled by the imbalance
         expert = layer.expert_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
         compute += expert * (3.0 + recompute_frac) * (hw.moe_load_imbalance - 1.0)
-    time = host_time_s(compute + copy_s + tp_comm + exposed, mesh, hw, gpus_per_node)
-    kept, state, transient = _block_memory(layer, mesh, strategy, microbatch, hw, prec, features,
-                                           unsharded, gbytes)
+    time = host_time_s(compute + copy_s + tp_comm + exposed, mesh, ctx)
+    kept, state, transient = _block_memory(layer, mesh, strategy, microbatch, ctx, unsharded,
+                                           gbytes)
     parts = (("tp", tp_only), ("cp ring", cp_comm), ("ep all-to-all", ep_comm),
              ("fsdp / dp", exposed), ("host copies", copy_s))
     return BlockCost(time_s=time, compute_s=compute, comm_s=tp_comm + fwd_comm + bwd_comm,
@@ -152,10 +149,11 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
 
 
 def _block_memory(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
-                  hw: HardwareProfile, prec: Precision, features: Features, unsharded: float,
-                  gbytes: float) -> tuple[float, float, float]:
+                  ctx: CostContext, unsharded: float, gbytes: float
+                  ) -> tuple[float, float, float]:
     """A block's (kept, state, transient) bytes: what it holds from forward to backward, its
     sharded training state, and its working set while its backward runs."""
+    hw, prec, features = ctx.hw, ctx.prec, ctx.features
     keep_frac = AC_EFFECT[strategy.ac][0]
     act_scale = prec.param_bytes / 4
     cast = autocast(mesh, prec)
@@ -202,8 +200,7 @@ stages), "microbatch" in every micro-batch (flat plans)."""
 _NO_AC = {mode: BlockStrategy("none", False, mode) for mode in ("none", *TP_MODES)}
 
 
-def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfile,
-                     prec: Precision, gpus_per_node: int, features: Features,
+def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext,
                      tp_modes: tuple[str, ...], hide_ep: bool = False, fsdp: FsdpFloor = ""
                      ) -> float:
     """A floor under ``block_cost(...).time_s`` of every strategy on ``mesh`` whose TP mode is
@@ -217,12 +214,11 @@ def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProf
     the SMs NCCL holds beside its compute); "microbatch" in every micro-batch (flat plans:
     also what the compute cannot hide, and the copies). ``model_time_floor`` sums it over a
     model, memoized."""
-    modes, extra, device = _block_time_floor(layer, mesh, microbatch, hw, prec, gpus_per_node,
-                                             features, tp_modes, hide_ep)
+    modes, extra, device = _block_time_floor(layer, mesh, microbatch, ctx, tp_modes, hide_ep)
     if fsdp:
-        device = _with_fsdp(modes, extra, _fsdp_floor(layer, mesh, hw, prec, gpus_per_node,
-                                                      features, tp_modes), hw, fsdp)
-    return host_time_s(device, mesh, hw, gpus_per_node)
+        device = _with_fsdp(modes, extra, _fsdp_floor(layer, mesh, ctx, tp_modes), ctx.hw,
+                            fsdp)
+    return host_time_s(device, mesh, ctx)
 
 
 def _with_fsdp(modes: tuple[tuple[float, float, float], ...], extra: float,
@@ -239,42 +235,38 @@ def _with_fsdp(modes: tuple[tuple[float, float, float], ...], extra: float,
         for (fwd, compute, tp), (ahead, back, copies) in zip(modes, fsdp_modes, strict=True))
 
 
-def _block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, hw: HardwareProfile,
-                      prec: Precision, gpus_per_node: int, features: Features,
+def _block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext,
                       tp_modes: tuple[str, ...], hide_ep: bool
                       ) -> tuple[tuple[tuple[float, float, float], ...], float, float]:
     """((forward compute, compute, TP communication) without AC per mode of ``tp_modes``, the
     rest of the floor, the floor without FSDP) on the device."""
-    hw = host_profile(hw, mesh, gpus_per_node)
-    modes = tuple((*compute_s(layer, mesh, _NO_AC[mode], microbatch, hw, prec, features),
-                   tp_comm_s(layer, mesh, _NO_AC[mode], microbatch, hw, prec, gpus_per_node,
-                             features))
+    ctx = on_host(ctx, mesh)
+    hw = ctx.hw
+    modes = tuple((*compute_s(layer, mesh, _NO_AC[mode], microbatch, ctx),
+                   tp_comm_s(layer, mesh, _NO_AC[mode], microbatch, ctx))
                   for mode in tp_modes)
-    extra = cp_comm_s(layer, mesh, _NO_AC["none"], microbatch, hw, prec, gpus_per_node)[1]
+    extra = cp_comm_s(layer, mesh, _NO_AC["none"], microbatch, ctx)[1]
     if layer.expert_params and mesh.ep > 1:
-        act_scale = prec.param_bytes / 4
         if not hide_ep:
-            extra += 4 * moe_dispatch_s(layer, mesh, microbatch, act_scale, hw, gpus_per_node)
+            extra += 4 * moe_dispatch_s(layer, mesh, microbatch, ctx)
         expert = layer.expert_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
         extra += expert * 3.0 * (hw.moe_load_imbalance - 1.0)
     return modes, extra, extra + min(compute + tp for _, compute, tp in modes)
 
 
-def _fsdp_floor(layer: Layer, mesh: Mesh, hw: HardwareProfile, prec: Precision,
-                gpus_per_node: int, features: Features, tp_modes: tuple[str, ...]
+def _fsdp_floor(layer: Layer, mesh: Mesh, ctx: CostContext, tp_modes: tuple[str, ...]
                 ) -> tuple[tuple[float, float, float], ...]:
     """(forward collectives, backward collectives, copies) of FSDP per mode of ``tp_modes``
     that every strategy's micro-batch pays at least: ``fsdp_s`` without resharding, saturated,
     every float8 linear's weight gathered in float8 (it does not depend on the micro-batch)."""
-    hw = host_profile(hw, mesh, gpus_per_node)
+    ctx = on_host(ctx, mesh)
     low = sum(k * n for k, n in layer.linear_shapes) / max(layer.params, 1) \
-        if features.float8_all_gather and mesh.dp_shard > 1 else 0.0
-    return tuple(fsdp_s(layer, mesh, _NO_AC[mode], hw, prec, gpus_per_node, features, low,
-                        saturated=True)[:3] for mode in tp_modes)
+        if ctx.features.float8_all_gather and mesh.dp_shard > 1 else 0.0
+    return tuple(fsdp_s(layer, mesh, _NO_AC[mode], ctx, low, saturated=True)[:3]
+                 for mode in tp_modes)
 
 
-def model_time_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
-                     prec: Precision, gpus_per_node: int, features: Features,
+def model_time_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, ctx: CostContext,
                      tp_modes: tuple[str, ...], hide_ep: bool = False, fsdp: FsdpFloor = ""
                      ) -> float:
     """A floor under the forward + backward time of one micro-batch through the whole model on
@@ -283,72 +275,73 @@ def model_time_floor(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: Hardwar
     per what the compute reads of the mesh, one per mesh for FSDP."""
     # what the layers' floors without FSDP read of the mesh: the same on the many meshes that
     # differ in pp and dp
+    hw, prec, gpus_per_node, features = ctx.hw, ctx.prec, ctx.gpus_per_node, ctx.features
     key = (id(graph), id(hw), id(prec), id(features), _compute_shard(mesh, features), mesh.cp,
            mesh.tp, mesh.ep, mesh.etp, min(mesh.world, gpus_per_node), gpus_per_node,
            microbatch, tp_modes, hide_ep)
     layers, plain = _memoized(_FLOOR, key, (graph, hw, prec, features), _model_floor_parts,
-                              graph, mesh, microbatch, hw, prec, gpus_per_node, features,
-                              tp_modes, hide_ep)
+                              graph, mesh, microbatch, ctx, tp_modes, hide_ep)
     if not fsdp:
         return plain
     key = (id(graph), id(hw), id(prec), id(features), mesh, gpus_per_node, tp_modes)
     per_mesh = _memoized(_FSDP, key, (graph, hw, prec, features), _model_fsdp_parts, graph,
-                         mesh, hw, prec, gpus_per_node, features, tp_modes)
-    return sum(n * host_time_s(_with_fsdp(modes, extra, fsdp_modes, hw, fsdp), mesh, hw,
-                               gpus_per_node)
+                         mesh, ctx, tp_modes)
+    return sum(n * host_time_s(_with_fsdp(modes, extra, fsdp_modes, hw, fsdp), mesh, ctx)
                for (n, modes, extra), fsdp_modes in zip(layers, per_mesh, strict=True))
 
 
-def _model_floor_parts(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
-                       prec: Precision, gpus_per_node: int, features: Features,
+def _model_floor_parts(graph: LayerGraph, mesh: Mesh, microbatch: int, ctx: CostContext,
                        tp_modes: tuple[str, ...], hide_ep: bool) -> tuple[tuple, float]:
     """((layers of a kind, ``_block_time_floor``'s parts) per kind of layer, the model's floor
     without FSDP)."""
     layers, plain = [], 0.0
     for layer, n in graph.alike:
-        modes, extra, device = _block_time_floor(layer, mesh, microbatch, hw, prec,
-                                                 gpus_per_node, features, tp_modes, hide_ep)
+        modes, extra, device = _block_time_floor(layer, mesh, microbatch, ctx, tp_modes,
+                                                 hide_ep)
         layers.append((n, modes, extra))
-        plain += n * host_time_s(device, mesh, hw, gpus_per_node)
+        plain += n * host_time_s(device, mesh, ctx)
     return tuple(layers), plain
 
 
-def _model_fsdp_parts(graph: LayerGraph, mesh: Mesh, hw: HardwareProfile, prec: Precision,
-                      gpus_per_node: int, features: Features, tp_modes: tuple[str, ...]
-                      ) -> tuple:
-    return tuple(_fsdp_floor(layer, mesh, hw, prec, gpus_per_node, features, tp_modes)
-                 for layer, _ in graph.alike)
+def _model_fsdp_parts(graph: LayerGraph, mesh: Mesh, ctx: CostContext,
+                      tp_modes: tuple[str, ...]) -> tuple:
+    return tuple(_fsdp_floor(layer, mesh, ctx, tp_modes) for layer, _ in graph.alike)
 
 
-def core_share(mesh: Mesh, hw: HardwareProfile, gpus_per_node: int) -> float:
+def core_share(mesh: Mesh, ctx: CostContext) -> float:
     """Ranks per core on a node when they outnumber ``host_cores`` (CPU training), else 1."""
-    ranks_per_node = min(mesh.world, gpus_per_node)
-    return max(1.0, ranks_per_node / hw.host_cores) if hw.host_cores > 0 else 1.0
+    ranks_per_node = min(mesh.world, ctx.gpus_per_node)
+    cores = ctx.hw.host_cores
+    return max(1.0, ranks_per_node / cores) if cores > 0 else 1.0
 
 
-def host_profile(hw: HardwareProfile, mesh: Mesh, gpus_per_node: int) -> HardwareProfile:
-    """``hw`` with the collective latency of oversubscribed cores added (identity otherwise)."""
-    if core_share(mesh, hw, gpus_per_node) <= 1.0 or not hw.oversubscribed_latency_us:
-        return hw
+def on_host(ctx: CostContext, mesh: Mesh) -> CostContext:
+    """``ctx`` with the collective latency of oversubscribed cores added to its profile
+    (``ctx`` itself otherwise)."""
+    hw = ctx.hw
+    if core_share(mesh, ctx) <= 1.0 or not hw.oversubscribed_latency_us:
+        return ctx
     extra = hw.oversubscribed_latency_us
-    # one object per profile: what the memoized costs of the job are keyed by
-    return _memoized(_HOST, (id(hw),), (hw,), dataclasses.replace, hw,
+    # one profile object per profile: what the memoized costs of the job are keyed by
+    host = _memoized(_HOST, (id(hw),), (hw,), dataclasses.replace, hw,
                      intra_node_latency_us=hw.intra_node_latency_us + extra,
                      inter_node_latency_us=hw.inter_node_latency_us + extra)
+    return dataclasses.replace(ctx, hw=host)
 
 
-def host_time_s(device_s: float, mesh: Mesh, hw: HardwareProfile, gpus_per_node: int) -> float:
+def host_time_s(device_s: float, mesh: Mesh, ctx: CostContext) -> float:
     """A layer's time per micro-batch on the host: the device time, stretched when the ranks of
     a node outnumber its cores (``host_cores``), plus the fixed per-layer overhead."""
-    return device_s * core_share(mesh, hw, gpus_per_node) + hw.block_overhead_us * 1e-6
+    return device_s * core_share(mesh, ctx) + ctx.hw.block_overhead_us * 1e-6
 
 
-def state_memory(state_bytes: float, accum: int, hw: HardwareProfile,
-                 features: Features = EAGER) -> tuple[float, float, float]:
+def state_memory(state_bytes: float, accum: int, ctx: CostContext
+                 ) -> tuple[float, float, float]:
     """(forward/backward bytes, optimizer-step bytes, host optimizer seconds per step) of a
     device's ``state_bytes`` of parameters, gradients and optimizer state (flat plans):
     gradients are resident from the second micro-batch on; CPU offload keeps all of it, and
     AdamW, on the host."""
+    hw, features = ctx.hw, ctx.features
     per_param = state_bytes / STATE_BYTES_PER_PARAM
     fwd_bwd = FWD_BWD_BYTES_PER_PARAM + (
         GRAD_BYTES_PER_PARAM if accum > 1 or hw.reserved_gradients else 0)
@@ -375,22 +368,21 @@ class EdgeCost:
     """Unsharded parameters and gradients while FSDP holds them gathered."""
 
 
-def edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int,
-              hw: HardwareProfile, prec: Precision, gpus_per_node: int,
-              features: Features = EAGER) -> EdgeCost:
+def edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext
+              ) -> EdgeCost:
     """The embedding's or the norm + output's time and memory per micro-batch (memoized: the
     search costs a mesh's edges for several candidates)."""
+    hw, prec, features = ctx.hw, ctx.prec, ctx.features
     key = (id(graph), id(layer), id(hw), id(prec), id(features), mesh, microbatch,
-           gpus_per_node)
+           ctx.gpus_per_node)
     return _memoized(_EDGE, key, (graph, layer, hw, prec, features), _edge_cost, graph, layer,
-                     mesh, microbatch, hw, prec, gpus_per_node, features)
+                     mesh, microbatch, ctx)
 
 
-def _edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int,
-               hw: HardwareProfile, prec: Precision, gpus_per_node: int,
-               features: Features) -> EdgeCost:
-    cost = block_cost(layer, mesh, edge_strategy(layer.kind, mesh), microbatch, hw, prec,
-                      gpus_per_node, features=features)
+def _edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext
+               ) -> EdgeCost:
+    hw, prec, features = ctx.hw, ctx.prec, ctx.features
+    cost = block_cost(layer, mesh, edge_strategy(layer.kind, mesh), microbatch, ctx)
     gathered = cost.unsharded_bytes + cost.grad_bytes
     if layer.kind != "output":
         return EdgeCost(cost.time_s, cost.kept_bytes, cost.state_bytes, 0.0, gathered)
@@ -416,18 +408,17 @@ def _edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int,
     return EdgeCost(cost.time_s, logits, cost.state_bytes, logits, gathered)
 
 
-def edges_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, hw: HardwareProfile,
-               prec: Precision, gpus_per_node: int, features: Features = EAGER
-               ) -> EdgeCost:
+def edges_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, ctx: CostContext) -> EdgeCost:
     """Every edge layer's ``edge_cost`` summed (a flat plan holds them all on one rank), with
     the weight copies autocast keeps."""
     time = kept = state = logits = 0.0
     for layer in graph.edges:
-        cost = edge_cost(graph, layer, mesh, microbatch, hw, prec, gpus_per_node, features)
+        cost = edge_cost(graph, layer, mesh, microbatch, ctx)
         time += cost.time_s
         kept += cost.kept_bytes
         state += cost.state_bytes
         logits += cost.logits_bytes
+    prec = ctx.prec
     if autocast(mesh, prec):
         # autocast caches the low-precision copy of every weight it casts (all but the
         # embedding) from the forward until the backward

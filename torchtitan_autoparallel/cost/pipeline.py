@@ -41,7 +41,6 @@ from typing import ClassVar
 from ..candidates.layout import BlockStrategy, Mesh, fsdp_sharded
 from ..candidates.schedules import SINGLE_STAGE
 from ..graph.layer_graph import Layer, LayerGraph
-from ..job.features import EAGER, Features
 from .hardware import HardwareProfile
 from .model import (
     AC_EFFECT,
@@ -49,6 +48,7 @@ from .model import (
     GRAD_BYTES_PER_PARAM,
     STATE_BYTES_PER_PARAM,
     STEP_BYTES_PER_PARAM,
+    CostContext,
     Precision,
     block_cost,
     core_share,
@@ -120,12 +120,12 @@ def boundary_tensors(v: int, m: int, first: bool, last: bool) -> int:
     return m * (2 * with_input + with_output_grad)
 
 
-def p2p_s(graph: LayerGraph, mesh: Mesh, microbatch: int, prec: Precision,
-          hw: HardwareProfile, gpus_per_node: int) -> float:
+def p2p_s(graph: LayerGraph, mesh: Mesh, microbatch: int, ctx: CostContext) -> float:
     """One stage-boundary send of a micro-batch's residual stream to the neighbouring pp
     rank."""
-    nbytes = boundary_bytes(graph, mesh, microbatch, prec)
-    nodes = mesh.spans_nodes("pp", gpus_per_node)
+    hw = ctx.hw
+    nbytes = boundary_bytes(graph, mesh, microbatch, ctx.prec)
+    nodes = mesh.spans_nodes("pp", ctx.gpus_per_node)
     bw = (hw.inter_node_gbps if nodes else hw.intra_node_gbps) * 1e9
     alpha = (hw.inter_node_latency_us if nodes else hw.intra_node_latency_us) * 1e-6
     return alpha + nbytes / bw
@@ -164,17 +164,15 @@ class StageBlockCost:
 
 
 def stage_block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
-                     hw: HardwareProfile, prec: Precision, gpus_per_node: int,
-                     grouped_experts: bool = True, features: Features = EAGER,
-                     hide_ep: bool = False) -> StageBlockCost:
+                     ctx: CostContext, grouped_experts: bool = True, hide_ep: bool = False
+                     ) -> StageBlockCost:
     """``layer`` with ``strategy`` on a stage of ``mesh``. Kept after forward (TorchTitan's
     FSDP default under PP), its parameters are gathered once per step; resharded, they are
     gathered again in every micro-batch's backward. ``hide_ep``: DualPipeV with its
     expert-parallel overlap hides the dispatch / combine all-to-all under computation."""
-    cost = block_cost(layer, mesh, strategy, microbatch, hw, prec, gpus_per_node,
-                      grouped_experts, features)
+    cost = block_cost(layer, mesh, strategy, microbatch, ctx, grouped_experts)
     parts = dict(cost.exposed_parts)
-    share = core_share(mesh, hw, gpus_per_node)
+    share = core_share(mesh, ctx)
     fsdp_exposed, copies = parts.get("fsdp / dp", 0.0), parts.get("host copies", 0.0)
     regather = strategy.reshard_after_forward
     per_mb = cost.time_s - (0.0 if regather else share * (fsdp_exposed + copies))
@@ -198,8 +196,8 @@ def stage_block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbat
         step_s=share * (fsdp_comm + copies),
         kept_bytes=max(0.0, act),
         resident_bytes=resident,
-        step_bytes=per_param * STEP_BYTES_PER_PARAM[features.optimizer],
+        step_bytes=per_param * STEP_BYTES_PER_PARAM[ctx.features.optimizer],
         transient_bytes=max(0.0, transient),
-        split=backward_split(layer, strategy, hw),
+        split=backward_split(layer, strategy, ctx.hw),
     )
 

@@ -4,6 +4,7 @@ predictions; a solution's per-rank block counts turned into such a layout (stage
 consecutive layers, ``parallelism.module_fqns_per_model_part``)."""
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,7 @@ from ..candidates.layout import GIB, BlockStrategy, Mesh, edge_strategy
 from ..candidates.pipeline import build_pipeline_candidate
 from ..candidates.strategies import Constraints
 from ..cost.hardware import HardwareProfile
-from ..cost.model import Precision, linear_names, low_precision_linears
+from ..cost.model import CostContext, Precision, linear_names, low_precision_linears
 from ..errors import Rule, UserError, check_fields, check_value, shown
 from ..graph.layer_graph import LayerGraph
 from ..job.features import Features
@@ -40,6 +41,12 @@ class JobInputs:
     """What ``autoparallel.pin`` (and the family's default pins) fix, per block fqn."""
     features: Features = Features()
     """Compile, float8 / MX, async TP, CPU offload and the resharding policy of the job."""
+
+    @functools.cached_property
+    def cost_context(self) -> CostContext:
+        """What the cost model reads of the job beside its layers and a layout."""
+        return CostContext(hw=self.hw, prec=self.precision, gpus_per_node=self.gpus_per_node,
+                           features=self.features)
 
 
 def inputs_record(inputs: JobInputs) -> dict[str, Any]:
@@ -188,14 +195,12 @@ def candidate_for(inputs: JobInputs, mesh: Mesh, local_batch: int,
     micro-batches of ``local_batch``, or ``pipeline``'s schedule and micro-batches; under pp
     every strategy a plan file or recipe may give a block is costed."""
     if pipeline is None:
-        return build_candidate(inputs.graph, mesh, local_batch, inputs.global_batch, inputs.hw,
-                               inputs.precision, inputs.gpus_per_node, inputs.constraints,
-                               inputs.pins, inputs.features)
+        return build_candidate(inputs.graph, mesh, local_batch, inputs.global_batch,
+                               inputs.cost_context, inputs.constraints, inputs.pins)
     cand = build_pipeline_candidate(
         inputs.graph, mesh, pipeline.schedule, pipeline.stages_per_rank,
-        pipeline.microbatch_size, pipeline.microbatches, inputs.hw, inputs.precision,
-        inputs.gpus_per_node, inputs.constraints, inputs.pins, inputs.features,
-        keep_strategies=True)
+        pipeline.microbatch_size, pipeline.microbatches, inputs.cost_context,
+        inputs.constraints, inputs.pins, keep_strategies=True)
     if cand is None:
         raise UserError("the model's block kinds alternate: it cannot be costed under pp")
     return cand

@@ -39,11 +39,9 @@ from ..candidates.candidate import Candidate, Counts, Key, Option, flat_options
 from ..candidates.layout import GIB, Mesh
 from ..candidates.pipeline import pipeline_options
 from ..candidates.strategies import Constraints
-from ..cost.hardware import HardwareProfile
-from ..cost.model import Precision
+from ..cost.model import CostContext
 from ..errors import UserError
 from ..graph.layer_graph import LayerGraph
-from ..job.features import EAGER, Features
 from ..job.pins import Pin
 
 """Memory rows in GiB: numbers of similar size for HiGHS."""
@@ -296,10 +294,9 @@ def _over_budget_floor(over_budget: list[tuple[float, int, Callable[[], Candidat
     return floor
 
 
-def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Precision,
-           gpus_per_node: int, budget: float, constraints: Constraints, meshes: list[Mesh],
-           time_limit_s: float, pins: dict[str, Pin] | None = None,
-           features: Features = EAGER, beat_s: float = math.inf) -> SearchResult:
+def search(graph: LayerGraph, global_batch: int, ctx: CostContext, budget: float,
+           constraints: Constraints, meshes: list[Mesh], time_limit_s: float,
+           pins: dict[str, Pin] | None = None, beat_s: float = math.inf) -> SearchResult:
     """Best (mesh, schedule, stage split, micro-batch, per-block strategies) by predicted step
     time under ``budget`` among those faster than ``beat_s`` (what another job of the search
     already reaches); every solve within ``time_limit_s`` of the start.
@@ -314,15 +311,14 @@ def search(graph: LayerGraph, global_batch: int, hw: HardwareProfile, prec: Prec
     # first solve in the process, maybe another caller's): start it afresh
     highspy.Highs.resetGlobalScheduler(True)
     pins = pins or {}
-    args = (graph, global_batch, hw, prec, gpus_per_node)
 
     def groups() -> Iterator[tuple[tuple[list[Option], int, float], bool]]:
         """(options, how many, memory floor) per group, and whether it is the pipeline one."""
-        yield flat_options(*args, constraints, [m for m in meshes if m.pp == 1], pins,
-                           features, cutoff()), False
+        yield flat_options(graph, global_batch, ctx, constraints,
+                           [m for m in meshes if m.pp == 1], pins, cutoff()), False
         piped = [m for m in meshes if m.pp > 1]
         if piped:
-            yield pipeline_options(*args, budget, constraints, piped, pins, features,
+            yield pipeline_options(graph, global_batch, ctx, budget, constraints, piped, pins,
                                    cutoff()), True
 
     best: Solution | None = None

@@ -76,10 +76,9 @@ def _plan_job(job_config: Any, world: int) -> Plan:
     for job, job_meshes in jobs:
         # only a plan with more tokens/s than the best so far (any job) can win
         step_to_beat = job.global_batch / best[0] if best is not None else float("inf")
-        result = search(job.graph, job.global_batch, job.hw, job.precision, job.gpus_per_node,
-                        job.budget_bytes, job.constraints, job_meshes,
-                        max(0.0, deadline - time.perf_counter()), job.pins, job.features,
-                        step_to_beat)
+        result = search(job.graph, job.global_batch, job.cost_context, job.budget_bytes,
+                        job.constraints, job_meshes, max(0.0, deadline - time.perf_counter()),
+                        job.pins, step_to_beat)
         timed_out |= result.timed_out
         min_feasible = min(min_feasible, result.min_feasible_bytes)
         min_pipeline = min(min_pipeline, result.min_pipeline_bytes)
