@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from torchtitan_autoparallel.titan import with_generated
+from torchtitan_autoparallel.titan.keys import legend
 from torchtitan_autoparallel.titan.v0_2.settings import settings_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,6 +31,13 @@ def test_the_settings_table_is_current():
     """Stale when settings.SETTINGS changed without ``python scripts/make_docs.py``."""
     text = (DOCS / "settings.md").read_text()
     assert with_generated(text, "v0_2 settings", settings_table()) == text, (
+        "docs/settings.md is stale: run python scripts/make_docs.py")
+
+
+def test_the_key_handling_legend_is_current():
+    """Both releases' tables share one vocabulary (``titan/keys.py``); its legend is current."""
+    text = (DOCS / "settings.md").read_text()
+    assert with_generated(text, "key handling", legend()) == text, (
         "docs/settings.md is stale: run python scripts/make_docs.py")
 
 

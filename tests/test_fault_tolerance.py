@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.parity import REPO, RunResult, assert_parity, job_command, read_rows, run_job
+from parity import REPO, RunResult, assert_parity, job_command, read_rows, run_job
 
 CONFIG = "llama3_debug_auto.toml"
 STEPS = 10

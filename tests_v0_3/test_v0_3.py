@@ -188,7 +188,7 @@ def test_bad_input_is_one_line(args, words):
 
 def test_every_0_3_config_key_is_classified():
     """Every key of TorchTitan 0.3.0's config dataclasses (the activation checkpointing
-    policies' too) is read into the plan, refused when set, noted, or without effect: a key
+    policies' too) has its KeyHandling words (titan/keys.py), the vocabulary 0.2.2 shares: a key
     added upstream fails here until it is classified."""
     from dataclasses import fields
 
@@ -197,16 +197,23 @@ def test_every_0_3_config_key_is_classified():
         TransformersBackendConfig,
     )
 
+    from torchtitan_autoparallel.job.inputs import STAGE_SPLIT_KEYS
+    from torchtitan_autoparallel.titan.keys import NOTED, REFUSED, check_handling
     from torchtitan_autoparallel.titan.v0_3.config import Config, _leaves
-    from torchtitan_autoparallel.titan.v0_3.job import REFUSED, REFUSED_WHY, key_class
+    from torchtitan_autoparallel.titan.v0_3.job import KEYS, NOTED_WHY, REFUSED_WHY, handling_of
 
     keys = set(_leaves(Config())) | set(_leaves(TransformersBackendConfig()))  # the HF backend's
     for policy in (FullAC.Config(), MemoryBudgetAC.Config()):
         keys |= {f"activation_checkpoint.{f.name}" for f in fields(policy)}
     assert len(keys) > 100
-    assert not sorted(k for k in keys if key_class(k) is None)
-    assert key_class("parallelism.a_key_added_upstream") is None
-    assert {k for k in keys if key_class(k) == REFUSED} == set(REFUSED_WHY)
+    assert not sorted(k for k in keys if handling_of(k) is None)
+    assert handling_of("parallelism.a_key_added_upstream") is None
+    for key, (handling, _) in KEYS.items():
+        check_handling(key, handling)  # KeyHandling words, each once, passed alone
+    # refused whenever set: by check_keys (REFUSED_WHY) or the shared stage-split check
+    assert {k for k in keys if handling_of(k) == (REFUSED,)} == set(REFUSED_WHY) | {
+        f"parallelism.{k}" for k in STAGE_SPLIT_KEYS}
+    assert {k for k in keys if NOTED in handling_of(k)} == set(NOTED_WHY)
 
 
 @pytest.mark.parametrize("flag,key", [

@@ -16,50 +16,81 @@ from ...errors import UserError
 from ...job.config import Autoparallel
 from ...job.explicit import EXPLICIT_ATTR, NOTES_ATTR, RELEASE_FIXED_ATTR
 from ...job.model_config import ModelConfig, hf_config_file
+from ..keys import (
+    APPLIED,
+    CONSTRAINT,
+    COSTED,
+    NOTED,
+    PASSED,
+    REFUSED,
+    SEARCHED,
+    Handling,
+    handling_table,
+)
 from .config import Config, config_nodes, explicit_of
 
-READ, RUNTIME, REFUSED, NOTED = "read", "runtime", "refused", "noted"
-KEYS: dict[str, str] = {
-    # read into the planner's view: costed, searched when unset, a constraint when set
-    **{f"training.{k}": READ for k in (
-        "local_batch_size", "global_batch_size", "seq_len", "steps", "enable_cpu_offload",
-        "dtype", "mixed_precision_param", "mixed_precision_reduce")},
-    **{f"parallelism.{k}": READ for k in (
-        "auto", "data_parallel_replicate_degree", "data_parallel_shard_degree",
-        "fsdp_reshard_after_forward", "tensor_parallel_degree", "pipeline_parallel_degree",
-        "module_fqns_per_model_part", "pipeline_parallel_first_stage_less_layers",
-        "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_layers_per_stage",
-        "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
-        "pipeline_parallel_microbatch_size", "context_parallel_degree",
-        "expert_parallel_degree")},
-    **{f"compile.{k}": READ for k in ("enable", "components", "backend",
-                                      "enable_async_tensor_parallel")},
-    "optimizer.implementation": READ, "debug.moe_force_load_balance": READ,
-    "validator.enable": READ, "dataloader.dataset": READ, "autoparallel.": READ,
-    "hf_model": READ,  # the HF backend's model (its config.json): the model config
+_FIXED_WHEN_SET = ((CONSTRAINT, SEARCHED), "set: fixed; unset: searched")
+_STAGE_SPLIT = ((REFUSED,), "set: the planner splits the stages")
+KEYS: dict[str, tuple[Handling, str]] = {
+    # read into the planner's view of the job (named as the 0.2.2 key it stands for)
+    "training.local_batch_size": ((SEARCHED,), ""),
+    "training.global_batch_size": ((CONSTRAINT,), "-1: local batch x data-parallel degree"),
+    "training.seq_len": ((APPLIED, COSTED), "planned for"),
+    "training.enable_cpu_offload": ((APPLIED, COSTED), ""),
+    "training.dtype": ((APPLIED,), "the cost model charges float32 state"),
+    "training.mixed_precision_param": ((APPLIED, COSTED), ""),
+    "training.mixed_precision_reduce": ((APPLIED, COSTED), ""),
+    "parallelism.auto": ((APPLIED,), "plans the job; off: TorchTitan's own recipe runs it"),
+    "parallelism.data_parallel_replicate_degree": _FIXED_WHEN_SET,
+    "parallelism.data_parallel_shard_degree": _FIXED_WHEN_SET,
+    "parallelism.fsdp_reshard_after_forward": _FIXED_WHEN_SET,
+    "parallelism.tensor_parallel_degree": _FIXED_WHEN_SET,
+    "parallelism.pipeline_parallel_degree": _FIXED_WHEN_SET,
+    "parallelism.module_fqns_per_model_part": _STAGE_SPLIT,
+    "parallelism.pipeline_parallel_first_stage_less_layers": _STAGE_SPLIT,
+    "parallelism.pipeline_parallel_last_stage_less_layers": _STAGE_SPLIT,
+    "parallelism.pipeline_parallel_layers_per_stage": _STAGE_SPLIT,
+    "parallelism.pipeline_parallel_schedule": _FIXED_WHEN_SET,
+    "parallelism.pipeline_parallel_schedule_csv": _STAGE_SPLIT,
+    "parallelism.pipeline_parallel_microbatch_size": _FIXED_WHEN_SET,
+    "parallelism.context_parallel_degree": _FIXED_WHEN_SET,
+    "parallelism.expert_parallel_degree": _FIXED_WHEN_SET,
+    "compile.enable": ((APPLIED, COSTED), ""),
+    "compile.components": ((APPLIED, COSTED), ""),
+    "compile.backend": ((APPLIED, COSTED), ""),
+    "compile.enable_async_tensor_parallel": ((APPLIED, COSTED), ""),
+    "optimizer.implementation": ((APPLIED, COSTED, REFUSED),
+                                 "the optimizer step's temporaries; bf16 states: refused"),
+    "debug.moe_force_load_balance": ((APPLIED, COSTED), "MoE load imbalance 1"),
+    "validator.enable": ((APPLIED, CONSTRAINT), "no PP in the search"),
+    "autoparallel.": ((APPLIED,), "the planner's own settings"),
+    "hf_model": ((APPLIED,), "the HF backend's model (its config.json): planned for"),
     # the planner's assumptions: set otherwise under auto, one line
-    "parallelism.enable_sequence_parallel": REFUSED,
-    "parallelism.enable_fsdp_symm_mem": REFUSED,
-    "parallelism.context_parallel_load_balancer": REFUSED,
-    "activation_checkpoint.force_recompute_mm_shapes_by_fqns": REFUSED,
-    "activation_checkpoint.memory_budget": REFUSED,
-    "activation_checkpoint.visualize_memory_budget_pareto": REFUSED,
+    "parallelism.enable_sequence_parallel": ((REFUSED,), ""),
+    "parallelism.enable_fsdp_symm_mem": ((REFUSED,), ""),
+    "parallelism.context_parallel_load_balancer": ((REFUSED,), ""),
+    "activation_checkpoint.force_recompute_mm_shapes_by_fqns": ((REFUSED,), ""),
+    "activation_checkpoint.memory_budget": ((REFUSED,), ""),
+    "activation_checkpoint.visualize_memory_budget_pareto": ((REFUSED,), ""),
     # step time the cost model does not see: the plan says so
-    "training.disable_cuda_graphs": NOTED,
+    "training.disable_cuda_graphs": ((CONSTRAINT, NOTED),
+                                     "off: pp (and ep under a dispatcher that synchronizes with "
+                                     "the host) held at 1"),
+    "override.imports": ((NOTED,), ""),
     # no effect on placements, memory or step time
-    "parallelism.spmd_backend": RUNTIME, "parallelism.context_parallel_ptrr_mask_key": RUNTIME,
-    "training.max_norm": RUNTIME, "training.gc_freq": RUNTIME, "training.gc_debug": RUNTIME,
-    "activation_checkpoint.debug": RUNTIME, "activation_checkpoint.determinism_check": RUNTIME,
-    "activation_checkpoint.preserve_rng_state": RUNTIME, "dataloader.": RUNTIME,
-    "validator.": RUNTIME, "checkpoint.": RUNTIME, "comm.": RUNTIME, "debug.": RUNTIME,
-    "profiler.": RUNTIME, "metrics.": RUNTIME, "lr_scheduler.": RUNTIME, "optimizer.": RUNTIME,
-    "override.imports": NOTED, "override.": RUNTIME, "loss.": RUNTIME, "tokenizer.": RUNTIME,
-    "dump_folder": RUNTIME, "hf_assets_path": RUNTIME,
+    **{key: ((PASSED,), "") for key in (
+        "training.steps", "parallelism.spmd_backend",
+        "parallelism.context_parallel_ptrr_mask_key", "training.max_norm", "training.gc_freq",
+        "training.gc_debug", "activation_checkpoint.debug",
+        "activation_checkpoint.determinism_check", "activation_checkpoint.preserve_rng_state",
+        "dataloader.", "validator.", "checkpoint.", "comm.", "debug.", "profiler.", "metrics.",
+        "lr_scheduler.", "optimizer.", "override.", "loss.", "tokenizer.", "dump_folder",
+        "hf_assets_path")},
 }
 """Every TorchTitan 0.3.0 command-line key under auto (an exact key, or a section prefix ending
-in "."; exact keys first): read into the plan, refused when set (the planner assumes TorchTitan's
-default), noted in the plan, or without effect on what the planner decides. A test walks 0.3.0's
-config dataclasses so that a key added upstream cannot slip through."""
+in "."; the longest match wins), with its ``KeyHandling`` words (``titan/keys.py``, shared with
+0.2.2's ``settings.SETTINGS``) and a note. A test walks 0.3.0's config dataclasses so that a
+key added upstream cannot slip through."""
 
 REFUSED_WHY = {
     "parallelism.enable_sequence_parallel": "TP blocks are planned and costed with sequence "
@@ -74,14 +105,16 @@ REFUSED_WHY = {
     "activation_checkpoint.visualize_memory_budget_pareto": "the planner chooses AC per block "
     "(none / selective / full)",
 }
+"""The keys ``check_keys`` refuses whenever the job sets them (the planner assumes TorchTitan's
+default), and why. The stage-split keys are refused by ``job.inputs.check_stage_split_keys``."""
 
 
-def key_class(key: str) -> str | None:
-    """The class of a 0.3.0 config key in ``KEYS`` (None: unclassified)."""
+def handling_of(key: str) -> Handling | None:
+    """How auto handles a 0.3.0 config key (``KEYS``; None: unclassified)."""
     if key in KEYS:
-        return KEYS[key]
+        return KEYS[key][0]
     prefixes = [p for p in KEYS if p.endswith(".") and key.startswith(p)]
-    return KEYS[max(prefixes, key=len)] if prefixes else None
+    return KEYS[max(prefixes, key=len)][0] if prefixes else None
 
 
 def check_keys(config: Config) -> list[str]:
@@ -89,10 +122,10 @@ def check_keys(config: Config) -> list[str]:
     set them under auto; the notes for keys whose effect the cost model does not see."""
     notes = []
     for key in sorted(explicit_of(config)):
-        if key_class(key) == REFUSED:
+        if key in REFUSED_WHY:
             raise UserError(f"{key} is set with parallelism.auto: {REFUSED_WHY[key]}; leave it "
                             "at TorchTitan's default or drop --parallelism.auto")
-        if key_class(key) == NOTED:
+        if key in NOTED_WHY:
             notes.append(NOTED_WHY[key].format(value=override_targets(config)))
     return notes
 
@@ -103,26 +136,19 @@ NOTED_WHY = {
     "override.imports": "override.imports {value}: kernels that replace the model's ops, which "
     "the cost model does not see (step time costed as the ops they replace)",
 }
-"""What the plan says of a NOTED key the job sets."""
-
-
-CLASS_WHY = {READ: "read into the plan: costed; searched when unset, a constraint when set",
-             RUNTIME: "no effect on placements, memory or step time"}
-"""What each class of ``KEYS`` means, for the docs' table."""
+"""What the plan says of a noted key the job sets."""
 
 
 def keys_table() -> str:
     """Every entry of ``KEYS`` as the Markdown table in docs/settings.md (a key ending in "."
     stands for its section)."""
-    from .. import markdown_table
+    def note(key: str, text: str) -> str:
+        said = [text, f"set: {REFUSED_WHY[key]}" if key in REFUSED_WHY else "",
+                NOTED_WHY.get(key, "").replace(" {value}", "")]
+        return "; ".join(part for part in said if part)
 
-    def why(key: str, how: str) -> str:
-        text = {REFUSED: REFUSED_WHY, NOTED: NOTED_WHY}.get(how, {}).get(key, CLASS_WHY.get(how))
-        return (text or "").replace(" {value}", "")
-
-    rows = [(f"`--{key}*`" if key.endswith(".") else f"`--{key}`", how, why(key, how))
-            for key, how in KEYS.items()]
-    return markdown_table(("key", "under auto", "why"), rows)
+    return handling_table([(f"`--{key}*`" if key.endswith(".") else f"`--{key}`", handling,
+                            note(key, text)) for key, (handling, text) in KEYS.items()])
 
 
 def override_targets(config: Any) -> list[str]:
