@@ -31,9 +31,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "experiments")]
 
-import published  # noqa: E402
+import published  # noqa: E402  (the Tables 1-4 script: auto_overrides)
 
-published.CONFIGS["llama3_405b"] = "llama3_405b_fsdp_tp.toml"
+from tests.support.published import CONFIGS, FURTHER, published_rows  # noqa: E402
+
+CONFIGS["llama3_405b"] = "llama3_405b_fsdp_tp.toml"
 published.AUTO_CONFIGS["llama3_405b"] = "llama3_405b_auto.toml"
 OUT = REPO / "experiments" / "results" / "levers.md"
 HW = "h100_grand_teton"
@@ -46,11 +48,11 @@ def jobs() -> list[tuple[str, dict[str, str]]]:
     (Table 2's long-context jobs run on one node, where neither lever has room), the
     async TP benchmark's jobs, and 70B / 405B FSDP-only jobs at 256 / 512 GPUs."""
     out = []
-    for row in published.published_rows():
+    for row in published_rows():
         f = row.fields
         if f["table"] != "2" and (f["float8"] == "yes" or int(f["gpus"]) >= 128):
             out.append((row.label(), dict(f)))
-    for label, fields, *_ in published.FURTHER:
+    for label, fields, *_ in FURTHER:
         if fields["async_tp"] == "yes":
             out.append((label.removesuffix(": async TP"), dict(fields)))
     for model, gpus in (("llama3_70b", "256"), ("llama3_405b", "512")):

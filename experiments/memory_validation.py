@@ -18,11 +18,11 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path.insert(0, str(REPO))
 
 from torchtitan_autoparallel.plan.schema import Plan  # noqa: E402
 
-from parity import run_job  # noqa: E402
+from tests.support.parity import run_job  # noqa: E402
 
 BASE = ["--training.steps=3", "--autoparallel.measure_memory", "--autoparallel.hardware=cpu"]
 CASES = [

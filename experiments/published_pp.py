@@ -27,9 +27,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "experiments"))
 
-import published  # noqa: E402  (the Tables 1-4 script: rows, overrides)
+from tests.support import published  # noqa: E402  (the Tables 1-4 rows, their recipes)
 
 OUT = REPO / "experiments" / "results" / "published_pp.md"
 TARGETS = {"tps": 0.25, "memory": 0.15}

@@ -1,12 +1,6 @@
-import sys
-from pathlib import Path
-
 import pytest
 
-# tests import the shared harness module ``parity`` directly
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from parity import SINGLE_RANK, make_seed_checkpoint, run_job  # noqa: E402
+from tests.support.parity import SINGLE_RANK, make_seed_checkpoint, run_job
 
 
 @pytest.fixture(scope="session")

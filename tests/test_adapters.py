@@ -17,7 +17,7 @@ from torchtitan_autoparallel.graph.adapters import INFER_TP, resolve
 from torchtitan_autoparallel.graph.discover import discover_adapter
 from torchtitan_autoparallel.graph.tp_infer import InferredTP
 
-from parity import PARITY_OVERRIDES, REPO
+from tests.support.parity import PARITY_OVERRIDES, REPO
 
 AUTO = "tests/configs/pocket_lm_auto.toml"
 
@@ -130,7 +130,7 @@ class _Plain(nn.Module):
 
 def _odd_model_cls():
     """pocket_lm whose second cell takes other inputs than the others."""
-    import pocket_lm
+    from tests.support import pocket_lm
 
     class OddPocket(pocket_lm.PocketLM):
         def __init__(self, args) -> None:
@@ -156,7 +156,7 @@ def test_tp_degree_not_dividing_the_heads():
     with pytest.raises(UserError, match=r"parallelism.tensor_parallel_degree = 4 does not divide "
                                         r"the attention heads of model 'pocket_lm' \(6 query / "
                                         r"2 kv heads, from ModelAdapter.heads"):
-        _plan(4, "--experimental.custom_import=tests.pocket_lm_tp",
+        _plan(4, "--experimental.custom_import=tests.support.pocket_lm_tp",
               "--parallelism.tensor_parallel_degree=4")
 
 
@@ -168,7 +168,7 @@ def test_tp_degree_without_tp_plan():
 
 def test_registered_heads_used():
     register_adapter("pocket_lm", ModelAdapter(
-        heads=lambda args: (3, 3, 32), tp_fn="tests.pocket_lm_tp.pocket_tensor_parallel"))
+        heads=lambda args: (3, 3, 32), tp_fn="tests.support.pocket_lm_tp.pocket_tensor_parallel"))
     with pytest.raises(UserError, match=r"\(3 query / 3 kv heads"):
         _plan(2, "--parallelism.tensor_parallel_degree=2")
 
@@ -177,7 +177,7 @@ def test_bad_adapter_is_one_line_at_launch(tmp_path):
     """Through the launcher: exit 2, one line on stderr, no traceback."""
     result = subprocess.run(
         [str(REPO / "run_train.sh"), f"--job.dump_folder={tmp_path}",
-         "--experimental.custom_import=tests.pocket_lm_tp",
+         "--experimental.custom_import=tests.support.pocket_lm_tp",
          "--parallelism.tensor_parallel_degree=4"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
         env={**os.environ, "NGPU": "4", "CONFIG_FILE": AUTO,

@@ -9,7 +9,7 @@ import pytest
 from torchtitan_autoparallel.commands.cli import main
 from torchtitan_autoparallel.errors import run_cli
 
-from parity import REPO, run_job
+from tests.support.parity import REPO, run_job
 
 DEBUG_AUTO = str(REPO / "train_configs" / "llama3_debug_auto.toml")
 

@@ -9,7 +9,7 @@ import pytest
 
 from torchtitan_autoparallel.plan.schema import Plan
 
-from parity import (
+from tests.support.parity import (
     PARITY_OVERRIDES,
     SINGLE_RANK,
     assert_parity,

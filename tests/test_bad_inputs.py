@@ -20,7 +20,7 @@ from torchtitan_autoparallel.commands.cli import main as cli_main
 from torchtitan_autoparallel.errors import run_cli
 from torchtitan_autoparallel.titan.v0_2 import train
 
-from parity import REPO
+from tests.support.parity import REPO
 
 DEBUG_AUTO = REPO / "train_configs" / "llama3_debug_auto.toml"
 MAX_LINE = 600
@@ -529,7 +529,7 @@ def test_hsdp_over_cp_without_dp_shard_is_planned(tmp_path, capsys, monkeypatch)
 def test_hsdp_over_cp_without_dp_shard_trains_as_torchtitan(tmp_path):
     """The same mesh under auto and under TorchTitan's own recipe: the same losses (the same
     sharding initialises the same weights)."""
-    from parity import assert_parity, run_job
+    from tests.support.parity import assert_parity, run_job
 
     degrees = ["--parallelism.data_parallel_replicate_degree=2",
                "--parallelism.data_parallel_shard_degree=1",

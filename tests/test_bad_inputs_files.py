@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_bad_inputs import DEBUG_AUTO, cli, files_under, one_line_error
 
-from parity import REPO
+from tests.support.parity import REPO
+from tests.test_bad_inputs import DEBUG_AUTO, cli, files_under, one_line_error
 
 PROFILE = REPO / "torchtitan_autoparallel" / "profiles" / "h100_sxm.toml"
 

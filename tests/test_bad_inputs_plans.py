@@ -14,9 +14,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_bad_inputs import DEBUG_AUTO, cli, files_under, one_line_error, preflight
 
-from parity import PARITY_OVERRIDES, REPO, assert_grad_norm_parity, assert_parity, run_job
+from tests.support.parity import (
+    PARITY_OVERRIDES,
+    REPO,
+    assert_grad_norm_parity,
+    assert_parity,
+    run_job,
+)
+from tests.test_bad_inputs import DEBUG_AUTO, cli, files_under, one_line_error, preflight
 
 PROFILES = REPO / "torchtitan_autoparallel" / "profiles"
 

@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_bad_inputs import (
+
+from tests.support.parity import REPO
+from tests.test_bad_inputs import (
     DEBUG_AUTO,
     cli,
     config_with,
@@ -20,8 +22,6 @@ from test_bad_inputs import (
     one_line_error,
     preflight,
 )
-
-from parity import REPO
 
 
 def planned(capsys, *argv: str) -> dict:
@@ -72,15 +72,12 @@ def test_selective_ac_without_the_ac_technique_is_one_line(tmp_path, capsys):
 
 
 def test_hf_config_json_that_is_not_json(tmp_path, capsys):
-    from test_hf_backend import write_job
+    from tests.test_hf_backend import write_job
 
     config = write_job(tmp_path, auto=True)
     (tmp_path / "hf_model" / "config.json").write_text("{not json")
-    sys.path.insert(0, str(REPO))  # the job's custom_import is tests.hf_tiny
-    try:
-        line = one_line_error(*cli(capsys, "plan", "--config", config, "--ngpu", "2"))
-    finally:
-        sys.path.remove(str(REPO))
+    # the job's custom_import, tests.support.hf_tiny, imports as the test package does
+    line = one_line_error(*cli(capsys, "plan", "--config", config, "--ngpu", "2"))
     assert "config.json is not valid JSON" in line and "hf_transformers.model" in line
 
 

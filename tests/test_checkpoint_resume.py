@@ -3,7 +3,7 @@
 
 import pytest
 
-from parity import SINGLE_RANK, assert_parity, make_seed_checkpoint, run_job
+from tests.support.parity import SINGLE_RANK, assert_parity, make_seed_checkpoint, run_job
 
 # the learning rate must not depend on the total step count (constant after warmup)
 SCHEDULE = ["--lr_scheduler.min_lr_factor=1.0"]

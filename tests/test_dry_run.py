@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from parity import REPO
+from tests.support.parity import REPO
 
 REPORT = re.compile(
     r"dry run OK: world (\d+) .*; plan \w+: sharded state ([0-9.]+) GiB \(predicted ([0-9.]+) "

@@ -13,7 +13,7 @@ from torchtitan_autoparallel.solve.planner import plan_job
 from torchtitan_autoparallel.titan.v0_2.job import parse_config
 from torchtitan_autoparallel.titan.v0_2.registry import register
 
-from parity import REPO, assert_parity, run_job
+from tests.support.parity import REPO, assert_parity, run_job
 
 EARLY = "--optimizer.early_step_in_backward"
 NO_CLIP = "--training.max_norm=1e9"

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from test_bad_inputs import toml_text
 
 from torchtitan_autoparallel.job.explicit import explicit_keys, user_set
 from torchtitan_autoparallel.job.inputs import constraint_keys
@@ -17,7 +16,8 @@ from torchtitan_autoparallel.solve.planner import plan_job
 from torchtitan_autoparallel.titan.v0_2.job import parse_config
 from torchtitan_autoparallel.titan.v0_2.registry import register
 
-from parity import REPO
+from tests.support.parity import REPO
+from tests.test_bad_inputs import toml_text
 
 DEBUG_AUTO = REPO / "train_configs" / "llama3_debug_auto.toml"
 PP2 = ("--parallelism.pipeline_parallel_degree=2",)

@@ -6,9 +6,9 @@ import os
 import subprocess
 
 import pytest
-from test_dry_run import check_report
 
-from parity import REPO
+from tests.support.parity import REPO
+from tests.test_dry_run import check_report
 
 # flux is TorchTitan's diffusion model, not a decoder
 LARGEST = {"llama3": "405B", "llama3_ft": "405B", "qwen3": "235B-A22B", "llama4": "17bx128e",

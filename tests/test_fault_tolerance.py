@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from parity import REPO, RunResult, assert_parity, job_command, read_rows, run_job
+from tests.support.parity import REPO, RunResult, assert_parity, job_command, read_rows, run_job
 
 CONFIG = "llama3_debug_auto.toml"
 STEPS = 10

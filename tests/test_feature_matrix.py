@@ -33,7 +33,7 @@ import pytest
 
 from torchtitan_autoparallel.plan.schema import Plan, plan_shards_with_fsdp
 
-from parity import PARITY_OVERRIDES, RunResult, assert_parity, run_job
+from tests.support.parity import PARITY_OVERRIDES, RunResult, assert_parity, run_job
 
 DATA = Path(__file__).resolve().parent / "torchtitan_features" / "features_v0_2_2.json"
 MATRIX = json.loads(DATA.read_text())

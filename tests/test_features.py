@@ -9,7 +9,7 @@ import pytest
 from torchtitan_autoparallel.errors import UserError
 from torchtitan_autoparallel.job.features import Features, check_device
 
-from parity import PARITY_OVERRIDES, assert_grad_norm_parity, assert_parity, run_job
+from tests.support.parity import PARITY_OVERRIDES, assert_grad_norm_parity, assert_parity, run_job
 
 COMPILE = ("--compile.enable", "--compile.backend=aot_eager", "--compile.components=model,loss")
 PLAN_RE = re.compile(r"autoparallel plan \w+: mesh (.*) \(world")

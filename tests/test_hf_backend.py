@@ -1,8 +1,8 @@
 """TorchTitan's HF backend (``torchtitan.experiments.transformers_modeling_backend``) as a
 first-class model under auto: a Llama-architecture ``config.json`` written here, the README's
-config (4 layers, dim 64 through the ``tiny`` flavor of tests/hf_tiny.py), planned offline and
-trained at 2 ranks with losses and gradient norms equal to TorchTitan's own 1-rank recipe for
-the backend (seed checkpoint, fp32). Skipped without the ``[hf]`` extra."""
+config (4 layers, dim 64 through the ``tiny`` flavor of tests/support/hf_tiny.py), planned
+offline and trained at 2 ranks with losses and gradient norms equal to TorchTitan's own 1-rank
+recipe for the backend (seed checkpoint, fp32). Skipped without the ``[hf]`` extra."""
 
 import json
 from pathlib import Path
@@ -15,7 +15,7 @@ pytest.importorskip("torchtitan.experiments.transformers_modeling_backend",
 from torchtitan_autoparallel.errors import UserError  # noqa: E402
 from torchtitan_autoparallel.plan.schema import Plan  # noqa: E402
 
-from parity import assert_parity, make_seed_checkpoint, run_job  # noqa: E402
+from tests.support.parity import assert_parity, make_seed_checkpoint, run_job  # noqa: E402
 
 BACKEND = "transformers_modeling_backend"
 
@@ -66,7 +66,7 @@ dump_folder = "./outputs"
 custom_config_module = "torchtitan.experiments.transformers_modeling_backend.job_config"
 
 [experimental]
-custom_import = "tests.hf_tiny"
+custom_import = "tests.support.hf_tiny"
 
 [hf_transformers]
 model = "{model}"
@@ -321,7 +321,8 @@ def test_qwen2_tensor_parallel_parity(tmp_path):
 QWEN2_7B = {**QWEN2, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
             "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
             "max_position_embeddings": 32768}
-"""Qwen2.5-7B's config.json sizes (the ``qwen2_7b`` flavor of tests/hf_tiny.py sets them)."""
+"""Qwen2.5-7B's config.json sizes (the ``qwen2_7b`` flavor of tests/support/hf_tiny.py sets
+them)."""
 
 
 @pytest.mark.slow  # measured passing (37 s)
@@ -332,9 +333,9 @@ def test_qwen2_7b_on_64_h100s_offers_tp_sac_pp_and_builds_them(tmp_path, capsys)
     import os
     import subprocess
 
-    from test_dry_run import check_report
-
     from torchtitan_autoparallel.commands import cli
+
+    from tests.test_dry_run import check_report
 
     config = write_job(tmp_path, auto=True, config=QWEN2_7B)
     text = Path(config).read_text().replace('flavor = "tiny"', 'flavor = "qwen2_7b"').replace(

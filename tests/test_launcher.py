@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from parity import REPO, run_job
+from tests.support.parity import REPO, run_job
 
 
 def launch(env: dict, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -95,7 +95,7 @@ def test_metrics_file_with_log_freq_2(references, tmp_path: Path):
     """TorchTitan computes the loss on log steps only (step 1 and every log_freq-th): the
     other rows carry the step time alone, never the previous step's loss, and the logged
     losses equal a run that logs every step."""
-    from parity import SINGLE_RANK
+    from tests.support.parity import SINGLE_RANK
 
     seed, reference = references("llama3")
     result = run_job("llama3_debug_fsdp.toml", 1, tmp_path,

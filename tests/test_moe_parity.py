@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from parity import assert_parity, run_job
+from tests.support.parity import assert_parity, run_job
 
 PLAN_RE = re.compile(r"autoparallel plan \w+: mesh (.*) \(world")
 
@@ -85,7 +85,7 @@ def test_moe_auto_parity(case, references, tmp_path):
 def test_qwen3_moe_auto_parity(tmp_path):
     """qwen3's MoE flavor (64 experts, top-8, no shared expert): an auto plan with ep = 2 on 2
     ranks matches 1 rank."""
-    from parity import SINGLE_RANK, make_seed_checkpoint
+    from tests.support.parity import SINGLE_RANK, make_seed_checkpoint
 
     flavor = ("--model.flavor=debugmodel_moe",)
     seed = make_seed_checkpoint("qwen3_debug_fsdp.toml", tmp_path / "seed", flavor)

@@ -8,7 +8,7 @@ import os
 import socket
 import subprocess
 
-from parity import REPO, job_command, read_rows
+from tests.support.parity import REPO, job_command, read_rows
 
 
 def free_port() -> int:

@@ -1,4 +1,4 @@
-"""A user's own model (tests/pocket_lm.py: own module names and model args, a train spec
+"""A user's own model (tests/support/pocket_lm.py: own module names and model args, a train spec
 registered through ``experimental.custom_import``) trains under auto parallelism exactly like
 its 1-rank run (fp32, 5 steps, losses and gradient norms within rel 1e-4): first with what
 discovery finds (FSDP / HSDP / DDP, AC, and TP from the inferred plan: tests/test_tp_infer.py),
@@ -8,11 +8,11 @@ import pytest
 
 from torchtitan_autoparallel.plan.schema import Plan
 
-from parity import SINGLE_RANK, assert_parity, make_seed_checkpoint, run_job
+from tests.support.parity import SINGLE_RANK, assert_parity, make_seed_checkpoint, run_job
 
 REFERENCE = "tests/configs/pocket_lm.toml"
 AUTO = "tests/configs/pocket_lm_auto.toml"
-WITH_TP = "--experimental.custom_import=tests.pocket_lm_tp"
+WITH_TP = "--experimental.custom_import=tests.support.pocket_lm_tp"
 
 
 @pytest.fixture(scope="module")

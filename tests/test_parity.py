@@ -2,7 +2,7 @@
 
 import pytest
 
-from parity import assert_parity, run_job
+from tests.support.parity import assert_parity, run_job
 
 CASES = [
     # (config, world size)

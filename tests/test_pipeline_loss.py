@@ -1,7 +1,7 @@
 """TorchTitan's pipeline-parallel recipe through this project's trainer: the same losses and
 gradient norms as one rank (titan/v0_2/patches/pipeline.py normalises the schedule's loss)."""
 
-from parity import assert_parity, run_job
+from tests.support.parity import assert_parity, run_job
 
 
 def test_pipeline_recipe_matches_one_rank(references, tmp_path):

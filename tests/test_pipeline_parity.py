@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from parity import assert_parity, run_job
+from tests.support.parity import assert_parity, run_job
 
 PLAN_RE = re.compile(r"autoparallel plan \w+: mesh (.*) \(world")
 SCHEDULE_RE = re.compile(r"pipeline: (\w+), (\d+) ranks x (\d+) stages")

@@ -4,12 +4,12 @@ config, no profile file); version-1 plans are still read, with a warning."""
 import json
 
 import pytest
-from test_artifacts import cli
 
 from torchtitan_autoparallel.commands.cli import main
 from torchtitan_autoparallel.plan.schema import SCHEMA_VERSION, Plan
 
-from parity import REPO
+from tests.support.parity import REPO
+from tests.test_artifacts import cli
 
 DEBUG_AUTO = str(REPO / "train_configs" / "llama3_debug_auto.toml")
 V1_PLAN = REPO / "experiments/results/quiet/plans/llama3_ws2_b16_s512_m0.18.auto.json"

@@ -366,7 +366,7 @@ def test_model_hash_is_stable_within_and_across_processes():
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
-    from parity import REPO
+    from tests.support.parity import REPO
 
     register()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from parity import REPO
+from tests.support.parity import REPO
 
 # TorchTitan's published Table 1 job (experiments/data/torchtitan_h100_202412.csv): Llama 3 8B
 # on 8 H100s, FSDP 8, local batch 2 at 8192 tokens, selective AC, eager; it ran at 82.4 GiB of

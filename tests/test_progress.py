@@ -4,10 +4,10 @@ sweep prints one per cell it runs (resumed cells are not counted)."""
 import math
 from pathlib import Path
 
-from test_sweep import sweep
-
 from torchtitan_autoparallel.commands import progress as progress_module
 from torchtitan_autoparallel.commands.progress import Progress
+
+from tests.test_sweep import sweep
 
 
 def test_eta_is_the_mean_time_per_item_times_what_is_left(monkeypatch, capsys):

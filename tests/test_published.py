@@ -1,11 +1,9 @@
 """The cost model against TorchTitan's published H100 results (an independent reference:
-numbers measured elsewhere), through experiments/published.py, and what the job's GPU features
+numbers measured elsewhere), through the rows, recipes and predictions that
+experiments/published.py reports (tests/support/published.py), and what the job's GPU features
 change in the search."""
 
-import importlib.util
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,21 +13,13 @@ from torchtitan_autoparallel.solve.planner import plan_job
 from torchtitan_autoparallel.titan.v0_2.job import parse_config
 from torchtitan_autoparallel.titan.v0_2.registry import register
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _published():
-    spec = importlib.util.spec_from_file_location("published", REPO / "experiments/published.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["published"] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.support import published
+from tests.support.parity import REPO
 
 
 @pytest.fixture(scope="module")
 def rows():
     register()
-    published = _published()
     rows = published.published_rows()
     published.predict(rows, "h100_grand_teton")
     return rows
@@ -57,9 +47,9 @@ def test_feature_gains_have_the_published_sign(rows):
                 if r.fields["gpus"] == gpus and r.fields["seq_len"] == "8192"}
         for base, new in ((("no", "no"), ("yes", "no")), (("yes", "no"), ("yes", "yes"))):
             b, n = same[base], same[new]
-            published = float(n.fields["tps_per_gpu"]) / float(b.fields["tps_per_gpu"]) - 1
+            gain = float(n.fields["tps_per_gpu"]) / float(b.fields["tps_per_gpu"]) - 1
             predicted = n.tps / b.tps - 1
-            assert predicted > 0 and abs(predicted - published) <= 0.08, (gpus, new)
+            assert predicted > 0 and abs(predicted - gain) <= 0.08, (gpus, new)
 
 
 def test_float8_rowwise_under_tp_loses_as_published():
@@ -67,7 +57,6 @@ def test_float8_rowwise_under_tp_loses_as_published():
     float8 measured 3.5 % slower than bf16; the model (TP styles, measured rowwise linears)
     predicts a loss too."""
     register()
-    published = _published()
     label, fields, feature, gain, _ = next(f for f in published.FURTHER if "TP 2" in f[0])
     with_it = published.Row(dict(fields))
     without = published.Row(dict(fields, **{feature: "no"}))
@@ -118,7 +107,6 @@ def test_features_enter_the_fingerprint_only_when_set():
 
 def _further_rows(profile: str) -> list[tuple]:
     """``published.FURTHER_ROWS`` of ``profile``, each predicted: (label, row, tok/s, GiB)."""
-    published = _published()
     out = []
     for label, fields, name, tps, gib, _ in published.FURTHER_ROWS:
         if name == profile:
@@ -159,8 +147,7 @@ def test_async_tp_without_compile_is_refused():
 
 def _published_md_errors() -> tuple[list[float], list[float]]:
     """|error| of tokens/s and of memory of Tables 1-4 as committed in published.md."""
-    text = (Path(__file__).resolve().parent.parent / "experiments" / "results"
-            / "published.md").read_text()
+    text = (REPO / "experiments" / "results" / "published.md").read_text()
     tps, mem = [], []
     for line in text.splitlines():
         cells = [c.strip() for c in line.split("|")]

@@ -11,7 +11,7 @@ import torch
 from torchtitan_autoparallel.errors import UserError
 from torchtitan_autoparallel.plan.built import block_features, fsdp_group
 
-from settings_harness import build, fake_process_group
+from tests.support.settings_harness import build, fake_process_group
 
 LLAMA = "llama3_debug_auto.toml"
 TP2 = ("--parallelism.tensor_parallel_degree=2", "--autoparallel.techniques=fsdp,tp")

@@ -14,7 +14,7 @@ from torchtitan_autoparallel.titan.v0_2.job import parse_config
 from torchtitan_autoparallel.titan.v0_2.registry import register
 from torchtitan_autoparallel.titan.v0_2.settings import SETTINGS
 
-from parity import REPO
+from tests.support.parity import REPO
 
 
 def job_config_keys(cls: type, prefix: str = "") -> list[str]:
@@ -104,7 +104,7 @@ def test_optimizer_implementation_is_costed(implementation, bytes_per_param):
 
 def test_validation_runs_under_a_plan(tmp_path):
     """TorchTitan's validator between steps of a planned job (2 ranks, its own batch)."""
-    from parity import run_job
+    from tests.support.parity import run_job
 
     result = run_job("llama3_debug_auto.toml", 2, tmp_path, [
         "--validation.enable", "--validation.dataset=autoparallel_text", "--validation.freq=2",

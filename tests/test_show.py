@@ -6,11 +6,11 @@ import json
 import sys
 
 import pytest
-from test_artifacts import cli
 
 from torchtitan_autoparallel.plan.schema import Plan
 
-from parity import REPO
+from tests.support.parity import REPO
+from tests.test_artifacts import cli
 
 RESULTS = REPO / "experiments" / "results"
 PLANS = {

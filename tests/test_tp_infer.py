@@ -9,8 +9,8 @@
   inference gives the attention kernel local heads (``PrepareModuleInput`` Shard(1) ->
   Shard(1), local output) as TorchTitan's deepseek_v3 does: the same shards reach the same
   kernel, and flex attention (which takes no DTensors) works the same way.
-- pocket_lm (tests/pocket_lm.py, no TP function) and llama3 with its TP function removed
-  (tests/inferred_tp.py) train at tp 2 on 2 ranks like their 1-rank runs (losses within
+- pocket_lm (tests/support/pocket_lm.py, no TP function) and llama3 with its TP function removed
+  (tests/support/inferred_tp.py) train at tp 2 on 2 ranks like their 1-rank runs (losses within
   rel 1e-4, gradient norms within rel 1e-4).
 - A block whose attention views are written with the head counts (pocket_lm ``fixed_heads``)
   is left out of TP with a plan-table line naming the view, and trains with FSDP on 2 ranks.
@@ -32,7 +32,7 @@ from torchtitan_autoparallel.graph.tp_infer import (
 )
 from torchtitan_autoparallel.plan.schema import Plan
 
-from parity import (
+from tests.support.parity import (
     SINGLE_RANK,
     assert_grad_norm_parity,
     assert_parity,
@@ -200,7 +200,7 @@ def test_blocks_left_out_name_the_reason(mix, reason):
 
 
 def test_fixed_head_counts_are_named():
-    import pocket_lm
+    from tests.support import pocket_lm
 
     with torch.device("meta"):
         model = pocket_lm.PocketLM(pocket_lm.FLAVORS["fixed_heads"])
@@ -266,7 +266,7 @@ def test_inferred_tp_parity_torchtitan_family(family, references, tmp_path):
     seed, reference = references(family)
     path = tmp_path / "plan.json"
     result = run_job(f"{family}_debug_auto.toml", 2, tmp_path / "run",
-                     ["--experimental.custom_import=tests.inferred_tp",
+                     ["--experimental.custom_import=tests.support.inferred_tp",
                       "--parallelism.tensor_parallel_degree=2",
                       f"--autoparallel.save_plan={path}"], seed_checkpoint=seed)
     plan = _planned(result, path)
@@ -300,7 +300,7 @@ def test_inferred_tp_trains_like_torchtitans_own(references, tmp_path):
     seed, _ = references("llama3")
     runs = [run_job("llama3_debug_auto.toml", 2, tmp_path / name,
                     [*extra, "--parallelism.tensor_parallel_degree=2"], seed_checkpoint=seed)
-            for name, extra in (("own", ("--experimental.custom_import=tests.titan_tp",)),
+            for name, extra in (("own", ("--experimental.custom_import=tests.support.titan_tp",)),
                                 ("inferred", ()))]
     for run in runs:
         assert run.returncode == 0 and len(run.rows) == 5, run.output[-3000:]

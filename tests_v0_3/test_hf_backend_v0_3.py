@@ -10,9 +10,18 @@ import re
 from pathlib import Path
 
 import pytest
-from test_train_v0_3 import COMMON, STEPS, _assert_same, _losses, _reference, _run, _torchrun
 
 from torchtitan_autoparallel.errors import UserError
+
+from tests_v0_3.test_train_v0_3 import (
+    COMMON,
+    STEPS,
+    _assert_same,
+    _losses,
+    _reference,
+    _run,
+    _torchrun,
+)
 
 pytest.importorskip("transformers")
 
@@ -122,7 +131,7 @@ def test_dry_run_on_64_fake_ranks(tmp_path):
 
 
 def _dry_env() -> dict[str, str]:
-    from test_train_v0_3 import _env
+    from tests_v0_3.test_train_v0_3 import _env
 
     return {**_env(), "COMM_MODE": "fake_backend", "NGPU": "64",
             "MODULE": "transformers_modeling_backend",
@@ -178,7 +187,7 @@ def test_nonpersistent_buffers_are_hfs_own_after_meta_init(tmp_path, arch):
 def _fill_losses(tmp_path: Path, arch: str, fill: int, *extra: str) -> tuple[list, list]:
     """Losses and gradient norms of a 1-rank run of ``arch`` (2 steps) whose fresh memory
     glibc fills with byte ``fill`` (MALLOC_PERTURB_)."""
-    from test_train_v0_3 import BIN, _env, _grad_norms
+    from tests_v0_3.test_train_v0_3 import BIN, _env, _grad_norms
 
     model = _hf_model(tmp_path / arch, arch)
     cmd = [str(BIN / "torchrun"), "--nproc_per_node", "1", "--rdzv_backend", "c10d",
@@ -237,7 +246,7 @@ def test_preflight_refuses_what_the_backend_cannot_run_in_one_line(tmp_path, aut
     """run_train.sh's one-process check, with or without auto, before any rank starts."""
     import subprocess
 
-    from test_train_v0_3 import _env
+    from tests_v0_3.test_train_v0_3 import _env
 
     env = {**_env(), "NGPU": "2", "MODULE": "transformers_modeling_backend",
            "CONFIG": "transformers_modeling_backend_debugmodel"}

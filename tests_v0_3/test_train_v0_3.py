@@ -250,7 +250,7 @@ def test_pipeline_stages_with_tp_from_the_plan_train_as_one_rank(reference):
     ("qwen3_5", "qwen35_debugmodel", ["--parallelism.tensor_parallel_degree", "2"], r"tp=2"),
     # Kimi K2.5 (MoonViT3d encoder, DeepSeek-V3 decoder) from a config function of the user's
     # own module: its debug config with AdamW for DistMuon (one line under auto)
-    ("tests_v0_3.kimi_adamw", "kimi_k2_5_debugmodel_adamw",
+    ("tests_v0_3.support.kimi_adamw", "kimi_k2_5_debugmodel_adamw",
      ["--parallelism.expert_parallel_degree", "8"], r"tp=1 ep=8 etp=1"),
     ("deepseek_v3", "deepseek_v3_debugmodel",
      ["--training.disable_cuda_graphs", "--parallelism.expert_parallel_degree", "8"],

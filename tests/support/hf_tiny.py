@@ -1,6 +1,6 @@
-"""A tiny flavor of TorchTitan's HF backend (``experimental.custom_import = "tests.hf_tiny"``):
-the backend's flavors set dim, layers and heads over the HF config.json's (its own
-``debugmodel`` is dim 256, 16 heads)."""
+"""A tiny flavor of TorchTitan's HF backend (``experimental.custom_import =
+"tests.support.hf_tiny"``): the backend's flavors set dim, layers and heads over the HF
+config.json's (its own ``debugmodel`` is dim 256, 16 heads)."""
 
 from torchtitan.experiments.transformers_modeling_backend import flavors
 from torchtitan.experiments.transformers_modeling_backend.model.args import (

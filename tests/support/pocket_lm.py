@@ -1,7 +1,7 @@
 """A small decoder written for the tests, brought to TorchTitan the way a user brings a model:
 its own model args and module names, a train spec registered with ``register_train_spec``
-from the module ``experimental.custom_import`` names (``tests.pocket_lm``). No adapter is
-registered here: auto parallelism discovers what it needs (``tests/pocket_lm_tp.py`` adds a
+from the module ``experimental.custom_import`` names (``tests.support.pocket_lm``). No adapter is
+registered here: auto parallelism discovers what it needs (``tests/support/pocket_lm_tp.py`` adds a
 TP plan through the public adapter API).
 
 Layout: ``wte`` (token embedding) -> ``stack`` (ModuleList of ``Cell``: LayerNorm, attention

@@ -1,5 +1,5 @@
 """TorchTitan's four families with their TP functions replaced by the inferred plans
-(``experimental.custom_import = "tests.inferred_tp"``; ``INFER_TP``: a plain ``tp_fn=None``
+(``experimental.custom_import = "tests.support.inferred_tp"``; ``INFER_TP``: a plain ``tp_fn=None``
 would let discovery find TorchTitan's ``apply_tp`` again; llama3 and llama4 use the inferred
 plans already); MoE blocks keep TorchTitan's expert / MoE TP (``moe_fn``)."""
 

@@ -1,6 +1,6 @@
 """llama3 and llama4 with TorchTitan's own TP functions (``apply_tp`` / ``apply_non_moe_tp``)
 in place of the inferred plans their built-in adapters use
-(``experimental.custom_import = "tests.titan_tp"``): the reference the inferred plans are
+(``experimental.custom_import = "tests.support.titan_tp"``): the reference the inferred plans are
 checked against."""
 
 import dataclasses

@@ -1,5 +1,5 @@
 """``pocket_lm`` with a user adapter that adds its TP plan (``experimental.custom_import =
-"tests.pocket_lm_tp"``): everything else is still discovered."""
+"tests.support.pocket_lm_tp"``): everything else is still discovered."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # Small, fast, deterministic: 5 steps, global batch 4 sequences of 128 tokens.
 PARITY_OVERRIDES = [
