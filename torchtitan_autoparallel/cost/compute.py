@@ -10,6 +10,7 @@ from ..job.features import Features
 from . import kernels
 from .common import _COMPUTE, _MEMOS, AC_EFFECT, CostContext, _memoized
 from .hardware import HardwareProfile
+from .moe import moe_table
 
 # float8 dynamic scaling, bytes moved per element of one cast of a bf16 operand: eager, amax
 # (read 2 B) then cast (read 2 B, write 1 B); compiled, the amax fuses into the producing
@@ -476,7 +477,8 @@ def block_compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatc
         gemm_fwd, gemm_bwd = gemm_times(layer, mesh, strategy, microbatch, hw, features)
         attn_fwd, attn_bwd = attention_times(layer, mesh, microbatch, hw)
         rate = kernels.table_flops(hw.gemm_table, "bf16", *GEMM_PLATEAU) * hw.clock_scale
-        if layer.expert_flops:
+        if layer.expert_flops and not moe_table(hw.gemm_table):
+            # else costed from their kernels by cost.moe (block_cost)
             grouped = {"float8": hw.float8_rowwise_gemm_speedup, "mx": hw.mx_speedup}.get(
                 features.grouped_mm, 1.0)
             expert = layer.expert_flops * scale / (rate * grouped)

@@ -96,6 +96,7 @@ from .compute import (  # noqa: F401  (re-exported: the cost model's names)
     ring_attention_bytes,
 )
 from .hardware import HardwareProfile
+from .moe import moe_cost
 
 
 def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
@@ -105,6 +106,10 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     hw, features = ctx.hw, ctx.features
     recompute_frac = AC_EFFECT[strategy.ac][1]
     fwd, compute = compute_s(layer, mesh, strategy, microbatch, ctx)
+    # routed experts from their kernels (grouped GEMMs by group size, permutation, router,
+    # the dispatcher's host sync) on the busiest expert-parallel rank
+    moe = moe_cost(layer, mesh, microbatch, ctx, recompute_frac, grouped_experts)
+    fwd, compute = fwd + moe.fwd_s, compute + moe.total_s
 
     full_ac = strategy.ac == "full"
     ep = mesh.ep if layer.expert_params else 1
@@ -126,7 +131,7 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     # runs on the rest of the device
     compute += hw.nccl_sm_fraction * (min(fwd_comm, hw.comm_overlap * fwd)
                                       + min(bwd_comm, hw.comm_overlap * (compute - fwd)))
-    if layer.num_experts and not (hw.grouped_mm and grouped_experts):
+    if layer.num_experts and not (hw.grouped_mm and grouped_experts) and not moe.total_s:
         # one GEMM per local expert and projection: 3 forward, 6 backward (+3 recomputed)
         local = layer.num_experts // (mesh.ep if ep > 1 else 1)
         compute += local * 3 * (3 + (1 if recompute_frac else 0)) * hw.kernel_launch_us * 1e-6
@@ -134,9 +139,10 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     if ep > 1:
         ep_comm = moe_dispatch_s(layer, mesh, microbatch, ctx) * (4 + (2 if full_ac else 0))
         tp_comm += ep_comm
-        # the slowest ep rank sets the pace: routed-expert compute scaled by the imbalance
-        expert = layer.expert_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
-        compute += expert * (3.0 + recompute_frac) * (hw.moe_load_imbalance - 1.0)
+        if not moe.total_s:
+            # the slowest ep rank sets the pace: routed-expert compute scaled by the imbalance
+            expert = layer.expert_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
+            compute += expert * (3.0 + recompute_frac) * (hw.moe_load_imbalance - 1.0)
     time = host_time_s(compute + copy_s + tp_comm + exposed, mesh, ctx)
     kept, state, transient = _block_memory(layer, mesh, strategy, microbatch, ctx, unsharded,
                                            gbytes)
@@ -242,15 +248,22 @@ def _block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContex
     rest of the floor, the floor without FSDP) on the device."""
     ctx = on_host(ctx, mesh)
     hw = ctx.hw
-    modes = tuple((*compute_s(layer, mesh, _NO_AC[mode], microbatch, ctx),
+    # the routed experts' kernels (cost.moe) belong to the compute FSDP overlaps, as in
+    # block_cost; the cheaper of grouped GEMMs and TorchTitan's for-loop experts (which one
+    # a block runs depends on the model's flavor)
+    moe = min((moe_cost(layer, mesh, microbatch, ctx, 0.0, grouped) for grouped in (True, False)),
+              key=lambda cost: cost.total_s)
+    modes = tuple((fwd + moe.fwd_s, compute + moe.total_s,
                    tp_comm_s(layer, mesh, _NO_AC[mode], microbatch, ctx))
-                  for mode in tp_modes)
+                  for mode in tp_modes
+                  for fwd, compute in (compute_s(layer, mesh, _NO_AC[mode], microbatch, ctx),))
     extra = cp_comm_s(layer, mesh, _NO_AC["none"], microbatch, ctx)[1]
     if layer.expert_params and mesh.ep > 1:
         if not hide_ep:
             extra += 4 * moe_dispatch_s(layer, mesh, microbatch, ctx)
-        expert = layer.expert_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
-        extra += expert * 3.0 * (hw.moe_load_imbalance - 1.0)
+        if not moe.total_s:
+            expert = layer.expert_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
+            extra += expert * 3.0 * (hw.moe_load_imbalance - 1.0)
     return modes, extra, extra + min(compute + tp for _, compute, tp in modes)
 
 
