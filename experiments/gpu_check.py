@@ -16,7 +16,8 @@ Part 1 (about 2 minutes) measures, on the first GPU:
   tokens per rank), the ring's transfers left out (``ring_rank``): the compute side of CP
   against ``attention_times``, ``ring_attention_<device>.csv``;
 - async TP's decomposed forward GEMMs on one TP rank (``async_tp_replay``) at TorchTitan's
-  published async-TP shapes (Llama 3 70B and 8B at TP 8, 16,384 / 12,288 rows a shard), bf16
+  published async-TP shapes (Llama 3 70B and 8B at TP 8, 16,384 / 12,288 rows a shard; 405B
+  at TP 8 with the pipeline rows' micro-batch of 4 sequences, 4,096 rows a shard), bf16
   and float8 tensorwise: the unchunked GEMM, the tp chunk GEMMs the model charges, and those
   chunks with the shards' bytes copied on torch's second stream (the HBM and copy-engine
   contention one GPU shows), ``async_tp_<device>.csv``, with a line per model on whether bf16's
@@ -245,11 +246,14 @@ def ring_rows(profile: Any) -> list[dict[str, object]]:
     return rows
 
 
-ASYNC_TP_JOBS = (("llama3", "70B", 16), ("llama3", "8B", 12))
+ASYNC_TP_JOBS = (("llama3", "70B", 16), ("llama3", "8B", 12), ("llama3", "405B", 4))
 """TorchTitan's published async-TP jobs (experiments/published.py: Llama 3 70B on 256 H100s at
 FSDP 32 x TP 8, local batch 16; 8B on 64 at FSDP 8 x TP 8, local batch 12; sequence 8192): one
 TP rank's all-gathered GEMMs have local batch x seq rows (131,072 and 98,304), tp shards of
-16,384 and 12,288 rows."""
+16,384 and 12,288 rows. The 405B pipeline rows (experiments/published_pp.py, Tables 5-6: TP 8
+inside PP 8, a micro-batch of 4 sequences) gather 32,768 rows in shards of 4,096: the chunk
+GEMMs and copies of the jobs whose miss the model puts on async TP
+(experiments/results/pipeline_terms.md)."""
 ASYNC_TP_SEQ, ASYNC_TP_TP = 8192, 8
 
 

@@ -479,3 +479,21 @@ def test_async_tp_replay_runs_on_cpu():
         assert r["copy_bytes"] == copies[2] * shard * width
     assert "bf16 copies slow them no more than float8 ones" in async_tp_conclusion(
         rows, "llama3 tiny")
+
+
+def test_async_tp_replay_covers_the_405b_pipeline_rows():
+    """gpu_check's async-TP replay includes the 405B pipeline rows' shapes: Llama 3.1 405B's
+    published config (dim 16,384, 8 key / value heads of 128, FFN 53,248) at the rows'
+    micro-batch of 4 sequences of 8,192 (local batch 32 in 8 micro-batches), so one TP rank
+    of 8 gathers 32,768 rows in shards of 4,096."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "experiments"))
+    from gpu_check import ASYNC_TP_JOBS, ASYNC_TP_SEQ, ASYNC_TP_TP, async_tp_linears
+
+    assert ("llama3", "405B", 32 // 8) in ASYNC_TP_JOBS
+    assert 4 * ASYNC_TP_SEQ // ASYNC_TP_TP == 4096
+    assert async_tp_linears("405B") == [
+        ("wq", "colwise", 16384, 16384), ("wk", "colwise", 16384, 8 * 128),
+        ("wo", "rowwise", 16384, 16384), ("w1", "colwise", 16384, 53248),
+        ("w2", "rowwise", 53248, 16384)]
