@@ -374,9 +374,13 @@ def main() -> int:
         "`python experiments/moe_published.py`: rows of `experiments/data/moe_published.csv` "
         "(sources and dates in its header) re-created as TorchTitan 0.2.2 recipes and costed "
         "with the current cost model and the GPU's profile (H100: `h100_sxm`, B200: `b200`). "
-        "**No constant is fitted on these rows**; the MoE terms are today's (routed experts at "
-        "the dense GEMM rate, four all-to-alls per MoE layer, `moe_load_imbalance` 1.2 "
-        "assumed). The row number is the data row of the CSV (0-based). `*`: derived from "
+        "**No constant is fitted on these rows**; routed experts are costed from their kernels "
+        "(`cost/moe.py`: grouped GEMMs per local expert at the dense GEMM table's rate for the "
+        "group's shape over the grouped kernel's measured efficiency, the token permutation and "
+        "its index backwards at HBM bandwidth, the router's small kernels, the EP dispatcher's "
+        "host sync; constants and sources in `profiles/kernels/moe_sm_*.csv`), four all-to-alls "
+        "per MoE layer, `moe_load_imbalance` 1.2 assumed. The row number is the data row of "
+        "the CSV (0-based). `*`: derived from "
         "TorchTitan's logged MFU with TorchTitan's own FLOPs per token and peak.",
         "", "## Summary", "", *summary_lines(rows),
         "", "How to read it: TorchTitan's own runs are the rows the recipe re-creates exactly; "

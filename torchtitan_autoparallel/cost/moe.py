@@ -55,6 +55,9 @@ writes the routed tokens, the row gather reads and writes them again."""
 UNPERMUTE_BYTES = 4.0
 """Bytes per element of ``_unpermute``'s row scatter (read the expert outputs, write them in
 token order) and of its backward (the gradient gathered back): one read and one write."""
+SLICE_BACKWARD_BYTES = 6.0
+"""Bytes per element of the backward of ``_unpermute``'s ``[:-1]`` (aten slice_backward: a
+zero-filled buffer with one row more, the gradient copied into it: write, read, write)."""
 COUNTED_GATHER_BYTES = 2.0
 """Bytes per routed element the layer graph's forward traffic counts for the router's row
 gather ``x[indices // top_k]`` (its output; its input x is top_k times smaller), which the
@@ -174,10 +177,10 @@ def grouped_gemm_s(shape: MoeShape, hw: HardwareProfile, recipe: str = "none"
 
 def permutation_s(shape: MoeShape, hw: HardwareProfile) -> tuple[float, float]:
     """(forward, backward) seconds of the token permutation: ``_permute``'s vstack and row
-    gather and ``_unpermute``'s scatter forward; backward the scatter's gradient gathered back,
-    and two row-gather backwards (``_permute``'s and the router's ``x[indices // top_k]``) at
-    the measured ``index_backward_bytes``, less what the block's traffic already charges the
-    router's gather."""
+    gather and ``_unpermute``'s scatter forward; backward the scatter's gradient gathered back
+    (and its slice's zero-filled copy), and two row-gather backwards (``_permute``'s and the
+    router's ``x[indices // top_k]``) at the measured ``index_backward_bytes``, less what the
+    block's traffic already charges the router's gather."""
     constants = moe_table(hw.gemm_table)
     if hw.hbm_gbps <= 0 or not constants:
         return 0.0, 0.0
@@ -187,7 +190,8 @@ def permutation_s(shape: MoeShape, hw: HardwareProfile) -> tuple[float, float]:
     gather = constants["gather_efficiency"]
     fwd = (PERMUTE_FWD_BYTES + UNPERMUTE_BYTES) / gather
     backward = constants["index_backward_bytes"]
-    bwd = UNPERMUTE_BYTES / gather + backward + max(0.0, backward - 2 * COUNTED_GATHER_BYTES)
+    bwd = (UNPERMUTE_BYTES / gather + SLICE_BACKWARD_BYTES + backward
+           + max(0.0, backward - 2 * COUNTED_GATHER_BYTES))
     return (elements * fwd * scale / bandwidth, elements * bwd * scale / bandwidth)
 
 
