@@ -118,7 +118,7 @@ def _recipe(config: str, world: int, global_batch: int, degrees: tuple[int, ...]
     parsed config is copied and edited rather than re-parsed (parsing dominates otherwise)."""
     import copy
 
-    from torchtitan_autoparallel.plan.recipe import recipe_plan
+    from torchtitan_autoparallel.job.request import recipe_plan
 
     job = copy.deepcopy(_parse(config, ()))
     job.training.global_batch_size = global_batch
@@ -147,7 +147,7 @@ def _fits(plan: Any) -> bool:
 def evaluate(model: str, world: int) -> dict[str, Any]:
     """One row: auto plan, shipped recipe and the best legal recipe variant, predicted."""
     from torchtitan_autoparallel.errors import UserError
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
 
     _memoize_layer_graphs()
     auto_cfg, shipped_cfg = MODELS[model]

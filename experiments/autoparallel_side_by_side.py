@@ -72,7 +72,7 @@ def our_plan(config: str, world: int, global_batch: int, mesh: dict[str, int] | 
              ) -> tuple[Any, float]:
     """This planner's plan of the job (``mesh``: the degrees fixed to AutoParallel's) and its
     planning time (config parsed, layer graph included)."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
@@ -113,7 +113,7 @@ def placement_rows(peer: dict[str, Any]) -> list[str]:
 def recipe_plan_for(config: str, world: int, global_batch: int, tp: int) -> Any:
     """TorchTitan's FSDP + TP recipe on AutoParallel's mesh, without AC (AutoParallel's path
     applies none), costed by this project's model."""
-    from torchtitan_autoparallel.plan.recipe import recipe_plan
+    from torchtitan_autoparallel.job.request import recipe_plan
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     job = parse_config(["--job.config_file", str(REPO / "train_configs" / config),

@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
 
     t0 = time.perf_counter()
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
@@ -79,7 +79,7 @@ GRID = ["llama3_8b", "llama3_70b", "llama3_405b", "qwen3_32b", "deepseek_v3_16b"
 
 def _timed_plan(config: str, ngpu: int, times: list[float]) -> Any:
     """``plan_job`` on a freshly parsed ``config``; its time appended to ``times``."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     job = parse_config(["--job.config_file", config])

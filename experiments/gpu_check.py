@@ -228,7 +228,7 @@ def ring_rows(profile: Any) -> list[dict[str, object]]:
     from published import overrides
 
     from torchtitan_autoparallel.cost.model import attention_times
-    from torchtitan_autoparallel.plan.recipe import recipe_plan
+    from torchtitan_autoparallel.job.request import recipe_plan
     from torchtitan_autoparallel.plan.recost import inputs_from_plan
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
 

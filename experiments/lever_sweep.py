@@ -38,7 +38,7 @@ CHOICES = {"reshard": True, "node2": 2, "keep": False}
 
 def plans() -> dict[str, Any]:
     """The planner's plan and the rejected ones, by arm name."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2 import cpu
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register

@@ -82,7 +82,7 @@ LEVERS_OFF = {"reshard to node": ("node_reshard_group", lambda *args, **kwargs: 
 
 
 def plan(fields: dict[str, str], extra: tuple[str, ...] = ()) -> Any:
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     # a time limit no job reaches, so that with and without differ by the lever only

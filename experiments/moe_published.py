@@ -6,7 +6,7 @@ Every row of experiments/data/moe_published.csv whose model TorchTitan 0.2.2 can
 (deepseek_v3 16B / 671B, llama4 17bx16e, qwen3 30B-A3B, gpt_oss 20b / 120b) on a GPU with a
 hardware profile (H100 -> h100_sxm, B200 -> b200) is turned into TorchTitan's recipe for the
 job (model, GPUs, data-parallel / TP / PP / EP degrees, sequence length, local / global batch,
-micro-batches, AC, compile, float8 / MXFP8 converters) and costed by ``recipe.recipe_plan``:
+micro-batches, AC, compile, float8 / MXFP8 converters) and costed by ``job.request.recipe_plan``:
 predicted tokens/s per GPU and peak memory against the published ones. No constant is fitted
 on these rows: each profile constant's source is in the profile's [provenance] table and the
 MoE terms are what the cost model has today. Rows TorchTitan cannot express are listed with
@@ -221,7 +221,7 @@ def published_throughput(row: Row, job_config: Any) -> None:
 
 def predict(rows: list[Row]) -> None:
     from torchtitan_autoparallel.errors import UserError
-    from torchtitan_autoparallel.plan.recipe import recipe_plan
+    from torchtitan_autoparallel.job.request import recipe_plan
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     for row in rows:

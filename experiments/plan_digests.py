@@ -22,7 +22,7 @@ from bench_planning import GRID  # noqa: E402
 
 def main() -> None:
     from torchtitan_autoparallel.errors import UserError
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 

@@ -6,7 +6,7 @@ Every row of experiments/data/torchtitan_h100_202412.csv
 (benchmarks/llama3_h100_202412_torchtitan.md in pytorch/torchtitan) from Tables 1-4 is turned
 into TorchTitan's own recipe for the job (same model, GPUs, degrees, local / global batch, AC,
 compile, float8 with FSDP float8 all-gather and the precomputed scale, async TP) and costed by
-``recipe.recipe_plan``: predicted tokens/s per GPU and peak memory against the published ones.
+``job.request.recipe_plan``: predicted tokens/s per GPU and peak memory against the published ones.
 No profile constant is fitted on these rows (each constant's source is in the profile's
 [provenance] table): every row is out of sample. Per feature (compile, float8 tensorwise,
 async TP, and float8 rowwise / tensorwise from further published TorchTitan runs) the
@@ -63,7 +63,7 @@ def auto_overrides(f: dict[str, str], hardware: str) -> list[str]:
 def auto_rows(rows: list[Row]) -> list[str]:
     """Plan the Table 1 / 3 jobs with auto: its predicted tokens/s per GPU against the
     published best row of the same job and features."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     lines = ["", "Auto on the same jobs (predicted; the recipe rows above are TorchTitan's):", "",

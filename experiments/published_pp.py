@@ -6,7 +6,7 @@ Table 5 job with auto.
 Rows of experiments/data/torchtitan_h100_202412.csv with pp > 1 (Llama 3.1 405B on 512
 H100s, FSDP 8 x TP 8 x PP 8, 1F1B / Interleaved 1F1B; Table 6 adds CP) are turned into
 TorchTitan's own recipe for the job, as experiments/published.py does for Tables 1-4, and
-costed by ``recipe.recipe_plan`` with profiles/h100_grand_teton.toml; no constant is fitted on
+costed by ``job.request.recipe_plan`` with profiles/h100_grand_teton.toml; no constant is fitted on
 these rows. The runs used the TorchTitan of December 2024, whose
 ``experimental.pipeline_parallel_microbatches`` defaulted to the number of pipeline stages
 (pp), so each local batch ran as pp micro-batches: the recipe's micro-batch size here is local
@@ -58,7 +58,7 @@ def label(f: dict[str, str]) -> str:
 
 
 def auto_lines(row: published.Row, fixed: bool) -> tuple[list[str], object]:
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     f = row.fields
@@ -82,7 +82,7 @@ def auto_lines(row: published.Row, fixed: bool) -> tuple[list[str], object]:
 
 def main() -> int:
     from torchtitan_autoparallel.commands.explain import schedule_lines
-    from torchtitan_autoparallel.plan.recipe import recipe_plan
+    from torchtitan_autoparallel.job.request import recipe_plan
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 

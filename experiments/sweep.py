@@ -277,13 +277,13 @@ def predict(cfg: Config, recipe: Recipe | None, plan_path: Path | None) -> dict[
 
     try:
         if recipe is None:
-            from torchtitan_autoparallel.solve.planner import plan_job
+            from torchtitan_autoparallel.job.request import plan_job
 
             plan = plan_job(_job_config(cfg, True, []), cfg.ngpu)
             if plan_path is not None:
                 plan.save(str(plan_path))
         else:
-            from torchtitan_autoparallel.plan.recipe import recipe_plan
+            from torchtitan_autoparallel.job.request import recipe_plan
 
             plan = recipe_plan(_job_config(cfg, False, recipe_overrides(cfg, recipe)), cfg.ngpu)
             if plan_path is not None:

@@ -41,7 +41,7 @@ def _job(*overrides: str, config: str = AUTO):
 
 
 def _plan(world: int, *overrides: str):
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
 
     return plan_job(_job(*overrides), world)
 

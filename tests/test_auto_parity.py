@@ -36,7 +36,7 @@ def test_auto_plan_parity(family, ngpu, references, tmp_path):
 
 def heterogeneous_budget(family: str, world: int) -> float:
     """A memory budget under which the planner checkpoints some blocks and not others."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2 import cpu
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
@@ -79,7 +79,7 @@ def test_heterogeneous_plan_parity(references, tmp_path):
 def test_mixed_tp_plan_parity(references, tmp_path):
     """A plan (edited, then replayed from its file) whose blocks mix TP + SP, the tp dim used as
     data parallel, and full AC, on fsdp 2 x tp 2."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2 import cpu
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
@@ -146,7 +146,7 @@ def test_replicate_only_plan_with_accumulation_parity(references, tmp_path):
     replicas, earlier micro-batches were counted again (the loss drifted from the 1-rank run
     from step 2 on). Replicated plans synchronise on the last micro-batch only. Local batch 1 x
     2 micro-batches on 2 replicas."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2 import cpu
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
@@ -202,7 +202,7 @@ def edited_plan_parity(references, tmp_path, ngpu: int, options: list[str],
     """llama3's debug plan on ``ngpu`` ranks with ``options``, its blocks edited by ``edit``,
     saved and replayed from the file (which shows ``label`` in its table): losses and gradient
     norms against the 1-rank run; returns the largest relative difference."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2 import cpu
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register

@@ -511,7 +511,7 @@ def test_bad_pipeline_settings_before_ranks_start(tmp_path, capsys, monkeypatch,
 def test_hsdp_over_cp_without_dp_shard_is_planned(tmp_path, capsys, monkeypatch):
     """TorchTitan's hsdp+cp_without_dp_shard: dp_replicate 2 x cp 2 with dp_shard 1 on 4 ranks
     shards over cp and replicates over dp_replicate; auto plans that mesh."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
 
     degrees = ("--parallelism.data_parallel_replicate_degree=2",
                "--parallelism.data_parallel_shard_degree=1",

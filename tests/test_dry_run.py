@@ -174,7 +174,7 @@ def test_float8_compile_dry_run(tmp_path):
     every block holds the Float8Linears and compile wrapper of TorchTitan's own recipe (its
     FSDP dry run with the same features is the reference), every float8 weight is torchao's
     float8 all-gather tensor, also in blocks sharded over dp_shard x tp."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2 import cpu
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register

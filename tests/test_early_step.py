@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from torchtitan_autoparallel.errors import UserError
+from torchtitan_autoparallel.job.request import plan_job
 from torchtitan_autoparallel.plan.schema import Plan
-from torchtitan_autoparallel.solve.planner import plan_job
 from torchtitan_autoparallel.titan.v0_2.job import parse_config
 from torchtitan_autoparallel.titan.v0_2.registry import register
 

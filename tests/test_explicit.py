@@ -12,7 +12,7 @@ import tomllib
 
 from torchtitan_autoparallel.job.explicit import explicit_keys, user_set
 from torchtitan_autoparallel.job.inputs import constraint_keys
-from torchtitan_autoparallel.solve.planner import plan_job
+from torchtitan_autoparallel.job.request import plan_job
 from torchtitan_autoparallel.titan.v0_2.job import parse_config
 from torchtitan_autoparallel.titan.v0_2.registry import register
 

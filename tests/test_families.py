@@ -41,7 +41,7 @@ def test_largest_flavor_plans_on_64_ranks(family):
     from torchtitan.protocols.train_spec import get_train_spec
 
     from torchtitan_autoparallel.errors import UserError
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2 import cpu
     from torchtitan_autoparallel.titan.v0_2.registry import register
     from torchtitan_autoparallel.titan.v0_2.train import parse_config

@@ -286,7 +286,7 @@ def test_pipeline_parity(hf_reference, tmp_path):
 def test_mixed_plan_parity(hf_reference, tmp_path):
     """A plan (edited, then replayed from its file) whose blocks mix TP + SP, the tp dim used
     as data parallel, selective and full AC, on fsdp 2 x tp 2."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
 
     auto, seed, reference = hf_reference
     techniques = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,ac"
@@ -365,7 +365,7 @@ def test_qwen2_7b_on_64_h100s_offers_tp_sac_pp_and_builds_them(tmp_path, capsys)
 def test_tp_offered_where_the_backend_shards_the_blocks(tmp_path, arch):
     """The backend's TP function runs these (measured: tp 2 trains at the 1-rank losses, see
     test_other_architectures_train_as_one_rank): planned at tp 2."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
 
     config = write_job(tmp_path, auto=True, config=ARCHS[arch])
     plan = plan_job(_job(config, "--parallelism.tensor_parallel_degree=2"), 2)
@@ -376,7 +376,7 @@ def test_whole_projection_qk_norms_refuse_tp_in_one_line(tmp_path):
     """OLMo2 normalises the whole q / k projections; the backend's TP plan shards them as
     per-head norms and its run crashed at tp 2 ("aten.add.Tensor got mixed torch.Tensor and
     DTensor"). TP is left out with the reason; a job asking for it is one line."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
 
     config = write_job(tmp_path, auto=True, config=ARCHS["olmo2"])
     with pytest.raises(UserError, match=r"needs tp, which .* cannot use: the family's TP plan "
@@ -399,7 +399,7 @@ def test_an_architecture_the_backend_cannot_run_is_one_line(tmp_path, arch, word
     on parameters its init never wrote, to NaN losses (measured); planning says so in one
     line, and so does run_train.sh's preflight for the recipe (no auto) before any rank
     starts."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
 
     with pytest.raises(UserError, match=words):
         plan_job(_job(write_job(tmp_path, auto=True, config=ARCHS[arch])), 2)

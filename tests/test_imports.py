@@ -212,9 +212,32 @@ TITAN_IMPORTS = {
     "graph.tp_styles": "the inferred TP styles build TorchTitan's NoParallel when applied",
     "job.explicit": "a stand-in job config (tests) is compared with TorchTitan 0.2.2's defaults",
     "job.model_config": "the custom config sections of a 0.2.2 job (job.custom_config_module)",
-    "plan.recipe": "TorchTitan's own stage split (both releases have it)",
+    "job.request": "TorchTitan's own stage split of a recipe (both releases have it)",
 }
 """Planning modules that name ``torchtitan`` in an import, and why."""
+
+BELOW_JOB = ("graph", "candidates", "cost", "solve", "plan")
+"""The stages that take what ``job/`` read (``JobInputs``, ``PlanRequest``, ``RecipeRequest``)."""
+
+
+def test_no_stage_below_job_reads_a_job_config():
+    """A TorchTitan config is read once, in ``job/``: no module of the stages below it takes a
+    job config or reads its sections (``job_config``, ``.parallelism``, ``.training``, ...)."""
+    sections = {"parallelism", "training", "autoparallel", "activation_checkpoint", "compile",
+                "quantize", "model", "job"}
+    modules = module_files()
+    offenders = []
+    for module, path in modules.items():
+        if not _in(module, BELOW_JOB):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Name) and node.id == "job_config" or (
+                    isinstance(node, ast.arg) and node.arg == "job_config"):
+                offenders.append(f"{_short(module)}:{node.lineno} job_config")
+            elif (isinstance(node, ast.Attribute) and node.attr in sections
+                  and isinstance(node.value, ast.Name) and node.value.id in ("job_config", "cfg")):
+                offenders.append(f"{_short(module)}:{node.lineno} .{node.attr}")
+    assert not offenders, offenders
 
 
 def _reach(graph: dict[str, set[str]], module: str) -> set[str]:

@@ -11,7 +11,7 @@ from torchtitan_autoparallel.plan.schema import Plan
 
 @pytest.fixture(scope="module")
 def planning():
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 

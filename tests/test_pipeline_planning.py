@@ -82,8 +82,8 @@ def test_milp_matches_brute_force(job, schedule, squeeze):
 
 def test_pipeline_plan_file_round_trip_explain_and_diff(job, tmp_path):
     from torchtitan_autoparallel.commands.explain import diff_lines, explain_rows, explain_text
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.plan.recost import recost
-    from torchtitan_autoparallel.solve.planner import plan_job
 
     base = ("--parallelism.pipeline_parallel_degree=2", "--training.global_batch_size=8",
             "--training.seq_len=128")
@@ -129,7 +129,7 @@ def test_torchtitan_pp_recipe_costed_as_is(job):
     TorchTitan's ``generate_llm_fqn_per_model_part`` makes (the split its trainer builds)."""
     from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
 
-    from torchtitan_autoparallel.plan.recipe import recipe_plan
+    from torchtitan_autoparallel.job.request import recipe_plan
 
     recipe = job("--parallelism.pipeline_parallel_degree=2",
                  "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
@@ -150,7 +150,7 @@ def test_show_draws_the_pipeline(job):
     schedule's bubble, per-step FSDP and the P2P fill (summing to the plan's prediction), the
     fullest pp rank's memory (its predicted peak), and pp among the mesh dims."""
     from torchtitan_autoparallel.commands.show import picture
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
 
     plan = plan_job(job("--parallelism.pipeline_parallel_degree=2",
                         "--autoparallel.pp_schedules=1F1B", "--training.global_batch_size=8",

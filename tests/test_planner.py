@@ -143,7 +143,7 @@ def test_milp_matches_brute_force(seed, single_block_units):
 
 @pytest.fixture(scope="module")
 def planning():
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2 import cpu
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
@@ -331,7 +331,7 @@ def test_peak_memory_matches_one_h200(planning, local, ac, measured_gib):
     """Tensor peaks MemTracker measured on one H200 (experiments/results/h200_model.md, llama3
     1B, global batch 8 x 4096 tokens, bf16): the predicted peak of TorchTitan's recipe is
     within 5 % of each."""
-    from torchtitan_autoparallel.plan.recipe import recipe_plan
+    from torchtitan_autoparallel.job.request import recipe_plan
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     job = parse_config(["--job.config_file", "train_configs/llama3_1b_auto.toml",

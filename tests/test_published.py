@@ -9,7 +9,7 @@ import pytest
 
 from torchtitan_autoparallel.errors import UserError
 from torchtitan_autoparallel.job.inputs import job_inputs
-from torchtitan_autoparallel.solve.planner import plan_job
+from torchtitan_autoparallel.job.request import plan_job
 from torchtitan_autoparallel.titan.v0_2.job import parse_config
 from torchtitan_autoparallel.titan.v0_2.registry import register
 

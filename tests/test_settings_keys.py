@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-from torchtitan_autoparallel.solve.planner import plan_job
+from torchtitan_autoparallel.job.request import plan_job
 from torchtitan_autoparallel.titan.keys import check_handling
 from torchtitan_autoparallel.titan.v0_2.job import parse_config
 from torchtitan_autoparallel.titan.v0_2.registry import register

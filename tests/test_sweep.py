@@ -275,8 +275,8 @@ seq_len = 4096
 def test_repredict_costs_the_plan_that_ran() -> None:
     """``recost.recost`` (behind repredict.py and the CPU profile fit) costs a stored plan,
     mixed AC included, as it ran: unchanged model and profile, unchanged prediction."""
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.plan.recost import recost
-    from torchtitan_autoparallel.solve.planner import plan_job
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 

@@ -71,7 +71,7 @@ def test_plan_on_64_gpus_reads_the_hf_model_and_infers_its_tp(tmp_path, capsys):
     from torchtitan_autoparallel.graph.layer_graph import meta_model
     from torchtitan_autoparallel.job.inputs import model_layer_graph
     from torchtitan_autoparallel.job.model_config import model_config_of
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
     from torchtitan_autoparallel.titan.v0_3.model import model_spec, sized_for, trainer_config
 
@@ -232,7 +232,7 @@ def test_an_architecture_the_backend_cannot_shard_is_refused_when_planned(tmp_pa
     """TorchTitan 0.3.0's own recipe stops at these inside ``parallelize_hf_transformers``
     (measured: the same ValueError / AssertionError as a traceback on 1 rank); planning says
     so in one line."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
 
     job = read_job([*_job(_hf_model(tmp_path / arch, arch)), "--parallelism.auto"])
@@ -263,7 +263,7 @@ def test_preflight_refuses_what_the_backend_cannot_run_in_one_line(tmp_path, aut
 def test_whole_projection_qk_norms_refuse_tp_in_one_line(tmp_path):
     """OLMo2 normalises the whole q / k projections: TP inference finds the norm failing on
     one tp rank's share, so TP is left out (a plan asking for it is one line)."""
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
 
     job = read_job([*_job(_hf_model(tmp_path / "olmo2", "olmo2")), "--parallelism.auto",
@@ -313,7 +313,7 @@ def test_routed_experts_in_grouped_gemms_measured_or_one_line(tmp_path, monkeypa
     SwiGLU (2 FLOPs per multiply-add; torch's counter has no formula for grouped GEMMs) beside
     the attention projections, router and causal attention."""
     from torchtitan_autoparallel.job.inputs import layer_graph_for
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import hf_check, read_job
 
     job = read_job([*_job(_hf_model(tmp_path / "mixtral", "mixtral")), "--parallelism.auto"])

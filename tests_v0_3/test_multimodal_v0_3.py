@@ -102,7 +102,7 @@ def test_multimodal_family_read_and_planned_on_64(family, config, tp):
     on 64 H100s fits, keeps the job's TP and EP, and says what it assumed of the images."""
     from torchtitan_autoparallel.graph.layer_graph import meta_model
     from torchtitan_autoparallel.job.inputs import model_layer_graph
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
     from torchtitan_autoparallel.titan.v0_3.model import model_spec, sized_for
 

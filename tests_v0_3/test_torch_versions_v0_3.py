@@ -27,7 +27,7 @@ def plan_summary() -> dict[str, Any]:
     installed torch, as the fields the pin compares."""
     import torch
 
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
 
     job = read_job(["--module", "llama3", "--config", "llama3_8b", "--parallelism.auto",

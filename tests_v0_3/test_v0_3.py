@@ -81,7 +81,7 @@ def test_each_family_read_against_torchtitans_own_counts_and_planned_on_64(famil
     plan on 64 GPUs (routed experts read: MoE blocks plan with EP where the job sets it)."""
     from torchtitan_autoparallel.graph.layer_graph import meta_model
     from torchtitan_autoparallel.job.inputs import model_layer_graph
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
     from torchtitan_autoparallel.titan.v0_3.model import model_spec, sized_for
 
@@ -232,7 +232,7 @@ def test_a_refused_key_is_one_line_under_auto_only(flag, key):
 
 
 def test_cuda_graphs_setting_is_noted_in_the_plan():
-    from torchtitan_autoparallel.solve.planner import plan_job
+    from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
 
     job = read_job(["--module", "llama3", "--config", "llama3_debugmodel", "--parallelism.auto",

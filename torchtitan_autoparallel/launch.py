@@ -17,10 +17,10 @@ def resolve_plan(job_config: Any, world: int) -> Any:
     from torchtitan.tools.logging import logger
 
     from .job.inputs import fingerprint_diff, job_inputs
+    from .job.request import plan_job
     from .plan.assembly import inputs_record
     from .plan.recost import recosted_file
     from .plan.schema import Plan, check_plan_for_job
-    from .solve.planner import plan_job
 
     ap = job_config.autoparallel
     if not ap.plan_file:

@@ -1,7 +1,7 @@
 """TorchTitan's published H100 results (Tables 1-4 of
 benchmarks/llama3_h100_202412_torchtitan.md in pytorch/torchtitan, as
 experiments/data/torchtitan_h100_202412.csv) and further published runs, each turned into
-TorchTitan's own recipe for the job and predicted by ``recipe.recipe_plan``: what
+TorchTitan's own recipe for the job and predicted by ``job.request.recipe_plan``: what
 experiments/published.py reports and tests/test_published.py checks.
 
 ``published_rows`` reads the table's rows, ``overrides`` makes the model's recipe config run a
@@ -153,7 +153,7 @@ def overrides(f: dict[str, str], hardware: str) -> list[str]:
 
 
 def predict(rows: list[Row], hardware: str) -> None:
-    from torchtitan_autoparallel.plan.recipe import recipe_plan
+    from torchtitan_autoparallel.job.request import recipe_plan
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
     for row in rows:

@@ -210,10 +210,44 @@ def node_reshard_group(mesh: Mesh, gpus_per_node: int, tp_mode: str = "none") ->
     return n if node_reshard_fits(group, n) else 0
 
 
+def node_reshard_problem(mesh: Mesh, tp_mode: str, node: int, kind: str = "block",
+                         experts: bool = False) -> str:
+    """Why a layer cannot reshard to ``node`` ranks after forward (empty if it can): a dense
+    block of a plan without pp, ``node`` a proper divisor of its FSDP group above 1."""
+    group = fsdp_group_size(mesh, tp_mode)
+    if kind != "block" or mesh.pp > 1 or experts or not node_reshard_fits(group, node):
+        return (f"reshard_after_forward {node} needs a dense block of a plan without pp "
+                f"and a proper divisor of its FSDP group ({group} ranks)")
+    return ""
+
+
 FSDP_UNIT_SIZES = (2, 4)
 """Blocks per FSDP unit the search offers besides 1 (at most the run of identical blocks):
 one ``fully_shard`` call over k consecutive blocks gathers and reduces them in one collective
 each, fewer and larger, and holds k blocks' parameters (and the next unit's) unsharded."""
+
+
+def ep_problem(mesh: Mesh, num_experts: int = 0) -> str:
+    """Why TorchTitan cannot run ``mesh``'s expert layout (empty if it can): etp is 1 or tp
+    (its documented forms, "partial dp -> ep" with etp = tp: ep divides dp_shard x cp; "partial
+    dp + all tp -> ep" with etp = 1: ep is tp x a divisor of dp_shard x cp), the rest of an EP
+    model FSDP-sharded over dp_shard x cp > 1, and ep dividing the ``num_experts`` routed
+    experts (when given)."""
+    ep, etp, tp, dp = mesh.ep, mesh.etp, mesh.tp, mesh.dp_shard * mesh.cp
+    if ep == 1:
+        return "" if etp == 1 else "etp > 1 needs ep > 1"
+    if etp not in (1, tp):
+        return f"etp {etp} must be 1 or tp ({tp})"
+    if dp == 1:
+        return "ep > 1 needs dp_shard x cp > 1 (the rest of an EP model is FSDP-sharded)"
+    if etp == tp and dp % ep:
+        return f"ep {ep} with etp = tp must divide dp_shard x cp ({dp})"
+    if etp != tp and (ep % tp or dp % (ep // tp)):
+        return (f"ep {ep} with etp = 1 must be tp ({tp}) x a divisor of dp_shard x cp ({dp}): "
+                "EP borrows all of tp")
+    if num_experts and num_experts % ep:
+        return f"ep {ep} must divide the {num_experts} routed experts"
+    return ""
 
 
 def fsdp_unit_problem(mesh: Mesh, tp_mode: str = "none", kind: str = "block") -> str:

@@ -14,9 +14,11 @@ from .layout import (
     BlockStrategy,
     Mesh,
     divisors,
+    ep_problem,
     fsdp_sharded,
     fsdp_unit_problem,
     node_reshard_group,
+    node_reshard_problem,
     tp_dp_problem,
 )
 
@@ -180,18 +182,12 @@ def pipeline_degrees(graph: LayerGraph, world: int, constraints: Constraints,
 
 
 def legal_ep(num_experts: int, dp_shard: int, cp: int, tp: int) -> list[tuple[int, int]]:
-    """(ep, etp) pairs TorchTitan 0.2.2 accepts on a dp_shard x cp x tp mesh, ep > 1: etp = tp
-    with ep dividing dp_shard x cp, or etp = 1 with ep a multiple of tp dividing
-    dp_shard x cp x tp (ep borrows all of tp); ep must divide the expert count. TorchTitan
-    shards the rest of an EP model with FSDP, so dp_shard x cp must exceed 1."""
-    out: list[tuple[int, int]] = []
-    if dp_shard * cp == 1:
-        return out
-    for k in divisors(dp_shard * cp):
-        for ep, etp in ((k, tp), (k * tp, 1)):
-            if ep > 1 and num_experts % ep == 0 and (ep, etp) not in out:
-                out.append((ep, etp))
-    return sorted(out)
+    """(ep, etp) pairs with ep > 1 that TorchTitan runs on a dp_shard x cp x tp mesh for
+    ``num_experts`` routed experts: the layouts ``ep_problem`` (the plan check's rule too)
+    accepts, among etp = tp and etp = 1 with ep = a divisor of dp_shard x cp (times tp)."""
+    pairs = {(ep, etp) for k in divisors(dp_shard * cp) for ep, etp in ((k, tp), (k * tp, 1))}
+    return sorted((ep, etp) for ep, etp in pairs if ep > 1 and not ep_problem(
+        Mesh(dp_replicate=1, dp_shard=dp_shard, cp=cp, tp=tp, ep=ep, etp=etp), num_experts))
 
 
 def expert_degrees(graph: LayerGraph, dp_shard: int, cp: int, tp: int,
@@ -265,8 +261,8 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
             "torchtitan": (mesh.pp == 1,)}[constraints.reshard_after_forward] if sharded \
             else (False,)
         node = node_reshard_group(mesh, gpus_per_node, mode)
-        if node and constraints.reshard_after_forward == "default" and mesh.pp == 1 \
-                and not moe_model and constraints.node_reshard:
+        if node and constraints.reshard_after_forward == "default" and constraints.node_reshard \
+                and not node_reshard_problem(mesh, mode, node, "block", moe_model):
             reshards += (node,)
         units = (1,) if fsdp_unit_problem(mesh, mode) or moe_model else (
             1, *(k for k in FSDP_UNIT_SIZES if k <= run))

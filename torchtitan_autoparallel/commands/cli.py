@@ -150,7 +150,7 @@ def _emit(args: argparse.Namespace, plan: Any, headline: list[str] = ()) -> None
 
 def _plan(args: argparse.Namespace) -> int:
     from ..job.inputs import reusing_layer_graphs
-    from ..solve.planner import plan_job
+    from ..job.request import plan_job
     from ..titan.v0_2.checks import check_plan_features
     from .explain import model_lines
 
@@ -173,7 +173,7 @@ def _recipe_margin(job: Any, plan: Any, world: int) -> str:
     model's measured error ("" where the recipe cannot run this job)."""
     import copy
 
-    from ..plan.recipe import recipe_plan
+    from ..job.request import recipe_plan
     from .explain import margin_note
 
     recipe_job = copy.deepcopy(job)
@@ -196,7 +196,7 @@ def _recipe_margin(job: Any, plan: Any, world: int) -> str:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from ..plan.recipe import recipe_plan
+    from ..job.request import recipe_plan
     from .explain import fit_lines
 
     plan = recipe_plan(_job(args, auto=False), args.ngpu)

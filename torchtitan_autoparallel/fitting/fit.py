@@ -16,7 +16,7 @@ formula); ``group`` names what ``cross_validate`` leaves out together (a config)
 table's rows, for instance::
 
     runs = [Run(name, global_batch * seq_len / (tokens_per_s_per_gpu * gpus), plan=plan)
-            for name, plan, ... in rows]        # plan: e.g. recipe.recipe_plan(job, gpus)
+            for name, plan, ... in rows]        # plan: e.g. job.request.recipe_plan(job, gpus)
     result = fit_profile(runs, load_profile("h100_sxm"),
                          free=["matmul_efficiency", "block_overhead_us"])
     result.profile, result.rel_stderr, result.unidentified

@@ -510,9 +510,3 @@ def _entries_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> lis
         elif x != y:
             out.append(f"{prefix}{k} plan {shown(x)} -> job {shown(y)}")
     return out
-
-
-def with_global_batch(inputs: JobInputs, global_batch: int) -> JobInputs:
-    """``inputs`` with another global batch (fingerprint included)."""
-    return dataclasses.replace(inputs, global_batch=global_batch, fingerprint={
-        **inputs.fingerprint, "global_batch_size": global_batch})

@@ -49,6 +49,12 @@ class JobInputs:
                            features=self.features)
 
 
+def with_global_batch(inputs: JobInputs, global_batch: int) -> JobInputs:
+    """``inputs`` with another global batch (fingerprint included)."""
+    return dataclasses.replace(inputs, global_batch=global_batch, fingerprint={
+        **inputs.fingerprint, "global_batch_size": global_batch})
+
+
 def inputs_record(inputs: JobInputs) -> dict[str, Any]:
     """The resolved planning inputs as plain data (stored in the plan as ``Plan.inputs``)."""
     fp = inputs.fingerprint

@@ -12,9 +12,9 @@ from ..candidates.layout import (
     FSDP_UNIT_SIZES,
     TP_MODES,
     Mesh,
-    fsdp_group_size,
+    ep_problem,
     fsdp_unit_problem,
-    node_reshard_fits,
+    node_reshard_problem,
     reshard_group,
     strategy_label,
     strategy_parts,
@@ -518,16 +518,11 @@ def pipeline_problem(plan: Any) -> str:
     return ""
 
 
-def mesh_problems(m: Any) -> list[str]:
-    """Why TorchTitan 0.2.2 cannot build ``m`` (empty if it can)."""
-    out = []
-    if m.etp not in (1, m.tp):
-        out.append(f"etp {m.etp} must be 1 or tp ({m.tp})")
-    if m.ep == 1 and m.etp != 1:
-        out.append("etp > 1 needs ep > 1")
-    if m.ep > 1 and (m.dp_shard * m.cp * m.tp) % (m.ep * m.etp):
-        out.append(f"ep x etp ({m.ep} x {m.etp}) must divide dp_shard x cp x tp")
-    return out
+def mesh_problems(m: Mesh) -> list[str]:
+    """Why TorchTitan cannot build ``m`` (empty if it can): the search's own expert-layout
+    rule, ``ep_problem``."""
+    problem = ep_problem(m)
+    return [problem] if problem else []
 
 
 def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
@@ -535,12 +530,9 @@ def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
     if layer.ep not in (1, m.ep):
         return f"ep {layer.ep} must be 1 or the mesh's ep ({m.ep})"
     node = reshard_group(layer.reshard_after_forward)
-    if node:
-        group = fsdp_group_size(m, layer.tp_mode)
-        if layer.kind != "block" or m.pp > 1 or layer.ep > 1 or \
-                not node_reshard_fits(group, node):
-            return (f"reshard_after_forward {node} needs a dense block of a plan without pp "
-                    f"and a proper divisor of its FSDP group ({group} ranks)")
+    problem = node and node_reshard_problem(m, layer.tp_mode, node, layer.kind, layer.ep > 1)
+    if problem:
+        return problem
     if layer.fsdp_unit not in (1, *FSDP_UNIT_SIZES):
         sizes = (1, *FSDP_UNIT_SIZES)
         return (f"fsdp_unit {layer.fsdp_unit}: FSDP units are "

@@ -1,7 +1,7 @@
-"""Planning: TorchTitan job config -> planning inputs -> search (candidates, costs, MILP) -> Plan.
+"""Planning: a job's request (``job.request``) -> search (candidates, costs, MILP) -> Plan.
 
-Offline: no process group, no device. ``plan_job`` is what the entrypoint (every rank, and the
-one-process preflight) and the CLI call.
+Offline: no process group, no device. ``job.request.plan_job`` reads a TorchTitan config into
+the request and calls ``solve_request``.
 """
 
 import contextlib
@@ -9,6 +9,7 @@ import gc
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ..candidates.layout import GIB, Mesh
@@ -16,11 +17,8 @@ from ..candidates.pipeline import no_pipeline_reason, prefix_classes
 from ..candidates.strategies import enumerate_meshes
 from ..cost.model import clear_compute_memo
 from ..errors import UserError
-from ..job.explicit import NOTES_ATTR, user_set
-from ..job.features import features_from_config
-from ..job.inputs import constraint_keys, job_inputs, with_global_batch
-from ..plan.assembly import JobInputs, plan_of_solution
-from ..plan.schema import Plan
+from ..plan.assembly import JobInputs, plan_of_solution, with_global_batch
+from ..plan.schema import Plan, plan_shards_with_fsdp
 from .milp import Solution, search
 
 
@@ -36,19 +34,44 @@ def _collecting_new_objects() -> Iterator[None]:
         gc.unfreeze()
 
 
-def plan_job(job_config: Any, world: int) -> Plan:
-    """Solve the parallelization of ``job_config`` on ``world`` devices. With
-    ``training.global_batch_size = -1`` the global batch is the local batch x the mesh's
-    data-parallel degree (TorchTitan's rule): each degree is searched with its own global batch
-    and the plan with the most tokens/s wins."""
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest:
+    """A search: the planning inputs and what the plan reports back about the settings."""
+
+    inputs: JobInputs
+    local_batch: int
+    """``training.local_batch_size``: with ``global_batch_follows_dp`` each data-parallel
+    degree is searched with this many sequences per rank."""
+    global_batch_follows_dp: bool
+    """``training.global_batch_size = -1``: the global batch is the local batch x the mesh's
+    data-parallel degree (TorchTitan's rule)."""
+    local_batch_set: bool
+    """The user set ``training.local_batch_size`` (the plan notes when it runs another)."""
+    time_limit_s: float
+    constraint_keys: tuple[str, ...]
+    """The settings the search takes as constraints, as ``key = value``."""
+    narrowing_keys: tuple[str, ...]
+    """Those and the ``autoparallel.techniques`` / ``pin`` the user set: what a job no plan
+    fits names."""
+    fsdp_only_keys: tuple[str, ...]
+    """FSDP-only settings the user set, as ``key = value``: noted when the plan shards
+    nothing with FSDP."""
+    release_notes: tuple[str, ...]
+    """What the TorchTitan release's front-end noted while reading the config."""
+
+
+def solve_request(request: PlanRequest) -> Plan:
+    """The best plan for ``request``. With ``global_batch_follows_dp`` each data-parallel
+    degree is searched with its own global batch and the plan with the most tokens/s wins."""
     with _collecting_new_objects():
-        return _plan_job(job_config, world)
+        return _solve_request(request)
 
 
-def _plan_job(job_config: Any, world: int) -> Plan:
+def _solve_request(request: PlanRequest) -> Plan:
     start = time.perf_counter()
     clear_compute_memo()
-    inputs = job_inputs(job_config, world)
+    inputs = request.inputs
+    world = inputs.world
     meshes = enumerate_meshes(inputs.graph, world, inputs.gpus_per_node, inputs.constraints)
     if prefix_classes(inputs.graph, inputs.pins) is None:
         meshes = [m for m in meshes if m.pp == 1]  # no stage split keeps alternating blocks
@@ -57,8 +80,8 @@ def _plan_job(job_config: Any, world: int) -> Plan:
             f"parallelism.pipeline_parallel_degree = {inputs.constraints.pp}: the blocks of "
             f"{inputs.graph.family} {inputs.graph.flavor} alternate between kinds (or pins), so "
             "no stage split keeps each kind's blocks; set it to 1")
-    local = job_config.training.local_batch_size
-    if job_config.training.global_batch_size == -1:
+    local = request.local_batch
+    if request.global_batch_follows_dp:
         # largest data-parallel degree first: its rate bounds the pipeline search of the rest
         jobs = [(with_global_batch(inputs, local * dp), [m for m in meshes if m.dp == dp])
                 for dp in sorted({m.dp for m in meshes}, reverse=True)]
@@ -68,7 +91,7 @@ def _plan_job(job_config: Any, world: int) -> Plan:
     best: tuple[float, JobInputs, Solution, dict[str, Any]] | None = None
     min_feasible = min_pipeline = float("inf")
     candidates = 0
-    limit = job_config.autoparallel.time_limit_s
+    limit = request.time_limit_s
     # one limit for every solve of the job, whatever it searches (from here: reading the model
     # into its layer graph, which may compile its attention masks, is not solving)
     deadline = time.perf_counter() + limit
@@ -94,31 +117,29 @@ def _plan_job(job_config: Any, world: int) -> Plan:
         raise UserError(no_pipeline_reason(inputs.graph, inputs.global_batch, inputs.constraints,
                                            inputs.features, [m for m in meshes if m.pp > 1]))
     if best is None:
-        raise _no_plan_fits(job_config, inputs, min_feasible, min_pipeline)
+        raise _no_plan_fits(request, min_feasible, min_pipeline)
     _, job, sol, stats = best
     stats["planning_time_s"] = time.perf_counter() - start
     plan = plan_of_solution(job, sol, stats)
-    keys = constraint_keys(job_config)
-    if keys:
-        plan.notes.append(f"constraints (set by you): {', '.join(keys)}")
-    plan.notes.extend(moot_fsdp_settings(job_config, plan))
-    plan.notes.extend(getattr(job_config, NOTES_ATTR, []))
-    training = job_config.training
-    if user_set(job_config, "training.local_batch_size") and \
-            training.local_batch_size != plan.local_batch_size:
+    if request.constraint_keys:
+        plan.notes.append(f"constraints (set by you): {', '.join(request.constraint_keys)}")
+    plan.notes.extend(moot_fsdp_settings(request, plan))
+    plan.notes.extend(request.release_notes)
+    if request.local_batch_set and request.local_batch != plan.local_batch_size:
         plan.notes.append(
-            f"searched: training.local_batch_size = {training.local_batch_size} (set by you); "
+            f"searched: training.local_batch_size = {request.local_batch} (set by you); "
             f"the plan runs {plan.local_batch_size} x accumulation "
             f"{plan.gradient_accumulation_steps} for the global batch {plan.global_batch_size}")
     return plan
 
 
-def _no_plan_fits(job_config: Any, inputs: JobInputs, min_feasible: float,
-                  min_pipeline: float) -> UserError:
+def _no_plan_fits(request: PlanRequest, min_feasible: float, min_pipeline: float
+                  ) -> UserError:
     """The one line for a job no plan fits: the smallest budget that works, and the settings
     that narrowed the search."""
     # the plain search's smallest budget is achievable; the pipeline search only knows a
     # floor (no split it costed fits below it)
+    inputs = request.inputs
     smallest = (f"the smallest budget that works is {gib_up(min_feasible)} GiB"
                 if math.isfinite(min_feasible) else
                 f"pipeline plans need at least {gib_up(min_pipeline)} GiB"
@@ -126,9 +147,7 @@ def _no_plan_fits(job_config: Any, inputs: JobInputs, min_feasible: float,
     if not inputs.constraints.accumulation:
         smallest += (" without gradient accumulation, which optimizer."
                      "early_step_in_backward rules out")
-    fixed = constraint_keys(job_config) + [
-        f"autoparallel.{key} = {getattr(job_config.autoparallel, key)!r}"
-        for key in ("techniques", "pin") if user_set(job_config, f"autoparallel.{key}")]
+    fixed = request.narrowing_keys
     if fixed:  # the search was narrowed: those settings may be what does not fit
         smallest += f" with what you set ({', '.join(fixed)})"
     return UserError(
@@ -139,23 +158,13 @@ def _no_plan_fits(job_config: Any, inputs: JobInputs, min_feasible: float,
     )
 
 
-def moot_fsdp_settings(job_config: Any, plan: Plan) -> list[str]:
+def moot_fsdp_settings(request: PlanRequest, plan: Plan) -> list[str]:
     """A note naming the FSDP-only settings the job sets when the plan shards nothing with
     FSDP (DDP or one device): they take no effect, and the plan says so."""
-    from ..plan.schema import plan_shards_with_fsdp
-
-    if plan_shards_with_fsdp(plan):
+    if plan_shards_with_fsdp(plan) or not request.fsdp_only_keys:
         return []
-    keys = []
-    if user_set(job_config, "parallelism.fsdp_reshard_after_forward"):
-        keys.append("parallelism.fsdp_reshard_after_forward = "
-                    f"{job_config.parallelism.fsdp_reshard_after_forward!r}")
-    if features_from_config(job_config).float8_all_gather:
-        keys.append("quantize.linear.float8.enable_fsdp_float8_all_gather")
-    if not keys:
-        return []
-    return [f"no effect: {', '.join(keys)} (the plan shards nothing with FSDP, mesh "
-            f"{plan.mesh}; set parallelism.data_parallel_shard_degree >= 2 for FSDP)"]
+    return [f"no effect: {', '.join(request.fsdp_only_keys)} (the plan shards nothing with "
+            f"FSDP, mesh {plan.mesh}; set parallelism.data_parallel_shard_degree >= 2 for FSDP)"]
 
 
 def gib_up(size_bytes: float, digits: int = 3) -> str:
