@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "experiments")]
+sys.path.insert(0, str(REPO))
 
-from sweep import _divisors, _heads  # noqa: E402
+from tests.support.sweep import _divisors, _heads  # noqa: E402
 
 MODELS: dict[str, tuple[str, str]] = {
     "llama3_8b": ("llama3_8b_auto.toml", "llama3_8b_fsdp.toml"),

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "experiments")]
+sys.path.insert(0, str(REPO))
 
 CONFIG = REPO / "train_configs" / "llama3_bench_auto.toml"
 NGPU = 4
@@ -77,7 +77,7 @@ def label(plan: Any) -> str:
 def run(plan_path: Path, steps: int, work: Path) -> float:
     """Median step time (steps 3 on) of one training run replaying ``plan_path``, launched as
     ``sweep.py`` launches its arms."""
-    from sweep import Config, Grid, run_training, steady_stats
+    from tests.support.sweep import Config, Grid, run_training, steady_stats
 
     config = Config(family="llama3", ngpu=NGPU, global_batch=16, seq_len=256)  # CONFIG's
     grid = Grid("lever_sweep", steps=steps, timeout_s=1800)

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "experiments")]
+sys.path.insert(0, str(REPO))
 
-from sweep_report import spearman  # noqa: E402
+from tests.support.sweep_report import spearman  # noqa: E402
 
 
 def _float(value: str | None) -> float | None:

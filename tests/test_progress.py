@@ -7,7 +7,7 @@ from pathlib import Path
 from torchtitan_autoparallel.commands import progress as progress_module
 from torchtitan_autoparallel.commands.progress import Progress
 
-from tests.test_sweep import sweep
+from tests.support import sweep
 
 
 def test_eta_is_the_mean_time_per_item_times_what_is_left(monkeypatch, capsys):

@@ -4,16 +4,13 @@ interleaving, Spearman and median relative error, the report, and the host-time 
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "experiments"))
+from tests.support import sweep, sweep_report
 
-import sweep  # noqa: E402
-import sweep_report  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _grid(tmp_path: Path, text: str) -> Path:
