@@ -255,14 +255,12 @@ def test_every_ring_rank_runs_cp_flash_calls_with_a_cp_th_of_the_causal_work(cp)
     """What the model charges context parallelism's attention (``attention_times``: each rank a
     cp-th of the sequence's causal attention FLOPs; ``ring_attention_bytes``: cp flash calls
     per direction on every rank) against torch's own ring attention, run rank by rank with its
-    transfers looped back (experiments/gpu_check.py's ``ring_rank``, which the GPU check times):
-    the FLOPs of the flash calls it makes, forward and backward, on CPU."""
-    import sys
-
+    transfers looped back (tests/support/gpu_replay.py's ``ring_rank``, which
+    experiments/gpu_check.py times): the FLOPs of the flash calls it makes, forward and
+    backward, on CPU."""
     import torch
 
-    sys.path.insert(0, str(REPO / "experiments"))
-    from gpu_check import ring_rank
+    from tests.support.gpu_replay import ring_rank
 
     aten = torch.ops.aten
     heads, local, dim = 2, 8, 4
@@ -425,18 +423,15 @@ def test_async_tp_decomposes_gemms_as_torch_symmetric_memory_does():
 
 
 def test_async_tp_replay_runs_on_cpu():
-    """experiments/gpu_check.py's async-TP replay, on CPU with tiny shapes (copies inline): per
-    linear and dtype the three timings, and the tp chunk GEMMs it times as the model's charge
-    are tp GEMMs whose FLOPs add up to the unchunked GEMM's (counted by FlopCounterMode
-    standing in for the timer)."""
-    import sys
-
+    """The async-TP replay experiments/gpu_check.py times (tests/support/gpu_replay.py), on CPU
+    with tiny shapes (copies inline): per linear and dtype the three timings, and the tp chunk
+    GEMMs it times as the model's charge are tp GEMMs whose FLOPs add up to the unchunked
+    GEMM's (counted by FlopCounterMode standing in for the timer)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import FlopCounterMode
 
-    sys.path.insert(0, str(REPO / "experiments"))
-    from gpu_check import async_tp_conclusion, async_tp_rows
+    from tests.support.gpu_replay import async_tp_conclusion, async_tp_rows
 
     aten = torch.ops.aten
 
@@ -487,10 +482,12 @@ def test_async_tp_replay_covers_the_405b_pipeline_rows():
     published config (dim 16,384, 8 key / value heads of 128, FFN 53,248) at the rows'
     micro-batch of 4 sequences of 8,192 (local batch 32 in 8 micro-batches), so one TP rank
     of 8 gathers 32,768 rows in shards of 4,096."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "experiments"))
-    from gpu_check import ASYNC_TP_JOBS, ASYNC_TP_SEQ, ASYNC_TP_TP, async_tp_linears
+    from tests.support.gpu_replay import (
+        ASYNC_TP_JOBS,
+        ASYNC_TP_SEQ,
+        ASYNC_TP_TP,
+        async_tp_linears,
+    )
 
     assert ("llama3", "405B", 32 // 8) in ASYNC_TP_JOBS
     assert 4 * ASYNC_TP_SEQ // ASYNC_TP_TP == 4096
