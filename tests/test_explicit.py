@@ -88,7 +88,7 @@ def test_schedule_1f1b_on_the_command_line_runs_1f1b():
 
 def test_schedule_1f1b_in_the_toml_reaches_torchtitan(tmp_path, monkeypatch):
     from torchtitan_autoparallel.titan.v0_2.job import check_config
-    from torchtitan_autoparallel.titan.v0_2.launch import prepare_planned_job
+    from torchtitan_autoparallel.titan.v0_2.train import prepare_planned_job
 
     monkeypatch.setenv("WORLD_SIZE", "4")
     parsed = job(*PP2, config=config_with(tmp_path, pipeline_parallel_schedule="1F1B"))

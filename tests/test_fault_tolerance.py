@@ -115,7 +115,7 @@ from torchtitan_autoparallel.titan.v0_2.registry import register
 from torchtitan_autoparallel.titan.v0_2 import cpu
 from torchtitan_autoparallel.launch import resolve_plan
 from torchtitan_autoparallel.titan.v0_2.job import parse_config
-from torchtitan_autoparallel.titan.v0_2.launch import shared_plan
+from torchtitan_autoparallel.titan.v0_2.train import shared_plan
 cpu.install(); register()
 rank = int(os.environ["RANK"])
 # rank 1 alone may not replicate: planning on its own, it would pick another plan

@@ -118,7 +118,7 @@ def _parsed(*overrides: str):
 def test_plan_without_float8_refused_for_float8_job(tmp_path, monkeypatch):
     """A plan saved for the eager bf16 / fp32 job is refused when the job turns float8 on (and
     compile): the fingerprint records the features."""
-    from torchtitan_autoparallel.titan.v0_2.launch import prepare_planned_job
+    from torchtitan_autoparallel.titan.v0_2.train import prepare_planned_job
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     path = tmp_path / "plan.json"
@@ -140,7 +140,7 @@ def test_float8_precompute_hook_runs_with_autoparallel_converter(monkeypatch):
     from torchtitan.distributed import ParallelDims
     from torchtitan.protocols.model_converter import build_model_converters
 
-    from torchtitan_autoparallel.titan.v0_2.launch import prepare_planned_job
+    from torchtitan_autoparallel.titan.v0_2.train import prepare_planned_job
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     job = _parsed("--model.converters=quantize.linear.float8",

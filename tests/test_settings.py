@@ -57,8 +57,8 @@ def test_degree_is_a_constraint(config, key, value, dim):
 def prepared(config: str, *overrides: str):
     """(job config as TorchTitan will run it, plan) of a planned job, without building."""
     from torchtitan_autoparallel.titan.v0_2.job import check_config, parse_config
-    from torchtitan_autoparallel.titan.v0_2.launch import prepare_planned_job
     from torchtitan_autoparallel.titan.v0_2.registry import register
+    from torchtitan_autoparallel.titan.v0_2.train import prepare_planned_job
 
     register()
     job = parse_config(["--job.config_file", f"train_configs/{config}", *overrides])

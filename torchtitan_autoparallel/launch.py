@@ -1,6 +1,6 @@
 """A planned job at launch, for either TorchTitan release: the plan resolved once (plan file or
 solve) and handed by rank 0 to every rank through torchrun's store. How the job TorchTitan runs is
-made to follow it is the release's (``titan/v0_2/launch.py``, ``titan/v0_3/train.py``)."""
+made to follow it is the release's (``titan/v0_2/train.py``, ``titan/v0_3/train.py``)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ PLAN_KEY = "autoparallel/plan"
 
 def plan_from_rank0(resolve: Any, time_limit_s: float, alone: bool = False) -> Any:
     """``resolve()`` on rank 0, its plan (or its UserError) handed to the other ranks through
-    torchrun's store (see ``titan.v0_2.launch.shared_plan``); every process resolves alone when
+    torchrun's store (see ``titan.v0_2.train.shared_plan``); every process resolves alone when
     ``alone``, in one process, or without torchrun's store."""
     import json
     from datetime import timedelta

@@ -43,9 +43,9 @@ def build(config: str, *overrides: str) -> tuple[nn.Module, Any, Any]:
 
     from torchtitan_autoparallel.titan.v0_2 import cpu
     from torchtitan_autoparallel.titan.v0_2.job import check_config, parse_config
-    from torchtitan_autoparallel.titan.v0_2.launch import prepare_planned_job
     from torchtitan_autoparallel.titan.v0_2.patches.dry_run import _assume_quantization_capability
     from torchtitan_autoparallel.titan.v0_2.registry import register
+    from torchtitan_autoparallel.titan.v0_2.train import prepare_planned_job
 
     cpu.install()
     register()
