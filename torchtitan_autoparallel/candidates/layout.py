@@ -4,7 +4,7 @@ package."""
 
 import functools
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 
 @functools.lru_cache(maxsize=4096)
@@ -20,11 +20,14 @@ all-reduced, parameters whole on every rank; tp = cp = 1); tp: tensor + sequence
 block may use the tp dim as extra data parallel (dense models); cp: context parallel (ring
 attention); ep: expert parallel for routed experts (MoE models); ac: activation checkpointing;
 pp: pipeline parallel (schedule, stages per rank, micro-batches and the stage split searched)."""
-TP_MODES = ("sp", "dp")
+TpMode = Literal["none", "sp", "dp"]
+"""What the tp dim does for a block: "none" (tp = 1) or one of ``TP_MODES``."""
+TP_MODES: tuple[TpMode, ...] = ("sp", "dp")
 """Per block on a mesh with tp > 1: "sp" = TorchTitan's TP + sequence-parallel plan; "dp" = the
 block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split the micro-batch
 (entry/exit all-to-all between the sequence-sharded residual stream and a batch shard)."""
-AC_MODES = ("none", "selective", "full")
+AcMode = Literal["none", "selective", "full"]
+AC_MODES: tuple[AcMode, ...] = get_args(AcMode)
 """Activation checkpointing of a block (also the ``activation_checkpoint.mode`` values a
 planned job accepts: the plan picks per block among them)."""
 
@@ -161,9 +164,9 @@ class BlockStrategy:
     ("none" when tp = 1, else one of TP_MODES), and the blocks of its FSDP unit (``fsdp_unit``
     consecutive blocks with this strategy share one ``fully_shard`` group)."""
 
-    ac: str
+    ac: AcMode
     reshard_after_forward: bool | int
-    tp_mode: str = "none"
+    tp_mode: TpMode = "none"
     fsdp_unit: int = 1
 
     @classmethod
