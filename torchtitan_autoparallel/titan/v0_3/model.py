@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from ...errors import UserError, shown
@@ -117,25 +118,38 @@ def sized_for(model_config: Any, seq_len: int, config: Any = None) -> Any:
     return model_config
 
 
-def read_model(name: str, flavor: str, seq_len: int, model_config: ModelConfig | None = None
-               ) -> LayerGraph:
-    """The layer graph of family ``name``'s ``flavor`` at ``seq_len``, its attention measured
-    as causal SDPA; the graph records the attention the flavor runs. ``model_config``: the
-    HF backend's ``hf_model``."""
+def model_on_meta(model_config: Any, seq_len: int, trainer: Any, hf: bool,
+                  cannot: Callable[[Exception], str]) -> tuple[Any, Any, str]:
+    """(model, its config, the attention kind the config ran): a copy of ``model_config`` with
+    its attention as SDPA (``as_sdpa``; with ``hf``, the HF backend's too: ``hf_as_sdpa``), set
+    up for ``seq_len`` as the trainer config ``trainer`` sets it up (``sized_for``), and the
+    model built from it on meta. A build that fails is one line, ``cannot(error)``."""
     # a copy: a registry may hand out one shared config per flavor (the HF backend's does),
     # which the job's trainer then builds
-    config = copy.deepcopy(model_spec(name, flavor).model)
+    config = copy.deepcopy(model_config)
     kind = as_sdpa(config)
-    sections = model_config.sections if model_config else None
-    sized_for(config, seq_len, trainer_config(name, sections))
-    if name == HF_BACKEND:
+    sized_for(config, seq_len, trainer)
+    if hf:
         kind = hf_as_sdpa(config)
     try:
         with warnings_off():
             model = meta_model(config.build)
     except Exception as exc:
-        raise UserError(f"model {name!r} {flavor!r} cannot be built on the meta device: "
-                        f"{shown(exc, 200)}") from None
+        raise UserError(cannot(exc)) from None
+    return model, config, kind
+
+
+def read_model(name: str, flavor: str, seq_len: int, model_config: ModelConfig | None = None
+               ) -> LayerGraph:
+    """The layer graph of family ``name``'s ``flavor`` at ``seq_len``, its attention measured
+    as causal SDPA; the graph records the attention the flavor runs. ``model_config``: the
+    HF backend's ``hf_model``."""
+    sections = model_config.sections if model_config else None
+    model, config, kind = model_on_meta(
+        model_spec(name, flavor).model, seq_len, trainer_config(name, sections),
+        name == HF_BACKEND,
+        lambda exc: f"model {name!r} {flavor!r} cannot be built on the meta device: "
+                    f"{shown(exc, 200)}")
     _check_decoder_only(name, flavor, model)
     graph = graph_of_model(name, flavor, model, seq_len, kind, True, config)
     if name == HF_BACKEND:
@@ -166,16 +180,11 @@ def check_hf_config(config: Any) -> None:
     builds, built on meta at the job's sequence length; a build that fails is one line."""
     from .hf_check import check_hf_model
 
-    model_config = copy.deepcopy(config.model_spec.model)
-    sized_for(model_config, config.training.seq_len, copy.deepcopy(config))
-    hf_as_sdpa(model_config)
     hf_model = str(getattr(config, "hf_model", ""))
-    try:
-        with warnings_off():
-            model = meta_model(model_config.build)
-    except Exception as exc:
-        raise UserError(f"TorchTitan 0.3.0's HF backend cannot build the model of --hf_model "
-                        f"{hf_model}: {type(exc).__name__}: {shown(exc, 200)}") from None
+    model, _, _ = model_on_meta(
+        config.model_spec.model, config.training.seq_len, copy.deepcopy(config), True,
+        lambda exc: f"TorchTitan 0.3.0's HF backend cannot build the model of --hf_model "
+                    f"{hf_model}: {type(exc).__name__}: {shown(exc, 200)}")
     check_hf_model(model, hf_model)
 
 
