@@ -19,6 +19,7 @@ from ..errors import tomllib
 from ..plan.assembly import candidate_for, rank_counts
 from ..plan.recost import block_counts, inputs_from_plan
 from ..plan.schema import LayerPlan, Plan, check_plan_for_job
+from .moe_notes import moe_lines
 
 
 def explain_rows(plan: Plan, cache: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -214,6 +215,8 @@ def assumed_lines(plan: Plan, inputs: Any, cache: dict[str, Any]) -> list[str]:
     hw, base = inputs.hw, plan.predicted["step_time_s"]
     swings = []
     for name in hw.assumed():
+        if name == "moe_load_imbalance":
+            continue  # weighed with the other MoE terms (moe_notes.moe_lines)
         value = getattr(hw, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value:
             continue
@@ -334,8 +337,8 @@ def model_lines(plan: Plan, cache: dict[str, Any] | None = None) -> list[str]:
     the model's measured error on its hardware."""
     cache = {} if cache is None else cache
     inputs = inputs_from_plan(plan, cache)
-    lines = (assumed_lines(plan, inputs, cache) + float8_lines(plan, inputs)
-             + unit_lines(plan, inputs))
+    lines = (assumed_lines(plan, inputs, cache) + moe_lines(plan, inputs, cache)
+             + float8_lines(plan, inputs) + unit_lines(plan, inputs))
     return lines + error_lines(plan, inputs.hw.name)
 
 

@@ -19,6 +19,7 @@ from .compute import (
     measured_float8_table,
 )
 from .hardware import HardwareProfile
+from .moe import load_imbalance
 
 ROW_PARALLEL_FLOP_SHARE = 1 / 3
 """Share of a decoder block's linear FLOPs in its row-parallel linears (wo and w2; Llama 3 8B
@@ -243,6 +244,6 @@ def moe_dispatch_s(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext) 
     nbytes = microbatch * layer.io_bytes * ctx.act_scale / mesh.cp * layer.top_k
     if mesh.etp == 1:
         nbytes /= mesh.tp
-    nbytes *= ctx.hw.moe_load_imbalance
+    nbytes *= load_imbalance(ctx.hw)
     return collective_s("all_to_all", nbytes, mesh.ep, mesh.spans_nodes("ep", ctx.gpus_per_node),
                         ctx.hw)

@@ -96,7 +96,7 @@ from .compute import (  # noqa: F401  (re-exported: the cost model's names)
     ring_attention_bytes,
 )
 from .hardware import HardwareProfile
-from .moe import moe_cost
+from .moe import load_imbalance, moe_cost
 
 
 def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
@@ -142,7 +142,7 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
         if not moe.total_s:
             # the slowest ep rank sets the pace: routed-expert compute scaled by the imbalance
             expert = layer.expert_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
-            compute += expert * (3.0 + recompute_frac) * (hw.moe_load_imbalance - 1.0)
+            compute += expert * (3.0 + recompute_frac) * (load_imbalance(hw) - 1.0)
     time = host_time_s(compute + copy_s + tp_comm + exposed, mesh, ctx)
     kept, state, transient = _block_memory(layer, mesh, strategy, microbatch, ctx, unsharded,
                                            gbytes)
@@ -263,7 +263,7 @@ def _block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContex
             extra += 4 * moe_dispatch_s(layer, mesh, microbatch, ctx)
         if not moe.total_s:
             expert = layer.expert_flops * microbatch / (mesh.tp * mesh.cp) / hw.flops_per_s
-            extra += expert * 3.0 * (hw.moe_load_imbalance - 1.0)
+            extra += expert * 3.0 * (load_imbalance(hw) - 1.0)
     return modes, extra, extra + min(compute + tp for _, compute, tp in modes)
 
 

@@ -100,7 +100,18 @@ def moe_sources(gemm_table: str) -> dict[str, str]:
 _SCALED: dict[str, float] = {}
 """Factors on the MoE terms while ``scaled_term`` holds them (sensitivity notes)."""
 TERMS = ("grouped GEMMs", "permutation", "router kernels", "host sync", "load imbalance")
-"""The MoE terms a plan's notes weigh (``term_seconds``' keys)."""
+"""The MoE terms a plan's notes weigh (``commands/moe_notes.py``): ``MoeCost.parts``' names
+and the load imbalance."""
+
+
+def load_imbalance(hw: HardwareProfile) -> float:
+    """Tokens on the busiest expert-parallel rank / the mean: the profile's (or the job's)
+    ``moe_load_imbalance``, its excess over 1 scaled while ``scaled_term("load imbalance")``
+    holds (what the routed experts' kernels and the token all-to-alls are charged)."""
+    factor = _SCALED.get("load imbalance")
+    if factor is None:
+        return hw.moe_load_imbalance
+    return 1.0 + (hw.moe_load_imbalance - 1.0) * factor
 
 
 @dataclass(frozen=True)
@@ -233,8 +244,7 @@ def moe_cost(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext,
     hw, recipe = ctx.hw, ctx.features.grouped_mm
     if not layer.expert_flops or not moe_table(hw.gemm_table):
         return MoeCost(0.0, 0.0)
-    imbalance = 1.0 + (hw.moe_load_imbalance - 1.0) * _SCALED.get("load imbalance", 1.0)
-    shape = moe_shape(layer, mesh, microbatch, imbalance, ctx.prec.param_bytes)
+    shape = moe_shape(layer, mesh, microbatch, load_imbalance(hw), ctx.prec.param_bytes)
     again = 1.0 + recompute_frac
     grouped = grouped and hw.grouped_mm
     terms = {"grouped GEMMs": grouped_gemm_s(shape, hw, recipe if grouped else "loop"),
