@@ -231,6 +231,50 @@ def test_a_refused_key_is_one_line_under_auto_only(flag, key):
     assert read_job(base).parallelism.auto is False  # TorchTitan's own recipe runs it
 
 
+def test_bfloat16_training_state_is_refused_under_auto_only():
+    """``--training.dtype bfloat16``: TorchTitan 0.3.0's trainer builds the model, hence its
+    gradients and optimizer state, in bf16 (``set_default_dtype``), which the cost model does
+    not charge (float32 state): one line under auto, as 0.2.2 refuses it; float32 (set or not)
+    plans, and TorchTitan's own recipe runs either."""
+    from torchtitan_autoparallel.errors import UserError
+    from torchtitan_autoparallel.titan.v0_2.settings import SETTINGS
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+    from torchtitan_autoparallel.titan.v0_3.job import KEYS
+
+    base = ["--module", "llama3", "--config", "llama3_debugmodel"]
+    with pytest.raises(UserError, match=r"--training\.dtype bfloat16 .*float32 parameters"):
+        read_job([*base, "--training.dtype", "bfloat16", "--parallelism.auto"])
+    assert read_job([*base, "--training.dtype", "bfloat16"]).training.dtype == "bfloat16"
+    assert read_job([*base, "--training.dtype", "float32", "--parallelism.auto"]
+                    ).training.dtype == "float32"
+    assert KEYS["training.dtype"] == SETTINGS["training.dtype"]  # one row on both releases
+
+
+def test_ac_options_reach_every_planned_mode():
+    """``preserve_rng_state``, ``determinism_check`` and ``debug`` (fields of every 0.3.0 AC
+    policy) reach torch's checkpoint in the blocks the plan checkpoints with the other mode
+    too, as 0.2.2's ``apply_ac`` passes them to every planned mode."""
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from torchtitan_autoparallel.titan.v0_3.apply import _ac_policies
+    from torchtitan_autoparallel.titan.v0_3.config import parse_job
+
+    config = parse_job(["--module", "llama3", "--config", "llama3_debugmodel",
+                        "activation-checkpoint:full",
+                        "--activation-checkpoint.no-preserve-rng-state",
+                        "--activation-checkpoint.determinism-check", "none",
+                        "--activation-checkpoint.debug"])
+    policies = _ac_policies(config.activation_checkpoint, "")
+    assert policies["none"] is None
+    for mode in ("full", "selective"):
+        wrapped = policies[mode]._wrap_block(torch.nn.Linear(2, 2), base_fqn="layers.0")
+        assert isinstance(wrapped, CheckpointWrapper), mode
+        kwargs = wrapped.checkpoint_fn.keywords  # what torch.utils.checkpoint is called with
+        assert (kwargs["preserve_rng_state"], kwargs["determinism_check"], kwargs["debug"]) \
+            == (False, "none", True), mode
+
+
 def test_cuda_graphs_setting_is_noted_in_the_plan():
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job

@@ -73,7 +73,8 @@ SETTINGS: dict[str, tuple[Handling, str]] = {
     "training.steps": _PASSED,
     "training.enable_cpu_offload": ((APPLIED, COSTED, REFUSED),
                                     "a plan without FSDP, or a machine without a GPU: refused"),
-    "training.dtype": ((REFUSED,), "float32 only"),
+    "training.dtype": ((APPLIED, REFUSED), "bfloat16: refused (the cost model charges float32 "
+                                          "state)"),
     "training.mixed_precision_param": ((APPLIED, COSTED), ""),
     "training.mixed_precision_reduce": ((APPLIED, COSTED), ""),
     "training.gc_freq": _PASSED,

@@ -61,13 +61,21 @@ def apply_plan(config: Any, plan: Any) -> None:
 
 
 def _ac_policies(ac_config: Any, dump_folder: str) -> dict[str, Any]:
-    """AC mode -> the 0.3.0 policy that applies it (the job's own options kept when it names
-    that mode)."""
-    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    """AC mode -> the 0.3.0 policy that applies it: the job's own policy for the mode it names,
+    the other mode's with the options every policy shares (``preserve_rng_state``,
+    ``determinism_check``, ``debug``) as the job set them."""
+    from torchtitan.distributed.activation_checkpoint import (
+        ActivationCheckpointing,
+        FullAC,
+        SelectiveAC,
+    )
 
+    shared = ({f.name: getattr(ac_config, f.name)
+               for f in dataclasses.fields(ActivationCheckpointing.Config)}
+              if isinstance(ac_config, ActivationCheckpointing.Config) else {})
     out: dict[str, Any] = {"none": None}
     for mode, cls in (("full", FullAC), ("selective", SelectiveAC)):
-        cfg = ac_config if type(ac_config) is cls.Config else cls.Config()
+        cfg = ac_config if type(ac_config) is cls.Config else cls.Config(**shared)
         out[mode] = cfg.build(dump_folder=dump_folder)
     return out
 

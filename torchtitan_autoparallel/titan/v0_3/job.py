@@ -30,6 +30,7 @@ from ..keys import (
 from .config import Config, config_nodes, explicit_of
 
 _FIXED_WHEN_SET = ((CONSTRAINT, SEARCHED), "set: fixed; unset: searched")
+DTYPE_NOTE = "bfloat16: refused (the cost model charges float32 state)"
 _STAGE_SPLIT = ((REFUSED,), "set: the planner splits the stages")
 KEYS: dict[str, tuple[Handling, str]] = {
     # read into the planner's view of the job (named as the 0.2.2 key it stands for)
@@ -37,9 +38,15 @@ KEYS: dict[str, tuple[Handling, str]] = {
     "training.global_batch_size": ((CONSTRAINT,), "-1: local batch x data-parallel degree"),
     "training.seq_len": ((APPLIED, COSTED), "planned for"),
     "training.enable_cpu_offload": ((APPLIED, COSTED), ""),
-    "training.dtype": ((APPLIED,), "the cost model charges float32 state"),
+    "training.dtype": ((APPLIED, REFUSED), DTYPE_NOTE),
     "training.mixed_precision_param": ((APPLIED, COSTED), ""),
     "training.mixed_precision_reduce": ((APPLIED, COSTED), ""),
+    # TorchTitan's gradient clipping, on one mesh per parameter group under every 0.3.0 plan
+    "training.max_norm": ((APPLIED,), ""),
+    # the options every AC policy shares: each planned mode's policy carries them (apply.py)
+    "activation_checkpoint.preserve_rng_state": ((APPLIED,), ""),
+    "activation_checkpoint.determinism_check": ((APPLIED,), ""),
+    "activation_checkpoint.debug": ((APPLIED,), ""),
     "parallelism.auto": ((APPLIED,), "plans the job; off: TorchTitan's own recipe runs it"),
     "parallelism.data_parallel_replicate_degree": _FIXED_WHEN_SET,
     "parallelism.data_parallel_shard_degree": _FIXED_WHEN_SET,
@@ -80,9 +87,7 @@ KEYS: dict[str, tuple[Handling, str]] = {
     # no effect on placements, memory or step time
     **{key: ((PASSED,), "") for key in (
         "training.steps", "parallelism.spmd_backend",
-        "parallelism.context_parallel_ptrr_mask_key", "training.max_norm", "training.gc_freq",
-        "training.gc_debug", "activation_checkpoint.debug",
-        "activation_checkpoint.determinism_check", "activation_checkpoint.preserve_rng_state",
+        "parallelism.context_parallel_ptrr_mask_key", "training.gc_freq", "training.gc_debug",
         "dataloader.", "validator.", "checkpoint.", "comm.", "debug.", "profiler.", "metrics.",
         "lr_scheduler.", "optimizer.", "override.", "loss.", "tokenizer.", "dump_folder",
         "hf_assets_path")},
@@ -119,7 +124,13 @@ def handling_of(key: str) -> Handling | None:
 
 def check_keys(config: Config) -> list[str]:
     """Refuse, in one line, keys the planner assumes at TorchTitan's default when the user
-    set them under auto; the notes for keys whose effect the cost model does not see."""
+    set them under auto, and a training dtype other than float32 (``DTYPE_NOTE``); the notes
+    for keys whose effect the cost model does not see."""
+    if config.training.dtype != "float32":
+        raise UserError(f"--training.dtype {config.training.dtype} with --parallelism.auto: the "
+                        "planner costs float32 parameters, gradients and optimizer state; set "
+                        "--training.dtype float32 (--training.mixed_precision_param bfloat16 "
+                        "computes in bf16) or drop --parallelism.auto")
     notes = []
     for key in sorted(explicit_of(config)):
         if key in REFUSED_WHY:
