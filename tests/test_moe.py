@@ -118,17 +118,24 @@ def test_looped_experts_run_plain_gemms_with_a_host_sync_and_ep_splits_them():
     def cost(mesh, grouped):
         return block_cost(layer, mesh, s, 2, ctx, grouped).compute_s
 
-    # TorchTitan's for-loop experts: plain GEMMs at the dense table's rate (the grouped kernel
-    # runs at moe_sm_90.csv's 0.80 of it), a host sync for the token counts, and without EP
+    # TorchTitan's for-loop experts: plain GEMMs at the dense table's rate, one per expert and
+    # projection (counted here GEMM by GEMM), a host sync for the token counts, and without EP
     # no permutation (grouped GEMMs without EP pad on the device: no sync)
-    from torchtitan_autoparallel.cost.moe import moe_cost, moe_table
+    from torchtitan_autoparallel.cost.kernels import gemm_s
+    from torchtitan_autoparallel.cost.moe import moe_cost, moe_shape
 
-    efficiency = moe_table(hw.gemm_table)["grouped_efficiency_bf16"]
     for mesh in (Mesh(dp_replicate=1, dp_shard=8, tp=1),
                  Mesh(dp_replicate=1, dp_shard=8, tp=1, ep=8)):
         looped, grouped = (dict(moe_cost(layer, mesh, 2, ctx, 0.0, g).parts)
                            for g in (False, True))
-        assert looped["grouped GEMMs"] == pytest.approx(efficiency * grouped["grouped GEMMs"])
+        shape = moe_shape(layer, mesh, 2, 1.0)
+        m, d, h = shape.group_rows, shape.dim, shape.hidden
+        # per expert: x @ w1, x @ w3, h @ w2 forward; their input and weight gradients
+        gemms = [(m, h, d), (m, h, d), (m, d, h), (m, d, h), (m, d, h), (m, h, d),
+                 (h, d, m), (h, d, m), (d, h, m)]
+        by_hand = shape.local_experts * sum(gemm_s(*g, hw.gemm_table, hw.clock_scale)
+                                            for g in gemms)
+        assert looped["grouped GEMMs"] == pytest.approx(by_hand)
         assert looped["host sync"] > 0 and (grouped["host sync"] > 0) == (mesh.ep > 1)
         assert (looped["permutation"] > 0) == (mesh.ep > 1) and grouped["permutation"] > 0
         assert cost(mesh, False) - cost(mesh, True) == pytest.approx(

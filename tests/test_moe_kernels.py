@@ -95,17 +95,24 @@ def _published_grouped_tflops(profile: str, tokens: int, dim: int, hidden: int, 
     return 2.0 * tokens * top_k * 3 * dim * hidden / fwd / 1e12
 
 
-@pytest.mark.parametrize("experts, hidden, top_k, published", [
-    (128, 768, 8, 242.12),   # VeOmni PR 460 (H100): torch._grouped_mm MoE forward, TFLOP/s
-    (512, 512, 10, 180.67),
-])
-def test_grouped_gemm_forward_against_veomni_h100(experts, hidden, top_k, published):
-    """ByteDance-Seed/VeOmni PR 460: torch._grouped_mm MoE experts forward on H100, 32768
-    tokens, dim 2048 (not a source of moe_sm_90.csv). Predicted within a factor 1.5: the
-    grouped kernel's efficiency against the dense table is one number per architecture,
-    while these groups (2048 and 640 rows) are small."""
-    predicted = _published_grouped_tflops("h100_sxm", 32768, 2048, hidden, experts, top_k)
-    assert published / 1.5 <= predicted <= published * 1.5
+VEOMNI_H100 = {(128, 768, 8): 242.12, (512, 512, 10): 180.67}
+"""ByteDance-Seed/VeOmni PR 460: torch._grouped_mm MoE experts forward on H100, 32768 tokens,
+dim 2048, TFLOP/s by (experts, expert hidden width, top_k): groups of 2048 and 640 rows."""
+
+
+def test_grouped_gemm_forward_by_group_size_against_veomni_h100():
+    """VeOmni's two torch._grouped_mm rows (not a source of moe_sm_90.csv): 4 x more, 3.2 x
+    smaller groups run 1.34 x slower per FLOP. The grouped kernel's tile work (the groups
+    stacked) gives that slowdown within 20 % (charging each group a separate dense GEMM
+    gave 2.9 x); the absolute rates within a factor 2 (VeOmni times its whole experts
+    forward, the H100 efficiency is one number from PR 2490's larger groups)."""
+    predicted = {key: _published_grouped_tflops("h100_sxm", 32768, 2048, hidden, experts, top_k)
+                 for key in VEOMNI_H100 for experts, hidden, top_k in (key,)}
+    small, large = (128, 768, 8), (512, 512, 10)
+    published_slowdown = VEOMNI_H100[small] / VEOMNI_H100[large]
+    assert predicted[small] / predicted[large] == pytest.approx(published_slowdown, rel=0.2)
+    for key, published in VEOMNI_H100.items():
+        assert published / 2 <= predicted[key] <= published * 2
 
 
 @pytest.mark.parametrize("dim, hidden, recipe, published_ms", [

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,26 +165,50 @@ def moe_shape(layer: Layer, mesh: Mesh, microbatch: int, imbalance: float,
                     imbalance=imbalance if ep > 1 else 1.0, act_bytes=act_bytes)
 
 
+TILE_ROWS = 128
+"""Rows of one output tile of the grouped kernel along the grouped dimension (assumed: the
+128-row tiles of CUTLASS's SM90 / SM100 grouped GEMMs behind torch._grouped_mm): each group's
+last tile is computed whole, so a group costs its rows rounded up to a multiple of it."""
+
+
+def stacked_gemm_s(groups: int, rows: float, n: float, k: float, table: str, clock: float
+                   ) -> tuple[float, float, float]:
+    """(forward, input gradient, weight gradient) seconds at the dense GEMM table's rate of
+    ``groups`` GEMMs of ``rows`` x ``k`` -> ``n`` run as one grouped kernel: one launch
+    schedules every group's output tiles together, so it does the tile work of one dense GEMM
+    with the groups stacked along the grouped dimension (forward and input gradient: the
+    groups' rows, each rounded up to ``TILE_ROWS``; weight gradient: the groups' n x k
+    outputs, each reducing over its own rows), not that of ``groups`` separate small GEMMs,
+    whose own wave quantization the grouped launch does not pay."""
+    padded = groups * math.ceil(rows / TILE_ROWS) * TILE_ROWS
+    return (kernels.gemm_s(padded, n, k, table, clock), kernels.gemm_s(padded, k, n, table, clock),
+            kernels.gemm_s(groups * n, k, rows, table, clock))
+
+
 def grouped_gemm_s(shape: MoeShape, hw: HardwareProfile, recipe: str = "none"
                    ) -> tuple[float, float]:
-    """(forward, backward) seconds of the routed experts' grouped GEMMs: per local expert
-    three forward GEMMs (rows x dim -> hidden twice, rows x hidden -> dim) and their input and
-    weight gradients, each at the dense GEMM table's throughput for its shape, divided by the
-    grouped kernel's measured efficiency against that table (``recipe``: "none" bf16,
-    "float8" rowwise, "mx" MXFP8, at the profile's speedup; "loop": TorchTitan's for-loop
-    experts, plain GEMMs at the table's rate)."""
-    m, d, h = shape.group_rows, shape.dim, shape.hidden
+    """(forward, backward) seconds of the routed experts' grouped GEMMs: three forward GEMMs
+    per local expert (rows x dim -> hidden twice, rows x hidden -> dim) and their input and
+    weight gradients, as grouped kernels (``stacked_gemm_s``) at the dense GEMM table's
+    throughput divided by the grouped kernel's measured efficiency against it (``recipe``:
+    "none" bf16, "float8" rowwise, "mx" MXFP8, at the profile's speedup; "loop": TorchTitan's
+    for-loop experts, one plain GEMM per expert at the table's rate for its shape)."""
+    m, d, h, experts = shape.group_rows, shape.dim, shape.hidden, shape.local_experts
     table, clock = hw.gemm_table, hw.clock_scale
-    fwd = 2 * kernels.gemm_s(m, h, d, table, clock) + kernels.gemm_s(m, d, h, table, clock)
-    bwd = (2 * (kernels.gemm_s(m, d, h, table, clock) + kernels.gemm_s(h, d, m, table, clock))
-           + kernels.gemm_s(m, h, d, table, clock) + kernels.gemm_s(d, h, m, table, clock))
-    constants = moe_table(table)
+    if recipe == "loop":
+        fwd = 2 * kernels.gemm_s(m, h, d, table, clock) + kernels.gemm_s(m, d, h, table, clock)
+        bwd = (2 * (kernels.gemm_s(m, d, h, table, clock) + kernels.gemm_s(h, d, m, table, clock))
+               + kernels.gemm_s(m, h, d, table, clock) + kernels.gemm_s(d, h, m, table, clock))
+        rate = 1.0 / _SCALED.get("grouped GEMMs", 1.0)
+        return experts * fwd / rate, experts * bwd / rate
+    up = stacked_gemm_s(experts, m, h, d, table, clock)  # w1, w3: dim -> hidden
+    down = stacked_gemm_s(experts, m, d, h, table, clock)  # w2: hidden -> dim
+    fwd, bwd = 2 * up[0] + down[0], 2 * (up[1] + up[2]) + down[1] + down[2]
     low = {"float8": "float8", "mx": "mx"}.get(recipe, "bf16")
     speed = {"float8": hw.float8_rowwise_gemm_speedup, "mx": hw.mx_speedup}.get(low, 1.0)
-    # "loop": one plain GEMM per expert (no grouped kernel), at the dense table's rate
-    efficiency = 1.0 if recipe == "loop" else constants[f"grouped_efficiency_{low}"]
+    efficiency = moe_table(table)[f"grouped_efficiency_{low}"]
     rate = efficiency * speed / _SCALED.get("grouped GEMMs", 1.0)
-    return shape.local_experts * fwd / rate, shape.local_experts * bwd / rate
+    return fwd / rate, bwd / rate
 
 
 def permutation_s(shape: MoeShape, hw: HardwareProfile) -> tuple[float, float]:
