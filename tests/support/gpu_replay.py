@@ -9,7 +9,7 @@ import contextlib
 import statistics
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -94,6 +94,23 @@ def _wall_s(fn) -> float:
     return time.perf_counter() - start
 
 
+def _operand_and_gemm(m: int, k: int, n: int, dtype: str, device: str
+                      ) -> tuple[Any, Callable[[Any], Any]]:
+    """A random m x k input in ``dtype`` and the GEMM of a row block of it with a random
+    k x n weight: ``torch.mm`` in bf16; in float8 tensorwise (as gpu_check's ``gemm_rows``
+    times it) ``torch._scaled_mm`` of e4m3 operands, the weight column-major, bf16 out."""
+    import torch
+
+    a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    w = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+    if dtype == "bf16":
+        return a, lambda x: torch.mm(x, w)
+    f8 = torch.float8_e4m3fn
+    a, w = a.to(f8), w.t().contiguous().to(f8).t()
+    one = torch.ones((), device=device)
+    return a, lambda x: torch._scaled_mm(x, w, one, one, out_dtype=torch.bfloat16)
+
+
 def async_tp_replay(tokens: int, k: int, n: int, tp: int, style: str, dtype: str,
                     device: str = "cuda", timer=None) -> dict[str, object]:
     """One TP rank's forward GEMMs of one linear as torch's symmetric-memory fused ops run them
@@ -125,18 +142,7 @@ def async_tp_replay(tokens: int, k: int, n: int, tp: int, style: str, dtype: str
     cuda = torch.device(device).type == "cuda"
     timer = timer or (timed if cuda else _wall_s)
     k_loc, n_loc = (k, n // tp) if style == "colwise" else (k // tp, n)
-    a = torch.randn(tokens, k_loc, device=device, dtype=torch.bfloat16)
-    w = torch.randn(k_loc, n_loc, device=device, dtype=torch.bfloat16)
-    if dtype == "bf16":
-        def mm(x: Any) -> Any:
-            return torch.mm(x, w)
-    else:  # float8 tensorwise, as gemm_rows times it: e4m3 operands, B column-major
-        f8 = torch.float8_e4m3fn
-        a, w = a.to(f8), w.t().contiguous().to(f8).t()
-        one = torch.ones((), device=device)
-
-        def mm(x: Any) -> Any:
-            return torch._scaled_mm(x, w, one, one, out_dtype=torch.bfloat16)
+    a, mm = _operand_and_gemm(tokens, k_loc, n_loc, dtype, device)
     shards = a.chunk(tp)
     if style == "colwise":  # the gathered operand's shards
         src = torch.empty_like(shards[0])
