@@ -22,6 +22,13 @@ Part 1 (about 2 minutes) measures, on the first GPU:
   chunks with the shards' bytes copied on torch's second stream (the HBM and copy-engine
   contention one GPU shows), ``async_tp_<device>.csv``, with a line per model on whether bf16's
   copies slow the GEMMs more than float8's;
+- TorchTitan's routed experts (tests/support/moe_replay.py, at most ``MOE_BUDGET_S``):
+  torch._grouped_mm (and torchao's float8 rowwise / MXFP8 grouped GEMMs where the GPU has them)
+  forward and forward + backward by tokens per expert at DeepSeek-V3 16B's and Llama 4
+  17Bx16E's expert shapes, beside cost/moe.py's stacked prediction and one GEMM per group;
+  TorchTitan 0.2.2's token permutation forward + backward; the EP dispatcher's device -> host
+  sync (``moe_grouped_gemm_<device>.csv``, ``moe_permutation_<device>.csv``,
+  ``moe_host_sync_<device>.csv``);
 each beside what the device's profile predicts for it (``kernels.md``). Part 2 (about 5
 minutes) runs ``experiments/grids/gpu_check.toml`` through ``experiments/sweep.py`` with the
 device's profile and writes its report. Everything lands under ``--out/<device>/``. The ring
@@ -49,6 +56,12 @@ from tests.support.gpu_replay import (  # noqa: E402
     ring_rank,
     timed,
 )
+from tests.support.moe_replay import (  # noqa: E402
+    grouped_gemm_rows,
+    host_sync_rows,
+    moe_lines,
+    permutation_rows,
+)
 
 GEMM_SHAPES = [
     # square sweep: the table's grid
@@ -65,6 +78,8 @@ RING_JOBS = [dict(model="llama3_8b", gpus="8", fsdp=str(8 // cp), tp="1", cp=str
                   ac="full", compile="yes", float8="yes", async_tp="no") for cp in (1, 2, 4, 8)]
 """TorchTitan's published CP jobs (Table 2 of experiments/data/torchtitan_h100_202412.csv:
 Llama 3 8B on 8 GPUs, 32,768 tokens per rank at cp 1-8), in experiments/published.py's fields."""
+MOE_BUDGET_S = 90
+"""Seconds the MoE grouped-GEMM sweep may take (shapes past it are left out)."""
 
 
 def gemm_rows(arch: str) -> list[dict[str, object]]:
@@ -296,7 +311,15 @@ def main() -> int:
         ring = []
     async_tp = async_tp_rows(profile)
     write_csv(out / f"async_tp_{slug}.csv", async_tp, header)
+    # MoE: grouped GEMMs by tokens per expert, TorchTitan's permutation, the dispatcher's sync
+    grouped = grouped_gemm_rows(profile, time.time() + MOE_BUDGET_S)
+    permutation, sync = permutation_rows(profile), host_sync_rows(profile)
+    for kind, rows in (("moe_grouped_gemm", grouped), ("moe_permutation", permutation),
+                       ("moe_host_sync", sync)):
+        if rows:
+            write_csv(out / f"{kind}_{slug}.csv", rows, header)
     report = compare(profile, gemms, attention, stream, ring, async_tp)
+    report += moe_lines(grouped, permutation, sync)
     (out / "kernels.md").write_text("\n".join(report) + "\n")
     print("\n".join(report))
     print(f"kernels: {time.time() - start:.0f} s")

@@ -165,3 +165,15 @@ def test_every_moe_table_names_a_source_for_each_constant():
         assert set(sources) == set(moe.MOE_CONSTANTS)
         assert all(s.split(":")[0] in ("measured", "assumed", "datasheet")
                    for s in sources.values())
+
+
+def test_gpu_check_moe_replay_runs_torchtitans_permutation(titan_permute):
+    """gpu_check's MoE section replays TorchTitan's own _permute / _unpermute (forward and
+    backward) beside the permutation term; on CPU with a small batch, as a smoke run."""
+    from tests.support.moe_replay import moe_lines, permutation_rows
+
+    rows = permutation_rows(load_profile("h100_sxm"), device="cpu", tokens=256)
+    assert rows[0]["routed_rows"] == 256 * 6 and rows[0]["measured_s"] > 0
+    assert rows[0]["predicted_s"] > 0
+    lines = moe_lines([], rows, [])
+    assert lines[-1].startswith("| MoE permutation fwd + bwd deepseek_v3_16b 1536 rows |")
