@@ -19,8 +19,8 @@ SETTINGS_DOC = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
 
 def main() -> None:
     if version("torchtitan").startswith("0.3."):
-        from torchtitan_autoparallel.titan.v0_3.job import keys_table
-        name, body = "v0_3 keys", keys_table()
+        from torchtitan_autoparallel.titan.v0_3.settings import settings_table
+        name, body = "v0_3 keys", settings_table()
     else:
         from torchtitan_autoparallel.titan.v0_2.settings import settings_table
         name, body = "v0_2 settings", settings_table()

@@ -200,7 +200,12 @@ def test_every_0_3_config_key_is_classified():
     from torchtitan_autoparallel.job.inputs import STAGE_SPLIT_KEYS
     from torchtitan_autoparallel.titan.keys import NOTED, REFUSED, check_handling
     from torchtitan_autoparallel.titan.v0_3.config import Config, _leaves
-    from torchtitan_autoparallel.titan.v0_3.job import KEYS, NOTED_WHY, REFUSED_WHY, handling_of
+    from torchtitan_autoparallel.titan.v0_3.settings import (
+        NOTED_WHY,
+        REFUSED_WHY,
+        SETTINGS,
+        handling_of,
+    )
 
     keys = set(_leaves(Config())) | set(_leaves(TransformersBackendConfig()))  # the HF backend's
     for policy in (FullAC.Config(), MemoryBudgetAC.Config()):
@@ -208,7 +213,7 @@ def test_every_0_3_config_key_is_classified():
     assert len(keys) > 100
     assert not sorted(k for k in keys if handling_of(k) is None)
     assert handling_of("parallelism.a_key_added_upstream") is None
-    for key, (handling, _) in KEYS.items():
+    for key, (handling, _) in SETTINGS.items():
         check_handling(key, handling)  # KeyHandling words, each once, passed alone
     # refused whenever set: by check_keys (REFUSED_WHY) or the shared stage-split check
     assert {k for k in keys if handling_of(k) == (REFUSED,)} == set(REFUSED_WHY) | {
@@ -237,9 +242,9 @@ def test_bfloat16_training_state_is_refused_under_auto_only():
     not charge (float32 state): one line under auto, as 0.2.2 refuses it; float32 (set or not)
     plans, and TorchTitan's own recipe runs either."""
     from torchtitan_autoparallel.errors import UserError
-    from torchtitan_autoparallel.titan.v0_2.settings import SETTINGS
+    from torchtitan_autoparallel.titan.v0_2 import settings as v0_2
     from torchtitan_autoparallel.titan.v0_3 import read_job
-    from torchtitan_autoparallel.titan.v0_3.job import KEYS
+    from torchtitan_autoparallel.titan.v0_3 import settings as v0_3
 
     base = ["--module", "llama3", "--config", "llama3_debugmodel"]
     with pytest.raises(UserError, match=r"--training\.dtype bfloat16 .*float32 parameters"):
@@ -247,7 +252,8 @@ def test_bfloat16_training_state_is_refused_under_auto_only():
     assert read_job([*base, "--training.dtype", "bfloat16"]).training.dtype == "bfloat16"
     assert read_job([*base, "--training.dtype", "float32", "--parallelism.auto"]
                     ).training.dtype == "float32"
-    assert KEYS["training.dtype"] == SETTINGS["training.dtype"]  # one row on both releases
+    # one row on both releases
+    assert v0_3.SETTINGS["training.dtype"] == v0_2.SETTINGS["training.dtype"]
 
 
 def test_ac_options_reach_every_planned_mode():

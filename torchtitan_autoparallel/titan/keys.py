@@ -1,7 +1,7 @@
 """How ``parallelism.auto`` handles a TorchTitan config key: one vocabulary for every release.
 
-Each release package declares its key table with these words (``v0_2/settings.py``'s
-``SETTINGS``, ``v0_3/job.py``'s ``KEYS``): a key has one or more handlings, ``PASSED`` alone;
+Each release package declares its key table with these words (``settings.py``'s ``SETTINGS``
+in ``v0_2`` and ``v0_3``): a key has one or more handlings, ``PASSED`` alone;
 docs/settings.md's per-key tables and their legend are written from here
 (``scripts/make_docs.py``)."""
 

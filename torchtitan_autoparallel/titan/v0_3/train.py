@@ -113,7 +113,8 @@ def check_runtime(config: Any, on_cpu: bool) -> None:
 
     from ...job.validate import check_training
     from ...launch import check_plan_outputs
-    from .job import OPTIMIZERS, optimizers_of, override_targets
+    from .job import OPTIMIZERS, optimizers_of
+    from .settings import override_targets
 
     check_training(config.training)
     ap = config.autoparallel
