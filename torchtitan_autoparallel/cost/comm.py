@@ -130,14 +130,23 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     return 0.0
 
 
+class RingCost(NamedTuple):
+    """Context parallel's ring attention for one micro-batch through a block (``cp_comm_s``)."""
+
+    hidden_s: float
+    """Transfer time the attention compute does not hide."""
+    latency_s: float
+    """The neighbours' synchronisation of every ring step (never hidden)."""
+
+
 def cp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
-              ctx: CostContext) -> tuple[float, float]:
+              ctx: CostContext) -> RingCost:
     """(exposed transfer time, latency) of ring attention for one micro-batch through a block
     (zeros without CP): cp - 1 exchanges of the local keys/values in forward, twice that in
     backward (keys/values and their gradients), hidden under the attention compute; each ring
     step also synchronises the neighbours, a latency never hidden."""
     if mesh.cp == 1:
-        return 0.0, 0.0
+        return RingCost(0.0, 0.0)
     hw = ctx.hw
     kv = layer.kv_bytes * microbatch * ctx.act_scale / (mesh.cp * mesh.tp)
     cp_nodes = mesh.spans_nodes("cp", ctx.gpus_per_node)
@@ -147,7 +156,7 @@ def cp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     attn *= 1.0 + hw.attention_backward_factor + AC_EFFECT[strategy.ac][1]
     hidden = max(0.0, step * exchanges - hw.comm_overlap * attn)
     alpha = (hw.inter_node_latency_us if cp_nodes else hw.intra_node_latency_us) * 1e-6
-    return hidden, exchanges * alpha
+    return RingCost(hidden, exchanges * alpha)
 
 
 class FsdpCost(NamedTuple):

@@ -17,7 +17,7 @@ are re-exported here for the callers.
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from ..candidates.layout import (
     TP_MODES,
@@ -348,8 +348,18 @@ def host_time_s(device_s: float, mesh: Mesh, ctx: CostContext) -> float:
     return device_s * core_share(mesh, ctx) + ctx.hw.block_overhead_us * 1e-6
 
 
-def state_memory(state_bytes: float, accum: int, ctx: CostContext
-                 ) -> tuple[float, float, float]:
+class StateMemory(NamedTuple):
+    """A device's training state in a flat plan (``state_memory``)."""
+
+    fwd_bwd_bytes: float
+    """Held through forward and backward."""
+    step_bytes: float
+    """Held during the optimizer step."""
+    host_step_s: float
+    """The host's optimizer step per step (CPU offload)."""
+
+
+def state_memory(state_bytes: float, accum: int, ctx: CostContext) -> StateMemory:
     """(forward/backward bytes, optimizer-step bytes, host optimizer seconds per step) of a
     device's ``state_bytes`` of parameters, gradients and optimizer state (flat plans):
     gradients are resident from the second micro-batch on; CPU offload keeps all of it, and
@@ -363,7 +373,7 @@ def state_memory(state_bytes: float, accum: int, ctx: CostContext
         fwd_bwd, step_bytes = 0, 0.0
         if hw.host_optimizer_gbps > 0:
             per_step = state_bytes / (hw.host_optimizer_gbps * 1e9)
-    return per_param * fwd_bwd, step_bytes, per_step
+    return StateMemory(per_param * fwd_bwd, step_bytes, per_step)
 
 
 @dataclass(frozen=True)
