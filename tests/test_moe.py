@@ -126,7 +126,7 @@ def test_looped_experts_run_plain_gemms_with_a_host_sync_and_ep_splits_them():
 
     for mesh in (Mesh(dp_replicate=1, dp_shard=8, tp=1),
                  Mesh(dp_replicate=1, dp_shard=8, tp=1, ep=8)):
-        looped, grouped = (dict(moe_cost(layer, mesh, 2, ctx, 0.0, g).parts)
+        looped, grouped = (dict(moe_cost(layer, mesh, 2, ctx, "none", g).parts)
                            for g in (False, True))
         shape = moe_shape(layer, mesh, 2, 1.0)
         m, d, h = shape.group_rows, shape.dim, shape.hidden

@@ -177,3 +177,88 @@ def test_gpu_check_moe_replay_runs_torchtitans_permutation(titan_permute):
     assert rows[0]["predicted_s"] > 0
     lines = moe_lines([], rows, [])
     assert lines[-1].startswith("| MoE permutation fwd + bwd deepseek_v3_16b 1536 rows |")
+
+
+class _Ops(TorchDispatchMode):
+    """Calls per aten op (CPU histc, which has no integer kernel, on a float copy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.calls[name] = self.calls.get(name, 0) + 1
+        if name == "histc" and not args[0].is_floating_point():
+            return func(args[0].float(), *args[1:], **(kwargs or {})).to(args[0].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+def _moe_ops(sac: bool) -> tuple[dict[str, int], dict[str, int]]:
+    """(forward, backward) aten calls of one TorchTitan 0.2.2 MoE layer (grouped GEMMs, one
+    shared expert, top-2 of 8), plain or under its op-level selective AC with DeepSeek-V3's
+    save list."""
+    from torchtitan.config.job_config import ActivationCheckpoint
+    from torchtitan.distributed.activation_checkpoint import _apply_op_sac
+    from torchtitan.models.deepseek_v3.infra.parallelize import _op_sac_save_list
+    from torchtitan.models.moe.moe import MoE, MoEArgs
+
+    torch.manual_seed(0)
+    layer = MoE(MoEArgs(num_experts=8, top_k=2, use_grouped_mm=True), dim=64, hidden_dim=128)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    layer = layer.to(torch.bfloat16)
+    if sac:
+        layer = _apply_op_sac(layer, ActivationCheckpoint(mode="selective"),
+                              op_sac_save_list=_op_sac_save_list)
+    x = torch.randn(2, 32, 64, dtype=torch.bfloat16, requires_grad=True)
+    fwd, bwd = _Ops(), _Ops()
+    with fwd:
+        y = layer(x)
+    with bwd:
+        y.float().sum().backward()
+    return fwd.calls, bwd.calls
+
+
+def test_selective_ac_recomputes_what_torchtitans_policy_runs_again(titan_permute):
+    """SELECTIVE_RECOMPUTE against TorchTitan 0.2.2's own op-level SAC on CPU: the backward of
+    a checkpointed MoE layer runs again every grouped GEMM, every index kernel of the
+    permutation and the router's kernels, and half the plain matmuls (the gate and the shared
+    expert: what AC_EFFECT's 0.5 says of the dense linears)."""
+    from torchtitan_autoparallel.cost.common import AC_EFFECT
+
+    fwd, plain = _moe_ops(False)
+    _, sac = _moe_ops(True)
+
+    def again(op: str) -> float:
+        return (sac.get(op, 0) - plain.get(op, 0)) / fwd[op]
+
+    assert fwd["_grouped_mm"] == 3
+    assert again("_grouped_mm") == moe.SELECTIVE_RECOMPUTE["grouped GEMMs"]
+    assert again("index") == again("index_put_") == moe.SELECTIVE_RECOMPUTE["permutation"]
+    assert all(again(op) == moe.SELECTIVE_RECOMPUTE["router kernels"]
+               for op in ("sigmoid", "topk", "histc", "sort"))
+    assert again("mm") == AC_EFFECT["selective"][1]
+
+
+def test_moe_cost_charges_each_term_its_recomputed_share():
+    """Selective AC: the grouped GEMMs' forward twice, the host sync once; full AC: all of it
+    twice; none: once."""
+    from torchtitan_autoparallel.cost.common import CostContext, Precision
+
+    hw = load_profile("b200")
+    ctx = CostContext(hw=hw, prec=Precision(2, 4), gpus_per_node=8)
+    seq, dim, hidden, experts, top_k = 4096, 2048, 1408, 64, 6
+    per_expert = 3 * dim * hidden
+    layer = Layer(fqn="layers.1", kind="block", params=experts * per_expert, fwd_flops=1.0,
+                  saved_bytes=1.0, io_bytes=seq * dim * 4, signature="moe",
+                  expert_params=experts * per_expert, num_experts=experts, top_k=top_k,
+                  expert_flops=2.0 * seq * top_k * per_expert)
+    mesh = Mesh(dp_replicate=1, dp_shard=8, tp=1, ep=8)
+    shape = moe.moe_shape(layer, mesh, 4, moe.load_imbalance(hw))
+    gemm_fwd, gemm_bwd = moe.grouped_gemm_s(shape, hw)
+    sync = moe.host_sync_s(shape, hw)
+    for ac, gemms, syncs in (("none", 1, 1), ("selective", 2, 1), ("full", 2, 2)):
+        parts = dict(moe.moe_cost(layer, mesh, 4, ctx, ac).parts)
+        assert parts["grouped GEMMs"] == pytest.approx(gemms * gemm_fwd + gemm_bwd)
+        assert parts["host sync"] == pytest.approx(syncs * sync)

@@ -108,7 +108,7 @@ def block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     fwd, compute = compute_s(layer, mesh, strategy, microbatch, ctx)
     # routed experts from their kernels (grouped GEMMs by group size, permutation, router,
     # the dispatcher's host sync) on the busiest expert-parallel rank
-    moe = moe_cost(layer, mesh, microbatch, ctx, recompute_frac, grouped_experts)
+    moe = moe_cost(layer, mesh, microbatch, ctx, strategy.ac, grouped_experts)
     fwd, compute = fwd + moe.fwd_s, compute + moe.total_s
 
     full_ac = strategy.ac == "full"
@@ -251,7 +251,8 @@ def _block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContex
     # the routed experts' kernels (cost.moe) belong to the compute FSDP overlaps, as in
     # block_cost; the cheaper of grouped GEMMs and TorchTitan's for-loop experts (which one
     # a block runs depends on the model's flavor)
-    moe = min((moe_cost(layer, mesh, microbatch, ctx, 0.0, grouped) for grouped in (True, False)),
+    moe = min((moe_cost(layer, mesh, microbatch, ctx, "none", grouped)
+               for grouped in (True, False)),
               key=lambda cost: cost.total_s)
     modes = tuple((fwd + moe.fwd_s, compute + moe.total_s,
                    tp_comm_s(layer, mesh, _NO_AC[mode], microbatch, ctx))

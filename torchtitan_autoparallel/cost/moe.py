@@ -22,6 +22,10 @@ runs, per micro-batch on one rank:
   (``grouped_efficiency_*`` of the MoE kernel table), so small groups (few tokens per expert)
   run slower than large ones; float8 / MXFP8 grouped GEMMs at the profile's speedup.
 
+Under TorchTitan's op-level selective AC every routed-expert kernel but the host sync runs
+again in backward (``SELECTIVE_RECOMPUTE``), not the half of the forward that the dense
+linears' every-other-matmul rule recomputes.
+
 With EP the busiest rank receives ``moe_load_imbalance`` x the mean tokens (the profile's
 assumption, 1 when the job forces balanced routing): its grouped GEMMs and permutation set the
 pace. The MoE kernel table of a profile is ``profiles/kernels/moe_<arch>.csv`` beside its GEMM
@@ -100,6 +104,19 @@ def moe_sources(gemm_table: str) -> dict[str, str]:
 
 _SCALED: dict[str, float] = {}
 """Factors on the MoE terms while ``scaled_term`` holds them (sensitivity notes)."""
+SELECTIVE_RECOMPUTE = {"grouped GEMMs": 1.0, "permutation": 1.0, "router kernels": 1.0,
+                       "host sync": 0.0}
+"""Share of each routed-expert term's forward that TorchTitan 0.2.2's op-level selective AC
+(``selective_ac_option = "op"``, its default) runs again in backward. The policy
+(``distributed/activation_checkpoint.py`` ``_apply_op_sac``) saves the outputs of the ops in the
+model's ``_op_sac_save_list`` (``models/deepseek_v3|llama4/infra/parallelize.py``: ``aten.mm``,
+every other one, the SDPA kernels, ``reduce_scatter_tensor``, ``all_to_all_single``,
+``aten.max``) and recomputes every other op: ``aten._grouped_mm`` is not in the list, so all
+three grouped GEMMs run again, as do the permutation's index / scatter kernels and the router's
+sigmoid, top-k, histc and sort (all counted on CPU by tests/test_moe_kernels.py). The token
+all-to-alls are saved (``block_cost`` charges four; six under full AC), and the dispatcher's
+device -> host copy is ``MUST_SAVE`` in the policy (``_to_copy`` to the CPU), so the
+recomputation does not sync again. Full AC recomputes all of it (1 for every term)."""
 TERMS = ("grouped GEMMs", "permutation", "router kernels", "host sync", "load imbalance")
 """The MoE terms a plan's notes weigh (``commands/moe_notes.py``): ``MoeCost.parts``' names
 and the load imbalance."""
@@ -260,25 +277,31 @@ class MoeCost:
     """(term, seconds of ``total_s``) per term of ``TERMS`` but the load imbalance."""
 
 
+def recompute_share(term: str, ac: str) -> float:
+    """Share of routed-expert term ``term``'s forward that AC mode ``ac`` runs again."""
+    return {"none": 0.0, "full": 1.0}.get(ac, SELECTIVE_RECOMPUTE[term])
+
+
 def moe_cost(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext,
-             recompute_frac: float, grouped: bool = True) -> MoeCost:
-    """Routed experts of ``layer`` from their kernels (module docstring); zero where the
-    profile has no MoE kernel table (routed experts then stay in ``compute``'s flat rate).
-    ``grouped``: the model runs grouped GEMMs where the profile has them (else TorchTitan's
-    for-loop experts: a GEMM per expert, a host sync, no permutation without EP)."""
+             ac: str, grouped: bool = True) -> MoeCost:
+    """Routed experts of ``layer`` from their kernels (module docstring) under AC mode ``ac``
+    (each term's forward again by ``recompute_share``); zero where the profile has no MoE
+    kernel table (routed experts then stay in ``compute``'s flat rate). ``grouped``: the
+    model runs grouped GEMMs where the profile has them (else TorchTitan's for-loop experts:
+    a GEMM per expert, a host sync, no permutation without EP)."""
     hw, recipe = ctx.hw, ctx.features.grouped_mm
     if not layer.expert_flops or not moe_table(hw.gemm_table):
         return MoeCost(0.0, 0.0)
     shape = moe_shape(layer, mesh, microbatch, load_imbalance(hw), ctx.prec.param_bytes)
-    again = 1.0 + recompute_frac
     grouped = grouped and hw.grouped_mm
     terms = {"grouped GEMMs": grouped_gemm_s(shape, hw, recipe if grouped else "loop"),
              "permutation": permutation_s(shape, hw) if grouped or shape.ep > 1 else (0.0, 0.0),
              "router kernels": router_s(hw),
              "host sync": (host_sync_s(shape, hw, grouped), 0.0)}
     fwd = sum(f for f, _ in terms.values())
-    total = sum(f * again + b for f, b in terms.values())
-    return MoeCost(fwd, total, tuple((name, f * again + b) for name, (f, b) in terms.items()))
+    parts = tuple((name, f * (1.0 + recompute_share(name, ac)) + b)
+                  for name, (f, b) in terms.items())
+    return MoeCost(fwd, sum(t for _, t in parts), parts)
 
 
 class scaled_term:
