@@ -23,6 +23,11 @@ def without_excluded(constraints: Constraints, graph: LayerGraph, world: int) ->
                 f"parallelism.{key} = {degree} needs {technique}, which model {graph.family!r} "
                 f"cannot use: {excluded[technique]}; or set it to 1"
             )
+    if "tp_sub_block" in constraints.techniques and not graph.adapter.sub_blocks:
+        raise UserError(
+            f"autoparallel.techniques has tp_sub_block, but model {graph.family!r} names no "
+            "attention and feed-forward sub-blocks to parallelize apart "
+            "(ModelAdapter.sub_blocks): leave tp_sub_block out")
     tp = constraints.tp
     if (tp > 1 and world % tp == 0
             and (graph.n_heads % tp or graph.n_kv_heads % tp)):

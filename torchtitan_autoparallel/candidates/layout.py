@@ -14,22 +14,43 @@ def divisors(n: int) -> tuple[int, ...]:
     return tuple(small + [n // d for d in reversed(small) if d * d != n])
 
 
-TECHNIQUES = ("fsdp", "hsdp", "ddp", "tp", "tp_dp", "cp", "ep", "ac", "pp")
+TECHNIQUES = ("fsdp", "hsdp", "ddp", "tp", "tp_dp", "cp", "ep", "ac", "pp", "tp_sub_block")
 """fsdp: shard over dp_shard; hsdp: replicate x shard; ddp: replicate only (gradients
 all-reduced, parameters whole on every rank; tp = cp = 1); tp: tensor + sequence parallel; tp_dp: a
 block may use the tp dim as extra data parallel (dense models); cp: context parallel (ring
 attention); ep: expert parallel for routed experts (MoE models); ac: activation checkpointing;
-pp: pipeline parallel (schedule, stages per rank, micro-batches and the stage split searched)."""
-TpMode = Literal["none", "sp", "dp"]
-"""What the tp dim does for a block: "none" (tp = 1) or one of ``TP_MODES``."""
+pp: pipeline parallel (schedule, stages per rank, micro-batches and the stage split searched);
+tp_sub_block: a dense block's attention and feed-forward may each use the tp dim their own way
+(``SUB_BLOCK_TP_MODES``; not searched unless asked for: ``DEFAULT_TECHNIQUES``)."""
+DEFAULT_TECHNIQUES = tuple(t for t in TECHNIQUES if t != "tp_sub_block")
+"""What the search uses unless ``autoparallel.techniques`` says otherwise."""
+TpMode = Literal["none", "sp", "dp", "dp/sp", "sp/dp"]
+"""What the tp dim does for a block: "none" (tp = 1), one of ``TP_MODES`` or one of
+``SUB_BLOCK_TP_MODES``."""
 TP_MODES: tuple[TpMode, ...] = ("sp", "dp")
 """Per block on a mesh with tp > 1: "sp" = TorchTitan's TP + sequence-parallel plan; "dp" = the
 block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split the micro-batch
 (entry/exit all-to-all between the sequence-sharded residual stream and a batch shard)."""
+SUB_BLOCK_TP_MODES: tuple[TpMode, ...] = ("dp/sp", "sp/dp")
+"""Per sub-block, "<attention>/<feed-forward>", each "sp" or "dp" as above: "dp/sp" = attention
+data parallel over tp (its parameters and its norm FSDP-sharded over dp_shard x tp, an
+all-to-all into and out of it) and the feed-forward TP + SP; "sp/dp" the reverse. The residual
+stream stays sequence-sharded between the sub-blocks and between blocks."""
+
+
+def sub_block_modes(tp_mode: str) -> tuple[str, str]:
+    """(attention, feed-forward) use of the tp dim under ``tp_mode``: each "none", "sp" or
+    "dp" (a whole-block mode gives both sub-blocks its own)."""
+    attention, _, ffn = tp_mode.partition("/")
+    return attention, ffn or attention
 AcMode = Literal["none", "selective", "full"]
 AC_MODES: tuple[AcMode, ...] = get_args(AcMode)
 """Activation checkpointing of a block (also the ``activation_checkpoint.mode`` values a
 planned job accepts: the plan picks per block among them)."""
+
+
+TP_PART = {"sp": "tp+sp", "dp": "tp_dp"}
+"""A tp mode's word in strategy labels."""
 
 
 def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep: int = 1,
@@ -39,17 +60,18 @@ def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
     params "fsdp" / "fsdp-keep" / "fsdp-node<n>" (reshard after forward, keep, or reshard to
     groups of n ranks of one node; ``unsharded``: the mesh's label
     when it shards nothing, "ddp" / "single", see ``Mesh.unsharded_label``), unit "unit<k>"
-    (FSDP units of k blocks), tp "tp+sp" / "tp_dp", ep "ep<k>", ac "ac:<mode>", pinned
-    "pinned"; absent aspects are left out."""
+    (FSDP units of k blocks), tp "tp+sp" / "tp_dp" / "attn:<tp>/ffn:<tp>", ep "ep<k>", ac
+    "ac:<mode>", pinned "pinned"; absent aspects are left out."""
     node = reshard_group(reshard_after_forward)
     parts = {"params": unsharded or (f"fsdp-node{node}" if node else
                                      "fsdp" if reshard_after_forward else "fsdp-keep")}
     if fsdp_unit > 1:
         parts["unit"] = f"unit{fsdp_unit}"
-    if tp_mode == "sp":
-        parts["tp"] = "tp+sp"
-    elif tp_mode == "dp":
-        parts["tp"] = "tp_dp"
+    if tp_mode in TP_PART:
+        parts["tp"] = TP_PART[tp_mode]
+    elif tp_mode in SUB_BLOCK_TP_MODES:
+        attention, ffn = (TP_PART[m] for m in sub_block_modes(tp_mode))
+        parts["tp"] = f"attn:{attention}/ffn:{ffn}"
     if ep > 1:
         parts["ep"] = f"ep{ep}"
     if ac != "none":
@@ -185,13 +207,15 @@ def fsdp_sharded(mesh: Mesh, tp_mode: str = "none", experts: bool = False) -> bo
     per-step all-gathers and the unreduced gradients apply to): over dp_shard x cp, over
     dp_shard x tp where the tp dim acts as data parallel (``tp_mode`` "dp"), and, for a block
     with routed ``experts`` under expert parallelism, its experts over ``efsdp``."""
-    return mesh.dp_shard * mesh.cp > 1 or tp_mode == "dp" or (experts and mesh.ep > 1)
+    return (mesh.dp_shard * mesh.cp > 1 or "dp" in sub_block_modes(tp_mode)
+            or (experts and mesh.ep > 1))
 
 
 def fsdp_group_size(mesh: Mesh, tp_mode: str = "none") -> int:
     """Ranks FSDP shards a block's dense parameters over: dp_shard x cp, times tp where the tp
-    dim acts as data parallel (``tp_mode`` "dp")."""
-    return mesh.dp_shard * mesh.cp * (mesh.tp if tp_mode == "dp" else 1)
+    dim acts as data parallel (``tp_mode`` "dp"; for a sub-block mode, the larger group: its
+    data-parallel sub-block's)."""
+    return mesh.dp_shard * mesh.cp * (mesh.tp if "dp" in sub_block_modes(tp_mode) else 1)
 
 
 def node_reshard_fits(group: int, node: int) -> bool:
@@ -204,10 +228,11 @@ def node_reshard_group(mesh: Mesh, gpus_per_node: int, tp_mode: str = "none") ->
     """The integer ``reshard_after_forward`` that keeps a block's backward all-gather inside
     one node: the block's FSDP ranks on one node, when its FSDP group spans several nodes and
     that count is a proper divisor of the group (FSDP2 reshards to consecutive members of its
-    mesh, ``mesh.view(-1, n)``); 0 otherwise."""
+    mesh, ``mesh.view(-1, n)``); 0 otherwise, and for sub-block modes (two FSDP groups)."""
     group = fsdp_group_size(mesh, tp_mode)
     stride = 1 if tp_mode == "dp" else mesh.tp  # rank distance between FSDP neighbours
-    if gpus_per_node < 1 or group * stride <= gpus_per_node or gpus_per_node % stride:
+    if gpus_per_node < 1 or group * stride <= gpus_per_node or gpus_per_node % stride \
+            or tp_mode in SUB_BLOCK_TP_MODES:
         return 0
     n = gpus_per_node // stride
     return n if node_reshard_fits(group, n) else 0
@@ -218,6 +243,9 @@ def node_reshard_problem(mesh: Mesh, tp_mode: str, node: int, kind: str = "block
     """Why a layer cannot reshard to ``node`` ranks after forward (empty if it can): a dense
     block of a plan without pp, ``node`` a proper divisor of its FSDP group above 1."""
     group = fsdp_group_size(mesh, tp_mode)
+    if tp_mode in SUB_BLOCK_TP_MODES:
+        return (f"reshard_after_forward {node} is not planned with tp_mode {tp_mode!r} (its "
+                "sub-blocks have FSDP groups of their own sizes)")
     if kind != "block" or mesh.pp > 1 or experts or not node_reshard_fits(group, node):
         return (f"reshard_after_forward {node} needs a dense block of a plan without pp "
                 f"and a proper divisor of its FSDP group ({group} ranks)")
@@ -265,24 +293,29 @@ def fsdp_unit_problem(mesh: Mesh, tp_mode: str = "none", kind: str = "block") ->
         return "FSDP units are not planned with expert parallelism (per-block expert prefetch)"
     if not fsdp_sharded(mesh, tp_mode):
         return "FSDP units need blocks FSDP shards (dp_shard x cp > 1, or tp as data parallel)"
+    if tp_mode in SUB_BLOCK_TP_MODES:
+        return f"FSDP units are not planned with tp_mode {tp_mode!r} (one group per sub-block)"
     return ""
 
 
-def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block") -> str:
-    """Why the tp dim cannot act as data parallel (tp mode "dp") for a ``kind`` layer on
-    ``mesh`` with a local batch of ``microbatch`` sequences; empty if it can. It needs tp > 1, no
-    pipeline parallelism, a block, one FSDP mesh over dp_shard x tp (dp_shard > 1,
-    dp_replicate = 1, cp = 1) and a batch the tp ranks split evenly."""
+def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str = "dp"
+                  ) -> str:
+    """Why the tp dim cannot act as data parallel (``tp_mode`` "dp", or the data-parallel
+    sub-block of a sub-block mode) for a ``kind`` layer on ``mesh`` with a local batch of
+    ``microbatch`` sequences; empty if it can. It needs tp > 1, no pipeline parallelism, a
+    block, one FSDP mesh over dp_shard x tp (dp_shard > 1, dp_replicate = 1, cp = 1) and a
+    batch the tp ranks split evenly."""
+    mode = f"tp_mode {tp_mode!r}"
     if mesh.tp == 1:
-        return "tp_mode 'dp' needs tp > 1"
+        return f"{mode} needs tp > 1"
     if mesh.pp > 1:
-        return "tp_mode 'dp' is not planned with pipeline parallelism; use 'sp'"
+        return f"{mode} is not planned with pipeline parallelism; use 'sp'"
     if kind != "block":
-        return "tp_mode 'dp' applies to blocks only; use 'sp'"
+        return f"{mode} applies to blocks only; use 'sp'"
     if mesh.dp_shard == 1 or mesh.dp_replicate > 1 or mesh.cp > 1:
-        return "tp_mode 'dp' needs dp_shard > 1, dp_replicate = 1 and cp = 1; use 'sp'"
+        return f"{mode} needs dp_shard > 1, dp_replicate = 1 and cp = 1; use 'sp'"
     if microbatch % mesh.tp:
-        return f"tp_mode 'dp' needs local_batch_size divisible by tp ({mesh.tp}); use 'sp'"
+        return f"{mode} needs local_batch_size divisible by tp ({mesh.tp}); use 'sp'"
     return ""
 
 

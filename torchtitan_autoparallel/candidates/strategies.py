@@ -8,8 +8,9 @@ from ..graph.layer_graph import LayerGraph
 from ..job.pins import Pin
 from .layout import (
     AC_MODES,
+    DEFAULT_TECHNIQUES,
     FSDP_UNIT_SIZES,
-    TECHNIQUES,
+    SUB_BLOCK_TP_MODES,
     TP_MODES,
     BlockStrategy,
     Mesh,
@@ -33,7 +34,7 @@ class Constraints:
     cp: int = 0
     ep: int = 0
     etp: int = 0
-    techniques: tuple[str, ...] = TECHNIQUES
+    techniques: tuple[str, ...] = DEFAULT_TECHNIQUES
     ac_modes: tuple[str, ...] = AC_MODES
     """AC modes the model's adapter can apply (selective needs its op list)."""
     reshard_after_forward: str = "default"
@@ -232,12 +233,14 @@ def check_expert_constraints(graph: LayerGraph, world: int, constraints: Constra
 def block_tp_modes(mesh: Mesh, microbatch: int, constraints: Constraints,
                    moe_model: bool = False) -> tuple[str, ...]:
     """What the tp dim may do for a block on ``mesh``: nothing (tp = 1); TorchTitan's TP + SP;
-    on dense models, where the job allows it, data parallel."""
+    on dense models, where the job allows it (``tp_dp_problem``), data parallel for the whole
+    block ("tp_dp") or for one of its sub-blocks ("tp_sub_block": ``SUB_BLOCK_TP_MODES``)."""
     if mesh.tp == 1:
         return ("none",)
-    dp_ok = ("tp_dp" in constraints.techniques and not moe_model
-             and not tp_dp_problem(mesh, microbatch))
-    return TP_MODES if dp_ok else ("sp",)
+    if moe_model or tp_dp_problem(mesh, microbatch):
+        return ("sp",)
+    whole = TP_MODES if "tp_dp" in constraints.techniques else ("sp",)
+    return whole + (SUB_BLOCK_TP_MODES if "tp_sub_block" in constraints.techniques else ())
 
 
 @functools.lru_cache(maxsize=8192)
@@ -276,14 +279,15 @@ def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe
                       pin: Pin | None, gpus_per_node: int = 0, run: int = 1
                       ) -> list[BlockStrategy]:
     """Strategies a block may take given its pin: TorchTitan's recipe only (whole block
-    pinned), no tp_dp (a region inside pinned), only the AC mode the job fixes for it
+    pinned), TP + SP only (a region inside pinned), only the AC mode the job fixes for it
     (layer-wise selective AC), or all of them (``run``: see ``block_strategies``)."""
     if pin is not None and pin.whole:
         sharded = fsdp_sharded(mesh)
         return [BlockStrategy(pin.recipe_ac, pin.recipe_reshard and sharded,
                               "sp" if mesh.tp > 1 else "none")]
     free = block_strategies(mesh, microbatch, constraints, moe_model, gpus_per_node, run)
-    return [s for s in free if not (pin is not None and pin.regions and s.tp_mode == "dp")
+    return [s for s in free
+            if not (pin is not None and pin.regions and s.tp_mode not in ("none", "sp"))
             and (pin is None or pin.ac is None or s.ac == pin.ac)]
 
 

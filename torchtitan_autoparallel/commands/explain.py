@@ -385,7 +385,7 @@ def snippet(plan: Plan) -> str:
     """TorchTitan settings that run this plan, or which layers keep it from being uniform."""
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
     kinds = {(b.ac, b.reshard_after_forward, b.tp_mode) for b in blocks}
-    if len(kinds) != 1 or blocks[0].tp_mode == "dp":
+    if len(kinds) != 1 or blocks[0].tp_mode not in ("none", "sp"):
         first = (blocks[0].ac, blocks[0].reshard_after_forward, blocks[0].tp_mode)
         odd = [b.fqn for b in blocks if (b.ac, b.reshard_after_forward, b.tp_mode) != first]
         return (f"not expressible as uniform TorchTitan degrees: {len(odd)} of {len(blocks)} "

@@ -22,6 +22,7 @@ ASPECTS = ("params", "tp", "ep", "cp", "ac", "pinned")
 COLOURS = {
     "fsdp": "#4c72b0", "fsdp-keep": "#8fa8d8", "ddp": "#55a868", "single": "#937860",
     "tp+sp": "#dd8452", "tp_dp": "#da8bc3", "ep": "#c44e52", "cp": "#64b5cd",
+    "attn:tp_dp/ffn:tp+sp": "#e4a88a", "attn:tp+sp/ffn:tp_dp": "#c9a0b6",
     "ac:none": "#e6e6e6", "ac:selective": "#ccb974", "ac:full": "#8c8c8c", "pinned": "#222222",
     "": "#f2f2f2",
 }

@@ -3,7 +3,14 @@ context parallel's ring, FSDP's all-gathers and reduce-scatters, and MoE's all-t
 
 from typing import NamedTuple
 
-from ..candidates.layout import BlockStrategy, Mesh, fsdp_group_size, reshard_group
+from ..candidates.layout import (
+    SUB_BLOCK_TP_MODES,
+    BlockStrategy,
+    Mesh,
+    fsdp_group_size,
+    reshard_group,
+    sub_block_modes,
+)
 from ..graph.layer_graph import Layer
 from ..job.features import Features
 from .common import AC_EFFECT, CostContext, collective_s
@@ -13,8 +20,9 @@ from .compute import (
     _low_speedups,
     gemm_times,
     linear_names,
+    linear_splits,
     linear_styles,
-    linear_tokens,
+    linear_sub_blocks,
     low_precision_linears,
     measured_float8_table,
 )
@@ -29,26 +37,36 @@ ROW_PARALLEL_FLOP_SHARE = 1 / 3
 def tp_region_gemms(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
                     hw: HardwareProfile, features: Features) -> tuple[tuple[float, float], ...]:
     """(column-wise, row-wise) forward GEMM seconds of each module the block's TP plan gathers
-    into and scatters out of (attention, FFN), at the job's shapes and precision; empty where
-    the graph does not record the linears' styles or the block is not two such modules."""
+    into and scatters out of (attention, FFN; under a sub-block mode its TP + SP sub-block
+    only), at the job's shapes and precision; empty where the graph does not record the
+    linears' styles or the block is not two such modules."""
     styles, names = linear_styles(layer), linear_names(layer)
     if not all(styles):
         return ()
-    tp = mesh.tp if strategy.tp_mode == "sp" else 1
-    tokens = linear_tokens(layer, mesh, strategy, microbatch)
     speedup, wgrad = _low_speedups(hw, features)
-    chunks = tp if features.async_tp and tp > 1 else 1
     low = low_precision_linears(layer, mesh, strategy, microbatch, hw, features)
     measured = measured_float8_table(hw, features)
+    mixed = strategy.tp_mode in SUB_BLOCK_TP_MODES
     regions: dict[str, list[float]] = {}
-    for shape, is_low, style, name in zip(layer.linear_shapes, low, styles, names, strict=True):
+    for shape, is_low, style, name, (tp, tokens) in zip(
+            layer.linear_shapes, low, styles, names,
+            linear_splits(layer, mesh, strategy, microbatch), strict=True):
+        if mixed and tp == 1:
+            continue  # the data-parallel sub-block's linears
+        chunks = tp if features.async_tp and tp > 1 else 1
         fwd, _ = _linears_s((shape,), tokens, tp, chunks, hw.gemm_table, hw.clock_scale, speedup,
                             wgrad, (is_low,), (style,), measured, hw.hbm_gbps)
         region = regions.setdefault(name.rpartition(".")[0], [0.0, 0.0, 0.0])
         region[0 if style == "colwise" else 1] += fwd
         region[2] += style == "rowwise"
     found = tuple((col, row) for col, row, rows in regions.values() if rows == 1)
-    return found if len(found) == 2 else ()
+    return found if len(found) == sp_modules(strategy) else ()
+
+
+def sp_modules(strategy: BlockStrategy) -> int:
+    """Modules of the block that run TorchTitan's TP + SP plan: attention and FFN under "sp",
+    the TP + SP sub-block alone under a sub-block mode, none otherwise."""
+    return sum(mode == "sp" for mode in sub_block_modes(strategy.tp_mode))
 
 
 def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int, act: float,
@@ -59,7 +77,8 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     column-parallel linears and reduce-scatters out of their row-parallel ones: 2 + 2
     collectives; backward runs their transposes, an all-gather of the row-parallel linears'
     output gradient and a reduce-scatter of the column-parallel linears' input gradient.
-    Without async TP every collective is exposed. Async TP (Inductor's micro-pipeline pass)
+    Without async TP every collective is exposed. Under a sub-block mode only its TP + SP
+    sub-block runs them (``sp_modules``). Async TP (Inductor's micro-pipeline pass)
     fuses an all-gather into the GEMMs that consume it and a reduce-scatter into the one GEMM
     that produces it; the transfers (copy engines, no SMs) then hide under those GEMMs, run in
     tp chunks, except the first chunk. What the pass cannot fuse stays exposed: the backward
@@ -68,6 +87,7 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     forward, the float8 output gradient in backward)."""
     hw, prec, features = ctx.hw, ctx.prec, ctx.features
     fwd_passes = 2 if strategy.ac == "full" else 1
+    modules = sp_modules(strategy)
     gather = scatter = collective_s("all_gather", act, mesh.tp, tp_nodes, hw)
     # TorchTitan's float8 tensorwise TP styles cast the input before the forward all-gather
     # (1 byte per element); backward gathers the bf16 output gradient, cast afterwards
@@ -80,12 +100,13 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     # selective AC: TorchTitan's save list keeps reduce-scatter outputs, not all-gather ones,
     # so backward gathers the column-parallel linears' inputs again, for their weight
     # gradients (the gathered input as the transposed operand: not fused)
-    regathers = 2 if strategy.ac == "selective" else 0
+    regathers = modules if strategy.ac == "selective" else 0
     # (seconds, count, fused under async TP) per kind of collective
-    kinds = ((gather_fwd, 2 * fwd_passes, not features.linear.startswith(("float8_rowwise", "mx"))),
-             (scatter, 2 * fwd_passes, True),
-             (gather, 2, features.linear == "none"),
-             (scatter, 2, False),
+    kinds = ((gather_fwd, modules * fwd_passes,
+              not features.linear.startswith(("float8_rowwise", "mx"))),
+             (scatter, modules * fwd_passes, True),
+             (gather, modules, features.linear == "none"),
+             (scatter, modules, False),
              (gather_fwd, regathers, False))
     if not features.async_tp or not hw.gemm_table:
         total = sum(n * (t + cat) for t, n, _ in kinds)
@@ -101,33 +122,38 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
         for col, row in regions:
             for (t, n, f), gemm in zip(kinds[:3], (col, row, row), strict=True):
                 if f:
-                    exposed += n / 2 * max(t / mesh.tp, t - gemm)
+                    exposed += n / modules * max(t / mesh.tp, t - gemm)
     else:
         gemm_fwd, _ = gemm_times(layer, mesh, strategy, microbatch, hw, features)
-        hiding = gemm_fwd * (fwd_passes + (ROW_PARALLEL_FLOP_SHARE if kinds[2][2] else 0.0))
+        share = modules / 2  # of the block's GEMMs, those of its TP + SP modules
+        hiding = gemm_fwd * share * (fwd_passes + (ROW_PARALLEL_FLOP_SHARE if kinds[2][2]
+                                                   else 0.0))
         exposed = max(fused / mesh.tp, fused - hiding)
     if hw.hbm_gbps > 0:
         # the fused matmul + reduce-scatter sums the tp partial products it gathered after
         # the last chunk: the full activation read, a tp-th written, on the compute stream
-        exposed += 2 * fwd_passes * act * (1 + 1 / mesh.tp) / (hw.hbm_gbps * 1e9)
+        exposed += modules * fwd_passes * act * (1 + 1 / mesh.tp) / (hw.hbm_gbps * 1e9)
     return exposed + sum(n * (t + cat) for t, n, f in kinds if not f)
 
 
 def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
               ctx: CostContext) -> float:
     """Exposed TP communication of one micro-batch through a block: TP + SP's collectives
-    (``sp_comm_s``) or, with tp as data parallel, the all-to-alls between sequence and batch
-    shards; none in tp mode "none". It only grows with checkpointing (more passes, gathers)."""
+    (``sp_comm_s``) where a module runs TP + SP, and where the tp dim is data parallel for the
+    block or a sub-block, the all-to-alls between the sequence-sharded residual stream and a
+    batch shard around it; none in tp mode "none". It only grows with checkpointing (more
+    passes, gathers)."""
     act = layer.io_bytes * microbatch * ctx.act_scale / mesh.cp
     tp_nodes = mesh.spans_nodes("tp", ctx.gpus_per_node)
-    if strategy.tp_mode == "sp":
-        return sp_comm_s(layer, mesh, strategy, microbatch, act, tp_nodes, ctx)
-    if strategy.tp_mode == "dp":
-        # residual stream sequence-shard <-> batch-shard: one all-to-all at entry and exit,
-        # both again in backward (and the entry again for a full recompute)
+    comm = 0.0
+    if sp_modules(strategy):
+        comm += sp_comm_s(layer, mesh, strategy, microbatch, act, tp_nodes, ctx)
+    if "dp" in sub_block_modes(strategy.tp_mode):
+        # sequence-shard -> batch-shard all-to-all into the data-parallel part (block or
+        # sub-block) and back out of it, both again in backward (and in a full recompute)
         a2a = collective_s("all_to_all", act / mesh.tp, mesh.tp, tp_nodes, ctx.hw)
-        return a2a * (4 + (2 if strategy.ac == "full" else 0))
-    return 0.0
+        comm += a2a * (4 + (2 if strategy.ac == "full" else 0))
+    return comm
 
 
 class RingCost(NamedTuple):
@@ -157,6 +183,16 @@ def cp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     hidden = max(0.0, step * exchanges - hw.comm_overlap * attn)
     alpha = (hw.inter_node_latency_us if cp_nodes else hw.intra_node_latency_us) * 1e-6
     return RingCost(hidden, exchanges * alpha)
+
+
+def sub_block_params(layer: Layer) -> tuple[float, float]:
+    """(attention, feed-forward) parameters of a dense block (``linear_sub_blocks``): each
+    sub-block's linear weights, the rest (its two norms) shared evenly."""
+    parts = [0.0, 0.0]
+    for (k, n), part in zip(layer.linear_shapes, linear_sub_blocks(layer), strict=True):
+        parts[part] += k * n
+    rest = (layer.params - sum(parts)) / 2
+    return parts[0] + rest, parts[1] + rest
 
 
 class FsdpCost(NamedTuple):
@@ -190,6 +226,12 @@ def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext, 
     rep_nodes = mesh.spans_nodes("dp_replicate", gpus_per_node)
     ep = mesh.ep if layer.expert_params else 1
     groups = [(layer.params - (layer.expert_params if ep > 1 else 0), param_split, fsdp_group)]
+    if strategy.tp_mode in SUB_BLOCK_TP_MODES:
+        # one FSDP group per sub-block: TP + SP's split over tp and sharded over dp_shard x cp,
+        # data parallel's whole and sharded over dp_shard x tp
+        groups = [(n, mesh.tp if mode == "sp" else 1, fsdp_group_size(mesh, mode))
+                  for n, mode in zip(sub_block_params(layer), sub_block_modes(strategy.tp_mode),
+                                     strict=True)]
     if ep > 1:
         groups.append((layer.expert_params, mesh.ep * mesh.etp, mesh.efsdp))
     gathers = 2 if strategy.reshard_after_forward else 1

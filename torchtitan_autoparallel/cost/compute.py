@@ -4,7 +4,7 @@ float8 with its casts), attention (flash / ring), the loss, and the memoized per
 import functools
 from dataclasses import dataclass
 
-from ..candidates.layout import BlockStrategy, Mesh
+from ..candidates.layout import SUB_BLOCK_TP_MODES, BlockStrategy, Mesh, sub_block_modes
 from ..graph.layer_graph import Layer
 from ..job.features import Features
 from . import kernels
@@ -27,9 +27,9 @@ def gemm_speedup(layer: Layer, mesh: Mesh, strategy: BlockStrategy, hw: Hardware
         return 1.0
     full = {"float8_tensorwise": hw.float8_speedup, "mx": hw.mx_speedup}.get(
         features.linear, hw.float8_rowwise_speedup)
-    split = mesh.tp if strategy.tp_mode == "sp" else 1
     flops = time = 0.0
-    for k, n in layer.linear_shapes:
+    for (k, n), (split, _) in zip(layer.linear_shapes, linear_splits(layer, mesh, strategy, 1),
+                                  strict=True):
         dim = min(k, n) / split
         knee = min(1.0, dim / hw.float8_full_speed_dim) if hw.float8_full_speed_dim else 1.0
         flops += k * n
@@ -85,14 +85,55 @@ def gemm_times(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: in
     table's plateau) runs ``float8_gemm_speedup`` (tensorwise) or
     ``float8_rowwise_gemm_speedup`` faster, the rest (launch- and memory-bound) does not; under
     async TP the all-gathered GEMMs run in tp chunks."""
-    tp = mesh.tp if strategy.tp_mode == "sp" else 1
-    tokens = linear_tokens(layer, mesh, strategy, microbatch)
     speedup, wgrad_speedup = _low_speedups(hw, features)
-    chunks = tp if features.async_tp and tp > 1 else 1
     low = low_precision_linears(layer, mesh, strategy, microbatch, hw, features)
-    return _linears_s(layer.linear_shapes, tokens, tp, chunks, hw.gemm_table, hw.clock_scale,
-                      speedup, wgrad_speedup, low, linear_styles(layer),
-                      measured_float8_table(hw, features), hw.hbm_gbps)
+    styles, measured = linear_styles(layer), measured_float8_table(hw, features)
+    fwd = bwd = 0.0
+    # one group of linears per use of the tp dim (a sub-block mode: attention and FFN apart)
+    for idx, tp, tokens in linear_groups(layer, mesh, strategy, microbatch):
+        chunks = tp if features.async_tp and tp > 1 else 1
+        f, b = _linears_s(_pick(layer.linear_shapes, idx), tokens, tp, chunks, hw.gemm_table,
+                          hw.clock_scale, speedup, wgrad_speedup, _pick(low, idx),
+                          _pick(styles, idx), measured, hw.hbm_gbps)
+        fwd, bwd = fwd + f, bwd + b
+    return fwd, bwd
+
+
+def _pick(items: tuple, idx: tuple[int, ...]) -> tuple:
+    return tuple(items[i] for i in idx)
+
+
+def linear_sub_blocks(layer: Layer) -> tuple[int, ...]:
+    """Per linear of the block, its sub-block: 0 in the module holding the first linear (the
+    attention of a pre-norm block), 1 elsewhere (the feed-forward)."""
+    regions = [name.rpartition(".")[0] for name in linear_names(layer)]
+    return tuple(0 if region == regions[0] else 1 for region in regions)
+
+
+def linear_groups(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
+                  ) -> tuple[tuple[tuple[int, ...], int, float], ...]:
+    """The block's linears grouped by what the tp dim does for them: (their indices, the tp
+    split of their weights, the tokens one rank's linears see per micro-batch); one group for a
+    whole-block tp mode, one per sub-block (``linear_sub_blocks``) for a sub-block mode."""
+    n = len(layer.linear_shapes)
+    if strategy.tp_mode not in SUB_BLOCK_TP_MODES:
+        return ((tuple(range(n)), mesh.tp if strategy.tp_mode == "sp" else 1,
+                 linear_tokens(layer, mesh, strategy, microbatch)),)
+    parts = linear_sub_blocks(layer)
+    return tuple((tuple(i for i in range(n) if parts[i] == part), mesh.tp if mode == "sp" else 1,
+                  linear_tokens(layer, mesh, BlockStrategy("none", False, mode), microbatch))
+                 for part, mode in enumerate(sub_block_modes(strategy.tp_mode)))
+
+
+def linear_splits(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
+                  ) -> tuple[tuple[int, float], ...]:
+    """Per linear, in ``linear_shapes`` order: (tp split of its weight, tokens one rank's
+    linear sees per micro-batch) (``linear_groups``)."""
+    out: list[tuple[int, float]] = [(1, 0.0)] * len(layer.linear_shapes)
+    for idx, tp, tokens in linear_groups(layer, mesh, strategy, microbatch):
+        for i in idx:
+            out[i] = (tp, tokens)
+    return tuple(out)
 
 
 def measured_float8_table(hw: HardwareProfile, features: Features) -> str:
@@ -123,8 +164,8 @@ def _measured_float8_s(bf16_s: float, tokens: float, k: float, n: float, measure
 
 def linear_tokens(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
                    ) -> float:
-    """Tokens one rank's linears see per micro-batch (cp splits sequences; tp used as data
-    parallel splits the batch)."""
+    """Tokens one rank's linears see per micro-batch under a whole-block tp mode (cp splits
+    sequences; tp used as data parallel splits the batch; per sub-block: ``linear_groups``)."""
     batch_split = mesh.tp if strategy.tp_mode == "dp" else 1
     return _seq_tokens(layer) * microbatch / (mesh.cp * batch_split)
 
@@ -202,18 +243,18 @@ def float8_cast_elements(layer: Layer, mesh: Mesh, strategy: BlockStrategy, micr
     TP styles (PrepareFloat8ModuleInput) cast it once, before the all-gather, on the
     sequence-sharded input. With FSDP's float8 all-gather the weights arrive in float8 (cast on
     the shard before the gather: a 1 / shard of the casts)."""
-    tp = mesh.tp if strategy.tp_mode == "sp" else 1
-    tokens = linear_tokens(layer, mesh, strategy, microbatch)
     rowwise = features.linear.startswith("float8_rowwise")
-    gathered_tp = features.linear == "float8_tensorwise" and tp > 1
-    share_fwd, share_bwd = features.compile or gathered_tp, features.compile
+    share_bwd = features.compile
     seen_fwd: set[tuple[str, int]] = set()
     seen_bwd: set[tuple[str, int]] = set()
     inputs = again = grads = weights = 0.0
-    for (k, n), is_low, name, style in zip(layer.linear_shapes, low, linear_names(layer),
-                                           linear_styles(layer), strict=True):
+    for (k, n), is_low, name, style, (tp, tokens) in zip(
+            layer.linear_shapes, low, linear_names(layer), linear_styles(layer),
+            linear_splits(layer, mesh, strategy, microbatch), strict=True):
         if not is_low:
             continue
+        gathered_tp = features.linear == "float8_tensorwise" and tp > 1
+        share_fwd = features.compile or gathered_tp
         k_loc, n_loc = _tp_split(k, n, tp, style)
         grads += tokens * n_loc
         weights += k_loc * n_loc
@@ -287,7 +328,7 @@ def low_precision_linears(layer: Layer, mesh: Mesh, strategy: BlockStrategy, mic
                      or _torchao_converts(k, n, features.linear.removeprefix("float8_")))
                 for (k, n), name in zip(shapes, names, strict=True))
     if features.float8_filter is not None or not features.float8 or not hw.gemm_table \
-            or (strategy.tp_mode == "sp" and mesh.tp > 1):
+            or ("sp" in sub_block_modes(strategy.tp_mode) and mesh.tp > 1):
         return low
     tokens = linear_tokens(layer, mesh, strategy, microbatch)
     alone = tuple(is_low and _float8_pays(k, n, tokens, hw, features)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from ..candidates.layout import (
+    SUB_BLOCK_TP_MODES,
     TP_MODES,
     BlockStrategy,
     Mesh,
@@ -195,6 +196,8 @@ def _block_memory(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch:
         # backward of a recomputed block: the gradients of its activations beside them, and
         # under TP + SP the all-gathered (unsplit) inputs of attention and FFN with theirs
         unsplit = 2 * layer.io_bytes * microbatch * act_scale / mesh.cp * (1 - 1 / mesh.tp)
+        if strategy.tp_mode in SUB_BLOCK_TP_MODES:
+            unsplit /= 2  # one module gathers its input
         transient += hw.recompute_grad_factor * (saved + 2 * unsplit)
     return kept, state, transient
 
@@ -203,7 +206,8 @@ FsdpFloor = Literal["", "step", "microbatch"]
 """When a time floor counts FSDP's collectives: "" not at all, "step" once per step (pipeline
 stages), "microbatch" in every micro-batch (flat plans)."""
 
-_NO_AC = {mode: BlockStrategy("none", False, mode) for mode in ("none", *TP_MODES)}
+_NO_AC = {mode: BlockStrategy("none", False, mode)
+          for mode in ("none", *TP_MODES, *SUB_BLOCK_TP_MODES)}
 
 
 def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext,

@@ -73,6 +73,11 @@ class ModelAdapter:
     block_args: int | None = None
     """Positional arguments the model passes to each block (hidden states first); None:
     counted from the block's forward signature. Used where tp ranks split a block's batch."""
+    sub_blocks: tuple[tuple[str, str], ...] = ()
+    """(norm, module) of a dense block's attention and of its feed-forward, relative to the
+    block, in that order: the modules the tp modes of ``SUB_BLOCK_TP_MODES`` parallelize on
+    their own (each module's input is its norm's output; the block adds it to the residual
+    stream). Empty: those modes are not offered for the family."""
     tp_fn: FnRef | None = None
     """Function applying the family's TP + sequence-parallel plan, called as
     ``tp_fn(model, tp_mesh, loss_parallel=..., enable_float8_tensorwise_tp=...,

@@ -57,7 +57,8 @@ def _family(family: str, tp_fn: str, **fields: Any) -> ModelAdapter:
 BUILTIN: dict[str, ModelAdapter] = {
     # layer(h, freqs_cis, attention_masks=..., positions=...)
     "llama3": _family("llama3", INFER_TP, rope_buffer="freqs_cis", heads=_llama_heads,
-                      block_args=2),
+                      block_args=2, sub_blocks=(("attention_norm", "attention"),
+                                                ("ffn_norm", "feed_forward"))),
     "qwen3": _family("qwen3", "apply_non_moe_tp", rope_buffer="rope_cache", heads=_qwen_heads),
     "llama4": _family("llama4", INFER_TP, rope_buffer="freqs_cis",
                       heads=_llama_heads, cp_attention=("sdpa",)),

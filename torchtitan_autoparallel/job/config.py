@@ -8,7 +8,7 @@ as for any built-in option.
 
 from dataclasses import dataclass, field
 
-from ..candidates.layout import TECHNIQUES
+from ..candidates.layout import DEFAULT_TECHNIQUES
 
 CONFIG_MODULE = "torchtitan_autoparallel.job.config"
 
@@ -32,13 +32,15 @@ class Autoparallel:
     memory_gib: float = 0.0
     """Memory budget per device in GiB; 0 takes the profile's usable memory."""
     techniques: list[str] = field(
-        default_factory=lambda: list(TECHNIQUES)
+        default_factory=lambda: list(DEFAULT_TECHNIQUES)
     )
     """Techniques the search may use (restrict it to compare or to debug): fsdp, hsdp, ddp
     (replicate only, gradients all-reduced), tp
     (tensor + sequence parallel), tp_dp (a block may use the tp dim as data parallel), cp
     (context parallel), ep (expert parallel, MoE models), ac, pp (pipeline parallel: degree,
-    schedule, stages per rank, micro-batches and stage split)."""
+    schedule, stages per rank, micro-batches and stage split); tp_sub_block (not in the default
+    list: a dense block's attention and feed-forward may each take TP + SP or the tp dim as data
+    parallel, tp modes "dp/sp" and "sp/dp")."""
     pp_schedules: list[str] = field(default_factory=list)
     """Pipeline schedules the search may choose from (empty: all of TorchTitan's: 1F1B,
     Interleaved1F1B, GPipe, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV for MoE models). A

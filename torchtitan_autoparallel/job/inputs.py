@@ -109,6 +109,9 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
         raise UserError(
             f"autoparallel.techniques has unknown entries {unknown}; allowed: {list(TECHNIQUES)}"
         )
+    if "tp_sub_block" in techniques and features.compile:
+        raise UserError("autoparallel.techniques has tp_sub_block, which is not applied to "
+                        "compiled blocks yet: leave it out or turn compile off")
     for dim, key in DEGREE_KEYS.items():
         degree = getattr(par, key)
         if isinstance(degree, int) and not (degree >= 1 or (dim == "dp_shard" and degree == -1)):

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
-from ..candidates.layout import TECHNIQUES, Mesh
+from ..candidates.layout import DEFAULT_TECHNIQUES, Mesh
 from ..candidates.schedules import SCHEDULES, SINGLE_STAGE
 from ..errors import UserError
 from ..plan.assembly import with_global_batch
@@ -58,7 +58,7 @@ def read_recipe(job_config: Any, world: int) -> RecipeRequest:
     # autoparallel.techniques leaves out (e.g. its activation checkpointing without "ac")
     inputs = dataclasses.replace(
         with_global_batch(inputs, global_batch), pins={},
-        constraints=dataclasses.replace(inputs.constraints, techniques=TECHNIQUES))
+        constraints=dataclasses.replace(inputs.constraints, techniques=DEFAULT_TECHNIQUES))
     if inputs.features.float8 and inputs.features.float8_filter is None:
         # TorchTitan converts every linear it can (quantize.linear.float8.filter_fqns = [])
         inputs = dataclasses.replace(

@@ -10,6 +10,7 @@ from typing import Any
 from ..candidates.layout import (
     AC_MODES,
     FSDP_UNIT_SIZES,
+    SUB_BLOCK_TP_MODES,
     TP_MODES,
     Mesh,
     ep_problem,
@@ -18,6 +19,7 @@ from ..candidates.layout import (
     reshard_group,
     strategy_label,
     strategy_parts,
+    sub_block_modes,
     tp_dp_problem,
 )
 from ..candidates.schedules import SCHEDULES, SINGLE_STAGE, V_SCHEDULES, microbatch_ok
@@ -49,7 +51,8 @@ class LayerPlan:
     tp_mode: str = "none"
     """What the tp mesh dim does for this layer: "none" (tp = 1); "sp" = tensor parallel with
     sequence parallel (vocab-parallel + loss parallel for embedding and output); "dp" = the tp
-    ranks split the micro-batch and the parameters are FSDP-sharded over dp_shard x tp."""
+    ranks split the micro-batch and the parameters are FSDP-sharded over dp_shard x tp; "dp/sp"
+    / "sp/dp" = the attention's / the feed-forward's modes apart (``SUB_BLOCK_TP_MODES``)."""
     time_ms: float = 0.0
     """Predicted forward + backward time per micro-batch."""
     comm_ms: float = 0.0
@@ -355,7 +358,7 @@ LAYER_RULES: dict[str, Rule] = {
     "kind": Rule(str, choices=("embedding", "encoder", "block", "output")),
     "ac": Rule(str, choices=AC_MODES),
     "reshard_after_forward": Rule(bool, or_int_ge=2),
-    "tp_mode": Rule(str, choices=("none", *TP_MODES)),
+    "tp_mode": Rule(str, choices=("none", *TP_MODES, *SUB_BLOCK_TP_MODES)),
     "ep": Rule(int, ge=1),
     "pinned": Rule(bool),
     "fsdp_unit": Rule(int, ge=1),
@@ -472,7 +475,8 @@ def float8_problem(plan: Any) -> str:
                 "filter_fqns itself: remove the field (the job's list is what runs)")
     if not plan.float8_filter_fqns or linear != "float8_tensorwise" or plan.mesh.tp == 1:
         return ""
-    sp = [layer.fqn for layer in plan.layers if layer.kind == "block" and layer.tp_mode == "sp"]
+    sp = [layer.fqn for layer in plan.layers
+          if layer.kind == "block" and "sp" in sub_block_modes(layer.tp_mode)]
     blocks = {layer.fqn for layer in plan.layers if layer.kind == "block"}
     for entry in plan.float8_filter_fqns:
         relative = not any(entry.startswith(f"{fqn}.") for fqn in blocks)
@@ -546,8 +550,8 @@ def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
     if layer.tp_mode == "none":
         return ("tp_mode 'none' on a tp mesh leaves its parameters plain tensors next to "
                 "DTensors (the optimizer step fails): use 'sp' or 'dp'")
-    if layer.tp_mode == "dp":
-        return tp_dp_problem(m, microbatch, layer.kind)
+    if "dp" in sub_block_modes(layer.tp_mode):
+        return tp_dp_problem(m, microbatch, layer.kind, layer.tp_mode)
     return ""
 
 
@@ -591,4 +595,4 @@ def plan_shards_with_fsdp(plan: Plan) -> bool:
     expert sharding, or blocks using tp as data parallel)."""
     m = plan.mesh
     return (m.dp_shard > 1 or m.cp > 1 or m.ep > 1
-            or any(layer.tp_mode == "dp" for layer in plan.layers))
+            or any("dp" in sub_block_modes(layer.tp_mode) for layer in plan.layers))

@@ -15,10 +15,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ...candidates.layout import tp_dp_problem
+from ...candidates.layout import SUB_BLOCK_TP_MODES, sub_block_modes, tp_dp_problem
 from ...errors import UserError
 from ...graph.adapters import INFER_TP, ModelAdapter, resolve, submodule_or_none
 from ...graph.discover import get_adapter
+from ...graph.tp_styles import InferredTP, block_signature
 from ...job.features import features_from_config
 from ...plan.schema import Plan, fsdp_units
 from .model import planning_adapter
@@ -78,6 +79,61 @@ def _batch_split_over_tp(block: nn.Module, tp_mesh: Any, n_args: int) -> None:
         output_layouts=Shard(0), desired_output_layouts=Shard(1), use_local_output=True))
 
 
+SubBlocks = list[tuple[str, list[nn.Module]]]
+"""A block's sub-blocks as planned: (the tp dim's use, "sp" or "dp"; the norm and the module)."""
+
+
+def sub_blocks_of(block: nn.Module, adapter: ModelAdapter, tp_mode: str) -> SubBlocks:
+    """The sub-blocks (``ModelAdapter.sub_blocks``) of a block planned with a sub-block tp
+    mode, each with its use of the tp dim; a one-line error where the family names none or
+    the block is not dense."""
+    if len(adapter.sub_blocks) != 2 or adapter.routed_experts(block) is not None:
+        raise UserError(f"tp_mode {tp_mode!r} needs a dense block whose family names its "
+                        "attention and feed-forward (ModelAdapter.sub_blocks); use 'sp' or 'dp'")
+    return [(mode, [block.get_submodule(norm), block.get_submodule(module)])
+            for (norm, module), mode in zip(adapter.sub_blocks, sub_block_modes(tp_mode),
+                                            strict=True)]
+
+
+def planned_sub_blocks(blocks: nn.Module, adapter: ModelAdapter, planned: dict[str, Any],
+                       moe: bool, compiled: bool) -> dict[str, SubBlocks]:
+    """By block name, the sub-blocks of the blocks planned with a sub-block tp mode (taken
+    before AC and compile wrap the blocks); a one-line error for a MoE model or compiled
+    blocks (FSDP's hooks would sit inside the compiled block)."""
+    out = {name: sub_blocks_of(blocks.get_submodule(name), adapter, layer.tp_mode)
+           for name, layer in planned.items() if layer.tp_mode in SUB_BLOCK_TP_MODES}
+    if out and (moe or compiled):
+        raise UserError("sub-block tp modes are applied to dense models without compile only; "
+                        "use 'sp' or 'dp'")
+    return out
+
+
+def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp_mode: str,
+                       enable_float8_tensorwise_tp: bool) -> None:
+    """A block whose attention and feed-forward use the tp dim apart: the family's TP + SP
+    styles (its inferred ``parallelize_module`` plan) on the TP + SP sub-block's norm, module
+    and linears only; the data-parallel sub-block's module entered and left through an
+    all-to-all between the sequence-sharded stream and a batch shard, its norm left whole (it
+    runs per token on the sequence shard, FSDP sums its gradient over dp_shard x tp)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    fn = adapter.tp_fn
+    if not isinstance(fn, InferredTP):
+        raise UserError(f"tp_mode {tp_mode!r} needs the family's inferred TP plan "
+                        "(ModelAdapter.tp_fn = INFER_TP); use 'sp' or 'dp'")
+    sub_blocks_of(block, adapter, tp_mode)  # the rule, with its error
+    inferred = fn.plans[block_signature(block)]
+    styles = fn.block_styles(block, enable_float8_tensorwise_tp)
+    for (norm, module), mode in zip(adapter.sub_blocks, sub_block_modes(tp_mode), strict=True):
+        if mode == "sp":
+            own = {key: style for key, style in styles.items()
+                   if key in (norm, module) or key.startswith(f"{module}.")}
+            parallelize_module(block, tp_mesh, own)
+        else:
+            _batch_split_over_tp(block.get_submodule(module), tp_mesh,
+                                 len(inferred[module].inputs))
+
+
 def _dp_over_tp_mesh(parallel_dims: Any, plan: Plan) -> Any:
     """1-D mesh over dp_shard x tp: FSDP mesh of blocks that use tp as data parallel (where
     ``layout.tp_dp_problem`` allows it). TorchTitan keeps its own flattened ``efsdp`` mesh
@@ -129,7 +185,8 @@ def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
                           tp_modes: dict[str, str], *, loss_parallel: bool,
                           enable_float8_tensorwise_tp: bool, cp_enabled: bool) -> None:
     """The family's TorchTitan TP + SP plan on the blocks planned "sp" (and the embedding,
-    norm and output); blocks planned "dp" run on a batch shard of the tp ranks."""
+    norm and output); blocks planned "dp" run on a batch shard of the tp ranks; blocks planned
+    with a sub-block mode get both, each on its own sub-block (``apply_sub_block_tp``)."""
     blocks = model.get_submodule(adapter.blocks)
     adapter.apply_tp(model, tp_mesh, loss_parallel=loss_parallel,
                      block_names=[n for n, mode in tp_modes.items() if mode == "sp"],
@@ -138,6 +195,9 @@ def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
     for name, mode in tp_modes.items():
         if mode == "dp":
             _batch_split_over_tp(blocks.get_submodule(name), tp_mesh, adapter.block_args)
+        elif mode in SUB_BLOCK_TP_MODES:
+            apply_sub_block_tp(blocks.get_submodule(name), adapter, tp_mesh, mode,
+                               enable_float8_tensorwise_tp)
 
 
 def apply_block_ac(blocks: nn.Module, block_ac: dict[str, str], ac_config: Any, *,
@@ -178,11 +238,15 @@ def apply_block_compile(blocks: nn.Module, compile_config: Any, *, moe: bool,
 
 
 def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, plan: Plan,
-                   fsdp: dict[str, Any], moe_blocks: dict[str, nn.Module]) -> None:
+                   fsdp: dict[str, Any], moe_blocks: dict[str, nn.Module],
+                   sub_blocks: dict[str, SubBlocks] | None = None) -> None:
     """FSDP2 per planned group, each with its planned ``reshard_after_forward``: embedding,
     every block or FSDP unit of blocks (one ``fully_shard`` over the unit's blocks; blocks
     using tp as data parallel on dp_shard x tp; routed experts of EP blocks on ``efsdp``),
-    norm + output (with the embedding when tied), then the root.
+    norm + output (with the embedding when tied), then the root. A block planned with a
+    sub-block mode (``sub_blocks``: by block name, taken before AC / compile wrapped the
+    blocks) is one group per sub-block, its norm with its module: on dp_shard x tp where the
+    tp dim is data parallel for it, else on the FSDP mesh.
     ``fsdp``: ``fully_shard`` arguments shared by every group (mesh, mp / offload policy)."""
     from torch.distributed.fsdp import fully_shard
     from torchtitan.models.llama3.infra.parallelize import disable_fsdp_gradient_division
@@ -205,6 +269,13 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
         fqn = f"{adapter.blocks}.{name}"
         layer = by_fqn[fqn]
         group = fsdp
+        if layer.tp_mode in SUB_BLOCK_TP_MODES:
+            dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims, plan)
+            for mode, modules in (sub_blocks or {})[name]:
+                fully_shard(modules, **{**fsdp, "mesh": dp_over_tp if mode == "dp"
+                                        else fsdp["mesh"]},
+                            reshard_after_forward=layer.reshard_after_forward)
+            continue
         if layer.tp_mode == "dp":
             dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims, plan)
             group = {**fsdp, "mesh": dp_over_tp}
@@ -311,6 +382,7 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
     check_part_blocks(plan, [f"{adapter.blocks}.{name}" for name in planned])
     moe_blocks = {name: block for name, block in blocks.named_children()
                   if adapter.routed_experts(block) is not None}
+    sub_blocks = planned_sub_blocks(blocks, adapter, planned, bool(moe_blocks), features.compile)
 
     if plan.mesh.tp > 1:
         tp_mesh = parallel_dims.get_mesh("tp")
@@ -323,7 +395,7 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
             enable_float8_tensorwise_tp=features.linear == "float8_tensorwise",
             cp_enabled=plan.mesh.cp > 1,
         )
-        if "sp" in tp_modes.values():
+        if any("sp" in sub_block_modes(mode) for mode in tp_modes.values()):
             maybe_enable_async_tp(job_config, tp_mesh)
 
     if moe_blocks and (plan.mesh.tp > 1 or plan.mesh.ep > 1):
@@ -361,7 +433,7 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
         apply_block_compile(blocks, job_config.compile, moe=bool(moe_blocks),
                             ep_enabled=parallel_dims.ep_enabled)
 
-    tp_dp = any(layer.tp_mode == "dp" for layer in plan.layers)
+    tp_dp = any("dp" in sub_block_modes(layer.tp_mode) for layer in plan.layers)
     if parallel_dims.dp_replicate_enabled and not parallel_dims.fsdp_enabled and not tp_dp:
         if parallel_dims.tp > 1 or parallel_dims.cp > 1 or parallel_dims.ep > 1:
             raise UserError("pure data-parallel replication is planned with tp = cp = ep = 1 "
@@ -370,7 +442,7 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
                           enable_compile=features.compile)
     elif parallel_dims.fsdp_enabled or parallel_dims.ep_enabled or tp_dp:
         fsdp = fsdp_arguments(parallel_dims, job_config.training, features.cpu_offload)
-        apply_sharding(model, adapter, parallel_dims, plan, fsdp, moe_blocks)
+        apply_sharding(model, adapter, parallel_dims, plan, fsdp, moe_blocks, sub_blocks)
     return model
 
 

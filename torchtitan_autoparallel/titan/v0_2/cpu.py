@@ -301,10 +301,11 @@ def aot_eager_blocks_on_cpu(job_config: Any) -> bool:
 
 def check_cpu_plan(job_config: Any, plan: Any) -> None:
     """Refuse a plan this machine cannot train: TP + SP blocks compiled with ``aot_eager``."""
+    from ...candidates.layout import sub_block_modes
     from ...errors import UserError
 
     if aot_eager_blocks_on_cpu(job_config) and any(
-            layer.tp_mode == "sp" for layer in plan.layers):
+            "sp" in sub_block_modes(layer.tp_mode) for layer in plan.layers):
         raise UserError(aot_eager_tp_problem(f"the plan runs TP + SP on mesh {plan.mesh}"))
 
 

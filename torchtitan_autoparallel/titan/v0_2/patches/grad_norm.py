@@ -34,9 +34,12 @@ def _combine(norms: list[torch.Tensor], norm_type: float) -> torch.Tensor:
 def needed(plan: Any) -> bool:
     """Whether ``plan`` puts gradients on several meshes outside expert parallelism (which
     TorchTitan's clipping handles): a block using the tp dim as data parallel is FSDP-sharded
-    over dp_shard x tp, the other layers over dp_shard with TP on tp."""
+    over dp_shard x tp (a sub-block mode's data-parallel sub-block too), the other layers over
+    dp_shard with TP on tp."""
+    from ....candidates.layout import sub_block_modes
+
     return plan is not None and plan.mesh.tp > 1 and any(
-        layer.tp_mode == "dp" for layer in plan.layers)
+        "dp" in sub_block_modes(layer.tp_mode) for layer in plan.layers)
 
 
 def install() -> None:
