@@ -319,7 +319,7 @@ def test_table_covers_the_vendored_matrix():
 def test_vendored_data_matches_the_regenerator():
     """The JSON is what ``regenerate.py`` makes of TorchTitan's source: re-made from the tag where
     a TorchTitan git checkout is at hand, and its parser checked on a snippet of that source."""
-    from torchtitan_features.regenerate import MIRROR, TAG, definitions, source_at
+    from tests.torchtitan_features.regenerate import MIRROR, TAG, definitions, source_at
 
     assert len(DEFINITIONS) == len(MATRIX["definitions"]) == 43
     assert sum(case["disabled"] for case in DEFINITIONS.values()) == 2
