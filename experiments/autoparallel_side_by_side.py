@@ -9,11 +9,15 @@ Per job: AutoParallel's time to trace and build its ILP and to solve it, the ILP
 placements it picks (each parameter as stored, and as the matmul that reads it takes it), from
 ``autoparallel_peer.py`` run by ``--peer-python`` (a venv with TorchTitan 0.3.0 and
 autoparallel; results kept under ``experiments/results/autoparallel_peer/``, reused unless
-``--rerun``); beside them this planner's solve time on the same mesh and on the mesh it searches,
-its per-block strategies and predictions (``h100_sxm``). AutoParallel's placements are listed
-per parameter (``placement_rows``) beside TorchTitan's FSDP + TP recipe without AC on the same
-mesh (AutoParallel's path applies no AC), costed by this project's model. Both sides run on this
-2-core box in one process each, one after the other: their times compare as ratios.
+``--rerun``). Those placements are turned into this planner's plan in the sub-block vocabulary
+(``MAPPINGS``: a mesh, every block's tp mode, no AC, resharded after forward, and whether the
+mapping is exact) and costed by this project's model (``h100_sxm``), as AutoParallel's path runs
+them and with the AC / resharding this planner's MILP picks for them; beside them this
+planner's own plans, with ``tp_sub_block`` among the techniques, on the same mesh and on the
+mesh it searches, their solve times, and TorchTitan's FSDP + TP recipe without AC on that mesh.
+Writes ``experiments/results/autoparallel_side_by_side.json`` (one object per job) and the .md
+made from it (``--md-only``: only the .md, from the JSON). Both planners run on this 2-core box
+in one process each, one after the other: their times compare as ratios.
 """
 
 from __future__ import annotations
@@ -68,26 +72,127 @@ def peer_result(name: str, python: str, timeout: int, rerun: bool, commit: str
     return result
 
 
-def our_plan(config: str, world: int, global_batch: int, mesh: dict[str, int] | None
-             ) -> tuple[Any, float]:
-    """This planner's plan of the job (``mesh``: the degrees fixed to AutoParallel's) and its
-    planning time (config parsed, layer graph included)."""
-    from torchtitan_autoparallel.job.request import plan_job
+SUB_BLOCK = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,pp,tp_sub_block"
+"""The default techniques and ``tp_sub_block`` (sub-block tp modes "dp/sp" and "sp/dp")."""
+
+MAPPINGS: dict[str, dict[str, Any]] = {
+    # AutoParallel's placements in the sub-block vocabulary: our mesh (dp_shard, tp), the tp
+    # mode of every block, and whether the placements map onto it without approximation
+    "8B@8": {"dp_shard": 2, "tp": 4, "tp_mode": "dp/sp", "expressible": False, "note": (
+        "the feed-forward is split over AutoParallel's fsdp dim (4 ranks) and attention read "
+        "whole: tp mode dp/sp on the mesh with the two dims swapped (dp_shard 2 x tp 4); "
+        "lm_head is column-wise over its tp dim (2 ranks; ours over the 4); and 2 sequences per "
+        "dp_shard rank over 4 tp ranks: its data-parallel attention splits sequences, where the "
+        "vocabulary's dp splits whole sequences (local batch divisible by tp). Costed as dp/sp "
+        "with the tokens split over tp (GEMMs and attention on a tp-th of the tokens, dp's "
+        "all-to-alls; the keys / values a split sequence exchanges are not costed)")},
+    "8B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "dp/sp", "expressible": False, "note": (
+        "feed-forward TP over tp and attention read whole, as dp/sp; but 1 sequence per fsdp "
+        "rank over 8 tp ranks: its data-parallel attention splits a sequence, where the "
+        "vocabulary's dp splits whole sequences (local batch divisible by tp), and some layers "
+        "read wo column-wise over tp (which layers: not recorded, layer indices folded). Costed "
+        "as dp/sp with the tokens split over tp (GEMMs and attention on a tp-th of the tokens, "
+        "dp's all-to-alls; the keys / values a split sequence exchanges are not costed)")},
+    "8B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "dp/sp", "expressible": False, "note": (
+        "as 8B@64 (1 sequence per fsdp rank over 8 tp ranks), and some layers read the fused "
+        "QKV and wo column-wise over tp instead of whole (which layers: not recorded). Costed "
+        "as dp/sp with the tokens split over tp (see 8B@64)")},
+    "70B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "dp/sp", "expressible": True, "note": (
+        "every block's matmul weights map onto dp/sp exactly: fused QKV and wo read whole "
+        "(attention data parallel over tp: 8 sequences per fsdp rank, one per tp rank), w1 / w3 "
+        "column-wise and w2 row-wise over tp, all stored sharded over fsdp x tp between uses; "
+        "parameters resharded after forward, no AC (AutoParallel's path). Outside the blocks "
+        "the storage differs but not the bytes per rank: AutoParallel shards tok_embeddings on "
+        "its embedding dim over both dims (TorchTitan's TP: rows over tp, FSDP over fsdp) and "
+        "the norm weights over tp as well (TorchTitan's SP replicates them over tp: 32 KiB a "
+        "norm); costed as TorchTitan's")},
+    "70B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "dp/sp", "expressible": True, "note": (
+        "as 70B@64 (8 sequences per fsdp rank, one per tp rank)")},
+}
+
+
+def job_config(config: str, world: int, global_batch: int, mesh: dict[str, int] | None,
+               techniques: str = "") -> Any:
+    """The TorchTitan config of a job (``mesh``: dp_shard / tp fixed, the other degrees 1)."""
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
     fixed = [] if mesh is None else [
-        f"--parallelism.data_parallel_shard_degree={mesh['fsdp']}",
+        f"--parallelism.data_parallel_shard_degree={mesh['dp_shard']}",
         f"--parallelism.tensor_parallel_degree={mesh['tp']}",
         "--parallelism.data_parallel_replicate_degree=1",
         "--parallelism.context_parallel_degree=1", "--parallelism.pipeline_parallel_degree=1"]
+    return parse_config(["--job.config_file", str(REPO / "train_configs" / config),
+                         "--autoparallel.hardware=h100_sxm",
+                         f"--training.global_batch_size={global_batch}", *fixed,
+                         *([techniques] if techniques else [])])
+
+
+def our_plan(config: str, world: int, global_batch: int, mesh: dict[str, int] | None,
+             techniques: str = SUB_BLOCK) -> tuple[Any, float]:
+    """This planner's plan of the job (``mesh``: the degrees fixed to AutoParallel's) and its
+    planning time (config parsed, layer graph included)."""
+    from torchtitan_autoparallel.job.request import plan_job
+
     start = time.perf_counter()
-    job = parse_config(["--job.config_file", str(REPO / "train_configs" / config),
-                        "--autoparallel.hardware=h100_sxm",
-                        f"--training.global_batch_size={global_batch}", *fixed])
-    plan = plan_job(job, world)
+    plan = plan_job(job_config(config, world, global_batch, mesh, techniques), world)
     return plan, time.perf_counter() - start
+
+
+def layout_candidate(config: str, world: int, global_batch: int, mapping: dict[str, Any]
+                     ) -> tuple[Any, Any]:
+    """(planning inputs, candidate) of the job on ``mapping``'s mesh, one micro-batch of the
+    local batch, every block offered only ``mapping``'s tp mode (AC none / selective / full,
+    resharded after forward or kept). The package costs a sub-block mode only where the local
+    batch splits over tp (``tp_dp_problem``); where it does not (the 8B jobs), the same cost
+    model is called on the mode directly: a tp-th of the tokens per rank."""
+    import dataclasses
+
+    from torchtitan_autoparallel.candidates.candidate import block_classes
+    from torchtitan_autoparallel.candidates.layout import AC_MODES, BlockStrategy, Mesh
+    from torchtitan_autoparallel.cost.model import block_cost
+    from torchtitan_autoparallel.job.inputs import job_inputs
+    from torchtitan_autoparallel.plan.assembly import candidate_for
+
+    mesh_degrees = {"dp_shard": mapping["dp_shard"], "tp": mapping["tp"]}
+    inputs = job_inputs(job_config(config, world, global_batch, mesh_degrees, SUB_BLOCK),
+                        world)
+    mesh = Mesh(dp_replicate=1, dp_shard=mapping["dp_shard"], cp=1, tp=mapping["tp"])
+    local = global_batch // mesh.dp
+    cand = candidate_for(inputs, mesh, local)
+    graph = inputs.graph
+    representative = dict(zip(reversed(block_classes(graph, inputs.pins)),
+                              reversed(graph.blocks), strict=True))
+    strategies = {cls: [BlockStrategy(ac, reshard, mapping["tp_mode"])
+                        for ac in AC_MODES for reshard in (True, False)]
+                  for cls in representative}
+    costs = dict(cand.costs)
+    for cls, layer in representative.items():
+        for strategy in strategies[cls]:
+            if (cls, strategy) not in costs:
+                costs[(cls, strategy)] = block_cost(layer, mesh, strategy, local,
+                                                    inputs.cost_context, graph.grouped_experts)
+    return inputs, dataclasses.replace(cand, strategies=strategies, costs=costs)
+
+
+def autoparallel_plans(config: str, world: int, global_batch: int, mapping: dict[str, Any]
+                       ) -> tuple[Any, Any]:
+    """(AutoParallel's placements as this planner's plan: every block ``mapping``'s tp mode,
+    resharded after forward, no AC, as its path runs them; the same placements with the AC
+    and resharding this planner's MILP picks for them within the memory budget, or None)."""
+    from torchtitan_autoparallel.candidates.candidate import block_classes
+    from torchtitan_autoparallel.candidates.layout import BlockStrategy
+    from torchtitan_autoparallel.plan.assembly import build_plan, plan_of_solution
+    from torchtitan_autoparallel.solve.milp import solve
+
+    inputs, cand = layout_candidate(config, world, global_batch, mapping)
+    blocks = len(block_classes(inputs.graph, inputs.pins))
+    as_run = build_plan(inputs, cand, [BlockStrategy("none", True, mapping["tp_mode"])] * blocks,
+                        {"status": "AutoParallel's placements", "gap": 0.0})
+    best = solve(cand, inputs.budget_bytes, 60.0)
+    with_ac = None if best is None else plan_of_solution(inputs, best, {})
+    return as_run, with_ac
 
 
 def reading(placement: str) -> str:
@@ -132,51 +237,166 @@ def blocks_label(plan: Any) -> str:
     return ", ".join(labels)
 
 
-def report(names: list[str], peer_python: str, timeout: int, rerun: bool, commit: str
-           ) -> str:
+def plan_fields(prefix: str, plan: Any, world: int) -> dict[str, Any]:
+    """``prefix``_tps (predicted tokens/s per GPU), _peak_gib, _fits, _mesh and _blocks."""
+    p = plan.predicted
+    return {f"{prefix}_tps": round(p["tokens_per_s"] / world, 1),
+            f"{prefix}_peak_gib": round(p["peak_memory_gib"], 2),
+            f"{prefix}_fits": p["peak_memory_gib"] <= p["budget_gib"],
+            f"{prefix}_mesh": str(plan.mesh), f"{prefix}_blocks": blocks_label(plan)}
+
+
+def job_row(name: str, peer: dict[str, Any]) -> dict[str, Any]:
+    """One job of the JSON: AutoParallel's placements as this planner's plan, costed (as its
+    path runs them, and with this planner's AC / resharding for them), beside this planner's
+    own plans (``tp_sub_block`` among the techniques) on the same mesh and with the mesh
+    searched, and TorchTitan's FSDP + TP recipe without AC on that mesh."""
+    config, _, world, tp, local, seq = JOBS[name]
+    global_batch = local * (world // tp)
+    mapping = MAPPINGS[name]
+    row: dict[str, Any] = {
+        "job": name, "world": world, "global_batch": global_batch, "seq": seq,
+        "autoparallel_mesh": f"fsdp {world // tp} x tp {tp}",
+        "autoparallel_expressible": mapping["expressible"],
+        "autoparallel_mapping": {
+            "mesh": f"dp_shard {mapping['dp_shard']} x tp {mapping['tp']}",
+            "tp_mode": mapping["tp_mode"], "ac": "none", "reshard_after_forward": True,
+            "note": mapping["note"]}}
+    if "error" not in peer:
+        row.update(autoparallel_trace_and_build_s=peer["trace_and_build_s"],
+                   autoparallel_solve_s=peer["solve_s"],
+                   autoparallel_ilp=f"{peer['variables']:,} / {peer['constraints']:,}")
+    as_run, with_ac = autoparallel_plans(config, world, global_batch, mapping)
+    row.update(plan_fields("autoparallel", as_run, world))
+    row["autoparallel_mesh"] = f"fsdp {world // tp} x tp {tp}"  # its own, not the mapping's
+    if mapping["expressible"]:
+        from torchtitan_autoparallel.plan.recost import recost
+
+        recosted = recost(as_run).predicted
+        row.update(autoparallel_recosted_tps=round(recosted["tokens_per_s"] / world, 1),
+                   autoparallel_recosted_peak_gib=round(recosted["peak_memory_gib"], 2))
+    row["budget_gib"] = round(as_run.predicted["budget_gib"], 2)
+    if with_ac is not None:
+        row.update(plan_fields("autoparallel_layout_with_ac", with_ac, world))
+    fixed, fixed_s = our_plan(config, world, global_batch, {"dp_shard": world // tp, "tp": tp})
+    free, free_s = our_plan(config, world, global_batch, None)
+    row.update(plan_fields("ours_same_mesh", fixed, world), ours_same_mesh_plan_s=round(
+        fixed_s, 2))
+    row.update(plan_fields("ours", free, world), ours_plan_s=round(free_s, 2))
+    row.update(plan_fields("recipe_no_ac", recipe_plan_for(config, world, global_batch, tp),
+                           world))
+    row["ours_below_autoparallel"] = why_below(row)
+    return row
+
+
+def why_below(row: dict[str, Any]) -> str | None:
+    """Why this planner's searched plan is predicted slower than AutoParallel's placements
+    (None where it is not)."""
+    if row["ours_tps"] >= row["autoparallel_tps"]:
+        return None
+    if not row["autoparallel_fits"]:
+        with_ac = row.get("autoparallel_layout_with_ac_tps")
+        fitted = (f"; the same placements with the AC and resharding this planner's MILP "
+                  f"picks for them within the budget: {with_ac:.0f} tok/s/GPU"
+                  if with_ac is not None else "; no AC makes them fit")
+        return (f"AutoParallel's placements without AC need {row['autoparallel_peak_gib']:.0f} "
+                f"GiB per GPU, over the {row['budget_gib']:.1f} GiB budget: no plan the search "
+                f"may return{fitted}")
+    return "search missed it: AutoParallel's placements fit the budget and are predicted faster"
+
+
+def md_row(row: dict[str, Any]) -> str:
+    """One line of the summary table."""
+    def tps(prefix: str) -> str:
+        if f"{prefix}_tps" not in row:
+            return "-"
+        fits = "" if row[f"{prefix}_fits"] else " (OOM)"
+        return f"{row[f'{prefix}_tps']:.0f} / {row[f'{prefix}_peak_gib']:.1f}{fits}"
+    return (f"| {row['job']} | {row['autoparallel_mesh']} | "
+            f"{'yes' if row['autoparallel_expressible'] else 'no'} | {tps('autoparallel')} | "
+            f"{tps('autoparallel_layout_with_ac')} | {tps('ours_same_mesh')} | {tps('ours')} | "
+            f"{row['ours_mesh']} | {row['ours_tps'] / row['autoparallel_tps']:.3f} | "
+            f"{row['ours_tps'] / row['autoparallel_layout_with_ac_tps']:.3f} |")
+
+
+def time_row(row: dict[str, Any]) -> str:
+    """One line of the planning-time table."""
+    build, solve_s = (row.get(k) for k in ("autoparallel_trace_and_build_s",
+                                           "autoparallel_solve_s"))
+    return (f"| {row['job']} | {row['autoparallel_mesh']} | "
+            f"{'-' if build is None else f'{build:.0f}'} | "
+            f"{'-' if solve_s is None else f'{solve_s:.0f}'} | {row.get('autoparallel_ilp', '-')} "
+            f"| {row['ours_same_mesh_plan_s']:.2f} | {row['ours_plan_s']:.2f} |")
+
+
+def job_details(row: dict[str, Any], peer: dict[str, Any]) -> list[str]:
+    """A job's section: AutoParallel's placements, how they map, every plan costed."""
+    out = ["", f"## {row['job']} (global batch {row['global_batch']}, seq {row['seq']})", ""]
+    if "error" in peer:
+        out.append(f"- AutoParallel: {peer['error']}")
+    else:
+        out += ["AutoParallel's placements:", "", *placement_rows(peer), ""]
+    m = row["autoparallel_mapping"]
+    exact = "exact" if row["autoparallel_expressible"] else "not exact"
+    out.append(f"- In the sub-block vocabulary ({exact}): {m['mesh']}, every block tp mode "
+               f"`{m['tp_mode']}`, AC {m['ac']}, resharded after forward. {m['note']}.")
+    if "autoparallel_recosted_tps" in row:
+        out.append(f"- Written as a plan file and re-costed by the package (`plan.recost`, "
+                   f"which checks every block's strategy is one the planner has for it): "
+                   f"{row['autoparallel_recosted_tps']:.0f} tok/s/GPU, peak "
+                   f"{row['autoparallel_recosted_peak_gib']:.1f} GiB.")
+    for label, prefix in (("AutoParallel's placements, as its path runs them", "autoparallel"),
+                          ("the same placements, AC and resharding by this planner's MILP",
+                           "autoparallel_layout_with_ac"),
+                          ("ours, same mesh", "ours_same_mesh"),
+                          ("ours, mesh searched", "ours"),
+                          ("TorchTitan's FSDP + TP recipe on that mesh without AC",
+                           "recipe_no_ac")):
+        if f"{prefix}_tps" in row:
+            out.append(f"- {label}: {row[f'{prefix}_mesh']}, blocks {row[f'{prefix}_blocks']}; "
+                       f"predicted {row[f'{prefix}_tps']:.0f} tok/s/GPU, peak "
+                       f"{row[f'{prefix}_peak_gib']:.1f} of {row['budget_gib']:.1f} GiB")
+    if row["ours_below_autoparallel"]:
+        out.append(f"- Ours below AutoParallel's placements: {row['ours_below_autoparallel']}.")
+    return out
+
+
+def report(rows: list[dict[str, Any]], peers: dict[str, dict[str, Any]]) -> str:
+    """The markdown made from the JSON's rows (and the peer's recorded placements)."""
     lines = [
         "# This planner beside TorchTitan 0.3.0's AutoParallel (graph_trainer)",
         "",
-        "`python experiments/autoparallel_side_by_side.py` (see its docstring). AutoParallel:",
+        "`python experiments/autoparallel_side_by_side.py` (see its docstring); every number "
+        "below is in",
+        "[autoparallel_side_by_side.json](autoparallel_side_by_side.json). AutoParallel:",
         "meta-pytorch/autoparallel (the commit in each `autoparallel_peer/*.json`) on",
         "TorchTitan 0.3.0's graph_trainer Llama 3 (SDPA), fake process group, CPU, torch 2.14.1;",
         "this planner: TorchTitan 0.2.2's Llama 3 of the same sizes, torch 2.13.0, profile",
-        "`h100_sxm`. Times on the same 2-core box (AutoParallel's while other work shared it:",
-        "an upper bound), same global batch and sequence on both sides.",
+        "`h100_sxm`, techniques the default ones and `tp_sub_block`. Same global batch and",
+        "sequence on both sides.",
         "",
-        "| job | mesh fsdp x tp | AutoParallel trace + ILP build s | AutoParallel solve s | "
-        "ILP variables / constraints | ours, same mesh s | ours, mesh searched s | ours' mesh |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "## Placements costed by one model (predicted tokens/s per GPU / peak GiB)",
+        "",
+        "AutoParallel's placements turned into this planner's plan (sub-block tp modes) and "
+        "costed by its cost model; beside them this planner's plans. Budget 71.2 GiB per GPU; "
+        "(OOM): over it.",
+        "",
+        "| job | AutoParallel's mesh | exact | AutoParallel's placements (no AC) | "
+        "same placements, AC by the MILP | ours, same mesh | ours, mesh searched | ours' mesh "
+        "| ours / AutoParallel's | ours / same placements with AC |",
+        "|---|---|---|---:|---:|---:|---:|---|---:|---:|",
+        *(md_row(r) for r in rows),
+        "",
+        "## Planning time (s, this 2-core box)",
+        "",
+        "| job | mesh | AutoParallel trace + ILP build | AutoParallel solve | "
+        "ILP variables / constraints | ours, same mesh | ours, mesh searched |",
+        "|---|---|---:|---:|---:|---:|---:|",
+        *(time_row(r) for r in rows),
     ]
-    details: list[str] = []
-    for name in names:
-        config, _, world, tp, local, _ = JOBS[name]
-        global_batch = local * (world // tp)
-        peer = peer_result(name, peer_python, timeout, rerun, commit)
-        fixed, fixed_s = our_plan(config, world, global_batch, {"fsdp": world // tp, "tp": tp})
-        free, free_s = our_plan(config, world, global_batch, None)
-        if "error" in peer:
-            ap_build = ap_solve = size = "-"
-        else:
-            ap_build, ap_solve = f"{peer['trace_and_build_s']:.0f}", f"{peer['solve_s']:.0f}"
-            size = f"{peer['variables']:,} / {peer['constraints']:,}"
-        lines.append(f"| {name} | {world // tp} x {tp} | {ap_build} | {ap_solve} | {size} | "
-                     f"{fixed_s:.2f} | {free_s:.2f} | {free.mesh} |")
-        recipe = recipe_plan_for(config, world, global_batch, tp)
-        details += ["", f"## {name} (global batch {global_batch}, seq 8192)", ""]
-        if "error" in peer:
-            details.append(f"- AutoParallel: {peer['error']}")
-        else:
-            details += ["AutoParallel's placements:", "", *placement_rows(peer), ""]
-        for label, plan in (("ours, same mesh", fixed), ("ours, mesh searched", free),
-                            ("TorchTitan's FSDP + TP recipe on that mesh without AC (the "
-                             "nearest recipe to AutoParallel's placements; see above)",
-                             recipe)):
-            p = plan.predicted
-            details.append(f"- {label}: {plan.mesh}, blocks {blocks_label(plan)}; predicted "
-                           f"{p['tokens_per_s'] / world:.0f} tok/s/GPU, peak "
-                           f"{p['peak_memory_gib']:.1f} of {p['budget_gib']:.1f} GiB")
-    return "\n".join(lines + details) + "\n" + READING + trained_section()
+    for row in rows:
+        lines += job_details(row, peers[row["job"]])
+    return "\n".join(lines) + "\n" + READING + trained_section()
 
 
 READING = """
@@ -185,23 +405,34 @@ READING = """
 - Solve time: AutoParallel takes 3-8 minutes per job on this box (tracing the joint graph and
   building an ILP of ~0.6 M variables, then CBC), about the same at 8 and 256 GPUs (the ILP
   grows with the model's graph and the mesh's dimensions, not with the world size); this
-  planner takes 0.5-1.5 s per job, mesh search included, on TorchTitan 0.2.2's model of the
-  same size.
+  planner takes about 0.4-1 s per job, mesh search and `tp_sub_block` included, on TorchTitan
+  0.2.2's model of the same size.
 - Placements: AutoParallel keeps every parameter sharded over both mesh dims between uses
   (FSDP over all ranks) and, at 64 and 256 GPUs, reads the feed-forward weights tensor-parallel
   over tp (w1 / w3 column-wise, w2 row-wise, as TorchTitan's TP plan) but the fused QKV and
-  output projections of attention whole (gathered over tp as well): a mix no TorchTitan recipe
-  has. At 8 GPUs (4 x 2) it reads the feed-forward weights split over the fsdp dim instead.
-  This planner gives every block TP + SP on those meshes (or no TP at all, with a searched mesh,
-  where its cost model finds FSDP alone faster: 70B), FSDP units of 4 blocks kept after forward
-  for 8B, and AC where memory needs it.
+  output projections of attention whole: tp mode `dp/sp` on every block. On the 70B jobs (8
+  sequences per fsdp rank, one per tp rank in attention) that is exact for every block's
+  weights (the embedding's and norms' storage differ, not their bytes per rank), and the plan
+  file it makes passes the package's own check and re-costing. On the 8B jobs it is not exact:
+  one sequence per fsdp rank (two at 8B@8) is split over the tp ranks inside attention, which
+  the vocabulary's data-parallel attention (whole sequences per rank) does not express, and at
+  8B@64 / 8B@256 some layers read wo (and at 256 the fused QKV) column-wise over tp; at 8B@8
+  the feed-forward is tensor-parallel over the fsdp dim (costed as `dp/sp` with the dims
+  swapped). Those rows cost `dp/sp` with a tp-th of the tokens per rank (the cost model called
+  directly: the package refuses `dp/sp` there).
+- Costed by one model: where AutoParallel's placements fit the budget (the 8B jobs, stand-ins)
+  this planner's plans are faster on the same mesh and on the mesh it searches. On the 70B
+  jobs AutoParallel's placements as its path runs them (no AC) are predicted faster than
+  either of this planner's plans but need 256-265 GiB per GPU against a 71 GiB budget; with the
+  AC and resharding this planner's MILP picks for them to fit, they fall about 11 % below this
+  planner's plan on the same mesh (which uses the tp dim as data parallel for the whole block)
+  and 13 % below its searched plan (FSDP over all ranks). Per block (70B, fsdp 8 x tp 8, 8
+  sequences per rank, no AC) the cost model gives 92 ms for the whole block data parallel over
+  tp, 103 ms for `dp/sp` (the feed-forward's TP + SP collectives, exposed: 16 ms) and 116 ms
+  for TP + SP throughout; `dp/sp` holds less gathered memory than the whole-block mode
+  (0.45 against 1.59 GiB of unsharded parameters), which is where it can pay (at 405B on 512).
 - Memory: AutoParallel's ILP bounds parameter memory only (``add_parameter_memory_constraint``
-  at its defaults) and its path applies no activation checkpointing; on the 70B jobs (8
-  sequences of 8192 tokens per fsdp rank) the nearest TorchTitan recipe without AC is predicted
-  at 250-265 GiB per GPU, where this planner's plans keep to the 71 GiB budget with AC.
-- Not compared here: AutoParallel's exact placements costed by this project's model (the
-  planner's per-block vocabulary has no block with TP on the feed-forward and a data-parallel
-  attention; the nearest recipe stands in).
+  at its defaults) and its path applies no activation checkpointing.
 """
 
 TRAINED = REPO / "experiments" / "results" / "autoparallel_trained.md"
@@ -218,6 +449,9 @@ def trained_section() -> str:
     return "\n" + text
 
 
+JSON_OUT = REPO / "experiments" / "results" / "autoparallel_side_by_side.json"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--peer-python", default="", help="python of a venv with TorchTitan "
@@ -227,11 +461,18 @@ def main() -> None:
     parser.add_argument("--rerun", action="store_true", help="solve again on the peer")
     parser.add_argument("--peer-commit", default="", help="the autoparallel commit the peer "
                         "venv has (recorded with its results)")
+    parser.add_argument("--md-only", action="store_true", help="only remake the .md from the "
+                        "JSON")
     parser.add_argument("--out", default=str(REPO / "experiments" / "results"
                                              / "autoparallel_side_by_side.md"))
     args = parser.parse_args()
-    text = report(args.jobs, args.peer_python, args.peer_timeout, args.rerun,
-                  args.peer_commit)
+    peers = {name: peer_result(name, args.peer_python, args.peer_timeout, args.rerun,
+                               args.peer_commit) for name in args.jobs}
+    if not args.md_only:
+        rows = [job_row(name, peers[name]) for name in args.jobs]
+        JSON_OUT.write_text(json.dumps(rows, indent=1) + "\n")
+    rows = [r for r in json.loads(JSON_OUT.read_text()) if r["job"] in peers]
+    text = report(rows, peers)
     Path(args.out).write_text(text)
     print(text)
 
