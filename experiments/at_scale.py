@@ -12,10 +12,18 @@ TorchTitan's rules) to the recipe variants. DeepSeek-V3 671B does not fit 80 GB 
 sizes (fp32 master weights and AdamW moments: 97.6 GiB per device on 128), so it is costed on
 H200s (``MODEL_HW``).
 
+Each row also gets the sub-block column (``sub_block_column``): the best per-block plan (the
+search with its default techniques) against the best sub-block plan (the same search with
+``tp_sub_block``), both predicted; families whose adapter names no sub-blocks get "n/a".
+
     python experiments/at_scale.py [--models llama3_8b,...] [--worlds 8,16,...] [--no-dry-run]
+        [--redo] [--no-sub-block]
 
 Writes experiments/results/at_scale.csv, at_scale.md and at_scale.png. Rows are keyed by
-(model, world) and finished rows are kept, so the script resumes.
+(model, world) and finished rows are kept, so the script resumes (``--redo``: evaluate the
+rows asked for again); a kept row without the sub-block column gets it. The committed results:
+the default grid, and ``--models llama3_8b,llama3_70b,llama3_405b --worlds 256,512`` (the
+dense Llama rows where the sub-block search is asked whether it pays at larger scale).
 """
 
 from __future__ import annotations
@@ -56,7 +64,11 @@ OLD_COLUMNS = {"best_expert": "best_recipe", "best_expert_tps": "best_recipe_tps
 FIELDS = ["model", "world", "global_batch", "auto_status", "auto_mesh", "auto_tps",
           "auto_peak_gib", "shipped", "shipped_tps", "shipped_fits", "best_recipe",
           "best_recipe_tps", "recipes_costed", "recipes_fit", "vs_best", "vs_shipped",
-          "dry_run", "note"]
+          "dry_run", "note", "per_block_tps", "sub_block_tps", "sub_block_vs_per_block",
+          "sub_block_mesh", "sub_block_modes"]
+SUB_BLOCK = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,pp,tp_sub_block"
+"""The default techniques and ``tp_sub_block`` (attention and feed-forward each TP + SP or
+data parallel over tp: tp modes "dp/sp" and "sp/dp"), for the sub-block column."""
 
 
 @functools.cache
@@ -201,9 +213,41 @@ def evaluate(model: str, world: int) -> dict[str, Any]:
     return row
 
 
+def sub_block_column(model: str, world: int) -> dict[str, Any]:
+    """Best per-block plan (the default techniques) against best sub-block plan (the same
+    search with ``tp_sub_block``), both predicted by the current model; "n/a" where the model's
+    family names no sub-blocks (``ModelAdapter.sub_blocks``) or no plan fits."""
+    from torchtitan_autoparallel.candidates.layout import SUB_BLOCK_TP_MODES
+    from torchtitan_autoparallel.errors import UserError
+    from torchtitan_autoparallel.job.request import plan_job
+
+    _memoize_layer_graphs()
+    auto_cfg = MODELS[model][0]
+    global_batch = _parse(auto_cfg, ()).training.local_batch_size * world
+    extra = (f"--training.global_batch_size={global_batch}", "--parallelism.auto",
+             f"--autoparallel.hardware={MODEL_HW.get(model, HW)}")
+    try:
+        sub = plan_job(_parse(auto_cfg, (*extra, SUB_BLOCK)), world)
+    except UserError as exc:
+        why = "names no sub-blocks" if "ModelAdapter.sub_blocks" in str(exc) else "no plan fits"
+        return {"sub_block_mesh": f"n/a ({why})"}
+    per_block = plan_job(_parse(auto_cfg, extra), world)
+    modes: dict[str, int] = {}
+    for layer in sub.layers:
+        if layer.kind == "block" and layer.tp_mode in SUB_BLOCK_TP_MODES:
+            modes[layer.tp_mode] = modes.get(layer.tp_mode, 0) + 1
+    per, best = (p.predicted["tokens_per_s"] for p in (per_block, sub))
+    return {"per_block_tps": per, "sub_block_tps": best, "sub_block_vs_per_block": best / per,
+            "sub_block_mesh": f"{_mesh(sub.mesh)} lb{sub.local_batch_size}x"
+                              f"{sub.gradient_accumulation_steps}",
+            "sub_block_modes": " ".join(f"{m} x{n}" for m, n in sorted(modes.items()))
+            or "none"}
+
+
 def _mesh(m: Any) -> str:
     ep = f" ep{m.ep}/{m.etp}" if m.ep > 1 else ""
-    return f"dr{m.dp_replicate} ds{m.dp_shard} cp{m.cp} tp{m.tp}{ep}"
+    pp = f"pp{m.pp} " if m.pp > 1 else ""
+    return f"{pp}dr{m.dp_replicate} ds{m.dp_shard} cp{m.cp} tp{m.tp}{ep}"
 
 
 def dry_run(model: str, world: int, plan: Any, timeout_s: int = 900) -> str:
@@ -235,6 +279,9 @@ def _fmt(value: Any) -> Any:
 
 
 def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
+    order = list(MODELS)
+    rows = sorted(rows, key=lambda r: (order.index(r["model"]) if r["model"] in order
+                                       else len(order), int(r["world"])))
     with open(out / "at_scale.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
@@ -244,7 +291,10 @@ def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
              "x world). Experts: every legal dp_replicate x dp_shard x cp x tp mesh (tp <= 8) "
              "x AC none/selective/full (x every legal ep / etp for MoE); only those predicted "
              "to fit the device (80 GB; 671B on 141 GB H200s) count. Dry run: the "
-             "auto plan replayed on fake ranks (`COMM_MODE=fake_backend`).", "",
+             "auto plan replayed on fake ranks (`COMM_MODE=fake_backend`). Auto plans use the "
+             "auto presets (no float8, no compile); the shipped recipes and their variants "
+             "keep the shipped configs' converters, compile and async TP (llama3 405B: float8 "
+             "+ compile + async TP; DeepSeek-V3: compile).", "",
              "| model | GPUs | auto mesh | auto tok/s | shipped recipe | shipped tok/s | "
              "best recipe | best tok/s | auto / best | auto / shipped | dry run |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -258,8 +308,30 @@ def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
             f"{r.get('best_recipe', '')} | {_num(r.get('best_recipe_tps'))} | "
             f"{_num(r.get('vs_best'), '.3f')} | {_num(r.get('vs_shipped'), '.3f')} | "
             f"{r.get('dry_run', '')} |")
-    (out / "at_scale.md").write_text("\n".join(lines) + "\n")
+    (out / "at_scale.md").write_text("\n".join(lines + sub_block_lines(rows)) + "\n")
     _plot(rows, out / "at_scale.png")
+
+
+def sub_block_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The sub-block column's table: best per-block plan against best sub-block plan."""
+    lines = ["", "## Per-block against sub-block plans (predicted)", "",
+             "Best per-block plan (the search with its default techniques) against best "
+             "sub-block plan (the same search with `tp_sub_block`: a block's attention and "
+             "feed-forward may each take TP + SP or the tp dim as data parallel, tp modes "
+             "`dp/sp` and `sp/dp`), both planned by the current model in the same run. Only "
+             "families whose adapter names the sub-blocks (llama3) can take them.", "",
+             "| model | GPUs | per-block tok/s | sub-block tok/s | sub-block / per-block | "
+             "sub-block plan's mesh | blocks in sub-block modes |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if not r.get("sub_block_mesh") or str(r["sub_block_mesh"]).startswith(
+                "n/a (names no"):
+            continue
+        lines.append(f"| {r['model']} | {r['world']} | {_num(r.get('per_block_tps'), '.6g')} | "
+                     f"{_num(r.get('sub_block_tps'), '.6g')} | "
+                     f"{_num(r.get('sub_block_vs_per_block'), '.4f')} | {r['sub_block_mesh']} | "
+                     f"{r.get('sub_block_modes', '')} |")
+    return lines
 
 
 def _num(value: Any, spec: str = ".4g") -> str:
@@ -306,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--worlds", default=",".join(map(str, WORLDS)))
     parser.add_argument("--no-dry-run", action="store_true")
+    parser.add_argument("--redo", action="store_true", help="evaluate the rows of --models x "
+                        "--worlds again (finished rows are kept otherwise)")
+    parser.add_argument("--no-sub-block", action="store_true", help="leave the sub-block "
+                        "column (best per-block vs best sub-block plan) out")
     parser.add_argument("--out", default=str(REPO / "experiments" / "results"))
     args = parser.parse_args(argv)
     models = args.models.split(",")
@@ -325,19 +401,22 @@ def main(argv: list[str] | None = None) -> int:
         for world in map(int, args.worlds.split(",")):
             old = done.get((model, world))
             # finished: no auto plan, or its dry run passed (a failed one is tried again)
-            if old and (old.get("dry_run") == "ok" or args.no_dry_run
-                        or old["auto_status"] != "ok"):
-                rows.append(old)
-                continue
-            row = evaluate(model, world)
-            plan = row.pop("_plan", None)
-            if plan is not None and not args.no_dry_run:
-                row["dry_run"] = dry_run(model, world, plan)
+            if old and not args.redo and (old.get("dry_run") == "ok" or args.no_dry_run
+                                          or old["auto_status"] != "ok"):
+                row = old
+            else:
+                row = evaluate(model, world)
+                plan = row.pop("_plan", None)
+                if plan is not None and not args.no_dry_run:
+                    row["dry_run"] = dry_run(model, world, plan)
+            if not args.no_sub_block and not row.get("sub_block_mesh"):
+                row.update(sub_block_column(model, world))
             rows.append(row)
             print(f"{model} x{world}: auto {row.get('auto_mesh', row.get('auto_status'))} "
                   f"{_num(row.get('auto_tps'))} tok/s, best recipe {row['best_recipe']} "
-                  f"{_num(row.get('best_recipe_tps'))}, dry run {row.get('dry_run', '-')}",
-                  flush=True)
+                  f"{_num(row.get('best_recipe_tps'))}, dry run {row.get('dry_run', '-')}, "
+                  f"sub-block {row.get('sub_block_mesh', '-')} "
+                  f"{_num(row.get('sub_block_vs_per_block'), '.4f')}", flush=True)
             write_outputs(rows + [r for k, r in done.items() if k not in
                                   {(x["model"], int(x["world"])) for x in rows}], out)
     ran = {(r["model"], int(r["world"])) for r in rows}
