@@ -405,8 +405,8 @@ READING = """
 - Solve time: AutoParallel takes 3-8 minutes per job on this box (tracing the joint graph and
   building an ILP of ~0.6 M variables, then CBC), about the same at 8 and 256 GPUs (the ILP
   grows with the model's graph and the mesh's dimensions, not with the world size); this
-  planner takes about 0.4-1 s per job, mesh search and `tp_sub_block` included, on TorchTitan
-  0.2.2's model of the same size.
+  planner takes 0.5-2 s per job, mesh search and `tp_sub_block` included, on TorchTitan 0.2.2's
+  model of the same size (the table above: this box shared with other work).
 - Placements: AutoParallel keeps every parameter sharded over both mesh dims between uses
   (FSDP over all ranks) and, at 64 and 256 GPUs, reads the feed-forward weights tensor-parallel
   over tp (w1 / w3 column-wise, w2 row-wise, as TorchTitan's TP plan) but the fused QKV and
