@@ -10,11 +10,15 @@ JSON) to show it applies. Weak scaling: the global batch is the shipped local ba
 MoE presets (deepseek_v3, llama4) add every legal recipe-parallel layout (ep / etp by
 TorchTitan's rules) to the recipe variants. DeepSeek-V3 671B does not fit 80 GB devices at these
 sizes (fp32 master weights and AdamW moments: 97.6 GiB per device on 128), so it is costed on
-H200s (``MODEL_HW``).
+H200s (``MODEL_HW``). Both sides of a row run the same features: the auto job is the shipped
+recipe's config with ``parallelism.auto`` on and the settings the search decides left to it
+(``auto_config``), so it keeps the recipe's converters, float8 recipe / filter / all-gather,
+compile and async TP (llama3 405B: float8 + compile + async TP; DeepSeek-V3: the loss compiled).
 
 Each row also gets the sub-block column (``sub_block_column``): the best per-block plan (the
 search with its default techniques) against the best sub-block plan (the same search with
-``tp_sub_block``), both predicted; families whose adapter names no sub-blocks get "n/a".
+``tp_sub_block``), both predicted on the auto preset (no float8, no compile: ``tp_sub_block``
+is not applied to compiled blocks); families whose adapter names no sub-blocks get "n/a".
 
     python experiments/at_scale.py [--models llama3_8b,...] [--worlds 8,16,...] [--no-dry-run]
         [--redo] [--no-sub-block]
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
+import json
 import math
 import os
 import subprocess
@@ -53,7 +58,17 @@ MODELS: dict[str, tuple[str, str]] = {
     "deepseek_v3_671b": ("deepseek_v3_671b_auto.toml", "deepseek_v3_671b_fsdp.toml"),
     "llama4_17bx16e": ("llama4_17bx16e_auto.toml", "llama4_17bx16e_fsdp_tp.toml"),
 }
-"""model -> (auto config, TorchTitan's shipped recipe config), both under train_configs/."""
+"""model -> (auto preset, TorchTitan's shipped recipe config), both under train_configs/. The
+auto job is the recipe's config with the search's settings left to it (``auto_config``); the
+auto preset gives its ``[autoparallel]`` table."""
+SEARCHED = {"parallelism": ("data_parallel_replicate_degree", "data_parallel_shard_degree",
+                            "tensor_parallel_degree", "context_parallel_degree",
+                            "expert_parallel_degree", "expert_tensor_parallel_degree",
+                            "pipeline_parallel_degree", "pipeline_parallel_schedule",
+                            "pipeline_parallel_microbatch_size", "fsdp_reshard_after_forward"),
+            "activation_checkpoint": None}
+"""What the auto job leaves to the search (a set key is a constraint under auto): the mesh
+degrees, the pipeline schedule, resharding and the whole ``[activation_checkpoint]`` table."""
 WORLDS = (8, 16, 32, 64, 128)
 HW = "h100_sxm"
 MODEL_HW = {"deepseek_v3_671b": "h200_sxm"}
@@ -69,6 +84,56 @@ FIELDS = ["model", "world", "global_batch", "auto_status", "auto_mesh", "auto_tp
 SUB_BLOCK = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,pp,tp_sub_block"
 """The default techniques and ``tp_sub_block`` (attention and feed-forward each TP + SP or
 data parallel over tp: tp modes "dp/sp" and "sp/dp"), for the sub-block column."""
+
+
+@functools.cache
+def _config_dir() -> Path:
+    import atexit
+    import shutil
+
+    path = Path(tempfile.mkdtemp(prefix="at_scale_configs_"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+@functools.cache
+def auto_config(model: str) -> str:
+    """The auto job's config file: the shipped recipe's TOML (its converters, float8 recipe and
+    filter, compile, async TP, batch, everything that changes speed) without the settings the
+    search decides (``SEARCHED``), with ``parallelism.auto`` on and the auto preset's
+    ``[autoparallel]`` table, so both sides of a row run the same features."""
+    from torchtitan_autoparallel.errors import tomllib  # (tomli on Python 3.10)
+
+    auto_cfg, shipped_cfg = MODELS[model]
+    with open(REPO / "train_configs" / shipped_cfg, "rb") as f:
+        data = tomllib.load(f)
+    with open(REPO / "train_configs" / auto_cfg, "rb") as f:
+        data["autoparallel"] = tomllib.load(f).get("autoparallel", {})
+    for table, keys in SEARCHED.items():
+        if keys is None:
+            data.pop(table, None)
+        else:
+            data[table] = {k: v for k, v in data.get(table, {}).items() if k not in keys}
+    data["parallelism"]["auto"] = True
+    path = _config_dir() / f"{model}_auto_same_features.toml"
+    path.write_text("\n".join(_toml_lines(data)) + "\n")
+    return str(path)
+
+
+def _toml_lines(data: dict[str, Any], prefix: str = "") -> list[str]:
+    """``data`` (tables of strings, numbers, booleans and lists of them) as TOML."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return json.dumps(v) if isinstance(v, str) else repr(v)
+
+    lines = [f"{k} = {value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for k, v in data.items():
+        if isinstance(v, dict):
+            lines += ["", f"[{prefix}{k}]", *_toml_lines(v, f"{prefix}{k}.")]
+    return lines
 
 
 @functools.cache
@@ -162,7 +227,7 @@ def evaluate(model: str, world: int) -> dict[str, Any]:
     from torchtitan_autoparallel.job.request import plan_job
 
     _memoize_layer_graphs()
-    auto_cfg, shipped_cfg = MODELS[model]
+    auto_cfg, shipped_cfg = auto_config(model), MODELS[model][1]
     base = _parse(auto_cfg, ())
     global_batch = base.training.local_batch_size * world
     row: dict[str, Any] = {"model": model, "world": world, "global_batch": global_batch}
@@ -222,7 +287,7 @@ def sub_block_column(model: str, world: int) -> dict[str, Any]:
     from torchtitan_autoparallel.job.request import plan_job
 
     _memoize_layer_graphs()
-    auto_cfg = MODELS[model][0]
+    auto_cfg = MODELS[model][0]  # the auto preset: tp_sub_block is not applied under compile
     global_batch = _parse(auto_cfg, ()).training.local_batch_size * world
     extra = (f"--training.global_batch_size={global_batch}", "--parallelism.auto",
              f"--autoparallel.hardware={MODEL_HW.get(model, HW)}")
@@ -252,7 +317,7 @@ def _mesh(m: Any) -> str:
 
 def dry_run(model: str, world: int, plan: Any, timeout_s: int = 900) -> str:
     """Replay ``plan`` on ``world`` fake ranks; "ok" or the failure's last line."""
-    auto_cfg = MODELS[model][0]
+    auto_cfg = auto_config(model)
     with tempfile.TemporaryDirectory(prefix="at_scale_") as tmp:
         path = Path(tmp) / "plan.json"
         plan.save(str(path))
@@ -291,10 +356,12 @@ def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
              "x world). Experts: every legal dp_replicate x dp_shard x cp x tp mesh (tp <= 8) "
              "x AC none/selective/full (x every legal ep / etp for MoE); only those predicted "
              "to fit the device (80 GB; 671B on 141 GB H200s) count. Dry run: the "
-             "auto plan replayed on fake ranks (`COMM_MODE=fake_backend`). Auto plans use the "
-             "auto presets (no float8, no compile); the shipped recipes and their variants "
-             "keep the shipped configs' converters, compile and async TP (llama3 405B: float8 "
-             "+ compile + async TP; DeepSeek-V3: compile).", "",
+             "auto plan replayed on fake ranks (`COMM_MODE=fake_backend`). Both sides run the "
+             "same features: the auto job is the shipped recipe's config with "
+             "`parallelism.auto` on and the mesh degrees, pipeline settings, resharding and "
+             "AC left to the search, so it keeps the recipe's converters, float8 filter and "
+             "all-gather, compile and async TP (llama3 405B: float8 + compile + async TP; "
+             "DeepSeek-V3: the loss compiled).", "",
              "| model | GPUs | auto mesh | auto tok/s | shipped recipe | shipped tok/s | "
              "best recipe | best tok/s | auto / best | auto / shipped | dry run |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -318,7 +385,9 @@ def sub_block_lines(rows: list[dict[str, Any]]) -> list[str]:
              "Best per-block plan (the search with its default techniques) against best "
              "sub-block plan (the same search with `tp_sub_block`: a block's attention and "
              "feed-forward may each take TP + SP or the tp dim as data parallel, tp modes "
-             "`dp/sp` and `sp/dp`), both planned by the current model in the same run. Only "
+             "`dp/sp` and `sp/dp`), both planned by the current model in the same run on the "
+             "auto presets (no float8, no compile: `tp_sub_block` is not applied to compiled "
+             "blocks, so llama3 405B's per-block tok/s here is not its auto tok/s above). Only "
              "families whose adapter names the sub-blocks (llama3) can take them.", "",
              "| model | GPUs | per-block tok/s | sub-block tok/s | sub-block / per-block | "
              "sub-block plan's mesh | blocks in sub-block modes |",
