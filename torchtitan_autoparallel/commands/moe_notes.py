@@ -10,6 +10,7 @@ from typing import Any
 from ..cost import moe
 from ..cost.hardware import HardwareProfile, load_profile
 from ..cost.model import clear_compute_memo
+from ..errors import UserError
 from ..plan.schema import Plan
 
 OFF_BY = 0.2
@@ -48,7 +49,7 @@ def _imbalance_note(hw: HardwareProfile, ep: int) -> str:
     """Where the plan's moe_load_imbalance comes from (the profile's assumption or the job)."""
     try:
         profile = load_profile(hw.name).moe_load_imbalance
-    except Exception:  # a profile given as a file the plan no longer finds
+    except UserError:  # a profile given as a file the plan no longer finds
         profile = None
     if hw.moe_load_imbalance == 1.0 and profile != 1.0:
         how = "set by the job (debug.moe_force_load_balance or autoparallel.moe_load_imbalance)"
