@@ -263,21 +263,28 @@ def prediction_lines(rows: list[Row]) -> list[str]:
     return lines
 
 
-def gain_lines(rows: list[Row]) -> list[str]:
-    """Published against predicted gain of each change in a source's sequence of runs."""
-    lines = ["| source | change | published gain | predicted gain |", "|---|---|---:|---:|"]
+def gains(rows: list[Row]) -> list[tuple[str, str, float, float]]:
+    """(source, change, published gain, predicted gain) of each change in a source's sequence
+    of runs, against its first or previous run (``GAINS``)."""
+    out = []
     for source, mode in GAINS.items():
         seq = [r for r in rows if r.fields["source_id"] == source and not r.reason]
         if len(seq) < 2:
             continue
         firsts = seq if mode == "previous" else [seq[0]] * len(seq)
         for before, after in zip(firsts, seq[1:], strict=False):
-            if before is after:
-                continue
-            change = after.fields["notes"].split(";")[0]
-            lines.append(f"| {source} | {change} | "
-                         f"{error(after.published, before.published):+.1%} | "
-                         f"{error(after.predicted, before.predicted):+.1%} |")
+            if before is not after:
+                out.append((source, after.fields["notes"].split(";")[0],
+                            error(after.published, before.published),
+                            error(after.predicted, before.predicted)))
+    return out
+
+
+def gain_lines(rows: list[Row]) -> list[str]:
+    """Published against predicted gain of each change in a source's sequence of runs."""
+    lines = ["| source | change | published gain | predicted gain |", "|---|---|---:|---:|"]
+    lines += [f"| {source} | {change} | {pub:+.1%} | {pred:+.1%} |"
+              for source, change, pub, pred in gains(rows)]
     return lines
 
 

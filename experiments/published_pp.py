@@ -80,10 +80,27 @@ def auto_lines(row: published.Row, fixed: bool) -> tuple[list[str], object]:
             f"{plan.solver['planning_time_s']:.2f} |"], plan
 
 
-def main() -> int:
-    from torchtitan_autoparallel.commands.explain import schedule_lines
+def row_lines(rows: list[published.Row]) -> list[str]:
+    """Each row costed as its recipe (``row.tps`` / ``row.memory`` set): the table's lines."""
     from torchtitan_autoparallel.job.request import recipe_plan
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
+
+    lines = ["| row | published tok/s/GPU | predicted | error | published GiB | predicted | error "
+             "| bubble |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        f = row.fields
+        plan = recipe_plan(parse_config(overrides(f, "h100_grand_teton")), int(f["gpus"]))
+        row.tps = plan.predicted["tokens_per_s"] / int(f["gpus"])
+        row.memory = plan.predicted["peak_memory_gib"]
+        pub, mem = float(f["tps_per_gpu"]), float(f["memory_gib"])
+        lines.append(f"| {label(f)} | {pub:.0f} | {row.tps:.0f} | {row.tps / pub - 1:+.1%} | "
+                     f"{mem:.1f} | {row.memory:.1f} | {row.memory / mem - 1:+.1%} | "
+                     f"{plan.pipeline.bubble_fraction:.1%} |")
+    return lines
+
+
+def main() -> int:
+    from torchtitan_autoparallel.commands.explain import schedule_lines
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
     register()
@@ -96,19 +113,8 @@ def main() -> int:
         "(Tables 5-6 of benchmarks/llama3_h100_202412_torchtitan.md in pytorch/torchtitan).",
         "Micro-batches: pp per local batch (the December 2024 TorchTitan default).",
         "",
-        "| row | published tok/s/GPU | predicted | error | published GiB | predicted | error "
-        "| bubble |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *row_lines(rows),
     ]
-    for row in rows:
-        f = row.fields
-        plan = recipe_plan(parse_config(overrides(f, "h100_grand_teton")), int(f["gpus"]))
-        row.tps = plan.predicted["tokens_per_s"] / int(f["gpus"])
-        row.memory = plan.predicted["peak_memory_gib"]
-        pub, mem = float(f["tps_per_gpu"]), float(f["memory_gib"])
-        lines.append(f"| {label(f)} | {pub:.0f} | {row.tps:.0f} | {row.tps / pub - 1:+.1%} | "
-                     f"{mem:.1f} | {row.memory:.1f} | {row.memory / mem - 1:+.1%} | "
-                     f"{plan.pipeline.bubble_fraction:.1%} |")
     errs = [abs(r.tps / float(r.fields["tps_per_gpu"]) - 1) for r in rows]
     mem_errs = [abs(r.memory / float(r.fields["memory_gib"]) - 1) for r in rows]
     t5 = [r for r in rows if r.fields["table"] == "5"]
