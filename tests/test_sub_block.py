@@ -144,10 +144,15 @@ def test_sub_block_modes_follow_the_tp_dp_rule_in_one_place():
     assert block_tp_modes(MESH, MB, asked) == ("sp", *SUB_BLOCK_TP_MODES)
     assert block_tp_modes(MESH, MB, Constraints()) == ("sp", "dp")
     assert block_tp_modes(MESH, MB, asked, moe_model=True) == ("sp",)
-    for mesh, mb in ((MESH, 4), (Mesh(dp_replicate=1, dp_shard=4, tp=8, cp=2), MB),
-                     (Mesh(dp_replicate=1, dp_shard=1, tp=8), MB)):
+    for mesh, mb in ((MESH, 4), (Mesh(dp_replicate=1, dp_shard=4, tp=8, cp=2), MB)):
         assert tp_dp_problem(mesh, mb)
         assert block_tp_modes(mesh, mb, asked) == ("sp",)
+    # tp the only dim: whole-block data parallel over it would be FSDP over the same ranks,
+    # a sub-block's is not
+    tp_only = Mesh(dp_replicate=1, dp_shard=1, tp=8)
+    assert "dp_shard > 1" in tp_dp_problem(tp_only, MB)
+    assert block_tp_modes(tp_only, MB, Constraints(techniques=(*asked.techniques, "tp_dp"))) \
+        == ("sp", *SUB_BLOCK_TP_MODES)
     assert "'dp/sp'" in tp_dp_problem(MESH, 4, "block", "dp/sp")
     for mode in SUB_BLOCK_TP_MODES:
         assert fsdp_unit_problem(MESH, mode)
@@ -188,10 +193,10 @@ TECHNIQUES = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,tp_sub_b
 
 
 def sub_block_plan_parity(references, tmp_path, modes: list[str], acs: list[str],
-                          reshard: list[bool]) -> float:
-    """llama3's debug plan on fsdp 2 x tp 2 (4 CPU ranks), its blocks edited to the given tp
-    modes, AC and resharding (cycled), saved and replayed from the file: losses and gradient
-    norms against the 1-rank run from the same seed checkpoint."""
+                          reshard: list[bool], ranks: int = 4) -> float:
+    """llama3's debug plan on fsdp 2 x tp 2 (4 CPU ranks; on 2 ranks tp 2 alone), its blocks
+    edited to the given tp modes, AC and resharding (cycled), saved and replayed from the
+    file: losses and gradient norms against the 1-rank run from the same seed checkpoint."""
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.plan.schema import Plan
     from torchtitan_autoparallel.titan.v0_2 import cpu
@@ -203,9 +208,10 @@ def sub_block_plan_parity(references, tmp_path, modes: list[str], acs: list[str]
     cpu.install()
     register()
     options = ["--parallelism.tensor_parallel_degree=2",
-               "--parallelism.data_parallel_shard_degree=2", TECHNIQUES]
+               f"--parallelism.data_parallel_shard_degree={ranks // 2}", TECHNIQUES]
     plan = plan_job(parse_config(["--job.config_file", "train_configs/llama3_debug_auto.toml",
-                                  *PARITY_OVERRIDES, *options]), 4)
+                                  *PARITY_OVERRIDES, *options]), ranks)
+    assert (plan.mesh.dp_shard, plan.mesh.tp) == (ranks // 2, 2)
     plan.local_batch_size = 2  # the tp ranks split it
     plan.gradient_accumulation_steps = plan.global_batch_size // (2 * plan.mesh.dp)
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
@@ -219,7 +225,7 @@ def sub_block_plan_parity(references, tmp_path, modes: list[str], acs: list[str]
     assert Plan.load(str(path)).to_json() == plan.to_json()
 
     seed, reference = references("llama3")
-    result = run_job("llama3_debug_auto.toml", 4, tmp_path / "run",
+    result = run_job("llama3_debug_auto.toml", ranks, tmp_path / "run",
                      [f"--autoparallel.plan_file={path}", *options], seed_checkpoint=seed)
     for mode in set(modes):
         label = BlockStrategy("none", True, mode).describe().split("+", 1)[1]
@@ -236,6 +242,13 @@ def test_sub_block_mixed_plan_parity(references, tmp_path):
     norms."""
     sub_block_plan_parity(references, tmp_path, ["dp/sp", "sp/dp"], ["none", "none", "full"],
                           [True, False])
+
+
+def test_sub_block_two_rank_parity(references, tmp_path):
+    """On 2 ranks (tp 2, no dp_shard) the data-parallel sub-blocks are sharded over tp and the
+    TP + SP ones are TorchTitan's TP alone: 1-rank losses and gradient norms."""
+    sub_block_plan_parity(references, tmp_path, ["dp/sp", "sp/dp"], ["none", "full"],
+                          [True, False], ranks=2)
 
 
 # slow (measured passing: largest relative difference 1.11e-04, a gradient norm; ``-m slow``

@@ -303,8 +303,10 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
     """Why the tp dim cannot act as data parallel (``tp_mode`` "dp", or the data-parallel
     sub-block of a sub-block mode) for a ``kind`` layer on ``mesh`` with a local batch of
     ``microbatch`` sequences; empty if it can. It needs tp > 1, no pipeline parallelism, a
-    block, one FSDP mesh over dp_shard x tp (dp_shard > 1, dp_replicate = 1, cp = 1) and a
-    batch the tp ranks split evenly."""
+    block, one FSDP mesh over dp_shard x tp (dp_replicate = 1, cp = 1; dp_shard > 1 for the
+    whole block, whose data parallel over tp alone would be plain FSDP over the same ranks; a
+    sub-block mode may have dp_shard = 1: its data-parallel part sharded over tp, the rest as
+    TorchTitan's TP alone) and a batch the tp ranks split evenly."""
     mode = f"tp_mode {tp_mode!r}"
     if mesh.tp == 1:
         return f"{mode} needs tp > 1"
@@ -312,8 +314,9 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
         return f"{mode} is not planned with pipeline parallelism; use 'sp'"
     if kind != "block":
         return f"{mode} applies to blocks only; use 'sp'"
-    if mesh.dp_shard == 1 or mesh.dp_replicate > 1 or mesh.cp > 1:
-        return f"{mode} needs dp_shard > 1, dp_replicate = 1 and cp = 1; use 'sp'"
+    if mesh.dp_replicate > 1 or mesh.cp > 1 or (mesh.dp_shard == 1 and tp_mode == "dp"):
+        return (f"{mode} needs dp_replicate = 1 and cp = 1"
+                + (" and dp_shard > 1" if tp_mode == "dp" else "") + "; use 'sp'")
     if microbatch % mesh.tp:
         return f"{mode} needs local_batch_size divisible by tp ({mesh.tp}); use 'sp'"
     return ""

@@ -11,7 +11,6 @@ from .layout import (
     DEFAULT_TECHNIQUES,
     FSDP_UNIT_SIZES,
     SUB_BLOCK_TP_MODES,
-    TP_MODES,
     BlockStrategy,
     Mesh,
     divisors,
@@ -237,10 +236,11 @@ def block_tp_modes(mesh: Mesh, microbatch: int, constraints: Constraints,
     block ("tp_dp") or for one of its sub-blocks ("tp_sub_block": ``SUB_BLOCK_TP_MODES``)."""
     if mesh.tp == 1:
         return ("none",)
-    if moe_model or tp_dp_problem(mesh, microbatch):
+    if moe_model:
         return ("sp",)
-    whole = TP_MODES if "tp_dp" in constraints.techniques else ("sp",)
-    return whole + (SUB_BLOCK_TP_MODES if "tp_sub_block" in constraints.techniques else ())
+    asked = (("dp",) if "tp_dp" in constraints.techniques else ()) + (
+        SUB_BLOCK_TP_MODES if "tp_sub_block" in constraints.techniques else ())
+    return ("sp", *(mode for mode in asked if not tp_dp_problem(mesh, microbatch, "block", mode)))
 
 
 @functools.lru_cache(maxsize=8192)

@@ -134,14 +134,37 @@ def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp
                                  len(inferred[module].inputs))
 
 
-def _dp_over_tp_mesh(parallel_dims: Any, plan: Plan) -> Any:
-    """1-D mesh over dp_shard x tp: FSDP mesh of blocks that use tp as data parallel (where
-    ``layout.tp_dp_problem`` allows it). TorchTitan keeps its own flattened ``efsdp`` mesh
-    fake unless EP is on."""
-    problem = tp_dp_problem(plan.mesh, plan.local_batch_size)
+def _dp_over_tp_mesh(parallel_dims: Any, plan: Plan, tp_mode: str) -> Any:
+    """1-D mesh over dp_shard x tp (tp alone with dp_shard = 1): FSDP mesh of the blocks or
+    sub-blocks that use tp as data parallel (where ``layout.tp_dp_problem`` allows it).
+    TorchTitan keeps its own flattened ``efsdp`` mesh fake unless EP is on."""
+    problem = tp_dp_problem(plan.mesh, plan.local_batch_size, tp_mode=tp_mode)
     if problem:
         raise UserError(problem)
+    if not parallel_dims.fsdp_enabled:
+        return parallel_dims.get_mesh("tp")
     return parallel_dims.get_mesh(["fsdp", "tp"])._flatten("fsdp_tp")
+
+
+def shard_tp_dp_parts_only(model: nn.Module, planned: dict[str, Any], plan: Plan,
+                           parallel_dims: Any, fsdp: dict[str, Any],
+                           sub_blocks: dict[str, SubBlocks]) -> None:
+    """dp_shard = 1 (tp the only dim): FSDP over tp for the sub-blocks that use tp as data
+    parallel, nothing else sharded (the TP parts, embedding and output as TorchTitan's TP
+    alone leaves them)."""
+    from torch.distributed.fsdp import fully_shard
+
+    sharded: set[nn.Parameter] = set()
+    for name, modes in sub_blocks.items():
+        layer = planned[name]
+        mesh = _dp_over_tp_mesh(parallel_dims, plan, layer.tp_mode)
+        for mode, modules in modes:
+            if mode == "dp":
+                fully_shard(modules, **{**fsdp, "mesh": mesh},
+                            reshard_after_forward=layer.reshard_after_forward)
+                sharded.update(p for m in modules for p in m.parameters())
+    # FSDP needs one root: the model, managing none of the parameters left to TP
+    fully_shard(model, **fsdp, ignored_params=set(model.parameters()) - sharded)
 
 
 def _sum_allreduce_hook(group: Any, bucket: torch.distributed.GradBucket
@@ -270,14 +293,14 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
         layer = by_fqn[fqn]
         group = fsdp
         if layer.tp_mode in SUB_BLOCK_TP_MODES:
-            dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims, plan)
+            dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims, plan, layer.tp_mode)
             for mode, modules in (sub_blocks or {})[name]:
                 fully_shard(modules, **{**fsdp, "mesh": dp_over_tp if mode == "dp"
                                         else fsdp["mesh"]},
                             reshard_after_forward=layer.reshard_after_forward)
             continue
         if layer.tp_mode == "dp":
-            dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims, plan)
+            dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims, plan, "dp")
             group = {**fsdp, "mesh": dp_over_tp}
         groups.append([block])
         if name in moe_blocks and plan.mesh.ep > 1:
@@ -442,7 +465,15 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
                           enable_compile=features.compile)
     elif parallel_dims.fsdp_enabled or parallel_dims.ep_enabled or tp_dp:
         fsdp = fsdp_arguments(parallel_dims, job_config.training, features.cpu_offload)
-        apply_sharding(model, adapter, parallel_dims, plan, fsdp, moe_blocks, sub_blocks)
+        if parallel_dims.fsdp_enabled or parallel_dims.ep_enabled:
+            apply_sharding(model, adapter, parallel_dims, plan, fsdp, moe_blocks, sub_blocks)
+        else:
+            from torchtitan.models.llama3.infra.parallelize import (
+                disable_fsdp_gradient_division,
+            )
+
+            shard_tp_dp_parts_only(model, planned, plan, parallel_dims, fsdp, sub_blocks)
+            disable_fsdp_gradient_division(model)
     return model
 
 
