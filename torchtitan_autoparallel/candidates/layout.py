@@ -315,8 +315,8 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
     if kind != "block":
         return f"{mode} applies to blocks only; use 'sp'"
     if mesh.dp_replicate > 1 or mesh.cp > 1 or (mesh.dp_shard == 1 and tp_mode == "dp"):
-        return (f"{mode} needs dp_replicate = 1 and cp = 1"
-                + (" and dp_shard > 1" if tp_mode == "dp" else "") + "; use 'sp'")
+        return (f"{mode} needs " + ("dp_shard > 1, " if tp_mode == "dp" else "")
+                + "dp_replicate = 1 and cp = 1; use 'sp'")
     if microbatch % mesh.tp:
         return f"{mode} needs local_batch_size divisible by tp ({mesh.tp}); use 'sp'"
     return ""
