@@ -130,25 +130,82 @@ def test_fsdp_tp_and_full_ac_per_block_from_the_plan(reference):
 def _plan(**mesh):
     m = SimpleNamespace(**{"dp_replicate": 1, "dp_shard": 2, "tp": 1, "cp": 1, "ep": 1,
                            "pp": 1, **mesh})
-    return SimpleNamespace(mesh=m, pipeline=None, layers=[
+    return SimpleNamespace(mesh=m, pipeline=None, local_batch_size=4, layers=[
         SimpleNamespace(fqn="layers.0", kind="block", tp_mode="none", ep=1)])
 
 
+APPLY_OPTIONS = ("tp_mode", "compiled", "backend", "family", "moe")
+
+
 @pytest.mark.parametrize("change, words", [
-    ({"tp_mode": "dp", "tp": 2}, "tensor parallel as data parallel"),
     ({"tp_mode": "none", "tp": 2}, "tensor parallel on 0 of 1 layers"),
+    ({"tp_mode": "dp/sp", "tp": 2, "compiled": True}, "not applied to compiled blocks"),
+    ({"tp_mode": "sp/dp", "tp": 2, "backend": "full_dtensor"}, "spmd_backend full_dtensor"),
+    ({"tp_mode": "dp", "tp": 2, "family": "qwen3_5"}, "llama3 and qwen3 only"),
+    ({"tp_mode": "dp/sp", "tp": 2, "moe": True}, "needs a dense block"),
+    ({"tp_mode": "dp", "tp": 2, "cp": 2}, "cp = 1"),
+    ({"tp_mode": "sp/dp", "tp": 2, "dp_replicate": 2}, "dp_replicate = 1"),
 ])
 def test_what_the_apply_cannot_run_stops_in_one_line(change, words):
+    """A layer without TP on a tp mesh (``check_applicable``), and the tp dim as data parallel
+    where this apply cannot run it (``tp_dp_parts``: compile, the full_dtensor backend, other
+    families, MoE blocks, a mesh ``tp_dp_problem`` refuses): one line each."""
     from torchtitan_autoparallel.errors import UserError
     from torchtitan_autoparallel.titan.v0_3.apply import check_applicable
+    from torchtitan_autoparallel.titan.v0_3.tp_dp import SUB_BLOCKS, tp_dp_parts
 
     change = dict(change)
-    plan = _plan(**{k: v for k, v in change.items() if k != "tp_mode"})
-    if "tp_mode" in change:
-        plan.layers[0].tp_mode = change["tp_mode"]
+    plan = _plan(**{k: v for k, v in change.items() if k not in APPLY_OPTIONS})
+    plan.layers[0].tp_mode = change["tp_mode"]
+    family = change.get("family", "llama3")
+    model = type("Model", (), {"__module__": f"torchtitan.models.{family}.model"})()
+    block = SimpleNamespace(moe_enabled=change.get("moe", False),
+                            **{name: object() for pair in SUB_BLOCKS for name in pair})
+    parallelism = SimpleNamespace(spmd_backend=change.get("backend", "spmd_types"))
     with pytest.raises(UserError, match=words) as info:
         check_applicable(plan)
+        tp_dp_parts(model, plan, {"0": block}, parallelism, change.get("compiled", False))
     assert "\n" not in str(info.value)
+
+
+SUB_BLOCK = ["--parallelism.tensor_parallel_degree", "2",
+             "--parallelism.data_parallel_shard_degree", "2",
+             "--autoparallel.techniques", "fsdp,tp,tp_dp,ac,tp_sub_block"]
+"""FSDP 2 x TP 2 with the tp dim as data parallel, whole blocks and sub-blocks, searched."""
+
+
+@pytest.mark.parametrize("backend", ["spmd_types", "partial_dtensor"])
+def test_sub_block_modes_from_a_plan_file_train_as_one_rank(reference, tmp_path, backend):
+    """llama3's debug plan on fsdp 2 x tp 2 (4 CPU ranks), its blocks edited to data-parallel
+    attention beside a TP + SP feed-forward ("dp/sp"), the reverse ("sp/dp") and the whole
+    block data parallel over tp ("dp"), every other one fully checkpointed, the "dp" ones
+    keeping their parameters; saved and replayed from the file under both SPMD backends that
+    apply it (a local residual stream, a DTensor one): each block runs its planned mode, and
+    the losses and gradient norms are the 1-rank run's from the same seed checkpoint."""
+    from torchtitan_autoparallel.candidates.layout import BlockStrategy
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.plan.schema import Plan
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+
+    options = [*SUB_BLOCK, "--parallelism.spmd_backend", backend]
+    plan = plan_job(read_job([*JOB, "--parallelism.auto", *options]), 4)
+    assert plan.local_batch_size % 2 == 0  # the tp ranks split it
+    modes = ["dp/sp", "sp/dp", "dp"]
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    for i, layer in enumerate(blocks):
+        layer.tp_mode, layer.ac = modes[i % 3], ("none", "full")[i % 2]
+        layer.reshard_after_forward, layer.fsdp_unit = layer.tp_mode != "dp", 1
+    path = tmp_path / "sub_block.json"
+    plan.save(str(path))
+    assert Plan.load(str(path)).to_json() == plan.to_json()
+    out = _torchrun(4, *JOB, *STEPS, *options, f"--autoparallel.plan_file={path}",
+                    *reference.load, "--dump_folder", str(tmp_path / "run"))
+    assert "mesh dp_replicate=1 dp_shard=2 cp=1 tp=2" in out, out[-3000:]
+    for layer in blocks:  # the plan's labels, block by block, as rank 0 prints them
+        label = BlockStrategy("none", True, layer.tp_mode).describe().split("+", 1)[1]
+        assert re.search(rf"{layer.fqn} +\S*\+{re.escape(label)}(\+|\s)", out), out[-3000:]
+    _assert_same(_losses(out), reference.losses)
+    _assert_same(_grad_norms(out), reference.grad_norms, GRAD_NORM_TOL)
 
 
 def test_qwen3_under_auto_on_two_ranks_trains_as_one_rank_and_its_recipe(tmp_path):

@@ -104,9 +104,10 @@ def _pick(items: tuple, idx: tuple[int, ...]) -> tuple:
 
 
 def linear_sub_blocks(layer: Layer) -> tuple[int, ...]:
-    """Per linear of the block, its sub-block: 0 in the module holding the first linear (the
-    attention of a pre-norm block), 1 elsewhere (the feed-forward)."""
-    regions = [name.rpartition(".")[0] for name in linear_names(layer)]
+    """Per linear of the block, its sub-block: 0 in the block's child holding the first linear
+    (the attention of a pre-norm block, e.g. ``attention.wq`` or 0.3.0's
+    ``attention.qkv_linear.wq`` beside ``attention.wo``), 1 elsewhere (the feed-forward)."""
+    regions = [name.partition(".")[0] for name in linear_names(layer)]
     return tuple(0 if region == regions[0] else 1 for region in regions)
 
 

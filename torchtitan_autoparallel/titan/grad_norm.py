@@ -6,8 +6,10 @@ blocks shard over dp_shard and others over dp_shard x tp). TorchTitan solves the
 for expert parallelism by grouping parameters by mesh (``_clip_grad_norm_with_ep``); this
 does it for any grouping: per-mesh total norms are made full tensors, combined as a p-norm,
 and every gradient is clipped with the combined norm. With one mesh it defers to upstream.
-Installed by ``install()`` (train.py) only for plans that ``need`` it; tested by
-tests/test_auto_parity.py (mixed plans).
+Both releases call ``clip_grad_norm_`` through ``torchtitan.distributed.utils`` with this
+signature; each release's train.py calls ``install()`` only for plans that ``need`` it. Tested
+by tests/test_auto_parity.py (mixed plans, 0.2.2) and tests_v0_3/test_train_v0_3.py
+(sub-block plans, 0.3.0).
 """
 
 import math
@@ -36,7 +38,7 @@ def needed(plan: Any) -> bool:
     TorchTitan's clipping handles): a block using the tp dim as data parallel is FSDP-sharded
     over dp_shard x tp (a sub-block mode's data-parallel sub-block too), the other layers over
     dp_shard with TP on tp."""
-    from ....candidates.layout import sub_block_modes
+    from ..candidates.layout import sub_block_modes
 
     return plan is not None and plan.mesh.tp > 1 and any(
         "dp" in sub_block_modes(layer.tp_mode) for layer in plan.layers)

@@ -13,6 +13,7 @@ from .config import parse_job
 from .job import Job, job_of
 from .model import HF_BACKEND, family_module, read_model
 from .multimodal import qwen35_heads
+from .tp_dp import SUB_BLOCKS, TP_DP_FAMILIES
 
 PARALLELIZE = {"llama3": "parallelize_llama", "qwen3": "parallelize_qwen3",
                "qwen3_5": "parallelize_qwen3_5", "deepseek_v3": "parallelize_deepseekv3",
@@ -76,10 +77,11 @@ register_frontend(Frontend(release="0.3", read_model=read_model, attention_types
                            node_reshard=False, read_job=read_job))
 # 0.3.0's modules are read by discovery (names, TP inferred from the blocks), not by the 0.2.2
 # families' adapters (other module names, a rope buffer 0.3.0 does not have)
-# The tp dim used as data parallel in some blocks is not applied here: 0.3.0's
-# model.parallelize gives every block the TP the model declares.
-NOT_APPLIED = {"tp_dp": "TorchTitan 0.3.0's model.parallelize tensor-parallelizes every block "
-                        "(the tp dim as data parallel is applied on TorchTitan 0.2.2)"}
+# The tp dim used as data parallel (a whole block, or its attention / feed-forward under
+# tp_sub_block) is applied to the dense families whose blocks have tp_dp.SUB_BLOCKS
+# (titan/v0_3/tp_dp.py); the multimodal families and the HF backend keep every block TP + SP.
+NOT_APPLIED = {"tp_dp": "TorchTitan 0.3.0's apply runs the tp dim as data parallel on "
+                        f"{' and '.join(TP_DP_FAMILIES)} only (dense text decoders)"}
 _MULTIMODAL = "torchtitan_autoparallel.titan.v0_3.multimodal"
 MULTIMODAL = {
     # Gated DeltaNet layers (fla's Triton kernel measured through a stand-in), multimodal
@@ -100,10 +102,13 @@ parallel its ``parallelize`` refuses."""
 for _family, _fn in PARALLELIZE.items():
     _extra = dict(MULTIMODAL.get(_family, {}))
     _cp = _extra.pop("cp", None)
+    _tp_dp = _family in TP_DP_FAMILIES
     register_adapter(_family, ModelAdapter(
         experts="routed_experts.inner_experts",
         moe_fn=f"torchtitan.models.{_family}.parallelize.{_fn}",
-        excluded={**NOT_APPLIED, **({"cp": _cp} if _cp else {})}, **_extra), replace=True)
+        sub_blocks=SUB_BLOCKS if _tp_dp else (),
+        excluded={**({} if _tp_dp else NOT_APPLIED), **({"cp": _cp} if _cp else {})},
+        **_extra), replace=True)
 # The HF backend's model presents HF's layers as TorchTitan's names (``layers``,
 # ``tok_embeddings``, ``norm``) and keeps HF's ``lm_head``; TP comes from the sharding the
 # backend declares (``set_hf_sharding_configs``) through ``model.parallelize``

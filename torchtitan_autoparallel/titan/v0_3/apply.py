@@ -1,31 +1,34 @@
 """A plan applied to TorchTitan 0.3.0's model, as its ``parallelize_llama`` reads: the plan's
 mesh and batch in the config (``apply_plan``), then per model part (each pipeline stage's)
 ``plan_parallelize``: TP / CP / EP as the model declares them, activation checkpointing per
-block, compile, FSDP per unit with each block's ``reshard_after_forward``. What this apply
-cannot run (tensor parallel as data parallel, TP on some layers only) stops in one line."""
+block, compile, FSDP per unit with each block's ``reshard_after_forward``; blocks (or their
+attention / feed-forward) planned to use the tp dim as data parallel as ``tp_dp.py`` applies
+them. What this apply cannot run (a layer without TP on a tp mesh) stops in one line."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
+from ...candidates.layout import SUB_BLOCK_TP_MODES
 from ...errors import UserError
+from .tp_dp import Parts, override_declared_sharding, tp_dp_parts
+from .tp_dp import fsdp_arguments as tp_dp_fsdp
 
 
 def check_applicable(plan: Any) -> None:
-    """UserError naming what in ``plan`` this apply cannot run."""
+    """UserError naming what in ``plan`` this apply cannot run: a layer without TP on a tp
+    mesh (``model.parallelize`` shards every layer the model declares)."""
     m = plan.mesh
-    modes = {layer.tp_mode for layer in plan.layers}
-    if "dp" in modes:
-        fqns = [layer.fqn for layer in plan.layers if layer.tp_mode == "dp"]
-        raise UserError(f"the plan runs tensor parallel as data parallel on {fqns[0]} "
-                        f"({len(fqns)} layers): not applied to TorchTitan 0.3.0 yet; leave "
-                        "out tp_dp (e.g. --autoparallel.techniques fsdp hsdp ddp tp cp ep ac pp)")
-    if m.tp > 1 and modes != {"sp"}:
-        n = sum(layer.tp_mode == "sp" for layer in plan.layers)
-        raise UserError(f"the plan runs tensor parallel on {n} of {len(plan.layers)} layers "
-                        "(tp > 1): TorchTitan 0.3.0's model.parallelize shards every layer; "
-                        "not applied yet")
+    if m.tp == 1:
+        return
+    applied = ("sp", "dp", *SUB_BLOCK_TP_MODES)
+    other = [layer for layer in plan.layers if layer.tp_mode not in applied]
+    if other:
+        raise UserError(f"the plan runs tensor parallel on {len(plan.layers) - len(other)} of "
+                        f"{len(plan.layers)} layers (tp > 1; {other[0].fqn} has tp_mode "
+                        f"{other[0].tp_mode!r}): TorchTitan 0.3.0's model.parallelize shards "
+                        "every layer; use 'sp', 'dp', 'dp/sp' or 'sp/dp'")
 
 
 def apply_plan(config: Any, plan: Any) -> None:
@@ -87,17 +90,23 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
     FSDP units per block from ``plan``: TP / CP / EP as the model declares them, AC per block,
     compile, FSDP per unit. A vision encoder (qwen3_5, Kimi K2.5) is compiled and FSDP-sharded
     as one unit as the family's ``parallelize`` does, without the blocks' AC (as the plan costs
-    it)."""
+    it). Blocks planned to use the tp dim as data parallel (wholly or in one sub-block) as
+    ``tp_dp.py`` applies them."""
     blocks = dict(model.layers.named_children())
     _check_plan_fits_model(model, plan, blocks, parallel_dims)
+    compiled = compile_config.enable and "model" in compile_config.components
+    parts = tp_dp_parts(model, plan, blocks, parallelism, compiled)  # before AC wraps blocks
+    if parts:
+        override_declared_sharding(parts, parallel_dims.get_mesh("tp"))
     _apply_declared_sharding(model, blocks, parallel_dims, parallelism)
     by_fqn = {layer.fqn: layer for layer in plan.layers}
     _apply_ac_per_block(model, blocks, by_fqn, ac_config, dump_folder)
     encoders = {layer.fqn: getattr(model, layer.fqn) for layer in plan.layers
                 if layer.kind == "encoder" and getattr(model, layer.fqn, None) is not None}
-    if compile_config.enable and "model" in compile_config.components:
+    if compiled:
         _apply_compile(model, encoders, compile_config, parallel_dims)
-    _apply_fsdp_per_unit(model, plan, blocks, encoders, parallel_dims, parallelism, training)
+    _apply_fsdp_per_unit(model, plan, blocks, encoders, parallel_dims, parallelism, training,
+                         parts)
     return model
 
 
@@ -192,10 +201,11 @@ def _fsdp_arguments(parallel_dims: Any, parallelism: Any, training: Any
 
 def _apply_fsdp_per_unit(model: Any, plan: Any, blocks: dict[str, Any],
                          encoders: dict[str, Any], parallel_dims: Any, parallelism: Any,
-                         training: Any) -> None:
+                         training: Any, parts: dict[str, Parts]) -> None:
     """FSDP with the plan's ``reshard_after_forward``: each encoder one unit (its pixels cast
     to the parameters' dtype, as TorchTitan's apply_fsdp_to_vision_encoder), the embedding and
-    the head, then the blocks by the plan's FSDP units, then the model."""
+    the head, then the blocks by the plan's FSDP units (``parts``: the groups of blocks using
+    the tp dim as data parallel, over dp_shard x tp where they do), then the model."""
     import torch.nn as nn
     from torch.distributed.fsdp import fully_shard
     from torchtitan.distributed.fsdp import disable_fsdp_gradient_division
@@ -228,11 +238,20 @@ def _apply_fsdp_per_unit(model: Any, plan: Any, blocks: dict[str, Any],
                                   edp_mesh, edp_mesh_dims)
     units = []
     here = {f"layers.{name}" for name in blocks}
+    over_tp = tp_dp_fsdp(fsdp, parallel_dims) if parts else fsdp
     for unit in fsdp_units([layer for layer in plan.layers if layer.fqn in here]):
-        modules = [blocks[layer.fqn.split(".", 1)[1]] for layer in unit]
+        names = [layer.fqn.split(".", 1)[1] for layer in unit]
+        reshard = unit[0].reshard_after_forward
+        if unit[0].tp_mode in SUB_BLOCK_TP_MODES:  # units of one block: one group per part
+            for mode, modules in parts[names[0]]:
+                fully_shard(modules, **(over_tp if mode == "dp" else fsdp),
+                            reshard_after_forward=reshard)
+            continue
+        modules = [blocks[name] for name in names]
         units.append(modules[0])
-        fully_shard(modules if len(modules) > 1 else modules[0], **fsdp,
-                    reshard_after_forward=unit[0].reshard_after_forward,
+        fully_shard(modules if len(modules) > 1 else modules[0],
+                    **(over_tp if unit[0].tp_mode == "dp" else fsdp),
+                    reshard_after_forward=reshard,
                     **({"shard_placement_fn": placement} if placement else {}))
     fully_shard(model, **fsdp)
     disable_fsdp_gradient_division(model)

@@ -11,8 +11,10 @@ store), rank 0 prints it, the config takes the plan's mesh and batch, and the mo
 ``parallelize_deepseekv3`` (the sharding the model declares: TP, CP, EP on routed experts) with
 activation checkpointing, FSDP ``reshard_after_forward`` and FSDP units per block from the plan.
 Under pipeline parallel TorchTitan's ``pipeline_llm`` splits the planned stages and calls it per
-stage. What this apply cannot run yet (tensor parallel as data parallel, TP on some layers only)
-stops in one line. Without a CUDA device the CPU shims of
+stage; blocks (or their attention / feed-forward) planned to use the tp dim as data parallel
+run as ``tp_dp.py`` applies them, gradient norms combined over their meshes
+(``titan/grad_norm.py``). What this apply cannot run (a layer without TP on a tp mesh) stops in
+one line. Without a CUDA device the CPU shims of
 ``cpu.py`` apply (gloo).
 """
 
@@ -24,7 +26,7 @@ from typing import Any
 
 from ...errors import UserError, run_cli
 from ...job.explicit import NOTES_ATTR
-from .. import ASSETS
+from .. import ASSETS, grad_norm
 from . import cpu
 from .apply import apply_plan
 
@@ -60,6 +62,8 @@ def plan_config(config: Any, world: int, rank: int, on_cpu: bool = False) -> Any
             plan.save(ap.save_plan)
             print(f"plan written to {ap.save_plan}", flush=True)
     apply_plan(config, plan)
+    if grad_norm.needed(plan):  # gradients on dp_shard and on dp_shard x tp meshes
+        grad_norm.install()
     return plan
 
 

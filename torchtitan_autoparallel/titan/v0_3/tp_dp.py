@@ -1,0 +1,154 @@
+"""The tp mesh dim used as data parallel on TorchTitan 0.3.0: blocks planned "dp" and the
+data-parallel sub-block of blocks planned "dp/sp" or "sp/dp" (``candidates.layout``).
+
+The model declares TP + SP for every module (``sharding_config``, applied by
+``model.parallelize``). For a part that runs data parallel over tp, those declarations are
+dropped before ``model.parallelize`` (its weights stay whole on tp) and its forward is
+wrapped as 0.3.0 wraps a declared module's: the residual stream arrives sequence-sharded over
+tp (Shard(1)), is redistributed to a batch shard (Shard(0), an all-to-all) at the module's
+input and back at its output; a sub-block's norm runs on the local sequence shard. FSDP then
+shards (and sums the gradients of) such a part over dp_shard x tp (``fsdp_arguments``); the
+TP + SP parts are sharded over dp_shard as the others. Under the ``spmd_types`` and
+``partial_dtensor`` backends (the residual stream a local shard, or a DTensor)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...candidates.layout import sub_block_modes, tp_dp_problem
+from ...errors import UserError
+
+SUB_BLOCKS = (("attention_norm", "attention"), ("ffn_norm", "feed_forward"))
+"""(norm, module) of a dense 0.3.0 decoder block's attention and feed-forward (llama3, qwen3):
+each module's input is its norm's output, the block adds it to the residual stream."""
+
+TP_DP_FAMILIES = ("llama3", "qwen3")
+"""TorchTitan 0.3.0's dense text decoders: what this module applies the tp dim as data parallel
+to (the multimodal families pass positions and masks it does not split, the HF backend
+declares its own sharding)."""
+
+Parts = list[tuple[str, list[Any]]]
+"""A block's FSDP groups: (the tp dim's use, "sp" or "dp"; the modules of the group)."""
+
+
+def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
+                compiled: bool) -> dict[str, Parts]:
+    """By block name, the FSDP groups of each block whose plan runs some part data parallel
+    over tp: the block ("dp") or each sub-block's norm and module (sub-block modes). Taken
+    before AC wraps the blocks; a one-line UserError for what this apply cannot run."""
+    planned = {name: plan_layer(plan, name).tp_mode for name in blocks}
+    chosen = {name: mode for name, mode in planned.items() if "dp" in sub_block_modes(mode)}
+    if not chosen:
+        return {}
+    for mode in sorted(set(chosen.values())):
+        problem = tp_dp_problem(plan.mesh, plan.local_batch_size, tp_mode=mode)
+        if problem:
+            raise UserError(f"plan: {problem}")
+    where = f"tp_mode {next(iter(chosen.values()))!r} (the tp dim as data parallel)"
+    if compiled:
+        raise UserError(f"{where} is not applied to compiled blocks on TorchTitan 0.3.0 "
+                        "(FSDP's hooks would sit inside them): drop --compile.enable or use 'sp'")
+    if parallelism.spmd_backend == "full_dtensor":
+        raise UserError(f"{where} is not applied under --parallelism.spmd_backend full_dtensor "
+                        "(DP and TP in one DTensor mesh): use spmd_types or partial_dtensor")
+    module = type(model).__module__
+    if not any(module.startswith(f"torchtitan.models.{f}.") for f in TP_DP_FAMILIES):
+        raise UserError(f"{where} is applied to {' and '.join(TP_DP_FAMILIES)} only (the model "
+                        f"is {module}.{type(model).__name__}): use 'sp'")
+    out = {}
+    for name, block_mode in chosen.items():
+        block = blocks[name]
+        if getattr(block, "moe_enabled", False) or not all(
+                hasattr(block, part) for pair in SUB_BLOCKS for part in pair):
+            raise UserError(f"{where} needs a dense block with {', '.join(SUB_BLOCKS[0])}, "
+                            f"{', '.join(SUB_BLOCKS[1])} (layers.{name} is "
+                            f"{type(block).__name__}): use 'sp'")
+        out[name] = [("dp", [block])] if block_mode == "dp" else [
+            (sub_mode, [getattr(block, norm), getattr(block, module)])
+            for (norm, module), sub_mode in zip(SUB_BLOCKS, sub_block_modes(block_mode),
+                                                strict=True)]
+    return out
+
+
+def plan_layer(plan: Any, name: str) -> Any:
+    """The plan's entry of block ``name``."""
+    return next(layer for layer in plan.layers if layer.fqn == f"layers.{name}")
+
+
+def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any) -> None:
+    """Before ``model.parallelize``: each data-parallel part keeps its weights whole on tp
+    (its modules' declarations dropped) and runs on a batch shard; a sub-block's norm on the
+    local sequence shard."""
+    for groups in parts.values():
+        for mode, modules in groups:
+            if mode != "dp":
+                continue
+            for module in modules:
+                for inner in module.modules():
+                    if hasattr(inner, "_sharding_config"):
+                        inner._sharding_config = None
+            if len(modules) == 1:
+                _run_on_batch_shard(modules[0], tp_mesh)
+            else:
+                norm, module = modules
+                _run_on_sequence_shard(norm, tp_mesh)
+                _run_on_batch_shard(module, tp_mesh)
+
+
+def _run_on_sequence_shard(norm: Any, tp_mesh: Any) -> None:
+    """``norm`` (weights whole on tp) applied per token to the local sequence shard; its output
+    of the input's kind (a DTensor under ``partial_dtensor``, a local shard under
+    ``spmd_types``)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    inner = norm.forward
+
+    def forward(x: Any) -> Any:
+        if not isinstance(x, DTensor):
+            return inner(x)
+        return DTensor.from_local(inner(x.to_local()), tp_mesh, [Shard(1)])
+
+    norm.forward = forward
+
+
+def _run_on_batch_shard(module: Any, tp_mesh: Any) -> None:
+    """``module`` (weights whole on tp) run on this tp rank's part of the micro-batch: its
+    input redistributed from a sequence shard to a batch shard (all-to-all), its output back,
+    of the input's kind; a per-sequence tensor argument (positions) split with the batch."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    inner = module.forward
+
+    def forward(x: Any, *args: Any, **kwargs: Any) -> Any:
+        stream = x if isinstance(x, DTensor) else DTensor.from_local(x, tp_mesh, [Shard(1)])
+        batch = stream.shape[0]
+        local = stream.redistribute(tp_mesh, [Shard(0)]).to_local()
+        args = tuple(_batch_part(a, batch, tp_mesh) for a in args)
+        kwargs = {k: _batch_part(v, batch, tp_mesh) for k, v in kwargs.items()}
+        out = DTensor.from_local(inner(local, *args, **kwargs), tp_mesh, [Shard(0)])
+        out = out.redistribute(tp_mesh, [Shard(1)])
+        return out if isinstance(x, DTensor) else out.to_local()
+
+    module.forward = forward
+
+
+def _batch_part(value: Any, batch: int, tp_mesh: Any) -> Any:
+    """This tp rank's rows of a per-sequence tensor argument; None as is; a UserError for
+    attention masks (flex / varlen masks are built for the whole batch)."""
+    import torch
+
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == batch:
+        return value.chunk(tp_mesh.size())[tp_mesh.get_local_rank()]
+    raise UserError(f"the tp dim as data parallel got a {type(value).__name__} argument it "
+                    "cannot split by batch (attention masks): use SDPA attention or 'sp'")
+
+
+def fsdp_arguments(fsdp: dict[str, Any], parallel_dims: Any) -> dict[str, Any]:
+    """``fully_shard``'s arguments for the data-parallel parts: ``fsdp``'s on a 1-D mesh over
+    dp_shard x tp (``tp_dp_problem`` has checked dp_replicate = cp = 1), no SPMD mesh dims
+    (their weights carry no tp annotation)."""
+    names = ["dp_shard" if parallel_dims.spmd_backend == "spmd_types" else "fsdp", "tp"]
+    mesh = parallel_dims.get_mesh(names)._flatten("dp_shard_tp")
+    return {k: v for k, v in fsdp.items() if k != "dp_mesh_dims"} | {"mesh": mesh}
