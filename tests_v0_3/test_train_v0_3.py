@@ -169,38 +169,41 @@ def test_what_the_apply_cannot_run_stops_in_one_line(change, words):
 
 
 SUB_BLOCK = ["--parallelism.tensor_parallel_degree", "2",
-             "--parallelism.data_parallel_shard_degree", "2",
              "--autoparallel.techniques", "fsdp,tp,tp_dp,ac,tp_sub_block"]
-"""FSDP 2 x TP 2 with the tp dim as data parallel, whole blocks and sub-blocks, searched."""
+"""TP 2 with the tp dim as data parallel, whole blocks and sub-blocks, searched."""
 
 
-@pytest.mark.parametrize("backend", ["spmd_types", "partial_dtensor"])
-def test_sub_block_modes_from_a_plan_file_train_as_one_rank(reference, tmp_path, backend):
-    """llama3's debug plan on fsdp 2 x tp 2 (4 CPU ranks), its blocks edited to data-parallel
-    attention beside a TP + SP feed-forward ("dp/sp"), the reverse ("sp/dp") and the whole
-    block data parallel over tp ("dp"), every other one fully checkpointed, the "dp" ones
-    keeping their parameters; saved and replayed from the file under both SPMD backends that
-    apply it (a local residual stream, a DTensor one): each block runs its planned mode, and
-    the losses and gradient norms are the 1-rank run's from the same seed checkpoint."""
+@pytest.mark.parametrize("backend,ranks", [("spmd_types", 4), ("partial_dtensor", 4),
+                                           ("spmd_types", 2)])
+def test_sub_block_modes_from_a_plan_file_train_as_one_rank(reference, tmp_path, backend, ranks):
+    """llama3's debug plan on fsdp 2 x tp 2 (4 CPU ranks; on 2, tp alone), its blocks edited
+    to data-parallel attention beside a TP + SP feed-forward ("dp/sp"), the reverse ("sp/dp")
+    and, with dp_shard > 1, the whole block data parallel over tp ("dp"), every other one fully
+    checkpointed, the "dp" ones keeping their parameters; saved and replayed from the file
+    under both SPMD backends that apply it (a local residual stream, a DTensor one): each block
+    runs its planned mode, and the losses and gradient norms are the 1-rank run's from the
+    same seed checkpoint."""
     from torchtitan_autoparallel.candidates.layout import BlockStrategy
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.plan.schema import Plan
     from torchtitan_autoparallel.titan.v0_3 import read_job
 
-    options = [*SUB_BLOCK, "--parallelism.spmd_backend", backend]
-    plan = plan_job(read_job([*JOB, "--parallelism.auto", *options]), 4)
+    dp_shard = ranks // 2
+    options = [*SUB_BLOCK, "--parallelism.data_parallel_shard_degree", str(dp_shard),
+               "--parallelism.spmd_backend", backend]
+    plan = plan_job(read_job([*JOB, "--parallelism.auto", *options]), ranks)
     assert plan.local_batch_size % 2 == 0  # the tp ranks split it
-    modes = ["dp/sp", "sp/dp", "dp"]
+    modes = ["dp/sp", "sp/dp", "dp"] if dp_shard > 1 else ["dp/sp", "sp/dp"]
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
     for i, layer in enumerate(blocks):
-        layer.tp_mode, layer.ac = modes[i % 3], ("none", "full")[i % 2]
+        layer.tp_mode, layer.ac = modes[i % len(modes)], ("none", "full")[i % 2]
         layer.reshard_after_forward, layer.fsdp_unit = layer.tp_mode != "dp", 1
     path = tmp_path / "sub_block.json"
     plan.save(str(path))
     assert Plan.load(str(path)).to_json() == plan.to_json()
-    out = _torchrun(4, *JOB, *STEPS, *options, f"--autoparallel.plan_file={path}",
+    out = _torchrun(ranks, *JOB, *STEPS, *options, f"--autoparallel.plan_file={path}",
                     *reference.load, "--dump_folder", str(tmp_path / "run"))
-    assert "mesh dp_replicate=1 dp_shard=2 cp=1 tp=2" in out, out[-3000:]
+    assert f"mesh dp_replicate=1 dp_shard={dp_shard} cp=1 tp=2" in out, out[-3000:]
     for layer in blocks:  # the plan's labels, block by block, as rank 0 prints them
         label = BlockStrategy("none", True, layer.tp_mode).describe().split("+", 1)[1]
         assert re.search(rf"{layer.fqn} +\S*\+{re.escape(label)}(\+|\s)", out), out[-3000:]
