@@ -22,6 +22,7 @@ from ..cost.model import (
     Precision,
     edge_cost,
     model_time_floor,
+    optimizer_step_s,
     state_bytes,
 )
 from ..cost.pipeline import (
@@ -106,7 +107,7 @@ def build_pipeline_candidate(graph: LayerGraph, mesh: Mesh, schedule: str, v: in
         sends = 2 * v - (1 if t.embedding else 0) - (1 if t.output else 0)
         edge_time[t.name] = (sum(edges[k].time_s for k in kinds)
                              + sends * hop * (1 - ctx.hw.comm_overlap))
-        edge_step[t.name] = 0.0
+        edge_step[t.name] = sum(edges[k].step_s for k in kinds)  # their optimizer step
         # embedding activations stay for every micro-batch in flight, the logits for one
         # (all under GPipe); each stage's outputs in flight and the receive buffers
         outputs = max(0.0, flight[t.name] * v - (1 if t.output else 0))
@@ -168,7 +169,8 @@ def _block_costs(graph: LayerGraph, block_class: list[str], mesh: Mesh, microbat
             cost.time_s,
             per_param * (FWD_BWD_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM)
             + (cost.gathered_bytes if sharded else 0.0),
-            cost.kept_bytes, per_param * STEP_BYTES_PER_PARAM[ctx.features.optimizer])
+            cost.kept_bytes, per_param * STEP_BYTES_PER_PARAM[ctx.features.optimizer],
+            optimizer_step_s(cost.state_bytes, ctx))
     return classes, strategies, costs, edges
 
 
@@ -183,6 +185,8 @@ class EdgeCost:
     kept_bytes: float
     """Per micro-batch in flight (the logits: one micro-batch at a time)."""
     step_bytes: float
+    step_s: float = 0.0
+    """Its optimizer step, once per step (``optimizer_step_s``)."""
 
 
 def schedules_for(graph: LayerGraph, constraints: Constraints, features: Features

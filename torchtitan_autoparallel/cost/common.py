@@ -29,6 +29,19 @@ FWD_BWD_BYTES_PER_PARAM = 12
 STEP_BYTES_PER_PARAM = {"fused": 16, "foreach": 20, "for-loop": 16}
 # With gradient accumulation the fp32 gradients of earlier micro-batches are resident too.
 GRAD_BYTES_PER_PARAM = 4
+OPTIMIZER_TRAFFIC_PER_PARAM = {"fused": 28.0, "foreach": 80.0, "for-loop": 80.0}
+"""Device-memory bytes one AdamW step moves per fp32 parameter, by optimizer.implementation
+(torch/optim/adamw.py, torch 2.9-2.13). fused: one kernel (ATen's _fused_adamw_) reads the
+parameter, gradient, exp_avg and exp_avg_sq and writes back the parameter and both moments
+(16 + 12 B). foreach / for-loop: one pass per op, each reading its operands and writing its
+result: the decoupled weight decay p *= 1 - lr wd (8), exp_avg.lerp_(g) (12), exp_avg_sq *= b2
+(8) and += (1 - b2) g^2 (12), sqrt(exp_avg_sq) into a temporary (8), its bias-correction
+division (8) and + eps (8), p.addcdiv_(exp_avg, denom) (16)."""
+GRAD_CLIP_TRAFFIC_PER_PARAM = 12.0
+"""Device-memory bytes per fp32 parameter of the gradient clipping TorchTitan runs every step
+(train.py: dist_utils.clip_grad_norm_(..., foreach=True), max_norm 1.0 by default): the total
+norm (_foreach_norm reads every gradient: 4 B) and the scaling by the clamped clip
+coefficient, applied whatever the norm (_foreach_mul_ reads and writes it: 8 B)."""
 # Under autocast (bf16 compute on fp32 weights: one device or DDP) the residual stream, norms
 # and RoPE stay fp32: block activations are this much above the all-bf16 estimate (MemTracker
 # on one H200: 1.16 for llama3 3B, 1.21 for 1B).
@@ -66,6 +79,19 @@ class CostContext:
     def act_scale(self) -> float:
         """Activation bytes per element relative to the fp32 ones the layer graph measured."""
         return self.prec.param_bytes / 4
+
+
+def optimizer_step_s(state: float, ctx: CostContext) -> float:
+    """Device seconds of one optimizer step over a device's ``state`` bytes of parameters,
+    gradients and AdamW moments (``STATE_BYTES_PER_PARAM`` per fp32 parameter): the gradient
+    clipping and the AdamW update as passes over device memory at the profile's HBM bandwidth
+    (once per step, after the last micro-batch's backward). None on profiles without an HBM
+    bandwidth, or with CPU offload (the host steps: ``host_optimizer_gbps``)."""
+    hw, features = ctx.hw, ctx.features
+    if hw.hbm_gbps <= 0 or features.cpu_offload:
+        return 0.0
+    traffic = OPTIMIZER_TRAFFIC_PER_PARAM[features.optimizer] + GRAD_CLIP_TRAFFIC_PER_PARAM
+    return state / STATE_BYTES_PER_PARAM * traffic / (hw.hbm_gbps * 1e9)
 
 
 @dataclass(frozen=True, kw_only=True)

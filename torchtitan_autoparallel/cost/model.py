@@ -55,6 +55,7 @@ from .common import (  # noqa: F401  (re-exported: the cost model's names)
     _memoized,
     autocast,
     collective_s,
+    optimizer_step_s,
     state_bytes,
 )
 from .compute import (  # noqa: F401  (re-exported: the cost model's names)
@@ -361,11 +362,12 @@ class StateMemory(NamedTuple):
     step_bytes: float
     """Held during the optimizer step."""
     host_step_s: float
-    """The host's optimizer step per step (CPU offload)."""
+    """The optimizer step's seconds per step: gradient clipping and AdamW on the device
+    (``optimizer_step_s``), or on the host with CPU offload."""
 
 
 def state_memory(state_bytes: float, accum: int, ctx: CostContext) -> StateMemory:
-    """(forward/backward bytes, optimizer-step bytes, host optimizer seconds per step) of a
+    """(forward/backward bytes, optimizer-step bytes, optimizer seconds per step) of a
     device's ``state_bytes`` of parameters, gradients and optimizer state (flat plans):
     gradients are resident from the second micro-batch on; CPU offload keeps all of it, and
     AdamW, on the host."""
@@ -373,7 +375,8 @@ def state_memory(state_bytes: float, accum: int, ctx: CostContext) -> StateMemor
     per_param = state_bytes / STATE_BYTES_PER_PARAM
     fwd_bwd = FWD_BWD_BYTES_PER_PARAM + (
         GRAD_BYTES_PER_PARAM if accum > 1 or hw.reserved_gradients else 0)
-    step_bytes, per_step = per_param * STEP_BYTES_PER_PARAM[features.optimizer], 0.0
+    step_bytes = per_param * STEP_BYTES_PER_PARAM[features.optimizer]
+    per_step = optimizer_step_s(state_bytes, ctx)
     if features.cpu_offload:
         fwd_bwd, step_bytes = 0, 0.0
         if hw.host_optimizer_gbps > 0:

@@ -52,6 +52,7 @@ from .model import (
     Precision,
     block_cost,
     core_share,
+    optimizer_step_s,
 )
 
 
@@ -138,7 +139,8 @@ class StageBlockCost:
     time_s: float
     """Forward + backward of one micro-batch (no FSDP collectives: those run once per step)."""
     step_s: float
-    """FSDP all-gather, reduce-scatter (and HSDP all-reduce) once per step, exposed."""
+    """Once per step: FSDP all-gather, reduce-scatter (and HSDP all-reduce), exposed, and the
+    block's share of the optimizer step (``optimizer_step_s``)."""
     kept_bytes: float
     """Activations kept for backward per micro-batch in flight."""
     resident_bytes: float
@@ -193,7 +195,7 @@ def stage_block_cost(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbat
         transient -= cost.grad_bytes
     return StageBlockCost(
         time_s=max(0.0, per_mb),
-        step_s=share * (fsdp_comm + copies),
+        step_s=share * (fsdp_comm + copies) + optimizer_step_s(cost.state_bytes, ctx),
         kept_bytes=max(0.0, act),
         resident_bytes=resident,
         step_bytes=per_param * STEP_BYTES_PER_PARAM[ctx.features.optimizer],
