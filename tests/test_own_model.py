@@ -84,3 +84,32 @@ def test_found_context_parallel_parity(pocket_reference, tmp_path):
     # 0..63) move the losses by only ~1e-5
     worst = assert_parity(reference, result, rtol=5e-6, grad_rtol=5e-6)
     print(f"found CP, 2 ranks: max rel diff {worst:.2e}")
+
+
+def test_sub_block_discovered_model_parity(pocket_reference, tmp_path):
+    """The sub-blocks discovery finds in the test model's blocks (``ln_a`` -> ``mix``, ``ln_b``
+    -> ``ffn``: tests/test_sub_block.py checks the rule) run apart on 2 ranks (tp 2): blocks
+    alternating data-parallel attention + TP feed-forward and the reverse, replayed from a
+    plan file, train like the 1-rank run."""
+    from torchtitan_autoparallel.job.request import plan_job
+
+    from tests.test_adapters import _job
+
+    options = ["--parallelism.tensor_parallel_degree=2",
+               "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ac,tp_sub_block"]
+    plan = plan_job(_job(*options), 2)
+    assert (plan.mesh.tp, plan.mesh.world) == (2, 2)
+    plan.local_batch_size = 2  # the tp ranks split it
+    plan.gradient_accumulation_steps = plan.global_batch_size // 2
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    for i, layer in enumerate(blocks):
+        layer.tp_mode = ("dp/sp", "sp/dp")[i % 2]
+        layer.ac = "none"
+    path = tmp_path / "sub_block.json"
+    plan.save(str(path))
+    seed, reference = pocket_reference
+    result = run_job(AUTO, 2, tmp_path / "run", [f"--autoparallel.plan_file={path}", *options],
+                     seed_checkpoint=seed)
+    assert "attn:tp_dp/ffn:tp+sp" in result.output, result.output[-3000:]
+    assert_parity(reference, result)
+    assert_grad_norm_parity(reference, result)

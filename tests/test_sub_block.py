@@ -6,6 +6,7 @@ import dataclasses
 import functools
 
 import pytest
+import torch
 
 from torchtitan_autoparallel.candidates.layout import (
     SUB_BLOCK_TP_MODES,
@@ -23,6 +24,7 @@ from torchtitan_autoparallel.cost.comm import fsdp_s, tp_comm_s
 from torchtitan_autoparallel.cost.compute import block_compute_s, gemm_times
 from torchtitan_autoparallel.cost.hardware import load_profile
 from torchtitan_autoparallel.cost.model import CostContext, Precision, block_cost
+from torchtitan_autoparallel.graph.sub_block_find import pre_norm_pairs, with_found_sub_blocks
 from torchtitan_autoparallel.job.features import Features
 
 MESH = Mesh(dp_replicate=1, dp_shard=8, tp=8)
@@ -187,6 +189,60 @@ def test_sub_block_block_cost_sums_its_parts():
         assert dict(cost.exposed_parts)["tp"] == pytest.approx(tp_comm_s(block, mesh, s, 4, ctx))
     assert graph.adapter.sub_blocks == (("attention_norm", "attention"),
                                         ("ffn_norm", "feed_forward"))
+
+
+
+class _Block(torch.nn.Module):
+    """Two (norm, linear) pairs wired as ``wiring`` says: "pre" (x + f(norm(x)), each module
+    from its own norm), "post" (norm(x + f(x))) or "parallel" (both modules read one norm)."""
+
+    def __init__(self, wiring: str):
+        super().__init__()
+        self.wiring = wiring
+        self.norm_a, self.mix = torch.nn.LayerNorm(8), torch.nn.Linear(8, 8)
+        self.norm_b, self.ffn = torch.nn.LayerNorm(8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        if self.wiring == "pre":
+            x = x + self.mix(self.norm_a(x))
+            return x + self.ffn(self.norm_b(x))
+        if self.wiring == "post":
+            x = self.norm_a(x + self.mix(x))
+            return self.norm_b(x + self.ffn(x))
+        a = self.norm_a(x)
+        return x + self.mix(a) + self.ffn(a) + 0 * self.norm_b(x)
+
+
+@pytest.mark.parametrize("wiring,found", [("pre", True), ("post", False), ("parallel", False)])
+def test_sub_block_wiring_rule_on_hand_built_blocks(wiring, found):
+    """A block shows sub-blocks only where each module reads its own norm's output (pre-norm):
+    post-norm blocks and blocks whose modules share one norm show none."""
+    with torch.device("meta"):
+        block = _Block(wiring)
+    inputs = ((torch.empty(1, 4, 8, device="meta"),), {})
+    pairs = pre_norm_pairs(block, {"mix", "ffn"}, inputs)
+    assert pairs == ((("norm_a", "mix"), ("norm_b", "ffn")) if found else ())
+
+
+def test_sub_block_discovery_finds_what_llama3_registers():
+    """llama3's registration names its sub-blocks; with them removed, they are found again
+    from its graph (the inferred TP plan's regions after their norms, wired pre-norm)."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    from torchtitan_autoparallel.graph.layer_graph import planning_model
+    from torchtitan_autoparallel.titan.v0_2.model import measurable_args, meta_model
+    from torchtitan_autoparallel.titan.v0_2.registry import register
+
+    register()
+    spec = get_train_spec("llama3")
+    args, _ = measurable_args(spec.model_args["debugmodel"], 64)
+    model = meta_model(lambda: spec.model_cls(args))
+    adapter, inputs = planning_model("llama3", model, 64)
+    registered = adapter.sub_blocks
+    assert registered == (("attention_norm", "attention"), ("ffn_norm", "feed_forward"))
+    found = with_found_sub_blocks(dataclasses.replace(adapter, sub_blocks=()), model, inputs,
+                                  args.dim, 64)
+    assert found.sub_blocks == registered
 
 
 TECHNIQUES = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,tp_sub_block"

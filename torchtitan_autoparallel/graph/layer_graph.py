@@ -36,6 +36,7 @@ from .discover import (
     view_modules,
     view_parameters,
 )
+from .sub_block_find import with_found_sub_blocks
 from .tp_infer import with_inferred_tp
 
 
@@ -456,15 +457,16 @@ def _signature(module: torch.nn.Module) -> str:
 def planning_model(family: str, model: torch.nn.Module, seq_len: int
                    ) -> tuple[ModelAdapter, tuple[tuple, dict]]:
     """The adapter of ``model`` (built on meta; registered, discovered, TP inferred where it
-    has no ``tp_fn``, CP found where it names no attention module) and its first block's
-    inputs."""
+    has no ``tp_fn``, CP found where it names no attention module, sub-blocks found where it
+    names none) and its first block's inputs."""
     adapter = get_adapter(family, model)
     check_adapter(family, adapter, model)
     with stand_ins(model, adapter):
         inputs = block_inputs(family, model, adapter, seq_len)
         dim = model.get_submodule(adapter.embedding).embedding_dim
         adapter = with_found_cp(adapter, model, inputs, seq_len, dim)
-        return with_inferred_tp(adapter, model, inputs, dim, seq_len), inputs
+        adapter = with_inferred_tp(adapter, model, inputs, dim, seq_len)
+        return with_found_sub_blocks(adapter, model, inputs, dim, seq_len), inputs
 
 
 def stand_ins(model: torch.nn.Module, adapter: ModelAdapter

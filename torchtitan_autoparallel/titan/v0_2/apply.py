@@ -365,16 +365,18 @@ def fsdp_arguments(parallel_dims: Any, training: Any, cpu_offload: bool) -> dict
     return fsdp
 
 
-def plan_adapter(job_config: Any, model: nn.Module, tp: bool, cp: bool = False
-                 ) -> ModelAdapter:
+def plan_adapter(job_config: Any, model: nn.Module, tp: bool, cp: bool = False,
+                 sub_blocks: bool = False) -> ModelAdapter:
     """The family's adapter, discovered from ``model``; for a ``tp`` plan of a family without
     a TP function, with the one planning inferred (``graph/tp_infer.py``); for a ``cp`` plan
     of a family naming no attention module, with the CP planning found
-    (``graph/cp_find.py``)."""
+    (``graph/cp_find.py``); for a plan with ``sub_blocks`` of a family naming none, with
+    those planning found (``graph/sub_block_find.py``)."""
     adapter = get_adapter(job_config.model.name, model)
     need_tp = tp and adapter.tp_fn in (None, INFER_TP)
     need_cp = cp and adapter.inner_attention is None and adapter.cp_fn is None
-    if not (need_tp or need_cp):
+    need_sub = sub_blocks and not adapter.sub_blocks
+    if not (need_tp or need_cp or need_sub):
         return adapter
     from torchtitan.protocols.train_spec import get_train_spec
 
@@ -387,7 +389,9 @@ def plan_adapter(job_config: Any, model: nn.Module, tp: bool, cp: bool = False
             raise UserError(f"the plan uses {technique} but {job_config.model.name!r} has no "
                             f"{what}: {inferred.excluded.get(technique, '')}")
     return dataclasses.replace(adapter, tp_fn=inferred.tp_fn if need_tp else adapter.tp_fn,
-                               cp_fn=inferred.cp_fn if need_cp else adapter.cp_fn)
+                               cp_fn=inferred.cp_fn if need_cp else adapter.cp_fn,
+                               sub_blocks=inferred.sub_blocks if need_sub
+                               else adapter.sub_blocks)
 
 
 def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan) -> nn.Module:
@@ -398,7 +402,9 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
 
     check_plan_matches(plan, parallel_dims)
     features = features_from_config(job_config)
-    adapter = plan_adapter(job_config, model, tp=plan.mesh.tp > 1, cp=plan.mesh.cp > 1)
+    adapter = plan_adapter(job_config, model, tp=plan.mesh.tp > 1, cp=plan.mesh.cp > 1,
+                           sub_blocks=any(layer.tp_mode in SUB_BLOCK_TP_MODES
+                                          for layer in plan.layers))
     by_fqn = {layer.fqn: layer for layer in plan.layers}
     blocks = model.get_submodule(adapter.blocks)
     planned = {name: by_fqn.get(f"{adapter.blocks}.{name}") for name in blocks_names(blocks)}
