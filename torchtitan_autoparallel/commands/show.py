@@ -11,7 +11,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..cost.model import STATE_BYTES_PER_PARAM, core_share, edges_cost
+from ..cost.model import (
+    STATE_BYTES_PER_PARAM,
+    STEP_BYTES_PER_PARAM,
+    core_share,
+    edges_cost,
+    optimizer_step_s,
+)
 from ..errors import UserError, atomic_write_all, check_output_path
 from ..plan.assembly import candidate_for, rank_counts
 from ..plan.recost import block_counts, inputs_from_plan
@@ -140,12 +146,22 @@ def _pipeline_breakdown(plan: Plan
         phase = f"optimizer step, pp rank {rank}"
         segments = [("parameters, gradients, optimizer state", memory[rank])]
     slowest = max(times)
-    fsdp = step - cand.accum * ((cand.microbatches + cand.beta) * slowest + cand.fill_s) \
+    per_step = step - cand.accum * ((cand.microbatches + cand.beta) * slowest + cand.fill_s) \
         - cand.per_step_s
+    # the once-per-step term holds each stage's optimizer step beside its FSDP collectives:
+    # the optimizer's share on the rank that sets it, from that rank's parameters
+    ctx = inputs.cost_context
+    once = [cand.edge_step[s.name] + sum(n * cand.costs[k].step_s for k, n in c.items())
+            for s, c in ((cand.type_of_rank(r), per_rank[r]) for r in range(plan.mesh.pp))]
+    top = max(range(plan.mesh.pp), key=lambda r: once[r])
+    step_bytes = cand.edge_state[cand.type_of_rank(top).name] + sum(
+        n * cand.costs[k].step_bytes for k, n in per_rank[top].items())
+    optimizer = cand.accum * optimizer_step_s(
+        step_bytes * STATE_BYTES_PER_PARAM / STEP_BYTES_PER_PARAM[ctx.features.optimizer], ctx)
     time = [("compute (slowest rank's micro-batches)", cand.accum * cand.microbatches * slowest),
             ("pipeline bubble", cand.accum * cand.beta * slowest),
-            ("fsdp / dp", fsdp), ("p2p fill and drain", cand.accum * cand.fill_s),
-            ("embedding, output, optimizer, per-layer overhead", cand.per_step_s)]
+            ("fsdp / dp", per_step - optimizer), ("p2p fill and drain", cand.accum * cand.fill_s),
+            ("embedding, output, optimizer, per-layer overhead", cand.per_step_s + optimizer)]
     return [(k, v * gib) for k, v in segments], phase, time
 
 
