@@ -32,7 +32,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--grid", action="store_true", help="also run the model x size grid")
     parser.add_argument("--out", default="", help="write the grid table (markdown) here")
+    parser.add_argument("--sub-block", action="store_true",
+                        help="only: llama3 405B on 512 GPUs planned with and without "
+                             "tp_sub_block, alternately, and the ratio of the median times")
     args = parser.parse_args()
+    if args.sub_block:
+        sub_block(args.repeats)
+        return
 
     t0 = time.perf_counter()
     from torchtitan_autoparallel.job.request import plan_job
@@ -136,6 +142,36 @@ def grid(out: str, repeats: int = 3) -> None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(table)
         print(f"written to {out}")
+
+
+SUB_BLOCK = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,pp,tp_sub_block"
+
+
+def sub_block(repeats: int, config: str = "train_configs/llama3_405b_auto.toml",
+              ngpu: int = 512) -> None:
+    """Planning time with the sub-block tp modes in the search beside the default search,
+    the two alternating (this box is noisy: the ratio of the medians is the result)."""
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
+
+    register()
+    jobs = {name: parse_config(["--job.config_file", str(REPO / config), *extra])
+            for name, extra in (("default", []), ("tp_sub_block", [SUB_BLOCK]))}
+    times: dict[str, list[float]] = {name: [] for name in jobs}
+    plans: dict[str, Any] = {}
+    for _ in range(repeats):
+        for name, job in jobs.items():
+            start = time.perf_counter()
+            plans[name] = plan_job(job, ngpu)
+            times[name].append(time.perf_counter() - start)
+    for name, plan in plans.items():
+        modes = sorted({layer.tp_mode for layer in plan.layers})
+        print(f"{name}: planning median {statistics.median(times[name]):.3f} s of {repeats} "
+              f"(min {min(times[name]):.3f}); gap {plan.solver['gap']}; "
+              f"{plan.predicted['tokens_per_s'] / ngpu:.1f} tok/s/GPU; tp modes {modes}")
+    ratio = statistics.median(times["tp_sub_block"]) / statistics.median(times["default"])
+    print(f"tp_sub_block / default planning time: {ratio:.2f}")
 
 
 if __name__ == "__main__":
