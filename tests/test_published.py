@@ -151,7 +151,9 @@ def _published_md_errors() -> tuple[list[float], list[float]]:
     tps, mem = [], []
     for line in text.splitlines():
         cells = [c.strip() for c in line.split("|")]
-        if len(cells) > 7 and cells[1].startswith("T") and cells[4].endswith("%"):
+        # rows of Tables 1-4 ("T1 ..." to "T4 ..."); the pipeline rows (T5, T6) follow
+        if len(cells) > 7 and cells[1][:2] in ("T1", "T2", "T3", "T4") \
+                and cells[4].endswith("%"):
             tps.append(abs(float(cells[4].rstrip("%")) / 100))
             mem.append(abs(float(cells[7].rstrip("%")) / 100))
     return tps, mem
