@@ -10,14 +10,23 @@ ranks with the 2-D mesh (fsdp = WORLD / TP, tp = TP), and asks AutoParallel for 
 the constraints ``parallelize_autoparallel_llama`` sets (inputs Shard(0) / Replicate, output
 Shard(0) / Shard(2), the parameter-memory constraint at its defaults). Prints one JSON line:
 the time to trace and build the ILP, the time to solve it, the ILP's size and objective, and
-the placement it chose for each parameter (layer indices folded: ``layers.*.attention.wo``).
+the placement it chose for each parameter (layer indices folded: ``layers.*.attention.wo``),
+and under "activations" how it places a block's activations (see ``_activations``).
 AutoParallel's cost model reads its device limits from the CUDA device name: with no GPU here,
 an H100 SXM's name stands in (the profile our side plans for).
+
+Traced on CPU, ``F.scaled_dot_product_attention`` becomes
+``aten._scaled_dot_product_flash_attention_for_cpu``, an op DTensor has no sharding rule for:
+AutoParallel falls back to its all-Replicate rule there, so attention runs replicated on every
+rank. ``AUTOPARALLEL_PEER_SDPA=cudnn`` (or ``flash``) traces the op a GPU run calls instead
+(``aten._scaled_dot_product_cudnn_attention`` / ``_flash_attention``: the rules shard heads or
+batch), K/V passed with their own (GQA) head count; "attention_op" says which op was traced.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -27,6 +36,9 @@ def main(argv: list[str]) -> dict:
     import torch
 
     torch.cuda.get_device_name = lambda *args, **kwargs: "NVIDIA H100 80GB HBM3"
+    kernel = os.environ.get("AUTOPARALLEL_PEER_SDPA", "")
+    if kernel:
+        torch.nn.functional.scaled_dot_product_attention = _gpu_sdpa(kernel)
     import pulp
     from autoparallel.api import AutoParallel
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -86,7 +98,27 @@ def main(argv: list[str]) -> dict:
             "objective": pulp.value(prob.objective),
             "stored": {k: sorted(v) for k, v in stored.items()},
             "in_matmul": {k: sorted(v) for k, v in computed.items()},
+            "activations": _activations(autop.sharding_optimizer),
+            "attention_op": kernel or "traced on CPU",
         }
+
+
+def _gpu_sdpa(kernel: str):
+    """``F.scaled_dot_product_attention`` (causal, no mask, no dropout) calling the GPU op
+    ``kernel`` ("cudnn" or "flash") directly, as a GPU run's backend choice would."""
+    import torch
+
+    op = {"cudnn": torch.ops.aten._scaled_dot_product_cudnn_attention,
+          "flash": torch.ops.aten._scaled_dot_product_flash_attention}[kernel]
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+             enable_gqa=False):
+        assert attn_mask is None and dropout_p == 0.0
+        if kernel == "cudnn":
+            return op(q, k, v, None, True, 0.0, is_causal, False, scale=scale)[0]
+        return op(q, k, v, 0.0, is_causal, False, scale=scale)[0]
+
+    return sdpa
 
 
 def _placements(spec, transposed: bool = False) -> str:
@@ -103,6 +135,8 @@ PASS_THROUGH = ("t", "view", "_to_copy", "convert_element_type", "dtype_cast", "
 
 
 TRANSPOSES = ("t", "permute", "transpose")
+
+MATMULS = ("mm", "addmm", "bmm", "einsum")
 
 
 def _first_matmul(node, hops: int = 8):
@@ -125,6 +159,101 @@ def _first_matmul(node, hops: int = 8):
 
 def _op(node) -> str:
     return getattr(node.target, "__name__", "").split(".")[0]
+
+
+SITES = {
+    "wqkv": ("layers.*.attention.qkv_linear.wqkv", MATMULS),
+    "sdpa": ("layers.*.attention.inner_attention", ("scaled_dot_product",)),
+    "wo": ("layers.*.attention.wo", MATMULS),
+    "w1": ("layers.*.feed_forward.w1", MATMULS),
+    "w3": ("layers.*.feed_forward.w3", MATMULS),
+    "w2": ("layers.*.feed_forward.w2", MATMULS),
+    "residual add": ("layers.*", ("add",)),
+}
+"""Named forward ops of a block: (module, op names) -> the label the JSON gives them."""
+
+
+def _activations(optimizer) -> dict:
+    """How the chosen solution places one block's activations (layer indices folded; each
+    value lists the distinct records over the layers, one record when all layers agree).
+
+    For each named op (``SITES``; "residual add" lists both adds, attention's first; "sdpa"
+    is the attention kernel the trace recorded, "sdpa backward" its backward): the op name,
+    "in" (placements over (fsdp, tp) the op reads each tensor argument in), "from" (the
+    placement its producer left that argument in: where the two differ the solution
+    redistributes on that edge), "comm_cost" (the solver's cost of that redistribution, per
+    argument) and "out" (its output placements, one per tensor output). "block input": the
+    placement a block receives (the first residual add's ``from``). "redistributions": every
+    edge in a block's forward whose producer placement differs from what its reader takes,
+    as "module op#k arg i: from -> to (comm cost)", op#k the k-th such op of that module."""
+    chosen: dict = {}
+    for key in optimizer.selected_keys:
+        chosen.setdefault(optimizer.nodes[key[0]], {})[key[1]] = (
+            key[3], optimizer._resolve_decision_var(key))
+    sites: dict[str, set[str]] = {}
+    moves: set[str] = set()
+    seen: dict[tuple, int] = {}
+    for node in optimizer.graph.nodes:
+        if node not in chosen or node.op != "call_function":
+            continue
+        op, module = _op(node), _module(node)
+        if "scaled_dot_product" in op and "backward" in op:
+            sites.setdefault("sdpa backward", set()).add(_site(optimizer, chosen, node, 0))
+        layer = re.match(r"layers\.(\d+)", module)
+        if node.meta.get("partitioner_tag") != "is_forward" or layer is None:
+            continue
+        folded = re.sub(r"layers\.\d+", "layers.*", module)
+        k = seen[layer[1], folded, op] = seen.get((layer[1], folded, op), -1) + 1
+        record = _site(optimizer, chosen, node, k)
+        for name, (where, ops) in SITES.items():
+            if folded == where and any(o in op for o in ops):
+                sites.setdefault(name, set()).add(record)
+        fields = json.loads(record)
+        for i, (came, took) in enumerate(zip(fields["from"], fields["in"], strict=True)):
+            if came != took:
+                cost = fields["comm_cost"][i]
+                moves.add(f"{folded} {op}#{k} arg {i}: {came} -> {took} ({cost})")
+    result = {name: [json.loads(r) for r in sorted(v)] for name, v in sites.items()}
+    result["residual add"] = sorted(result.get("residual add", []),
+                                    key=lambda r: r["index"])
+    result["block input"] = sorted({r["from"][0] for r in result["residual add"]
+                                    if r["index"] == 0})
+    result["redistributions"] = sorted(moves)
+    return result
+
+
+def _site(optimizer, chosen, node, index: int) -> str:
+    """JSON of what the solution does at ``node``: op name, per tensor argument the placement
+    read ("in") and the producer's ("from"), the redistribution's cost, the output placements;
+    ``index``: which occurrence of this op in its module (residual adds: 0 after attention)."""
+    args = chosen[node]
+    preds = optimizer._all_input_nodes(node)
+    came, took, costs = [], [], []
+    for i, pred in enumerate(preds):
+        if i not in args or pred not in chosen:
+            continue
+        pick, dv = args[i]
+        source = optimizer.strats[pred].strategies[pick].output_specs
+        if isinstance(source, (list, tuple)):
+            source = source[node.args[1]] if _op(node) == "getitem" else source[0]
+        if source is None or dv.input_spec is None:
+            continue
+        came.append(_placements(source))
+        took.append(_placements(dv.input_spec))
+        costs.append(round(float(dv.comm_cost), 1))
+    out = next(iter(args.values()))[1].output_spec
+    outs = [_placements(s) for s in (out if isinstance(out, (list, tuple)) else [out])
+            if s is not None]
+    return json.dumps({"op": _op(node), "in": took, "from": came, "comm_cost": costs,
+                       "out": outs, "index": index})
+
+
+def _module(node) -> str:
+    """The innermost module a forward node was traced in (``layers.0.attention.wo``), or ""."""
+    stack = node.meta.get("nn_module_stack") or {}
+    path = list(stack.values())[-1][0] if stack else ""
+    path = re.sub(r"\[['\"]?(\w+)['\"]?\]", r".\1", path.replace("L['self']", ""))
+    return path.lstrip(".")
 
 
 if __name__ == "__main__":
