@@ -40,6 +40,13 @@ TITAN_PEAK = {"B200": 2.25e15, "H100": 989e12}
 """torchtitan/tools/utils.py get_peak_flops (bf16): how TorchTitan turns tokens/s into MFU."""
 AC_ASSUMED = "selective"
 """AC for rows whose source does not state it: TorchTitan's default (per-op selective)."""
+BALANCED_SOURCES = ("megatron_bridge_", "automodel_perf_h100")
+"""Sources whose runs route tokens evenly over the experts, as they say: Megatron-Bridge's
+tables ("we force-balance the token distribution among experts"), NeMo AutoModel's ("fake
+balanced gate (uniform routing)"). Their jobs run with TorchTitan's
+``debug.moe_force_load_balance`` (load imbalance 1); TorchTitan's own published runs used the
+learned router (experiments/data/torchao_moe_e2e_provenance.md for torchao's), whose
+imbalance stays the profile's assumption."""
 KERNELS = REPO / "experiments" / "data" / "moe_kernels.csv"
 KERNEL_PROFILES = {"torchao_grouped_mm_fwd_bwd_b200": ("b200", True),
                    "torchao_grouped_mm_fwd_bwd_b200_2025_10": ("b200", True),
@@ -190,6 +197,8 @@ def overrides(row: Row) -> list[str]:
         *compile_flags.get(f["compile"], ["--compile.no-enable"]),
         *batch_overrides(f, row), *converters(f, row),
         f"--autoparallel.hardware={PROFILES[f['gpu']]}",
+        *(["--debug.moe_force_load_balance"]
+          if f["source_id"].startswith(BALANCED_SOURCES) else []),
     ]
 
 
@@ -427,7 +436,16 @@ def main() -> int:
         "(every token on one rank's experts; the bf16 row then still +28 % fast): most of that "
         "step is work the kernel data does not show; `experiments/gpu_check.py`'s MoE section "
         "measures the grouped GEMMs by group size, the permutation and the host sync that would "
-        "settle it. Other frameworks' runs use "
+        "settle it. What those runs ran (`experiments/data/torchao_moe_e2e_provenance.md`): "
+        "TorchTitan of 2025-09-30..10-13 with the model and the loss compiled, bf16 grouped GEMMs "
+        "on PyTorch's native SM100 CUTLASS kernel (not a per-group fallback), the learned "
+        "top-1 router without forced balance (`debug.moe_force_load_balance` not set), and "
+        "the published memory is rank 0's peak reserved memory over all steps, step 1 (compile) "
+        "included, not the peak allocated the model predicts. An imbalance far above the "
+        "assumed 1.2 would lengthen the bf16 step and widen the MXFP8 gain together, but no "
+        "routing statistics were published: it stays an assumption, not fitted. Rows whose "
+        "source says it forces balance (Megatron-Bridge, NeMo AutoModel) run with "
+        "`debug.moe_force_load_balance` (imbalance 1). Other frameworks' runs use "
         "their own kernels (Transformer Engine, DeepEP / HybridEP, fused permutation, "
         "Megatron's overlap): the TorchTitan recipe for the same job is expected to be slower "
         "than them, so their error mixes the framework gap with the model's and bounds what "
