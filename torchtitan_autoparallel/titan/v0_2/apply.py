@@ -462,6 +462,17 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
         apply_block_compile(blocks, job_config.compile, moe=bool(moe_blocks),
                             ep_enabled=parallel_dims.ep_enabled)
 
+    apply_data_parallel(model, adapter, parallel_dims, plan, job_config, moe_blocks,
+                        sub_blocks, planned)
+    return model
+
+
+def apply_data_parallel(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any,
+                        plan: Plan, job_config: Any, moe_blocks: dict[str, nn.Module],
+                        sub_blocks: dict[str, SubBlocks], planned: dict[str, Any]) -> None:
+    """DDP for a replicate-only plan; else FSDP per planned group (``apply_sharding``), or,
+    on tp alone (dp_shard = 1), FSDP over tp of the sub-blocks that use it as data parallel."""
+    features = features_from_config(job_config)
     tp_dp = any("dp" in sub_block_modes(layer.tp_mode) for layer in plan.layers)
     if parallel_dims.dp_replicate_enabled and not parallel_dims.fsdp_enabled and not tp_dp:
         if parallel_dims.tp > 1 or parallel_dims.cp > 1 or parallel_dims.ep > 1:
@@ -480,7 +491,6 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
 
             shard_tp_dp_parts_only(model, planned, plan, parallel_dims, fsdp, sub_blocks)
             disable_fsdp_gradient_division(model)
-    return model
 
 
 def sync_replicas_on_last_microbatch(model_parts: list[nn.Module], plan: Plan, microbatch: int
