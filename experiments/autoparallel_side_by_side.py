@@ -8,7 +8,8 @@ jobs that path supports: Llama 3 8B / 70B on a 2-D mesh (fsdp x tp) it is given.
 Per job: AutoParallel's time to trace and build its ILP and to solve it, the ILP's size, and the
 placements it picks (each parameter as stored, and as the matmul that reads it takes it), from
 ``autoparallel_peer.py`` run by ``--peer-python`` (a venv with TorchTitan 0.3.0 and
-autoparallel; results kept under ``experiments/results/autoparallel_peer/``, reused unless
+autoparallel; SDPA traced as the GPU op, ``AUTOPARALLEL_PEER_SDPA=cudnn``; results kept under
+``experiments/results/autoparallel_peer/cudnn_attention/``, reused unless
 ``--rerun``). Those placements are turned into this planner's plan in the sub-block vocabulary
 (``MAPPINGS``: a mesh, every block's tp mode, no AC, resharded after forward, and whether the
 mapping is exact) and costed by this project's model (``h100_sxm``), as AutoParallel's path runs
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -32,7 +34,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-PEER_DIR = REPO / "experiments" / "results" / "autoparallel_peer"
+CPU_PEER_DIR = REPO / "experiments" / "results" / "autoparallel_peer"
+"""AutoParallel traced with the CPU's SDPA op (``_scaled_dot_product_flash_attention_for_cpu``),
+which has no DTensor sharding rule: AutoParallel replicates attention whole on every rank
+there. Kept for the record; not what it places on a GPU."""
+PEER_DIR = CPU_PEER_DIR / "cudnn_attention"
+"""AutoParallel traced with the SDPA op a GPU run calls (``AUTOPARALLEL_PEER_SDPA=cudnn``:
+heads / batch / replicate, as the flash and efficient kernels' rules): the placements compared."""
 
 JOBS = {
     # name: (our config, peer flavor, world, tp, local batch, seq)
@@ -57,7 +65,8 @@ def peer_result(name: str, python: str, timeout: int, rerun: bool, commit: str
     try:
         proc = subprocess.run([python, str(REPO / "experiments" / "autoparallel_peer.py"),
                                flavor, str(world), str(tp), str(local), str(seq)],
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "AUTOPARALLEL_PEER_SDPA": "cudnn"})
     except subprocess.TimeoutExpired:
         result = {"error": f"did not finish within {timeout} s on this 2-core box "
                            "(trace, ILP build and CBC solve together)"}
@@ -76,38 +85,42 @@ SUB_BLOCK = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,pp,tp_sub
 """The default techniques and ``tp_sub_block`` (sub-block tp modes "dp/sp" and "sp/dp")."""
 
 MAPPINGS: dict[str, dict[str, Any]] = {
-    # AutoParallel's placements in the sub-block vocabulary: our mesh (dp_shard, tp), the tp
-    # mode of every block, and whether the placements map onto it without approximation
-    "8B@8": {"dp_shard": 2, "tp": 4, "tp_mode": "dp/sp", "expressible": False, "note": (
-        "the feed-forward is split over AutoParallel's fsdp dim (4 ranks) and attention read "
-        "whole: tp mode dp/sp on the mesh with the two dims swapped (dp_shard 2 x tp 4); "
-        "lm_head is column-wise over its tp dim (2 ranks; ours over the 4); and 2 sequences per "
-        "dp_shard rank over 4 tp ranks: its data-parallel attention splits sequences, where the "
-        "vocabulary's dp splits whole sequences (local batch divisible by tp). Costed as dp/sp "
-        "with the tokens split over tp (GEMMs and attention on a tp-th of the tokens, dp's "
-        "all-to-alls; the keys / values a split sequence exchanges are not costed)")},
-    "8B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "dp/sp", "expressible": False, "note": (
-        "feed-forward TP over tp and attention read whole, as dp/sp; but 1 sequence per fsdp "
-        "rank over 8 tp ranks: its data-parallel attention splits a sequence, where the "
-        "vocabulary's dp splits whole sequences (local batch divisible by tp), and some layers "
-        "read wo column-wise over tp (which layers: not recorded, layer indices folded). Costed "
-        "as dp/sp with the tokens split over tp (GEMMs and attention on a tp-th of the tokens, "
-        "dp's all-to-alls; the keys / values a split sequence exchanges are not costed)")},
-    "8B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "dp/sp", "expressible": False, "note": (
-        "as 8B@64 (1 sequence per fsdp rank over 8 tp ranks), and some layers read the fused "
-        "QKV and wo column-wise over tp instead of whole (which layers: not recorded). Costed "
-        "as dp/sp with the tokens split over tp (see 8B@64)")},
-    "70B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "dp/sp", "expressible": True, "note": (
-        "every block's matmul weights map onto dp/sp exactly: fused QKV and wo read whole "
-        "(attention data parallel over tp: 8 sequences per fsdp rank, one per tp rank), w1 / w3 "
-        "column-wise and w2 row-wise over tp, all stored sharded over fsdp x tp between uses; "
-        "parameters resharded after forward, no AC (AutoParallel's path). Outside the blocks "
-        "the storage differs but not the bytes per rank: AutoParallel shards tok_embeddings on "
-        "its embedding dim over both dims (TorchTitan's TP: rows over tp, FSDP over fsdp) and "
-        "the norm weights over tp as well (TorchTitan's SP replicates them over tp: 32 KiB a "
-        "norm); costed as TorchTitan's")},
-    "70B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "dp/sp", "expressible": True, "note": (
-        "as 70B@64 (8 sequences per fsdp rank, one per tp rank)")},
+    # AutoParallel's placements (GPU attention op) in the sub-block vocabulary: our mesh
+    # (dp_shard, tp), the tp mode of every block, and whether the placements map onto it
+    # without approximation
+    "8B@8": {"dp_shard": 4, "tp": 2, "tp_mode": "sp", "expressible": False, "note": (
+        "attention is TorchTitan's TP + SP over tp (2 ranks): the fused QKV column-wise, SDPA "
+        "on the heads, wo row-wise with a reduce-scatter onto the sequence; but the "
+        "feed-forward is tensor parallel over the fsdp dim (4 ranks: its input all-gathered "
+        "over fsdp on the batch, w1 / w3 column-wise and w2 row-wise over fsdp, reduce-scattered "
+        "back onto the batch) with the tp dim splitting the sequence: TP over a second mesh dim "
+        "inside one block is not in the vocabulary. Costed as TP + SP over tp on both "
+        "sub-blocks")},
+    "8B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "sp", "expressible": False, "note": (
+        "the feed-forward is TorchTitan's TP + SP over tp and attention's fused QKV "
+        "column-wise with SDPA on the heads; but wo reads the attention output after an "
+        "all-to-all over tp (heads to sequence) with its weight all-gathered over tp and runs "
+        "on the sequence shard (a whole weight on a tp-th of the tokens), where TorchTitan's "
+        "row-wise wo reduce-scatters its output: a placement per linear, below the vocabulary's "
+        "sub-blocks. Costed as TP + SP throughout")},
+    "8B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "sp", "expressible": False, "note": (
+        "as 8B@64 (wo after an all-to-all over tp, its weight gathered). Costed as TP + SP "
+        "throughout")},
+    "70B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "dp/sp", "expressible": False, "note": (
+        "every block's matmul weights map onto dp/sp: fused QKV and wo read whole, SDPA on the "
+        "batch over both dims (attention data parallel over all ranks: 8 sequences per fsdp "
+        "rank, one per tp rank), w1 / w3 column-wise and w2 row-wise over tp, all stored "
+        "sharded over fsdp x tp between uses; resharded after forward, no AC (AutoParallel's "
+        "path). Not exact: between blocks its stream is sharded on the batch over tp (one "
+        "sequence per rank), so attention needs no collective and the feed-forward's TP "
+        "gathers and reduce-scatters over the batch; the vocabulary's dp/sp keeps TorchTitan's "
+        "sequence-sharded stream and enters attention through two all-to-alls a block "
+        "(costed). Outside the blocks the storage differs but not the bytes per rank "
+        "(tok_embeddings sharded on its embedding dim over both dims, the norms over tp); "
+        "costed as TorchTitan's")},
+    "70B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "dp/sp", "expressible": False, "note": (
+        "as 70B@64 (8 sequences per fsdp rank, one per tp rank; the stream sharded on the "
+        "batch over tp between blocks)")},
 }
 
 
@@ -369,8 +382,9 @@ def report(rows: list[dict[str, Any]], peers: dict[str, dict[str, Any]]) -> str:
         "`python experiments/autoparallel_side_by_side.py` (see its docstring); every number "
         "below is in",
         "[autoparallel_side_by_side.json](autoparallel_side_by_side.json). AutoParallel:",
-        "meta-pytorch/autoparallel (the commit in each `autoparallel_peer/*.json`) on",
-        "TorchTitan 0.3.0's graph_trainer Llama 3 (SDPA), fake process group, CPU, torch 2.14.1;",
+        "meta-pytorch/autoparallel (the commit in each `autoparallel_peer/cudnn_attention/*.json`)",
+        "on TorchTitan 0.3.0's graph_trainer Llama 3 (SDPA traced as the cuDNN attention op a GPU",
+        "run calls), fake process group, CPU, torch 2.14.1;",
         "this planner: TorchTitan 0.2.2's Llama 3 of the same sizes, torch 2.13.0, profile",
         "`h100_sxm`, techniques the default ones and `tp_sub_block`. Same global batch and",
         "sequence on both sides.",
@@ -402,35 +416,36 @@ def report(rows: list[dict[str, Any]], peers: dict[str, dict[str, Any]]) -> str:
 READING = """
 ## Reading
 
-- Solve time: AutoParallel takes 3-8 minutes per job on this box (tracing the joint graph and
-  building an ILP of ~0.6 M variables, then CBC), about the same at 8 and 256 GPUs (the ILP
-  grows with the model's graph and the mesh's dimensions, not with the world size); this
-  planner takes 0.5-2 s per job, mesh search and `tp_sub_block` included, on TorchTitan 0.2.2's
-  model of the same size (the table above: this box shared with other work).
-- Placements: AutoParallel keeps every parameter sharded over both mesh dims between uses
-  (FSDP over all ranks) and, at 64 and 256 GPUs, reads the feed-forward weights tensor-parallel
-  over tp (w1 / w3 column-wise, w2 row-wise, as TorchTitan's TP plan) but the fused QKV and
-  output projections of attention whole: tp mode `dp/sp` on every block. On the 70B jobs (8
-  sequences per fsdp rank, one per tp rank in attention) that is exact for every block's
-  weights (the embedding's and norms' storage differ, not their bytes per rank), and the plan
-  file it makes passes the package's own check and re-costing. On the 8B jobs it is not exact:
-  one sequence per fsdp rank (two at 8B@8) is split over the tp ranks inside attention, which
-  the vocabulary's data-parallel attention (whole sequences per rank) does not express, and at
-  8B@64 / 8B@256 some layers read wo (and at 256 the fused QKV) column-wise over tp; at 8B@8
-  the feed-forward is tensor-parallel over the fsdp dim (costed as `dp/sp` with the dims
-  swapped). Those rows cost `dp/sp` with a tp-th of the tokens per rank (the cost model called
-  directly: the package refuses `dp/sp` there).
-- Costed by one model: where AutoParallel's placements fit the budget (the 8B jobs, stand-ins)
-  this planner's plans are faster on the same mesh and on the mesh it searches. On the 70B
-  jobs AutoParallel's placements as its path runs them (no AC) are predicted faster than
-  either of this planner's plans but need 256-265 GiB per GPU against a 71 GiB budget; with the
-  AC and resharding this planner's MILP picks for them to fit, they fall about 11 % below this
-  planner's plan on the same mesh (which uses the tp dim as data parallel for the whole block)
-  and 13 % below its searched plan (FSDP over all ranks). Per block (70B, fsdp 8 x tp 8, 8
-  sequences per rank, no AC) the cost model gives 92 ms for the whole block data parallel over
-  tp, 103 ms for `dp/sp` (the feed-forward's TP + SP collectives, exposed: 16 ms) and 116 ms
-  for TP + SP throughout; `dp/sp` holds less gathered memory than the whole-block mode
-  (0.45 against 1.59 GiB of unsharded parameters), which is where it can pay (at 405B on 512).
+- Which attention op AutoParallel sees: traced on CPU, SDPA is
+  `_scaled_dot_product_flash_attention_for_cpu`, which has no DTensor sharding rule, and
+  AutoParallel replicates it: q / k / v gathered over both dims and every rank computing the
+  whole global batch's attention (exact, 8-256 x redundant). An earlier version of this
+  comparison read those CPU-traced placements (fused QKV and wo whole, the feed-forward TP) as
+  "data-parallel attention beside a TP feed-forward" on every job; on the 8B jobs that layout
+  was the CPU op's artifact. The rows above trace the op a GPU run calls (cuDNN attention; the
+  flash and efficient kernels have the same rules: heads, batch or replicate), so they are what
+  AutoParallel places on H100s; the CPU-traced results stay in `autoparallel_peer/*.json` and
+  solve to objectives 1.01-5.0 x those of `autoparallel_peer/cudnn_attention/*.json`.
+- Solve time: AutoParallel takes 4-8 minutes per job on this box (tracing the joint graph and
+  building an ILP of ~0.6 M variables, then CBC; these runs shared the 2 cores with other
+  work), about the same at 8 and 256 GPUs (the ILP grows with the model's graph and the mesh's
+  dimensions, not with the world size); this planner takes 0.2-2 s per job, mesh search and
+  `tp_sub_block` included, on TorchTitan 0.2.2's model of the same size.
+- Placements with the GPU op: on 8B@64 / 8B@256 AutoParallel's plan is TorchTitan's TP + SP
+  except wo, which takes the attention output through an all-to-all (heads to sequence) and
+  runs with its weight gathered over tp on the sequence shard (a placement per linear, below
+  the vocabulary's sub-blocks); at 8B@8 attention is TP + SP over tp (2) while the
+  feed-forward is TP over the fsdp dim (4), a second mesh dim inside one block. On 70B (one
+  sequence per rank) attention is data parallel over all ranks and the feed-forward TP over tp:
+  `dp/sp`'s weights exactly, but with the stream between blocks sharded on the batch over tp,
+  so no all-to-all enters attention, where `dp/sp` keeps TorchTitan's sequence-sharded stream
+  and pays two all-to-alls a block. None of the five maps onto the vocabulary without an
+  approximation; each is costed as the nearest plan it has (the note under each job).
+- Costed by one model: where AutoParallel's placements (their nearest plans) fit the budget
+  this planner's plans are as fast or faster on the same mesh and on the mesh it searches. On
+  the 70B jobs AutoParallel's placements as its path runs them (no AC) need 256-265 GiB per GPU
+  against a 71 GiB budget; with the AC and resharding this planner's MILP picks for them they
+  fit and fall below this planner's plans.
 - Memory: AutoParallel's ILP bounds parameter memory only (``add_parameter_memory_constraint``
   at its defaults) and its path applies no activation checkpointing.
 """
