@@ -296,8 +296,11 @@ def test_explain_gives_0_3_settings_that_0_3_parses_into_the_plan(tmp_path):
     from torchtitan_autoparallel.titan.v0_3.config import parse_job
 
     out = tmp_path / "plan.json"
+    # without tp_dp (the tp dim as data parallel, which no TorchTitan degree says): a plan
+    # uniform TorchTitan settings can state
     run = _cli("plan", "--module", "llama3", "--config", "llama3_debugmodel", "--ngpu", "4",
                "--hardware", "cpu", "--parallelism.tensor_parallel_degree", "2",
+               "--autoparallel.techniques", "fsdp", "hsdp", "ddp", "tp", "cp", "ep", "ac", "pp",
                "--out", str(out))
     assert run.returncode == 0, run.stderr[-2000:]
     run = _cli("explain", str(out))

@@ -385,7 +385,12 @@ def snippet(plan: Plan) -> str:
     """TorchTitan settings that run this plan, or which layers keep it from being uniform."""
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
     kinds = {(b.ac, b.reshard_after_forward, b.tp_mode) for b in blocks}
-    if len(kinds) != 1 or blocks[0].tp_mode not in ("none", "sp"):
+    if len(kinds) == 1 and blocks[0].tp_mode not in ("none", "sp"):
+        return (f"not expressible as TorchTitan settings: every block runs tp mode "
+                f"{blocks[0].tp_mode!r} (the tp dim as data parallel for "
+                f"{'the whole block' if blocks[0].tp_mode == 'dp' else 'one sub-block'}), "
+                "which no TorchTitan degree says; the plan file runs it")
+    if len(kinds) != 1:
         first = (blocks[0].ac, blocks[0].reshard_after_forward, blocks[0].tp_mode)
         odd = [b.fqn for b in blocks if (b.ac, b.reshard_after_forward, b.tp_mode) != first]
         return (f"not expressible as uniform TorchTitan degrees: {len(odd)} of {len(blocks)} "
