@@ -327,3 +327,23 @@ def test_explain_gives_0_3_settings_that_0_3_parses_into_the_plan(tmp_path):
     ac = config.activation_checkpoint
     assert blocks == {{"SelectiveAC": "selective", "FullAC": "full"}.get(
         type(ac).__qualname__.split(".")[0], "none") if ac is not None else "none"}
+
+
+def test_tp_dp_is_left_out_under_compile_and_refused_where_asked():
+    """0.3.0's apply runs the tp dim as data parallel on eager blocks only: with the model
+    compiled the search leaves tp_dp out and says so; named in autoparallel.techniques with
+    compile, it is a one-line error. Eager, the same job uses it (the cpu profile picks it)."""
+    from torchtitan_autoparallel.errors import UserError
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+
+    base = ["--module", "llama3", "--config", "llama3_debugmodel", "--parallelism.auto",
+            "--parallelism.tensor_parallel_degree", "2", "--autoparallel.hardware", "cpu"]
+    eager = plan_job(read_job(base), 4)
+    assert any(layer.tp_mode == "dp" for layer in eager.layers), eager.table()
+    compiled = plan_job(read_job([*base, "--compile.enable"]), 4)
+    assert {layer.tp_mode for layer in compiled.layers if layer.kind == "block"} == {"sp"}
+    assert any("tp_dp (the tp dim as data parallel) left out" in n for n in compiled.notes)
+    with pytest.raises(UserError, match="tp_dp, which TorchTitan 0.3.0's apply does not run "
+                                        "with compiled blocks"):
+        read_job([*base, "--compile.enable", "--autoparallel.techniques", "fsdp", "tp", "tp_dp"])

@@ -260,6 +260,8 @@ def job_of(config: Config, cpu_ranks: bool = False) -> Job:
                         "Adam / AdamW states (bf16 states are not modelled); use one of "
                         f"{', '.join(IMPLEMENTATIONS)}, or drop --parallelism.auto")
     t, p, c = config.training, config.parallelism, config.compile
+    if config.parallelism.auto:
+        notes += tp_dp_left_out(config)
     job = Job(
         model=Model(family_of(spec), spec.flavor, converters, config.hf_assets_path),
         training=Training(t.local_batch_size, t.global_batch_size, t.seq_len, t.steps,
@@ -299,3 +301,23 @@ def job_of(config: Config, cpu_ranks: bool = False) -> Job:
     setattr(job, RELEASE_FIXED_ATTR, frozenset(fixed))
     setattr(job, NOTES_ATTR, notes)
     return job
+
+
+def tp_dp_left_out(config: Any) -> list[str]:
+    """0.3.0's apply runs the tp dim as data parallel (tp_dp) on eager blocks and off the
+    full_dtensor backend only: there tp_dp is left out of the search (a note), or refused
+    where the job's ``autoparallel.techniques`` names it."""
+    c, ap = config.compile, config.autoparallel
+    why = ("compiled blocks (drop --compile.enable to search it)"
+           if c.enable and "model" in c.components else
+           "--parallelism.spmd_backend full_dtensor (use spmd_types or partial_dtensor to "
+           "search it)" if getattr(config.parallelism, "spmd_backend", "") == "full_dtensor"
+           else "")
+    if not why or "tp_dp" not in ap.techniques:
+        return []
+    if "autoparallel.techniques" in explicit_of(config):
+        raise UserError(f"autoparallel.techniques has tp_dp, which TorchTitan 0.3.0's apply does "
+                        f"not run with {why.split(' (')[0]}: leave it out")
+    ap.techniques = [t for t in ap.techniques if t != "tp_dp"]
+    return [f"autoparallel.techniques: tp_dp (the tp dim as data parallel) left out: TorchTitan "
+            f"0.3.0's apply does not run it with {why}"]
