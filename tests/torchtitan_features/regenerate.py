@@ -3,9 +3,10 @@
 Reads ``tests/integration_tests/features.py`` at a tag of a TorchTitan git checkout and writes
 every ``OverrideDefinitions`` (disabled ones included) as data; the module is parsed, not
 imported. Usage: ``python tests/torchtitan_features/regenerate.py [git dir] [tag]`` (a
-TorchTitan git checkout, default ``MIRROR``; default tag ``TAG``; ``release/0.3`` writes
+TorchTitan git checkout; default tag ``TAG``; ``release/0.3`` writes
 ``features_v0_3_0.json``: TorchTitan 0.3.0's matrix, read from its release branch, whose head
-the source line names, where the checkout has no ``v0.3.0`` tag).
+the source line names, where the checkout has no ``v0.3.0`` tag). Without arguments: from
+``VENDORED``, the file at ``TAG`` kept here.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ OUT = HERE / "features_v0_2_2.json"
 OUTPUTS = {"v0.2.2": OUT, "v0.3.0": HERE / "features_v0_3_0.json",
            "release/0.3": HERE / "features_v0_3_0.json"}
 """Where each release's matrix is written."""
-MIRROR = Path("/work/.mirror/pytorch+torchtitan/repo")
-"""Where a TorchTitan git checkout (or bare mirror) is kept on the development machine."""
+VENDORED = HERE / "features_v0_2_2.py.txt"
+"""``SOURCE`` at ``TAG``, kept beside the JSON (BSD 3-Clause, the LICENSE file here) so the
+JSON is checked against it on any machine."""
+VENDORED_BLOB = "1c9ac0478521f9e35195972257d4b14507f39f41"
+"""Its git blob id at ``TAG`` (``git rev-parse v0.2.2:tests/integration_tests/features.py``)."""
 CHECKPOINT_PATH = "{checkpoint_path}"
 """Stands for the module's ``checkpoint_path`` (an HF checkpoint the previous run saved)."""
 
@@ -70,17 +74,26 @@ def source_at(git_dir: str, tag: str) -> str:
                           capture_output=True, text=True).stdout
 
 
+def git_blob_id(data: bytes) -> str:
+    """The id git gives a file of ``data`` (sha1 of its blob header and bytes)."""
+    import hashlib
+
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
 def main(argv: list[str]) -> None:
-    """Write the JSON for ``argv[0]`` (a TorchTitan git dir, default MIRROR) at ``argv[1]``
-    (default TAG)."""
-    git_dir = argv[0] if argv else str(MIRROR)
+    """Write the JSON for ``argv[0]`` (a TorchTitan git dir; none: the vendored source at
+    ``TAG``) at ``argv[1]`` (default TAG)."""
     tag = argv[1] if len(argv) > 1 else TAG
-    source = source_at(git_dir, tag)
-    name = tag
-    if not tag.startswith("v"):  # a branch: name its head
-        head = subprocess.run(["git", "-C", git_dir, "rev-parse", "--short=10", tag],
-                              check=True, capture_output=True, text=True).stdout.strip()
-        name = f"{tag} @ {head}"
+    if not argv:
+        source, name = VENDORED.read_text(), TAG
+    else:
+        git_dir = argv[0]
+        source, name = source_at(git_dir, tag), tag
+        if not tag.startswith("v"):  # a branch: name its head
+            head = subprocess.run(["git", "-C", git_dir, "rev-parse", "--short=10", tag],
+                                  check=True, capture_output=True, text=True).stdout.strip()
+            name = f"{tag} @ {head}"
     out = OUTPUTS.get(tag, OUT)
     data = {"source": f"pytorch/torchtitan {name}:{SOURCE}",
             "license": "(c) Meta Platforms, Inc. and affiliates; BSD 3-Clause, the LICENSE "
