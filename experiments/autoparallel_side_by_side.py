@@ -106,21 +106,26 @@ MAPPINGS: dict[str, dict[str, Any]] = {
     "8B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "sp", "expressible": False, "note": (
         "as 8B@64 (wo after an all-to-all over tp, its weight gathered). Costed as TP + SP "
         "throughout")},
-    "70B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "dp/sp", "expressible": False, "note": (
-        "every block's matmul weights map onto dp/sp: fused QKV and wo read whole, SDPA on the "
-        "batch over both dims (attention data parallel over all ranks: 8 sequences per fsdp "
-        "rank, one per tp rank), w1 / w3 column-wise and w2 row-wise over tp, all stored "
-        "sharded over fsdp x tp between uses; resharded after forward, no AC (AutoParallel's "
-        "path). Not exact: between blocks its stream is sharded on the batch over tp (one "
-        "sequence per rank), so attention needs no collective and the feed-forward's TP "
-        "gathers and reduce-scatters over the batch; the vocabulary's dp/sp keeps TorchTitan's "
-        "sequence-sharded stream and enters attention through two all-to-alls a block "
-        "(costed). Outside the blocks the storage differs but not the bytes per rank "
-        "(tok_embeddings sharded on its embedding dim over both dims, the norms over tp); "
-        "costed as TorchTitan's")},
-    "70B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "dp/sp", "expressible": False, "note": (
-        "as 70B@64 (8 sequences per fsdp rank, one per tp rank; the stream sharded on the "
-        "batch over tp between blocks)")},
+    "70B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "dp/sp:batch", "expressible": False, "note": (
+        "every block maps onto dp/sp:batch exactly: the stream between blocks sharded on the "
+        "batch over both dims (8 sequences per fsdp rank, one per tp rank), attention data "
+        "parallel on it (fused QKV and wo read whole, SDPA on the batch, no collective), the "
+        "feed-forward TP over tp (w1 / w3 column-wise, w2 row-wise) with ffn_norm's output "
+        "all-gathered over tp on the batch and w2's partial sums reduce-scattered back onto "
+        "it, every weight stored sharded over fsdp x tp between uses; resharded after forward, "
+        "no AC (AutoParallel's path). Not exact outside the blocks: tok_embeddings is stored "
+        "sharded on its embedding dim over tp (TorchTitan's vocabulary-parallel embedding "
+        "shards the vocabulary), the same bytes per rank, its lookup's collective not recorded "
+        "by the peer run; costed as TorchTitan's")},
+    "70B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "dp/sp:batch", "expressible": True,
+                "note": (
+        "as 70B@64 in every block (dp/sp:batch: every matmul weight, the stream and each "
+        "collective); tok_embeddings is stored vocabulary-parallel over tp as TorchTitan's, its "
+        "FSDP shard on the embedding dim instead of the vocabulary (the same bytes and "
+        "collectives), lm_head column-wise over tp as TorchTitan's output. Storage only: "
+        "AutoParallel keeps the norm weights of the TP feed-forward and the final norm (8,192 "
+        "values each) sharded over tp too, where TorchTitan's SP keeps them whole on the tp "
+        "ranks (under 0.001 % of the bytes)")},
 }
 
 

@@ -74,7 +74,7 @@ def flat_meshes(graph, world, gpn, constraints):
     return [m for m in enumerate_meshes(graph, world, gpn, constraints) if m.pp == 1]
 
 
-def brute_force(graph, world, global_batch, ctx, budget, constraints, pins):
+def brute_force(graph, world, global_batch, ctx, budget, constraints, pins, one_stream=True):
     best = None
     for mesh in flat_meshes(graph, world, ctx.gpus_per_node, constraints):
         for mb in microbatch_sizes(global_batch, mesh):
@@ -90,6 +90,9 @@ def brute_force(graph, world, global_batch, ctx, budget, constraints, pins):
                 counts = {k: v for part in combo for k, v in part.items()}
                 if any(v % s.fsdp_unit for (_, s), v in counts.items()):
                     continue  # FSDP units come whole
+                if one_stream and len({s.tp_mode.endswith(":batch") for (_, s), v in
+                                       counts.items() if v and s.tp_mode != "none"}) > 1:
+                    continue  # one residual-stream layout per plan
                 if cand.rank_memory(cand.types[0], counts) <= budget:
                     t = cand.evaluate([counts])[0]
                     best = t if best is None or t < best else best
@@ -139,6 +142,42 @@ def test_milp_matches_brute_force(seed, single_block_units):
     assert result.best is not None
     assert result.best.gap == 0.0
     assert result.best.step_time_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_sub_block_stream_layout_matches_brute_force(single_block_units):
+    """Sub-block modes, the stream sharded on the sequence or on the batch: the MILP (one
+    stream layout per plan) against a brute force over every split of each class that keeps
+    one, on random dense models and budgets; somewhere the batch-sharded stream is chosen and
+    somewhere a plan that mixes both layouts would have been faster (the rule binds)."""
+    chosen, bound = set(), 0
+    for seed in range(10):
+        rng = random.Random(2000 + seed)
+        graph = random_graph(rng)
+        while graph.num_experts or len(graph.blocks) > 3:
+            graph = random_graph(rng)
+        world = rng.choice([4, 8])
+        hw = dataclasses.replace(load_profile("h100_sxm"), intra_node_gbps=rng.choice(
+            [5.0, 50.0, 360.0]), peak_tflops=rng.choice([10.0, 100.0, 989.0]))
+        constraints = Constraints(tp=rng.choice([2, 4]), techniques=("fsdp", "tp",
+                                                                     "tp_sub_block"))
+        meshes = flat_meshes(graph, world, 8, constraints)
+        ctx = CostContext(hw=hw, prec=Precision(2, 4), gpus_per_node=8)
+        cands = [build_candidate(graph, m, mb, 16, ctx, constraints, {})
+                 for m in meshes for mb in microbatch_sizes(16, m)]
+        lo = min(c.memory_lower_bound() for c in cands)
+        for budget in (lo * 1.05, lo * 3):
+            result = search(graph, 16, ctx, budget, constraints, meshes, 30.0, {})
+            expected = brute_force(graph, world, 16, ctx, budget, constraints, {})
+            assert result.best is not None and expected is not None
+            assert result.best.step_time_s == pytest.approx(expected, rel=1e-9), (seed, budget)
+            modes = {s.tp_mode for counts in result.best.counts.values()
+                     for (_, s), k in counts.items() if k}
+            assert len({m.endswith(":batch") for m in modes}) == 1, modes
+            chosen |= modes
+            bound += brute_force(graph, world, 16, ctx, budget, constraints, {},
+                                 one_stream=False) < expected * (1 - 1e-9)
+    print(f"modes chosen {sorted(chosen)}; mixed layouts faster in {bound} cases")
+    assert any(m.endswith(":batch") for m in chosen) and bound, (chosen, bound)
 
 
 @pytest.fixture(scope="module")

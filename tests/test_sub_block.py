@@ -91,7 +91,8 @@ def test_sub_block_tp_communication_by_hand(mode, ac):
     output in forward and the transposes in backward (4 collectives of one micro-batch's
     activations over tp; full AC repeats the forward pair); the data-parallel sub-block is
     entered and left through an all-to-all of a tp-th of them, in forward and in backward
-    (full AC: both again). Flat bandwidth, no latency: time = (tp - 1) / tp x bytes / bw."""
+    (full AC: both again), except where the stream is sharded on the batch already (no
+    all-to-all). Flat bandwidth, no latency: time = (tp - 1) / tp x bytes / bw."""
     _, block = llama3_8b_block()
     ctx = context(intra_node_half_mib=0.0, intra_node_latency_us=0.0, hbm_gbps=0.0)
     bw = ctx.hw.intra_node_gbps * 1e9
@@ -99,17 +100,38 @@ def test_sub_block_tp_communication_by_hand(mode, ac):
     tp = MESH.tp
     ring = (tp - 1) / tp
     passes = 2 if ac == "full" else 1
-    sp = (2 * passes + 2) * ring * act / bw
-    a2a = (4 + 2 * (passes - 1)) * ring * (act / tp) / bw
+    tp_parts = mode.split(":")[0].split("/").count("sp")
+    sp = tp_parts * (2 * passes + 2) * ring * act / bw
+    a2a = 0.0 if mode.endswith(":batch") else (4 + 2 * (passes - 1)) * ring * (act / tp) / bw
     got = tp_comm_s(block, MESH, BlockStrategy(ac, False, mode), MB, ctx)
     assert got == pytest.approx(sp + a2a, rel=1e-9)
-    # half the TP + SP block's collectives, plus the data-parallel block's all-to-alls
+    # half the TP + SP block's collectives per TP sub-block, plus the data-parallel block's
+    # all-to-alls on a sequence-sharded stream
     whole_sp = tp_comm_s(block, MESH, BlockStrategy(ac, False, "sp"), MB, ctx)
     whole_dp = tp_comm_s(block, MESH, BlockStrategy(ac, False, "dp"), MB, ctx)
-    assert got == pytest.approx(whole_sp / 2 + whole_dp, rel=1e-9)
+    assert got == pytest.approx(whole_sp * tp_parts / 2 + whole_dp * (a2a > 0), rel=1e-9)
 
 
-@pytest.mark.parametrize("mode", SUB_BLOCK_TP_MODES)
+def test_sub_block_batch_stream_skips_the_concatenation():
+    """With the profile's HBM bandwidth and two sequences per micro-batch, SP's unfused
+    collectives concatenate the sequence chunks (one read and write of the activation per
+    collective); gathered and scattered on the batch they do not: the TP + SP block's time
+    less 6 concatenations (4 collectives + 2 forward ones again under full AC) x 2 x act / hbm,
+    with the data-parallel attention's all-to-alls gone too."""
+    _, block = llama3_8b_block()
+    ctx = context(intra_node_half_mib=0.0, intra_node_latency_us=0.0)
+    act = 8192 * 4096 * 2 * MB
+    cat = 2 * act / (ctx.hw.hbm_gbps * 1e9)
+    sp = tp_comm_s(block, MESH, BlockStrategy("full", False, "sp"), MB, ctx)
+    batch = tp_comm_s(block, MESH, BlockStrategy("full", False, "sp/sp:batch"), MB, ctx)
+    assert batch == pytest.approx(sp - 6 * 2 * cat, rel=1e-9)
+    seq = tp_comm_s(block, MESH, BlockStrategy("full", False, "dp/sp"), MB, ctx)
+    dp_batch = tp_comm_s(block, MESH, BlockStrategy("full", False, "dp/sp:batch"), MB, ctx)
+    assert dp_batch == pytest.approx(batch / 2, rel=1e-9)
+    assert dp_batch < seq
+
+
+@pytest.mark.parametrize("mode", [m for m in SUB_BLOCK_TP_MODES if "dp" in sub_block_modes(m)])
 def test_sub_block_fsdp_groups_by_hand(mode):
     """One FSDP group per sub-block: the data-parallel one whole and sharded over
     dp_shard x tp, the TP + SP one split over tp and sharded over dp_shard; each norm travels
@@ -305,6 +327,21 @@ def test_sub_block_two_rank_parity(references, tmp_path):
     TP + SP ones are TorchTitan's TP alone: 1-rank losses and gradient norms."""
     sub_block_plan_parity(references, tmp_path, ["dp/sp", "sp/dp"], ["none", "full"],
                           [True, False], ranks=2)
+
+
+def test_sub_block_batch_stream_parity(references, tmp_path):
+    """The stream sharded on the batch over tp (AutoParallel's 70B layout): data-parallel
+    attention with no all-to-all beside a TP feed-forward that gathers and scatters the batch,
+    the reverse, and both sub-blocks TP on the batch, one block fully checkpointed: 1-rank
+    losses and gradient norms."""
+    sub_block_plan_parity(references, tmp_path, ["dp/sp:batch", "sp/dp:batch", "sp/sp:batch"],
+                          ["none", "full"], [True, False])
+
+
+def test_sub_block_batch_stream_two_rank_parity(references, tmp_path):
+    """The same on 2 ranks (tp 2 alone): 1-rank losses and gradient norms."""
+    sub_block_plan_parity(references, tmp_path, ["dp/sp:batch", "sp/dp:batch"], ["none"],
+                          [True], ranks=2)
 
 
 # slow (measured passing: largest relative difference 1.11e-04, a gradient norm; ``-m slow``

@@ -347,3 +347,34 @@ def test_tp_dp_is_left_out_under_compile_and_refused_where_asked():
     with pytest.raises(UserError, match="tp_dp, which TorchTitan 0.3.0's apply does not run "
                                         "with compiled blocks"):
         read_job([*base, "--compile.enable", "--autoparallel.techniques", "fsdp", "tp", "tp_dp"])
+
+
+def test_sub_block_batch_stream_is_left_out_and_refused_from_a_file(tmp_path):
+    """0.3.0's apply keeps the model's sequence-sharded stream: a tp_sub_block search plans
+    no ':batch' mode and says so in a note, and a plan file with one is refused in one line
+    naming the layer."""
+    import json
+
+    from torchtitan_autoparallel.errors import UserError
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.plan.schema import Plan
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+    from torchtitan_autoparallel.titan.v0_3.apply import check_applicable
+
+    base = ["--module", "llama3", "--config", "llama3_debugmodel", "--parallelism.auto",
+            "--parallelism.tensor_parallel_degree", "2", "--autoparallel.hardware", "cpu",
+            "--autoparallel.techniques", "fsdp", "tp", "tp_dp", "ac", "tp_sub_block"]
+    plan = plan_job(read_job(base), 4)
+    assert not any(layer.tp_mode.endswith(":batch") for layer in plan.layers), plan.table()
+    assert any("':batch' modes" in note for note in plan.notes), plan.notes
+    data = json.loads(plan.to_json())
+    data["local_batch_size"], data["gradient_accumulation_steps"] = 2, \
+        plan.global_batch_size // (2 * plan.mesh.dp)
+    for layer in data["layers"]:
+        if layer["kind"] == "block":
+            layer.update(tp_mode="dp/sp:batch", fsdp_unit=1)
+    path = tmp_path / "batch.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=r"layers\.0 has tp_mode 'dp/sp:batch': TorchTitan "
+                                        r"0\.3\.0's apply keeps"):
+        check_applicable(Plan.load(str(path)))

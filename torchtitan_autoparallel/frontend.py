@@ -47,6 +47,10 @@ class Frontend:
     node_reshard: bool = True
     """FSDP can reshard a block to one node's ranks after forward (an integer
     ``reshard_after_forward``); TorchTitan 0.3.0's FSDP on its SPMD mesh refuses it."""
+    batch_stream: bool = True
+    """Its apply runs the sub-block modes whose stream is sharded on the batch
+    (``layout.BATCH_STREAM_MODES``); TorchTitan 0.3.0's keeps the model's sequence-sharded
+    stream."""
     read_job: Callable[[list[str]], Any] | None = None
     """Command-line arguments (TorchTitan's own, with ``--parallelism.auto`` and
     ``--autoparallel.*``) -> the job as the planner reads it; None where the CLI reads the

@@ -24,25 +24,54 @@ tp_sub_block: a dense block's attention and feed-forward may each use the tp dim
 (``SUB_BLOCK_TP_MODES``; not searched unless asked for: ``DEFAULT_TECHNIQUES``)."""
 DEFAULT_TECHNIQUES = tuple(t for t in TECHNIQUES if t != "tp_sub_block")
 """What the search uses unless ``autoparallel.techniques`` says otherwise."""
-TpMode = Literal["none", "sp", "dp", "dp/sp", "sp/dp"]
+TpMode = Literal["none", "sp", "dp", "dp/sp", "sp/dp", "dp/sp:batch", "sp/dp:batch",
+                 "sp/sp:batch"]
 """What the tp dim does for a block: "none" (tp = 1), one of ``TP_MODES`` or one of
 ``SUB_BLOCK_TP_MODES``."""
 TP_MODES: tuple[TpMode, ...] = ("sp", "dp")
 """Per block on a mesh with tp > 1: "sp" = TorchTitan's TP + sequence-parallel plan; "dp" = the
 block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split the micro-batch
 (entry/exit all-to-all between the sequence-sharded residual stream and a batch shard)."""
-SUB_BLOCK_TP_MODES: tuple[TpMode, ...] = ("dp/sp", "sp/dp")
+BATCH_STREAM = ":batch"
+"""The suffix of a sub-block mode whose residual stream is sharded on the batch over tp."""
+SEQUENCE_STREAM_MODES: tuple[TpMode, ...] = ("dp/sp", "sp/dp")
+BATCH_STREAM_MODES: tuple[TpMode, ...] = ("dp/sp:batch", "sp/dp:batch", "sp/sp:batch")
+SUB_BLOCK_TP_MODES: tuple[TpMode, ...] = (*SEQUENCE_STREAM_MODES, *BATCH_STREAM_MODES)
 """Per sub-block, "<attention>/<feed-forward>", each "sp" or "dp" as above: "dp/sp" = attention
 data parallel over tp (its parameters and its norm FSDP-sharded over dp_shard x tp, an
 all-to-all into and out of it) and the feed-forward TP + SP; "sp/dp" the reverse. The residual
-stream stays sequence-sharded between the sub-blocks and between blocks."""
+stream stays sequence-sharded between the sub-blocks and between blocks. With ``BATCH_STREAM``
+("dp/sp:batch", "sp/dp:batch", "sp/sp:batch") the stream is sharded on the batch over tp
+instead, everywhere (embedding output to final norm): a data-parallel sub-block runs on it as
+it is (no all-to-all) and a TP sub-block all-gathers and reduce-scatters it on the batch; every
+tp layer of a plan keeps one stream layout (``stream_dim``)."""
 
 
 def sub_block_modes(tp_mode: str) -> tuple[str, str]:
     """(attention, feed-forward) use of the tp dim under ``tp_mode``: each "none", "sp" or
-    "dp" (a whole-block mode gives both sub-blocks its own)."""
-    attention, _, ffn = tp_mode.partition("/")
+    "dp" (a whole-block mode gives both sub-blocks its own; the stream suffix dropped)."""
+    attention, _, ffn = tp_mode.removesuffix(BATCH_STREAM).partition("/")
     return attention, ffn or attention
+
+
+def stream_dim(tp_mode: str) -> int:
+    """The dim of the residual stream the tp dim shards around a layer in ``tp_mode``: 0 (the
+    batch) for a ``BATCH_STREAM`` mode, else 1 (the sequence, TorchTitan's SP)."""
+    return 0 if tp_mode.endswith(BATCH_STREAM) else 1
+
+
+def stream_problem(tp_modes: list[str]) -> str:
+    """Why blocks with these tp modes cannot share one residual stream (empty if they can):
+    the tp modes of a plan's blocks shard the stream on the batch (``BATCH_STREAM``) or all on
+    the sequence, not both (the search's ``milp._one_stream``)."""
+    dims = {stream_dim(mode): mode for mode in tp_modes if mode != "none"}
+    if len(dims) < 2:
+        return ""
+    return (f"tp_mode {dims[0]!r} shards the residual stream on the batch and {dims[1]!r} on "
+            f"the sequence: a plan keeps one stream layout; use the {BATCH_STREAM!r} modes "
+            "on every tp block or on none")
+
+
 AcMode = Literal["none", "selective", "full"]
 AC_MODES: tuple[AcMode, ...] = get_args(AcMode)
 """Activation checkpointing of a block (also the ``activation_checkpoint.mode`` values a
@@ -60,7 +89,8 @@ def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
     params "fsdp" / "fsdp-keep" / "fsdp-node<n>" (reshard after forward, keep, or reshard to
     groups of n ranks of one node; ``unsharded``: the mesh's label
     when it shards nothing, "ddp" / "single", see ``Mesh.unsharded_label``), unit "unit<k>"
-    (FSDP units of k blocks), tp "tp+sp" / "tp_dp" / "attn:<tp>/ffn:<tp>", ep "ep<k>", ac
+    (FSDP units of k blocks), tp "tp+sp" / "tp_dp" / "attn:<tp>/ffn:<tp>" (a TP sub-block "tp"
+    and stream "stream:batch" when the stream is sharded on the batch), ep "ep<k>", ac
     "ac:<mode>", pinned "pinned"; absent aspects are left out."""
     node = reshard_group(reshard_after_forward)
     parts = {"params": unsharded or (f"fsdp-node{node}" if node else
@@ -70,8 +100,12 @@ def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
     if tp_mode in TP_PART:
         parts["tp"] = TP_PART[tp_mode]
     elif tp_mode in SUB_BLOCK_TP_MODES:
-        attention, ffn = (TP_PART[m] for m in sub_block_modes(tp_mode))
+        batch = stream_dim(tp_mode) == 0
+        attention, ffn = ("tp" if batch and m == "sp" else TP_PART[m]
+                          for m in sub_block_modes(tp_mode))
         parts["tp"] = f"attn:{attention}/ffn:{ffn}"
+        if batch:
+            parts["stream"] = "stream:batch"
     if ep > 1:
         parts["ep"] = f"ep{ep}"
     if ac != "none":

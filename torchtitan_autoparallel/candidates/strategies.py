@@ -10,6 +10,7 @@ from .layout import (
     AC_MODES,
     DEFAULT_TECHNIQUES,
     FSDP_UNIT_SIZES,
+    SEQUENCE_STREAM_MODES,
     SUB_BLOCK_TP_MODES,
     BlockStrategy,
     Mesh,
@@ -58,6 +59,9 @@ class Constraints:
     node_reshard: bool = True
     """FSDP may reshard a block to one node's ranks after forward (an integer
     ``reshard_after_forward``); False where the release's FSDP cannot (``Frontend``)."""
+    batch_stream: bool = True
+    """Sub-block modes may shard the residual stream on the batch (``BATCH_STREAM_MODES``);
+    False where the release's apply cannot (``Frontend``)."""
 
 
 def legal_tp(graph: LayerGraph, tp: int, gpus_per_node: int) -> bool:
@@ -233,13 +237,15 @@ def block_tp_modes(mesh: Mesh, microbatch: int, constraints: Constraints,
                    moe_model: bool = False) -> tuple[str, ...]:
     """What the tp dim may do for a block on ``mesh``: nothing (tp = 1); TorchTitan's TP + SP;
     on dense models, where the job allows it (``tp_dp_problem``), data parallel for the whole
-    block ("tp_dp") or for one of its sub-blocks ("tp_sub_block": ``SUB_BLOCK_TP_MODES``)."""
+    block ("tp_dp") or for one of its sub-blocks ("tp_sub_block": ``SUB_BLOCK_TP_MODES``, those
+    with a batch-sharded stream where the release applies them)."""
     if mesh.tp == 1:
         return ("none",)
     if moe_model:
         return ("sp",)
+    sub_block = SUB_BLOCK_TP_MODES if constraints.batch_stream else SEQUENCE_STREAM_MODES
     asked = (("dp",) if "tp_dp" in constraints.techniques else ()) + (
-        SUB_BLOCK_TP_MODES if "tp_sub_block" in constraints.techniques else ())
+        sub_block if "tp_sub_block" in constraints.techniques else ())
     return ("sp", *(mode for mode in asked if not tp_dp_problem(mesh, microbatch, "block", mode)))
 
 

@@ -9,6 +9,7 @@ from ..candidates.layout import (
     Mesh,
     fsdp_group_size,
     reshard_group,
+    stream_dim,
     sub_block_modes,
 )
 from ..graph.layer_graph import Layer
@@ -94,9 +95,11 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     gather_fwd = gather / prec.param_bytes if features.linear == "float8_tensorwise" else gather
     # SP gathers and scatters along the sequence dim (dim 1): with more than one sequence per
     # micro-batch the unfused collectives concatenate the chunks (torch.cat after the
-    # all-gather, before the reduce-scatter), one more read and write of the full activation
+    # all-gather, before the reduce-scatter), one more read and write of the full activation;
+    # a stream sharded on the batch (dim 0) is gathered and scattered in place
     cat = (2 * act / (hw.hbm_gbps * 1e9)
-           if microbatch > 1 and hw.gemm_table and hw.hbm_gbps > 0 else 0.0)
+           if microbatch > 1 and hw.gemm_table and hw.hbm_gbps > 0
+           and stream_dim(strategy.tp_mode) == 1 else 0.0)
     # selective AC: TorchTitan's save list keeps reduce-scatter outputs, not all-gather ones,
     # so backward gathers the column-parallel linears' inputs again, for their weight
     # gradients (the gathered input as the transposed operand: not fused)
@@ -141,14 +144,15 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     """Exposed TP communication of one micro-batch through a block: TP + SP's collectives
     (``sp_comm_s``) where a module runs TP + SP, and where the tp dim is data parallel for the
     block or a sub-block, the all-to-alls between the sequence-sharded residual stream and a
-    batch shard around it; none in tp mode "none". It only grows with checkpointing (more
-    passes, gathers)."""
+    batch shard around it (none where the stream is sharded on the batch already:
+    ``stream_dim``); none in tp mode "none". It only grows with checkpointing (more passes,
+    gathers)."""
     act = layer.io_bytes * microbatch * ctx.act_scale / mesh.cp
     tp_nodes = mesh.spans_nodes("tp", ctx.gpus_per_node)
     comm = 0.0
     if sp_modules(strategy):
         comm += sp_comm_s(layer, mesh, strategy, microbatch, act, tp_nodes, ctx)
-    if "dp" in sub_block_modes(strategy.tp_mode):
+    if "dp" in sub_block_modes(strategy.tp_mode) and stream_dim(strategy.tp_mode) == 1:
         # sequence-shard -> batch-shard all-to-all into the data-parallel part (block or
         # sub-block) and back out of it, both again in backward (and in a full recompute)
         a2a = collective_s("all_to_all", act / mesh.tp, mesh.tp, tp_nodes, ctx.hw)

@@ -22,17 +22,27 @@ class Style:
     desired: tuple[str | None, ...] = ()
 
 
-def _placement(layout: str | None) -> Any:
+SEQUENCE_DIM = 1
+"""The dim of the residual stream (batch, sequence, hidden) TorchTitan's SP shards."""
+
+
+def _placement(layout: str | None, stream: int = SEQUENCE_DIM) -> Any:
     from torch.distributed.tensor import Replicate, Shard
 
     if layout is None:
         return None
-    return Replicate() if layout == "replicate" else Shard(int(layout.split(":")[1]))
+    if layout == "replicate":
+        return Replicate()
+    dim = int(layout.split(":")[1])
+    return Shard(stream if dim == SEQUENCE_DIM else dim)
 
 
-def build_style(style: Style, float8: bool = False) -> Any:
+def build_style(style: Style, float8: bool = False, stream: int = SEQUENCE_DIM) -> Any:
     """The ``ParallelStyle`` object ``style`` describes (torchao's float8 styles for the
-    projections and module inputs with ``float8``, as TorchTitan's ``apply_tp``)."""
+    projections and module inputs with ``float8``, as TorchTitan's ``apply_tp``); ``stream``:
+    the dim the residual stream is sharded on between modules (1, the sequence, as
+    TorchTitan's SP; 0 for a stream sharded on the batch), where the inferred plan reads
+    TorchTitan's sequence dim."""
     from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -54,18 +64,18 @@ def build_style(style: Style, float8: bool = False) -> Any:
     if style.kind == "colwise":
         return colwise(use_local_output=style.local_output)
     if style.kind == "rowwise":
-        return rowwise(output_layouts=Shard(1))
+        return rowwise(output_layouts=Shard(stream))
     if style.kind == "sequence":
-        return SequenceParallel(sequence_dim=style.sequence_dim,
-                                use_local_output=style.local_output)
+        dim = stream if style.sequence_dim == SEQUENCE_DIM else style.sequence_dim
+        return SequenceParallel(sequence_dim=dim, use_local_output=style.local_output)
     if style.kind == "replicate":
         from torchtitan.distributed import NoParallel
 
         return NoParallel(use_local_output=style.local_output)
     # a module's input: the projections' module gets the float8 kind, an attention kernel not
     kind = prepare if style.desired and style.desired[0] == "replicate" else PrepareModuleInput
-    return kind(input_layouts=tuple(_placement(p) for p in style.inputs),
-                desired_input_layouts=tuple(_placement(p) for p in style.desired),
+    return kind(input_layouts=tuple(_placement(p, stream) for p in style.inputs),
+                desired_input_layouts=tuple(_placement(p, stream) for p in style.desired),
                 use_local_output=style.local_output)
 
 
@@ -87,7 +97,8 @@ class InferredTP:
     plans: dict[str, dict[str, Style]]
     """Block signature -> plan."""
 
-    def top_styles(self, model: nn.Module, loss_parallel: bool) -> dict[str, Any]:
+    def top_styles(self, model: nn.Module, loss_parallel: bool, stream: int = SEQUENCE_DIM
+                   ) -> dict[str, Any]:
         from torch.distributed.tensor import Replicate, Shard
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
@@ -97,31 +108,34 @@ class InferredTP:
 
         present = {n for n, _ in model.named_modules()}
         styles = {
-            self.embedding: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            self.final_norm: SequenceParallel(),
-            self.output: ColwiseParallel(input_layouts=Shard(1),
+            self.embedding: RowwiseParallel(input_layouts=Replicate(),
+                                            output_layouts=Shard(stream)),
+            self.final_norm: SequenceParallel(sequence_dim=stream),
+            self.output: ColwiseParallel(input_layouts=Shard(stream),
                                          output_layouts=Shard(-1) if loss_parallel
                                          else Replicate(),
                                          use_local_output=not loss_parallel),
         }
         return {k: v for k, v in styles.items() if k and k in present}
 
-    def block_styles(self, block: nn.Module, float8: bool = False) -> dict[str, Any]:
+    def block_styles(self, block: nn.Module, float8: bool = False,
+                     stream: int = SEQUENCE_DIM) -> dict[str, Any]:
         plan = self.plans.get(block_signature(block))
         if plan is None:
             raise KeyError(f"no inferred TP plan for a {type(block).__name__} block with "
                            "these parameter shapes")
-        return {name: build_style(style, float8) for name, style in plan.items()}
+        return {name: build_style(style, float8, stream) for name, style in plan.items()}
 
     def __call__(self, model: nn.Module, tp_mesh: Any, loss_parallel: bool,
-                 enable_float8_tensorwise_tp: bool = False) -> None:
+                 enable_float8_tensorwise_tp: bool = False, stream: int = SEQUENCE_DIM
+                 ) -> None:
         from torch.distributed.tensor.parallel import parallelize_module
         from torchtitan.tools.logging import logger
 
-        parallelize_module(model, tp_mesh, self.top_styles(model, loss_parallel))
+        parallelize_module(model, tp_mesh, self.top_styles(model, loss_parallel, stream))
         blocks = list(model.get_submodule(self.blocks).children())
         for block in blocks:
             parallelize_module(block, tp_mesh,
-                               self.block_styles(block, enable_float8_tensorwise_tp))
+                               self.block_styles(block, enable_float8_tensorwise_tp, stream))
         kind = "float8 tensorwise " if enable_float8_tensorwise_tp else ""
         logger.info(f"applied the inferred {kind}tensor-parallel plan to {len(blocks)} blocks")

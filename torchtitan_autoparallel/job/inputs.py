@@ -129,6 +129,7 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
         **degrees,
         reshard_after_forward=features.reshard_after_forward,
         node_reshard=frontend().node_reshard,
+        batch_stream=frontend().batch_stream,
         fsdp_required=features.cpu_offload,
         **pipeline_constraints(job_config, features, techniques),
     )
@@ -386,6 +387,8 @@ def _constraints_record(job_config: Any, constraints: Constraints, ac_option: st
                if constraints.reshard_after_forward != "default" else {}),
             **({"accumulation": False} if not constraints.accumulation else {}),
             **({"node_reshard": False} if not constraints.node_reshard else {}),
+            **({"batch_stream": False} if not constraints.batch_stream
+               and "tp_sub_block" in constraints.techniques else {}),
             **({"ac_modes": list(constraints.ac_modes)}
                if user_set(job_config, "activation_checkpoint.mode") else {}),
             # layer-wise selective AC: every k-th searched block full (Pin.ac)

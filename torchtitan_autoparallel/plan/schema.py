@@ -19,6 +19,8 @@ from ..candidates.layout import (
     reshard_group,
     strategy_label,
     strategy_parts,
+    stream_dim,
+    stream_problem,
     sub_block_modes,
     tp_dp_problem,
 )
@@ -451,6 +453,9 @@ def check_plan(plan: Any, source: str) -> None:
         problem = layer_problem(layer, m, plan.local_batch_size)
         if problem:
             raise UserError(f"{where}{layer.fqn}: {problem}; {PLAN_FIX}")
+    problem = stream_problem([layer.tp_mode for layer in plan.layers if layer.kind == "block"])
+    if problem:
+        raise UserError(f"{where}{problem}; {PLAN_FIX}")
     fsdp_units(plan.layers, where)
     problem = float8_problem(plan)
     if problem:
@@ -550,7 +555,7 @@ def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
     if layer.tp_mode == "none":
         return ("tp_mode 'none' on a tp mesh leaves its parameters plain tensors next to "
                 "DTensors (the optimizer step fails): use 'sp' or 'dp'")
-    if "dp" in sub_block_modes(layer.tp_mode):
+    if "dp" in sub_block_modes(layer.tp_mode) or stream_dim(layer.tp_mode) == 0:
         return tp_dp_problem(m, microbatch, layer.kind, layer.tp_mode)
     return ""
 

@@ -19,6 +19,7 @@ its one stage holds every block):
                n[t,c,s] = k u[t,c,s], u integer (s: FSDP units of k blocks)
                edge_mem[t] + sum n[t,c,s] (resident[c,s] + in_flight[t] act[c,s]) + W[t] <= budget
                edge_state[t] + sum n[t,c,s] * step_bytes[c,s] <= budget (optimizer step)
+               y[t,c,s] <= z (s: stream sharded on the batch), y[t,c,s] <= 1 - z (other tp s)
 
 A row without variables (one rank type: the optimizer step) is checked before the solve.
 """
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 import highspy
 
 from ..candidates.candidate import Candidate, Counts, Key, Option, flat_options
-from ..candidates.layout import GIB, Mesh
+from ..candidates.layout import GIB, Mesh, stream_dim
 from ..candidates.pipeline import pipeline_options
 from ..candidates.strategies import Constraints
 from ..cost.model import CostContext
@@ -182,6 +183,7 @@ def _build_milp(h: highspy.Highs, cand: Candidate, budget: float
         for k in keys:
             y_idx[(t.name, k)] = col(0.0, 0.0, 1.0 if cand.allowed(t, k[0]) else 0.0, True)
     w_idx = {t.name: col(0.0, 0.0, inf, False) for t in cand.types}
+    _one_stream(h, cand, y_idx, col)
     for c, count in cand.classes.items():
         idx = [n_idx[(t.name, (c, s))] for t in cand.types for s in cand.strategies[c]]
         vals = [float(t.ranks) for t in cand.types for s in cand.strategies[c]]
@@ -212,6 +214,24 @@ def _build_milp(h: highspy.Highs, cand: Candidate, budget: float
         elif cand.edge_state[t.name] > budget:
             return None
     return n_idx, integers, offset
+
+
+def _one_stream(h: highspy.Highs, cand: Candidate, y_idx: dict[tuple[str, Key], int],
+                col: Callable[[float, float, float, bool], int]) -> None:
+    """Every tp block of the plan keeps one residual-stream layout (``layout.stream_dim``):
+    where the strategies offer both, a binary ``z`` (1: sharded on the batch) and
+    y[t,c,s] <= z for the batch-sharded ones, y[t,c,s] <= 1 - z for the others."""
+    by_dim: dict[int, list[int]] = {0: [], 1: []}
+    for (_, k), y in y_idx.items():
+        if k[1].tp_mode != "none":
+            by_dim[stream_dim(k[1].tp_mode)].append(y)
+    if not by_dim[0] or not by_dim[1]:
+        return
+    z = col(0.0, 0.0, 1.0, True)
+    for y in by_dim[0]:
+        h.addRow(-highspy.kHighsInf, 0.0, 2, [y, z], [1.0, -1.0])
+    for y in by_dim[1]:
+        h.addRow(-highspy.kHighsInf, 1.0, 2, [y, z], [1.0, 1.0])
 
 
 def _run_milp(h: highspy.Highs, integers: list[int], cutoff: float

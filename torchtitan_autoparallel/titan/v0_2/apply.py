@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ...candidates.layout import SUB_BLOCK_TP_MODES, sub_block_modes, tp_dp_problem
+from ...candidates.layout import SUB_BLOCK_TP_MODES, stream_dim, sub_block_modes, tp_dp_problem
 from ...errors import UserError
 from ...graph.adapters import INFER_TP, ModelAdapter, resolve, submodule_or_none
 from ...graph.discover import get_adapter
@@ -114,7 +114,9 @@ def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp
     styles (its inferred ``parallelize_module`` plan) on the TP + SP sub-block's norm, module
     and linears only; the data-parallel sub-block's module entered and left through an
     all-to-all between the sequence-sharded stream and a batch shard, its norm left whole (it
-    runs per token on the sequence shard, FSDP sums its gradient over dp_shard x tp)."""
+    runs per token on the sequence shard, FSDP sums its gradient over dp_shard x tp). Where
+    the stream is sharded on the batch (``stream_dim``), the TP sub-block's styles gather and
+    scatter it on the batch and the data-parallel one runs on it with no collective."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     fn = adapter.tp_fn
@@ -123,15 +125,17 @@ def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp
                         "(ModelAdapter.tp_fn = INFER_TP); use 'sp' or 'dp'")
     sub_blocks_of(block, adapter, tp_mode)  # the rule, with its error
     inferred = fn.plans[block_signature(block)]
-    styles = fn.block_styles(block, enable_float8_tensorwise_tp)
+    stream = stream_dim(tp_mode)
+    styles = fn.block_styles(block, enable_float8_tensorwise_tp, stream)
     for (norm, module), mode in zip(adapter.sub_blocks, sub_block_modes(tp_mode), strict=True):
         if mode == "sp":
             own = {key: style for key, style in styles.items()
                    if key in (norm, module) or key.startswith(f"{module}.")}
             parallelize_module(block, tp_mesh, own)
-        else:
+        elif stream == 1:
             _batch_split_over_tp(block.get_submodule(module), tp_mesh,
                                  len(inferred[module].inputs))
+        # a stream sharded on the batch: the data-parallel sub-block runs on it as it is
 
 
 def _dp_over_tp_mesh(parallel_dims: Any, plan: Plan, tp_mode: str) -> Any:
@@ -209,12 +213,20 @@ def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
                           enable_float8_tensorwise_tp: bool, cp_enabled: bool) -> None:
     """The family's TorchTitan TP + SP plan on the blocks planned "sp" (and the embedding,
     norm and output); blocks planned "dp" run on a batch shard of the tp ranks; blocks planned
-    with a sub-block mode get both, each on its own sub-block (``apply_sub_block_tp``)."""
+    with a sub-block mode get both, each on its own sub-block (``apply_sub_block_tp``). A plan
+    whose stream is sharded on the batch has its embedding, norm and output styles shard it
+    there (one stream layout per plan: ``layout.stream_problem``)."""
     blocks = model.get_submodule(adapter.blocks)
+    stream = min((stream_dim(mode) for mode in tp_modes.values()), default=1)
+    if stream != 1 and not isinstance(resolve(adapter.tp_fn), InferredTP):
+        raise UserError("a stream sharded on the batch (tp modes ending ':batch') needs the "
+                        "family's inferred TP plan (ModelAdapter.tp_fn = INFER_TP); use "
+                        "'dp/sp' or 'sp/dp'")
     adapter.apply_tp(model, tp_mesh, loss_parallel=loss_parallel,
                      block_names=[n for n, mode in tp_modes.items() if mode == "sp"],
                      cp_enabled=cp_enabled,
-                     enable_float8_tensorwise_tp=enable_float8_tensorwise_tp)
+                     enable_float8_tensorwise_tp=enable_float8_tensorwise_tp,
+                     **({"stream": stream} if stream != 1 else {}))
     for name, mode in tp_modes.items():
         if mode == "dp":
             _batch_split_over_tp(blocks.get_submodule(name), tp_mesh, adapter.block_args)

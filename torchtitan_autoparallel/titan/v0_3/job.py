@@ -261,7 +261,7 @@ def job_of(config: Config, cpu_ranks: bool = False) -> Job:
                         f"{', '.join(IMPLEMENTATIONS)}, or drop --parallelism.auto")
     t, p, c = config.training, config.parallelism, config.compile
     if config.parallelism.auto:
-        notes += tp_dp_left_out(config)
+        notes += tp_dp_left_out(config) + batch_stream_note(config)
     job = Job(
         model=Model(family_of(spec), spec.flavor, converters, config.hf_assets_path),
         training=Training(t.local_batch_size, t.global_batch_size, t.seq_len, t.steps,
@@ -321,3 +321,14 @@ def tp_dp_left_out(config: Any) -> list[str]:
     ap.techniques = [t for t in ap.techniques if t != "tp_dp"]
     return [f"autoparallel.techniques: tp_dp (the tp dim as data parallel) left out: TorchTitan "
             f"0.3.0's apply does not run it with {why}"]
+
+
+def batch_stream_note(config: Any) -> list[str]:
+    """The plan note of a ``tp_sub_block`` search on 0.3.0: its modes with a stream sharded on
+    the batch are not searched (``Frontend.batch_stream``)."""
+    if "tp_sub_block" not in config.autoparallel.techniques:
+        return []
+    return ["autoparallel.techniques: tp_sub_block searched with the sequence-sharded stream "
+            "only (tp modes 'dp/sp', 'sp/dp'): TorchTitan 0.3.0's apply keeps the model's "
+            "stream layout, so the ':batch' modes (stream sharded on the batch over tp) are "
+            "left out"]
