@@ -166,7 +166,7 @@ def sub_block(repeats: int, config: str = "train_configs/llama3_405b_auto.toml",
             plans[name] = plan_job(job, ngpu)
             times[name].append(time.perf_counter() - start)
     for name, plan in plans.items():
-        modes = sorted({layer.tp_mode for layer in plan.layers})
+        modes = sorted({layer.tp_mode for layer in plan.layers if layer.kind == "block"})
         print(f"{name}: planning median {statistics.median(times[name]):.3f} s of {repeats} "
               f"(min {min(times[name]):.3f}); gap {plan.solver['gap']}; "
               f"{plan.predicted['tokens_per_s'] / ngpu:.1f} tok/s/GPU; tp modes {modes}")
