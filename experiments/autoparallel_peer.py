@@ -171,6 +171,9 @@ SITES = {
     "residual add": ("layers.*", ("add",)),
 }
 """Named forward ops of a block: (module, op names) -> the label the JSON gives them."""
+EDGES = ("tok_embeddings", "norm", "lm_head")
+"""Modules outside the blocks whose forward ops are recorded as they are (``_activations``:
+"edges")."""
 
 
 def _activations(optimizer) -> dict:
@@ -185,7 +188,9 @@ def _activations(optimizer) -> dict:
     argument) and "out" (its output placements, one per tensor output). "block input": the
     placement a block receives (the first residual add's ``from``). "redistributions": every
     edge in a block's forward whose producer placement differs from what its reader takes,
-    as "module op#k arg i: from -> to (comm cost)", op#k the k-th such op of that module."""
+    as "module op#k arg i: from -> to (comm cost)", op#k the k-th such op of that module.
+    "edges": every forward op of the embedding, the final norm and the output (``EDGES``) as
+    "module op#k", with the same fields."""
     chosen: dict = {}
     for key in optimizer.selected_keys:
         chosen.setdefault(optimizer.nodes[key[0]], {})[key[1]] = (
@@ -193,6 +198,7 @@ def _activations(optimizer) -> dict:
     sites: dict[str, set[str]] = {}
     moves: set[str] = set()
     seen: dict[tuple, int] = {}
+    edges: dict[str, dict] = {}
     for node in optimizer.graph.nodes:
         if node not in chosen or node.op != "call_function":
             continue
@@ -200,6 +206,10 @@ def _activations(optimizer) -> dict:
         if "scaled_dot_product" in op and "backward" in op:
             sites.setdefault("sdpa backward", set()).add(_site(optimizer, chosen, node, 0))
         layer = re.match(r"layers\.(\d+)", module)
+        if node.meta.get("partitioner_tag") == "is_forward" and module in EDGES:
+            k = seen[module, module, op] = seen.get((module, module, op), -1) + 1
+            edges.setdefault(f"{module} {op}#{k}", json.loads(
+                _site(optimizer, chosen, node, k)))
         if node.meta.get("partitioner_tag") != "is_forward" or layer is None:
             continue
         folded = re.sub(r"layers\.\d+", "layers.*", module)
@@ -219,6 +229,7 @@ def _activations(optimizer) -> dict:
     result["block input"] = sorted({r["from"][0] for r in result["residual add"]
                                     if r["index"] == 0})
     result["redistributions"] = sorted(moves)
+    result["edges"] = edges
     return result
 
 

@@ -96,16 +96,19 @@ MAPPINGS: dict[str, dict[str, Any]] = {
         "back onto the batch) with the tp dim splitting the sequence: TP over a second mesh dim "
         "inside one block is not in the vocabulary. Costed as TP + SP over tp on both "
         "sub-blocks")},
-    "8B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "sp", "expressible": False, "note": (
-        "the feed-forward is TorchTitan's TP + SP over tp and attention's fused QKV "
-        "column-wise with SDPA on the heads; but wo reads the attention output after an "
-        "all-to-all over tp (heads to sequence) with its weight all-gathered over tp and runs "
-        "on the sequence shard (a whole weight on a tp-th of the tokens), where TorchTitan's "
-        "row-wise wo reduce-scatters its output: a placement per linear, below the vocabulary's "
-        "sub-blocks. Costed as TP + SP throughout")},
-    "8B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "sp", "expressible": False, "note": (
-        "as 8B@64 (wo after an all-to-all over tp, its weight gathered). Costed as TP + SP "
-        "throughout")},
+    "8B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "sp/sp:a2a", "expressible": False, "note": (
+        "every block maps onto sp/sp:a2a exactly: the stream sequence-sharded over tp (batch "
+        "over fsdp), the fused QKV column-wise over tp on the gathered input and SDPA on the "
+        "heads, wo's input through an all-to-all over tp (heads to sequence) and wo's weight "
+        "gathered whole (stored over fsdp x tp) on the sequence shard, no reduce-scatter out "
+        "of it; the feed-forward TorchTitan's TP + SP. Not exact outside the blocks: "
+        "tok_embeddings is stored sharded on its embedding dim over fsdp x tp and looked up "
+        "there for the whole global batch (token ids replicated), then redistributed onto the "
+        "stream, where TorchTitan's embedding is vocabulary-parallel over tp and FSDP-gathered "
+        "over fsdp; costed as TorchTitan's")},
+    "8B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "sp/sp:a2a", "expressible": False, "note": (
+        "as 8B@64: every block sp/sp:a2a exactly, the embedding looked up on its embedding "
+        "dim over fsdp x tp (costed as TorchTitan's)")},
     "70B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "dp/sp:batch", "expressible": False, "note": (
         "every block maps onto dp/sp:batch exactly: the stream between blocks sharded on the "
         "batch over both dims (8 sequences per fsdp rank, one per tp rank), attention data "
@@ -438,17 +441,19 @@ READING = """
   `tp_sub_block` included, on TorchTitan 0.2.2's model of the same size.
 - Placements with the GPU op: on 8B@64 / 8B@256 AutoParallel's plan is TorchTitan's TP + SP
   except wo, which takes the attention output through an all-to-all (heads to sequence) and
-  runs with its weight gathered over tp on the sequence shard (a placement per linear, below
-  the vocabulary's sub-blocks); at 8B@8 attention is TP + SP over tp (2) while the
-  feed-forward is TP over the fsdp dim (4), a second mesh dim inside one block. On 70B (one
-  sequence per rank) attention is data parallel over all ranks and the feed-forward TP over tp:
-  `dp/sp`'s weights exactly, but with the stream between blocks sharded on the batch over tp,
-  so no all-to-all enters attention, where `dp/sp` keeps TorchTitan's sequence-sharded stream
-  and pays two all-to-alls a block. None of the five maps onto the vocabulary without an
-  approximation; each is costed as the nearest plan it has (the note under each job).
-- Costed by one model: where AutoParallel's placements (their nearest plans) fit the budget
-  this planner's plans are as fast or faster on the same mesh and on the mesh it searches. On
-  the 70B jobs AutoParallel's placements as its path runs them (no AC) need 256-265 GiB per GPU
+  runs with its weight gathered over tp on the sequence shard: tp mode `sp/sp:a2a`. On 70B (one
+  sequence per rank) attention is data parallel over all ranks and the feed-forward TP over tp
+  with the stream between blocks sharded on the batch over tp: tp mode `dp/sp:batch`. At 8B@8
+  attention is TP + SP over tp (2) while the feed-forward is TP over the fsdp dim (4), a
+  second mesh dim inside one block, which the vocabulary does not write. Outside the blocks,
+  the 8B jobs and 70B@64 store the token embedding sharded on its embedding dim over
+  fsdp x tp, which the plan does not write either (the note under each job); 70B@256 maps
+  exactly.
+- Costed by one model: where AutoParallel's placements fit the budget this planner's plans
+  are as fast or faster on the same mesh and on the mesh it searches; the 8B jobs' `sp/sp:a2a`
+  gathers wo's weight over fsdp x tp in every micro-batch (one sequence per rank hides little
+  of it), which this model costs above TorchTitan's reduce-scatter of wo's output. On the 70B
+  jobs AutoParallel's placements as its path runs them (no AC) need 256-265 GiB per GPU
   against a 71 GiB budget; with the AC and resharding this planner's MILP picks for them they
   fit and fall below this planner's plans.
 - Memory: AutoParallel's ILP bounds parameter memory only (``add_parameter_memory_constraint``

@@ -53,13 +53,15 @@ def hand_gemms(block, mode: str, hw) -> float:
     """Forward + backward seconds of the block's linears, each GEMM from the kernel table at
     the local shape its sub-block's mode gives: TP + SP splits a column-wise weight's outputs
     and a row-wise one's inputs over tp on all tokens; data parallel keeps the weight whole on
-    a tp-th of the tokens."""
+    a tp-th of the tokens; ":a2a" keeps attention.wo whole on a tp-th of the tokens."""
     tokens = 8192 * MB
     attention, ffn = sub_block_modes(mode)
     total = 0.0
     for name, (k, n), style in zip(block.linear_names, block.linear_shapes, block.linear_styles,
                                    strict=True):
         own = attention if name.startswith("attention.") else ffn
+        if name == "attention.wo" and mode.endswith(":a2a"):
+            own = "dp"
         m = tokens / MESH.tp if own == "dp" else tokens
         if own == "sp":
             k, n = (k, n / MESH.tp) if style == "colwise" else (k / MESH.tp, n)
@@ -102,14 +104,56 @@ def test_sub_block_tp_communication_by_hand(mode, ac):
     passes = 2 if ac == "full" else 1
     tp_parts = mode.split(":")[0].split("/").count("sp")
     sp = tp_parts * (2 * passes + 2) * ring * act / bw
-    a2a = 0.0 if mode.endswith(":batch") else (4 + 2 * (passes - 1)) * ring * (act / tp) / bw
+    dp_part = "dp" in mode and not mode.endswith(":batch")
+    a2a = (4 + 2 * (passes - 1)) * ring * (act / tp) / bw if dp_part else 0.0
+    if mode.endswith(":a2a"):
+        # wo: no reduce-scatter out of it (forward, and again under full AC) and no all-gather
+        # of its output gradient; an all-to-all of its heads-sharded input instead, each time
+        sp -= (passes + 1) * ring * act / bw
+        a2a = (passes + 1) * ring * (act / tp) / bw
     got = tp_comm_s(block, MESH, BlockStrategy(ac, False, mode), MB, ctx)
     assert got == pytest.approx(sp + a2a, rel=1e-9)
+    if mode.endswith(":a2a"):
+        return
     # half the TP + SP block's collectives per TP sub-block, plus the data-parallel block's
     # all-to-alls on a sequence-sharded stream
     whole_sp = tp_comm_s(block, MESH, BlockStrategy(ac, False, "sp"), MB, ctx)
     whole_dp = tp_comm_s(block, MESH, BlockStrategy(ac, False, "dp"), MB, ctx)
     assert got == pytest.approx(whole_sp * tp_parts / 2 + whole_dp * (a2a > 0), rel=1e-9)
+
+
+def test_sub_block_a2a_fsdp_groups_by_hand():
+    """":a2a": attention.wo is a group of its own, whole and sharded over dp_shard x tp; the
+    rest of the attention (and its norm) split over tp and sharded over dp_shard, the
+    feed-forward too. Gathered bytes (bf16) and the all-gather time counted by hand (flat
+    bandwidth, no latency)."""
+    _, block = llama3_8b_block()
+    ctx = context(intra_node_half_mib=0.0, intra_node_latency_us=0.0,
+                  inter_node_half_mib=0.0, inter_node_latency_us=0.0)
+    dim = 4096
+    shapes = dict(zip(block.linear_names, block.linear_shapes, strict=True))
+    wo = shapes["attention.wo"][0] * shapes["attention.wo"][1]
+    rest = block.params - wo  # every other linear and both norms, split over tp
+    cost = fsdp_s(block, MESH, BlockStrategy("none", True, "sp/sp:a2a"), ctx, 0.0)
+    assert wo == dim * dim
+    assert cost.unsharded_bytes == pytest.approx(2 * (wo + rest / MESH.tp))
+    hw = ctx.hw
+    dp_bw = min(hw.intra_node_gbps, 8 * hw.inter_node_gbps) * 1e9  # 64 ranks, a rail each
+    sp_bw = min(hw.intra_node_gbps, hw.inter_node_gbps) * 1e9  # 8 ranks, one a node
+    gather = 63 / 64 * 2 * wo / dp_bw + 7 / 8 * 2 * rest / MESH.tp / sp_bw
+    assert cost.fwd_s == pytest.approx(gather, rel=1e-9)
+
+
+def test_sub_block_a2a_is_legal_without_a_batch_split():
+    """":a2a" splits no batch over tp (wo runs on the sequence shard): legal with one sequence
+    per rank, as AutoParallel's 8B jobs run it, where the data-parallel sub-blocks are not; it
+    needs dp_shard > 1 (wo's FSDP group spans dp_shard x tp)."""
+    assert tp_dp_problem(MESH, 1, "block", "sp/sp:a2a") == ""
+    assert "divisible by tp" in tp_dp_problem(MESH, 1, "block", "dp/sp")
+    assert "sp/sp:a2a" in block_tp_modes(MESH, 1, Constraints(techniques=("fsdp", "tp",
+                                                                           "tp_sub_block")))
+    tp_only = Mesh(dp_replicate=1, dp_shard=1, tp=8)
+    assert "dp_shard > 1" in tp_dp_problem(tp_only, MB, "block", "sp/sp:a2a")
 
 
 def test_sub_block_batch_stream_skips_the_concatenation():
@@ -168,15 +212,16 @@ def test_sub_block_modes_follow_the_tp_dp_rule_in_one_place():
     assert block_tp_modes(MESH, MB, asked) == ("sp", *SUB_BLOCK_TP_MODES)
     assert block_tp_modes(MESH, MB, Constraints()) == ("sp", "dp")
     assert block_tp_modes(MESH, MB, asked, moe_model=True) == ("sp",)
-    for mesh, mb in ((MESH, 4), (Mesh(dp_replicate=1, dp_shard=4, tp=8, cp=2), MB)):
+    for mesh, mb, left in ((MESH, 4, ("sp/sp:a2a",)),
+                           (Mesh(dp_replicate=1, dp_shard=4, tp=8, cp=2), MB, ())):
         assert tp_dp_problem(mesh, mb)
-        assert block_tp_modes(mesh, mb, asked) == ("sp",)
+        assert block_tp_modes(mesh, mb, asked) == ("sp", *left)  # ":a2a" splits no batch
     # tp the only dim: whole-block data parallel over it would be FSDP over the same ranks,
     # a sub-block's is not
     tp_only = Mesh(dp_replicate=1, dp_shard=1, tp=8)
     assert "dp_shard > 1" in tp_dp_problem(tp_only, MB)
     assert block_tp_modes(tp_only, MB, Constraints(techniques=(*asked.techniques, "tp_dp"))) \
-        == ("sp", *SUB_BLOCK_TP_MODES)
+        == ("sp", *(m for m in SUB_BLOCK_TP_MODES if m != "sp/sp:a2a"))
     assert "'dp/sp'" in tp_dp_problem(MESH, 4, "block", "dp/sp")
     for mode in SUB_BLOCK_TP_MODES:
         assert fsdp_unit_problem(MESH, mode)
@@ -271,7 +316,7 @@ TECHNIQUES = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,tp_sub_b
 
 
 def sub_block_plan_parity(references, tmp_path, modes: list[str], acs: list[str],
-                          reshard: list[bool], ranks: int = 4) -> float:
+                          reshard: list[bool], ranks: int = 4, expect: str = "") -> float:
     """llama3's debug plan on fsdp 2 x tp 2 (4 CPU ranks; on 2 ranks tp 2 alone), its blocks
     edited to the given tp modes, AC and resharding (cycled), saved and replayed from the
     file: losses and gradient norms against the 1-rank run from the same seed checkpoint."""
@@ -308,6 +353,7 @@ def sub_block_plan_parity(references, tmp_path, modes: list[str], acs: list[str]
     for mode in set(modes):
         label = BlockStrategy("none", True, mode).describe().split("+", 1)[1]
         assert label in result.output, result.output[-3000:]
+    assert expect in result.output, result.output[-3000:]  # what the apply logs it ran
     worst = assert_parity(reference, result)
     print(f"{modes} {acs} {reshard}: largest relative difference {worst:.2e}; losses "
           f"{result.losses} vs 1-rank {reference.losses}")
@@ -336,6 +382,15 @@ def test_sub_block_batch_stream_parity(references, tmp_path):
     losses and gradient norms."""
     sub_block_plan_parity(references, tmp_path, ["dp/sp:batch", "sp/dp:batch", "sp/sp:batch"],
                           ["none", "full"], [True, False])
+
+
+def test_sub_block_a2a_parity(references, tmp_path):
+    """The attention's output projection on the sequence shard (AutoParallel's 8B layout: wo's
+    input through an all-to-all from the heads, its weight whole over fsdp x tp) beside TP + SP
+    and data-parallel-attention blocks, one fully checkpointed: 1-rank losses and gradient
+    norms."""
+    sub_block_plan_parity(references, tmp_path, ["sp/sp:a2a", "sp", "dp/sp"], ["none", "full"],
+                          [True, False], expect="blocks run attention.wo on the sequence shard")
 
 
 def test_sub_block_batch_stream_two_rank_parity(references, tmp_path):

@@ -349,10 +349,11 @@ def test_tp_dp_is_left_out_under_compile_and_refused_where_asked():
         read_job([*base, "--compile.enable", "--autoparallel.techniques", "fsdp", "tp", "tp_dp"])
 
 
-def test_sub_block_batch_stream_is_left_out_and_refused_from_a_file(tmp_path):
-    """0.3.0's apply keeps the model's sequence-sharded stream: a tp_sub_block search plans
-    no ':batch' mode and says so in a note, and a plan file with one is refused in one line
-    naming the layer."""
+@pytest.mark.parametrize("mode", ["dp/sp:batch", "sp/sp:a2a"])
+def test_sub_block_modes_it_cannot_run_are_left_out_and_refused_from_a_file(tmp_path, mode):
+    """0.3.0's apply keeps the model's sequence-sharded stream and places a sub-block's linears
+    alike: a tp_sub_block search plans neither a ':batch' mode nor ':a2a' and says so in a
+    note, and a plan file with one is refused in one line naming the layer."""
     import json
 
     from torchtitan_autoparallel.errors import UserError
@@ -365,16 +366,16 @@ def test_sub_block_batch_stream_is_left_out_and_refused_from_a_file(tmp_path):
             "--parallelism.tensor_parallel_degree", "2", "--autoparallel.hardware", "cpu",
             "--autoparallel.techniques", "fsdp", "tp", "tp_dp", "ac", "tp_sub_block"]
     plan = plan_job(read_job(base), 4)
-    assert not any(layer.tp_mode.endswith(":batch") for layer in plan.layers), plan.table()
-    assert any("':batch' modes" in note for note in plan.notes), plan.notes
+    assert not any(":" in layer.tp_mode for layer in plan.layers), plan.table()
+    assert any("':batch' modes" in note and "'sp/sp:a2a'" in note for note in plan.notes)
     data = json.loads(plan.to_json())
     data["local_batch_size"], data["gradient_accumulation_steps"] = 2, \
         plan.global_batch_size // (2 * plan.mesh.dp)
     for layer in data["layers"]:
         if layer["kind"] == "block":
-            layer.update(tp_mode="dp/sp:batch", fsdp_unit=1)
+            layer.update(tp_mode=mode, fsdp_unit=1)
     path = tmp_path / "batch.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(UserError, match=r"layers\.0 has tp_mode 'dp/sp:batch': TorchTitan "
-                                        r"0\.3\.0's apply keeps"):
+    with pytest.raises(UserError, match=rf"layers\.0 has tp_mode '{mode}': TorchTitan "
+                                        r"0\.3\.0's apply runs the sub-block modes"):
         check_applicable(Plan.load(str(path)))

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .candidates.layout import SUB_BLOCK_TP_MODES
 from .errors import UserError
 
 PACKAGES = {"0.2": "torchtitan_autoparallel.titan.v0_2",
@@ -47,10 +48,9 @@ class Frontend:
     node_reshard: bool = True
     """FSDP can reshard a block to one node's ranks after forward (an integer
     ``reshard_after_forward``); TorchTitan 0.3.0's FSDP on its SPMD mesh refuses it."""
-    batch_stream: bool = True
-    """Its apply runs the sub-block modes whose stream is sharded on the batch
-    (``layout.BATCH_STREAM_MODES``); TorchTitan 0.3.0's keeps the model's sequence-sharded
-    stream."""
+    sub_block_modes: tuple[str, ...] = SUB_BLOCK_TP_MODES
+    """The sub-block tp modes its apply runs (TorchTitan 0.3.0's: those on the model's
+    sequence-sharded stream with every linear of a sub-block placed alike)."""
     read_job: Callable[[list[str]], Any] | None = None
     """Command-line arguments (TorchTitan's own, with ``--parallelism.auto`` and
     ``--autoparallel.*``) -> the job as the planner reads it; None where the CLI reads the

@@ -24,8 +24,8 @@ tp_sub_block: a dense block's attention and feed-forward may each use the tp dim
 (``SUB_BLOCK_TP_MODES``; not searched unless asked for: ``DEFAULT_TECHNIQUES``)."""
 DEFAULT_TECHNIQUES = tuple(t for t in TECHNIQUES if t != "tp_sub_block")
 """What the search uses unless ``autoparallel.techniques`` says otherwise."""
-TpMode = Literal["none", "sp", "dp", "dp/sp", "sp/dp", "dp/sp:batch", "sp/dp:batch",
-                 "sp/sp:batch"]
+TpMode = Literal["none", "sp", "dp", "dp/sp", "sp/dp", "sp/sp:a2a", "dp/sp:batch",
+                 "sp/dp:batch", "sp/sp:batch"]
 """What the tp dim does for a block: "none" (tp = 1), one of ``TP_MODES`` or one of
 ``SUB_BLOCK_TP_MODES``."""
 TP_MODES: tuple[TpMode, ...] = ("sp", "dp")
@@ -34,7 +34,16 @@ block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split th
 (entry/exit all-to-all between the sequence-sharded residual stream and a batch shard)."""
 BATCH_STREAM = ":batch"
 """The suffix of a sub-block mode whose residual stream is sharded on the batch over tp."""
-SEQUENCE_STREAM_MODES: tuple[TpMode, ...] = ("dp/sp", "sp/dp")
+A2A = ":a2a"
+"""The suffix of the sub-block mode whose attention output projection reads its input through
+an all-to-all (heads to sequence) with its weight whole (``A2A_MODES``)."""
+A2A_MODES: tuple[TpMode, ...] = ("sp/sp:a2a",)
+"""TP + SP on both sub-blocks except the attention's row-wise output projection: its input
+(sharded on the heads by the column-wise projections and attention) goes through an all-to-all
+over tp onto the sequence shard, where it runs with its weight whole (FSDP-sharded over
+dp_shard x tp, gathered for use) and leaves its output on the stream without a reduce-scatter
+(the placement TorchTitan 0.3.0's AutoParallel picks for wo on Llama 3 8B)."""
+SEQUENCE_STREAM_MODES: tuple[TpMode, ...] = ("dp/sp", "sp/dp", *A2A_MODES)
 BATCH_STREAM_MODES: tuple[TpMode, ...] = ("dp/sp:batch", "sp/dp:batch", "sp/sp:batch")
 SUB_BLOCK_TP_MODES: tuple[TpMode, ...] = (*SEQUENCE_STREAM_MODES, *BATCH_STREAM_MODES)
 """Per sub-block, "<attention>/<feed-forward>", each "sp" or "dp" as above: "dp/sp" = attention
@@ -50,8 +59,15 @@ tp layer of a plan keeps one stream layout (``stream_dim``)."""
 def sub_block_modes(tp_mode: str) -> tuple[str, str]:
     """(attention, feed-forward) use of the tp dim under ``tp_mode``: each "none", "sp" or
     "dp" (a whole-block mode gives both sub-blocks its own; the stream suffix dropped)."""
-    attention, _, ffn = tp_mode.removesuffix(BATCH_STREAM).partition("/")
+    attention, _, ffn = tp_mode.partition(":")[0].partition("/")
     return attention, ffn or attention
+
+
+def tp_dp_params(tp_mode: str) -> bool:
+    """Whether some of a block's parameters are data parallel over tp under ``tp_mode`` (a
+    "dp" block or sub-block, or the output projection of ``A2A_MODES``): FSDP shards them over
+    dp_shard x tp."""
+    return "dp" in sub_block_modes(tp_mode) or tp_mode.endswith(A2A)
 
 
 def stream_dim(tp_mode: str) -> int:
@@ -103,6 +119,8 @@ def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
         batch = stream_dim(tp_mode) == 0
         attention, ffn = ("tp" if batch and m == "sp" else TP_PART[m]
                           for m in sub_block_modes(tp_mode))
+        if tp_mode.endswith(A2A):
+            attention = "tp+a2a"
         parts["tp"] = f"attn:{attention}/ffn:{ffn}"
         if batch:
             parts["stream"] = "stream:batch"
@@ -241,7 +259,7 @@ def fsdp_sharded(mesh: Mesh, tp_mode: str = "none", experts: bool = False) -> bo
     per-step all-gathers and the unreduced gradients apply to): over dp_shard x cp, over
     dp_shard x tp where the tp dim acts as data parallel (``tp_mode`` "dp"), and, for a block
     with routed ``experts`` under expert parallelism, its experts over ``efsdp``."""
-    return (mesh.dp_shard * mesh.cp > 1 or "dp" in sub_block_modes(tp_mode)
+    return (mesh.dp_shard * mesh.cp > 1 or tp_dp_params(tp_mode)
             or (experts and mesh.ep > 1))
 
 
@@ -249,7 +267,7 @@ def fsdp_group_size(mesh: Mesh, tp_mode: str = "none") -> int:
     """Ranks FSDP shards a block's dense parameters over: dp_shard x cp, times tp where the tp
     dim acts as data parallel (``tp_mode`` "dp"; for a sub-block mode, the larger group: its
     data-parallel sub-block's)."""
-    return mesh.dp_shard * mesh.cp * (mesh.tp if "dp" in sub_block_modes(tp_mode) else 1)
+    return mesh.dp_shard * mesh.cp * (mesh.tp if tp_dp_params(tp_mode) else 1)
 
 
 def node_reshard_fits(group: int, node: int) -> bool:
@@ -340,18 +358,21 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
     block, one FSDP mesh over dp_shard x tp (dp_replicate = 1, cp = 1; dp_shard > 1 for the
     whole block, whose data parallel over tp alone would be plain FSDP over the same ranks; a
     sub-block mode may have dp_shard = 1: its data-parallel part sharded over tp, the rest as
-    TorchTitan's TP alone) and a batch the tp ranks split evenly."""
+    TorchTitan's TP alone) and a batch the tp ranks split evenly. ``A2A_MODES`` split no batch
+    (their data-parallel projection runs on the sequence shard) and need dp_shard > 1."""
     mode = f"tp_mode {tp_mode!r}"
+    a2a = tp_mode.endswith(A2A)
     if mesh.tp == 1:
         return f"{mode} needs tp > 1"
     if mesh.pp > 1:
         return f"{mode} is not planned with pipeline parallelism; use 'sp'"
     if kind != "block":
         return f"{mode} applies to blocks only; use 'sp'"
-    if mesh.dp_replicate > 1 or mesh.cp > 1 or (mesh.dp_shard == 1 and tp_mode == "dp"):
-        return (f"{mode} needs " + ("dp_shard > 1, " if tp_mode == "dp" else "")
+    whole = tp_mode == "dp" or a2a
+    if mesh.dp_replicate > 1 or mesh.cp > 1 or (mesh.dp_shard == 1 and whole):
+        return (f"{mode} needs " + ("dp_shard > 1, " if whole else "")
                 + "dp_replicate = 1 and cp = 1; use 'sp'")
-    if microbatch % mesh.tp:
+    if microbatch % mesh.tp and not a2a:
         return f"{mode} needs local_batch_size divisible by tp ({mesh.tp}); use 'sp'"
     return ""
 

@@ -10,7 +10,6 @@ from .layout import (
     AC_MODES,
     DEFAULT_TECHNIQUES,
     FSDP_UNIT_SIZES,
-    SEQUENCE_STREAM_MODES,
     SUB_BLOCK_TP_MODES,
     BlockStrategy,
     Mesh,
@@ -59,9 +58,9 @@ class Constraints:
     node_reshard: bool = True
     """FSDP may reshard a block to one node's ranks after forward (an integer
     ``reshard_after_forward``); False where the release's FSDP cannot (``Frontend``)."""
-    batch_stream: bool = True
-    """Sub-block modes may shard the residual stream on the batch (``BATCH_STREAM_MODES``);
-    False where the release's apply cannot (``Frontend``)."""
+    sub_block_modes: tuple[str, ...] = SUB_BLOCK_TP_MODES
+    """The sub-block tp modes ``tp_sub_block`` offers: those the release's apply runs
+    (``Frontend``)."""
 
 
 def legal_tp(graph: LayerGraph, tp: int, gpus_per_node: int) -> bool:
@@ -243,9 +242,8 @@ def block_tp_modes(mesh: Mesh, microbatch: int, constraints: Constraints,
         return ("none",)
     if moe_model:
         return ("sp",)
-    sub_block = SUB_BLOCK_TP_MODES if constraints.batch_stream else SEQUENCE_STREAM_MODES
     asked = (("dp",) if "tp_dp" in constraints.techniques else ()) + (
-        sub_block if "tp_sub_block" in constraints.techniques else ())
+        constraints.sub_block_modes if "tp_sub_block" in constraints.techniques else ())
     return ("sp", *(mode for mode in asked if not tp_dp_problem(mesh, microbatch, "block", mode)))
 
 

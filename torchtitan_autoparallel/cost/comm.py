@@ -4,6 +4,7 @@ context parallel's ring, FSDP's all-gathers and reduce-scatters, and MoE's all-t
 from typing import NamedTuple
 
 from ..candidates.layout import (
+    A2A,
     SUB_BLOCK_TP_MODES,
     BlockStrategy,
     Mesh,
@@ -19,6 +20,7 @@ from .compute import (
     FSDP_COPY_BYTES_PER_PARAM,
     _linears_s,
     _low_speedups,
+    a2a_linears,
     gemm_times,
     linear_names,
     linear_splits,
@@ -89,6 +91,9 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     hw, prec, features = ctx.hw, ctx.prec, ctx.features
     fwd_passes = 2 if strategy.ac == "full" else 1
     modules = sp_modules(strategy)
+    # A2A: the attention's output projection leaves no partial sums to reduce-scatter (and
+    # gathers no output gradient in backward): an all-to-all takes its place (tp_comm_s)
+    own = int(a2a_s(layer, mesh, strategy, act, tp_nodes, ctx) > 0)
     gather = scatter = collective_s("all_gather", act, mesh.tp, tp_nodes, hw)
     # TorchTitan's float8 tensorwise TP styles cast the input before the forward all-gather
     # (1 byte per element); backward gathers the bf16 output gradient, cast afterwards
@@ -107,8 +112,8 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     # (seconds, count, fused under async TP) per kind of collective
     kinds = ((gather_fwd, modules * fwd_passes,
               not features.linear.startswith(("float8_rowwise", "mx"))),
-             (scatter, modules * fwd_passes, True),
-             (gather, modules, features.linear == "none"),
+             (scatter, (modules - own) * fwd_passes, True),
+             (gather, modules - own, features.linear == "none"),
              (scatter, modules, False),
              (gather_fwd, regathers, False))
     if not features.async_tp or not hw.gemm_table:
@@ -157,7 +162,19 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
         # sub-block) and back out of it, both again in backward (and in a full recompute)
         a2a = collective_s("all_to_all", act / mesh.tp, mesh.tp, tp_nodes, ctx.hw)
         comm += a2a * (4 + (2 if strategy.ac == "full" else 0))
+    # heads -> sequence into the output projection of A2A, sequence -> heads in backward
+    comm += a2a_s(layer, mesh, strategy, act, tp_nodes, ctx) * (
+        2 + (1 if strategy.ac == "full" else 0))
     return comm
+
+
+def a2a_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, act: float, tp_nodes: bool,
+          ctx: CostContext) -> float:
+    """One all-to-all of ``A2A``'s output projection input (heads to sequence over tp, a
+    tp-th of ``act`` per rank); 0 in other modes or where the graph records no such linear."""
+    if not strategy.tp_mode.endswith(A2A) or not a2a_linears(layer):
+        return 0.0
+    return collective_s("all_to_all", act / mesh.tp, mesh.tp, tp_nodes, ctx.hw)
 
 
 class RingCost(NamedTuple):
@@ -232,10 +249,17 @@ def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext, 
     groups = [(layer.params - (layer.expert_params if ep > 1 else 0), param_split, fsdp_group)]
     if strategy.tp_mode in SUB_BLOCK_TP_MODES:
         # one FSDP group per sub-block: TP + SP's split over tp and sharded over dp_shard x cp,
-        # data parallel's whole and sharded over dp_shard x tp
-        groups = [(n, mesh.tp if mode == "sp" else 1, fsdp_group_size(mesh, mode))
-                  for n, mode in zip(sub_block_params(layer), sub_block_modes(strategy.tp_mode),
-                                     strict=True)]
+        # data parallel's whole and sharded over dp_shard x tp (A2A: the attention's output
+        # projection a group of its own, whole over dp_shard x tp)
+        own = sum(k * n for i, (k, n) in enumerate(layer.linear_shapes)
+                  if i in a2a_linears(layer)) if strategy.tp_mode.endswith(A2A) else 0
+        groups = [(n - (own if part == 0 else 0), mesh.tp if mode == "sp" else 1,
+                   fsdp_group_size(mesh, mode))
+                  for part, (n, mode) in enumerate(zip(sub_block_params(layer),
+                                                       sub_block_modes(strategy.tp_mode),
+                                                       strict=True))]
+        if own:
+            groups.append((own, 1, fsdp_group_size(mesh, "dp")))
     if ep > 1:
         groups.append((layer.expert_params, mesh.ep * mesh.etp, mesh.efsdp))
     gathers = 2 if strategy.reshard_after_forward else 1

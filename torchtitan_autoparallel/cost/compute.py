@@ -4,7 +4,7 @@ float8 with its casts), attention (flash / ring), the loss, and the memoized per
 import functools
 from dataclasses import dataclass
 
-from ..candidates.layout import SUB_BLOCK_TP_MODES, BlockStrategy, Mesh, sub_block_modes
+from ..candidates.layout import A2A, SUB_BLOCK_TP_MODES, BlockStrategy, Mesh, sub_block_modes
 from ..graph.layer_graph import Layer
 from ..job.features import Features
 from . import kernels
@@ -115,15 +115,32 @@ def linear_groups(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch:
                   ) -> tuple[tuple[tuple[int, ...], int, float], ...]:
     """The block's linears grouped by what the tp dim does for them: (their indices, the tp
     split of their weights, the tokens one rank's linears see per micro-batch); one group for a
-    whole-block tp mode, one per sub-block (``linear_sub_blocks``) for a sub-block mode."""
+    whole-block tp mode, one per sub-block (``linear_sub_blocks``) for a sub-block mode, and
+    under ``A2A`` one more for the attention's row-wise linears (whole, a tp-th of the
+    tokens)."""
     n = len(layer.linear_shapes)
     if strategy.tp_mode not in SUB_BLOCK_TP_MODES:
         return ((tuple(range(n)), mesh.tp if strategy.tp_mode == "sp" else 1,
                  linear_tokens(layer, mesh, strategy, microbatch)),)
     parts = linear_sub_blocks(layer)
-    return tuple((tuple(i for i in range(n) if parts[i] == part), mesh.tp if mode == "sp" else 1,
-                  linear_tokens(layer, mesh, BlockStrategy("none", False, mode), microbatch))
-                 for part, mode in enumerate(sub_block_modes(strategy.tp_mode)))
+    own = a2a_linears(layer) if strategy.tp_mode.endswith(A2A) else ()
+    groups = tuple((tuple(i for i in range(n) if parts[i] == part and i not in own),
+                    mesh.tp if mode == "sp" else 1,
+                    linear_tokens(layer, mesh, BlockStrategy("none", False, mode), microbatch))
+                   for part, mode in enumerate(sub_block_modes(strategy.tp_mode)))
+    if own:  # whole weights on a tp-th of the tokens (the sequence shard)
+        groups += ((own, 1, linear_tokens(layer, mesh, BlockStrategy("none", False, "dp"),
+                                          microbatch)),)
+    return groups
+
+
+def a2a_linears(layer: Layer) -> tuple[int, ...]:
+    """The attention sub-block's row-wise linears (indices in ``linear_shapes``): what
+    ``layout.A2A_MODES`` run on the sequence shard with their weights whole; empty where the
+    graph does not record the linears' TP styles."""
+    parts, styles = linear_sub_blocks(layer), linear_styles(layer)
+    return tuple(i for i, (part, style) in enumerate(zip(parts, styles, strict=True))
+                 if part == 0 and style == "rowwise")
 
 
 def linear_splits(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int

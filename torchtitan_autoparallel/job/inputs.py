@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import __version__
 from ..candidates.exclusions import without_excluded
-from ..candidates.layout import AC_MODES, GIB, TECHNIQUES
+from ..candidates.layout import AC_MODES, GIB, SUB_BLOCK_TP_MODES, TECHNIQUES
 from ..candidates.strategies import Constraints
 from ..cost.hardware import CPU_PROFILE, HardwareProfile, load_profile
 from ..cost.model import Precision
@@ -129,7 +129,7 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
         **degrees,
         reshard_after_forward=features.reshard_after_forward,
         node_reshard=frontend().node_reshard,
-        batch_stream=frontend().batch_stream,
+        sub_block_modes=frontend().sub_block_modes,
         fsdp_required=features.cpu_offload,
         **pipeline_constraints(job_config, features, techniques),
     )
@@ -387,7 +387,8 @@ def _constraints_record(job_config: Any, constraints: Constraints, ac_option: st
                if constraints.reshard_after_forward != "default" else {}),
             **({"accumulation": False} if not constraints.accumulation else {}),
             **({"node_reshard": False} if not constraints.node_reshard else {}),
-            **({"batch_stream": False} if not constraints.batch_stream
+            **({"sub_block_modes": list(constraints.sub_block_modes)}
+               if constraints.sub_block_modes != SUB_BLOCK_TP_MODES
                and "tp_sub_block" in constraints.techniques else {}),
             **({"ac_modes": list(constraints.ac_modes)}
                if user_set(job_config, "activation_checkpoint.mode") else {}),

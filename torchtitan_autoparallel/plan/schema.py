@@ -22,6 +22,7 @@ from ..candidates.layout import (
     stream_dim,
     stream_problem,
     sub_block_modes,
+    tp_dp_params,
     tp_dp_problem,
 )
 from ..candidates.schedules import SCHEDULES, SINGLE_STAGE, V_SCHEDULES, microbatch_ok
@@ -555,7 +556,7 @@ def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
     if layer.tp_mode == "none":
         return ("tp_mode 'none' on a tp mesh leaves its parameters plain tensors next to "
                 "DTensors (the optimizer step fails): use 'sp' or 'dp'")
-    if "dp" in sub_block_modes(layer.tp_mode) or stream_dim(layer.tp_mode) == 0:
+    if tp_dp_params(layer.tp_mode) or stream_dim(layer.tp_mode) == 0:
         return tp_dp_problem(m, microbatch, layer.kind, layer.tp_mode)
     return ""
 
@@ -600,4 +601,4 @@ def plan_shards_with_fsdp(plan: Plan) -> bool:
     expert sharding, or blocks using tp as data parallel)."""
     m = plan.mesh
     return (m.dp_shard > 1 or m.cp > 1 or m.ep > 1
-            or any("dp" in sub_block_modes(layer.tp_mode) for layer in plan.layers))
+            or any(tp_dp_params(layer.tp_mode) for layer in plan.layers))

@@ -36,12 +36,12 @@ def _combine(norms: list[torch.Tensor], norm_type: float) -> torch.Tensor:
 def needed(plan: Any) -> bool:
     """Whether ``plan`` puts gradients on several meshes outside expert parallelism (which
     TorchTitan's clipping handles): a block using the tp dim as data parallel is FSDP-sharded
-    over dp_shard x tp (a sub-block mode's data-parallel sub-block too), the other layers over
-    dp_shard with TP on tp."""
-    from ..candidates.layout import sub_block_modes
+    over dp_shard x tp (a sub-block mode's data-parallel sub-block or projection too), the
+    other layers over dp_shard with TP on tp."""
+    from ..candidates.layout import tp_dp_params
 
     return plan is not None and plan.mesh.tp > 1 and any(
-        "dp" in sub_block_modes(layer.tp_mode) for layer in plan.layers)
+        tp_dp_params(layer.tp_mode) for layer in plan.layers)
 
 
 def install() -> None:

@@ -15,7 +15,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ...candidates.layout import SUB_BLOCK_TP_MODES, stream_dim, sub_block_modes, tp_dp_problem
+from ...candidates.layout import (
+    A2A,
+    SUB_BLOCK_TP_MODES,
+    stream_dim,
+    sub_block_modes,
+    tp_dp_params,
+    tp_dp_problem,
+)
 from ...errors import UserError
 from ...graph.adapters import INFER_TP, ModelAdapter, resolve, submodule_or_none
 from ...graph.discover import get_adapter
@@ -90,9 +97,28 @@ def sub_blocks_of(block: nn.Module, adapter: ModelAdapter, tp_mode: str) -> SubB
     if len(adapter.sub_blocks) != 2 or adapter.routed_experts(block) is not None:
         raise UserError(f"tp_mode {tp_mode!r} needs a dense block whose family names its "
                         "attention and feed-forward (ModelAdapter.sub_blocks); use 'sp' or 'dp'")
-    return [(mode, [block.get_submodule(norm), block.get_submodule(module)])
-            for (norm, module), mode in zip(adapter.sub_blocks, sub_block_modes(tp_mode),
-                                            strict=True)]
+    # A2A: the attention's output projection sharded on its own, before its sub-block's group
+    own = [("dp", [block.get_submodule(name)]) for name in a2a_projections(block, adapter)
+           ] if tp_mode.endswith(A2A) else []
+    return own + [(mode, [block.get_submodule(norm), block.get_submodule(module)])
+                  for (norm, module), mode in zip(adapter.sub_blocks, sub_block_modes(tp_mode),
+                                                  strict=True)]
+
+
+def a2a_projections(block: nn.Module, adapter: ModelAdapter) -> list[str]:
+    """The attention sub-block's row-wise linears in the family's inferred TP plan (names in
+    ``block``): what ``layout.A2A_MODES`` run on the sequence shard with their weights whole."""
+    fn = resolve(adapter.tp_fn)
+    if not isinstance(fn, InferredTP):
+        raise UserError(f"tp_mode {A2A[1:]!r} needs the family's inferred TP plan "
+                        "(ModelAdapter.tp_fn = INFER_TP); use 'sp'")
+    attention = adapter.sub_blocks[0][1]
+    names = [key for key, style in fn.plans[block_signature(block)].items()
+             if key.startswith(f"{attention}.") and style.kind == "rowwise"]
+    if not names:
+        raise UserError(f"{attention} has no row-wise linear in the inferred TP plan: its "
+                        "output projection cannot run on the sequence shard; use 'sp'")
+    return names
 
 
 def planned_sub_blocks(blocks: nn.Module, adapter: ModelAdapter, planned: dict[str, Any],
@@ -116,7 +142,9 @@ def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp
     all-to-all between the sequence-sharded stream and a batch shard, its norm left whole (it
     runs per token on the sequence shard, FSDP sums its gradient over dp_shard x tp). Where
     the stream is sharded on the batch (``stream_dim``), the TP sub-block's styles gather and
-    scatter it on the batch and the data-parallel one runs on it with no collective."""
+    scatter it on the batch and the data-parallel one runs on it with no collective. Under
+    ``A2A`` the attention's row-wise projection takes its input onto the sequence shard
+    instead of being row-wise parallel."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     fn = adapter.tp_fn
@@ -127,6 +155,8 @@ def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp
     inferred = fn.plans[block_signature(block)]
     stream = stream_dim(tp_mode)
     styles = fn.block_styles(block, enable_float8_tensorwise_tp, stream)
+    if tp_mode.endswith(A2A):
+        styles.update(dict.fromkeys(a2a_projections(block, adapter), _heads_to_sequence()))
     for (norm, module), mode in zip(adapter.sub_blocks, sub_block_modes(tp_mode), strict=True):
         if mode == "sp":
             own = {key: style for key, style in styles.items()
@@ -136,6 +166,17 @@ def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp
             _batch_split_over_tp(block.get_submodule(module), tp_mesh,
                                  len(inferred[module].inputs))
         # a stream sharded on the batch: the data-parallel sub-block runs on it as it is
+
+
+def _heads_to_sequence() -> Any:
+    """The input of an output projection run on the sequence shard (``layout.A2A_MODES``):
+    sharded on its features (the heads) over tp, redistributed onto the sequence (an
+    all-to-all); its weight whole, the output already the stream's sequence shard."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    return PrepareModuleInput(input_layouts=(Shard(2),), desired_input_layouts=(Shard(1),),
+                              use_local_output=True)
 
 
 def _dp_over_tp_mesh(parallel_dims: Any, plan: Plan, tp_mode: str) -> Any:
@@ -233,6 +274,13 @@ def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
         elif mode in SUB_BLOCK_TP_MODES:
             apply_sub_block_tp(blocks.get_submodule(name), adapter, tp_mesh, mode,
                                enable_float8_tensorwise_tp)
+    a2a = [name for name, mode in tp_modes.items() if mode.endswith(A2A)]
+    if a2a:
+        from torchtitan.tools.logging import logger
+
+        names = a2a_projections(blocks.get_submodule(a2a[0]), adapter)
+        logger.info(f"{len(a2a)} blocks run {', '.join(names)} on the sequence shard: input "
+                    "all-to-all from the heads over tp, weight whole over dp_shard x tp")
 
 
 def apply_block_ac(blocks: nn.Module, block_ac: dict[str, str], ac_config: Any, *,
@@ -485,7 +533,7 @@ def apply_data_parallel(model: nn.Module, adapter: ModelAdapter, parallel_dims: 
     """DDP for a replicate-only plan; else FSDP per planned group (``apply_sharding``), or,
     on tp alone (dp_shard = 1), FSDP over tp of the sub-blocks that use it as data parallel."""
     features = features_from_config(job_config)
-    tp_dp = any("dp" in sub_block_modes(layer.tp_mode) for layer in plan.layers)
+    tp_dp = any(tp_dp_params(layer.tp_mode) for layer in plan.layers)
     if parallel_dims.dp_replicate_enabled and not parallel_dims.fsdp_enabled and not tp_dp:
         if parallel_dims.tp > 1 or parallel_dims.cp > 1 or parallel_dims.ep > 1:
             raise UserError("pure data-parallel replication is planned with tp = cp = ep = 1 "

@@ -13,7 +13,7 @@ from .config import parse_job
 from .job import Job, job_of
 from .model import HF_BACKEND, family_module, read_model
 from .multimodal import qwen35_heads
-from .tp_dp import SUB_BLOCKS, TP_DP_FAMILIES
+from .tp_dp import SUB_BLOCKS, SUB_BLOCKS_APPLIED, TP_DP_FAMILIES
 
 PARALLELIZE = {"llama3": "parallelize_llama", "qwen3": "parallelize_qwen3",
                "qwen3_5": "parallelize_qwen3_5", "deepseek_v3": "parallelize_deepseekv3",
@@ -74,7 +74,8 @@ def prepare_models(custom_import: str) -> None:
 register_frontend(Frontend(release="0.3", read_model=read_model, attention_types=attention_types,
                            moe_types=moe_types, parallelize_module=parallelize_module,
                            model_names=model_names, prepare_models=prepare_models,
-                           node_reshard=False, batch_stream=False, read_job=read_job))
+                           node_reshard=False, sub_block_modes=SUB_BLOCKS_APPLIED,
+                           read_job=read_job))
 # 0.3.0's modules are read by discovery (names, TP inferred from the blocks), not by the 0.2.2
 # families' adapters (other module names, a rope buffer 0.3.0 does not have)
 # The tp dim used as data parallel (a whole block, or its attention / feed-forward under

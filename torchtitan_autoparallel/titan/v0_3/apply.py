@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ...candidates.layout import SEQUENCE_STREAM_MODES, SUB_BLOCK_TP_MODES, stream_dim
+from ...candidates.layout import SUB_BLOCK_TP_MODES
 from ...errors import UserError
-from .tp_dp import Parts, override_declared_sharding, tp_dp_parts
+from .tp_dp import SUB_BLOCKS_APPLIED, Parts, override_declared_sharding, tp_dp_parts
 from .tp_dp import fsdp_arguments as tp_dp_fsdp
 
 
@@ -22,12 +22,14 @@ def check_applicable(plan: Any) -> None:
     m = plan.mesh
     if m.tp == 1:
         return
-    batch = next((layer for layer in plan.layers if stream_dim(layer.tp_mode) == 0), None)
-    if batch is not None:
-        raise UserError(f"{batch.fqn} has tp_mode {batch.tp_mode!r}: TorchTitan 0.3.0's apply "
-                        "keeps the model's sequence-sharded stream, not one sharded on the "
-                        "batch; re-plan here (the search leaves the ':batch' modes out)")
-    applied = ("sp", "dp", *SEQUENCE_STREAM_MODES)
+    unrun = next((layer for layer in plan.layers if layer.tp_mode in SUB_BLOCK_TP_MODES
+                  and layer.tp_mode not in SUB_BLOCKS_APPLIED), None)
+    if unrun is not None:
+        raise UserError(f"{unrun.fqn} has tp_mode {unrun.tp_mode!r}: TorchTitan 0.3.0's apply "
+                        f"runs the sub-block modes {' and '.join(SUB_BLOCKS_APPLIED)} only (the "
+                        "model's sequence-sharded stream, each sub-block's linears alike); "
+                        "re-plan here (the search leaves the others out)")
+    applied = ("sp", "dp", *SUB_BLOCKS_APPLIED)
     other = [layer for layer in plan.layers if layer.tp_mode not in applied]
     if other:
         raise UserError(f"the plan runs tensor parallel on {len(plan.layers) - len(other)} of "

@@ -261,7 +261,7 @@ def job_of(config: Config, cpu_ranks: bool = False) -> Job:
                         f"{', '.join(IMPLEMENTATIONS)}, or drop --parallelism.auto")
     t, p, c = config.training, config.parallelism, config.compile
     if config.parallelism.auto:
-        notes += tp_dp_left_out(config) + batch_stream_note(config)
+        notes += tp_dp_left_out(config) + sub_block_note(config)
     job = Job(
         model=Model(family_of(spec), spec.flavor, converters, config.hf_assets_path),
         training=Training(t.local_batch_size, t.global_batch_size, t.seq_len, t.steps,
@@ -323,12 +323,13 @@ def tp_dp_left_out(config: Any) -> list[str]:
             f"0.3.0's apply does not run it with {why}"]
 
 
-def batch_stream_note(config: Any) -> list[str]:
-    """The plan note of a ``tp_sub_block`` search on 0.3.0: its modes with a stream sharded on
-    the batch are not searched (``Frontend.batch_stream``)."""
+def sub_block_note(config: Any) -> list[str]:
+    """The plan note of a ``tp_sub_block`` search on 0.3.0: the sub-block modes its apply does
+    not run are not searched (``Frontend.sub_block_modes``)."""
     if "tp_sub_block" not in config.autoparallel.techniques:
         return []
-    return ["autoparallel.techniques: tp_sub_block searched with the sequence-sharded stream "
-            "only (tp modes 'dp/sp', 'sp/dp'): TorchTitan 0.3.0's apply keeps the model's "
-            "stream layout, so the ':batch' modes (stream sharded on the batch over tp) are "
-            "left out"]
+    return ["autoparallel.techniques: tp_sub_block searched with tp modes 'dp/sp' and 'sp/dp' "
+            "only: TorchTitan 0.3.0's apply keeps the model's sequence-sharded stream and "
+            "places a sub-block's linears alike, so the ':batch' modes (stream sharded on the "
+            "batch over tp) and 'sp/sp:a2a' (the attention output projection on the sequence "
+            "shard) are left out"]

@@ -31,6 +31,10 @@ Parts = list[tuple[str, list[Any]]]
 """A block's FSDP groups: (the tp dim's use, "sp" or "dp"; the modules of the group)."""
 
 
+SUB_BLOCKS_APPLIED = ("dp/sp", "sp/dp")
+"""The sub-block tp modes this apply runs: on the model's sequence-sharded stream, every linear
+of a sub-block placed alike (``layout.SUB_BLOCK_TP_MODES`` has more)."""
+
 def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
                 compiled: bool) -> dict[str, Parts]:
     """By block name, the FSDP groups of each block whose plan runs some part data parallel
