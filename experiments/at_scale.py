@@ -84,7 +84,7 @@ FIELDS = ["model", "world", "global_batch", "auto_status", "auto_mesh", "auto_tp
 SUB_BLOCK = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,pp,tp_sub_block"
 """The default techniques and ``tp_sub_block`` (attention and feed-forward each TP + SP or
 data parallel over tp: tp modes "dp/sp" and "sp/dp", and with the stream sharded on the batch
-"dp/sp:batch", "sp/dp:batch", "sp/sp:batch"), for the sub-block column."""
+"dp/sp:batch", "sp/dp:batch", "sp/sp:batch"; "sp/sp:a2a"), for the sub-block column."""
 
 
 @functools.cache
@@ -388,7 +388,9 @@ def sub_block_lines(rows: list[dict[str, Any]]) -> list[str]:
              "feed-forward may each take TP + SP or the tp dim as data parallel, tp modes "
              "`dp/sp` and `sp/dp` on TorchTitan's sequence-sharded stream, or `dp/sp:batch`, "
              "`sp/dp:batch` and `sp/sp:batch` with the stream sharded on the batch over tp, "
-             "where a data-parallel sub-block needs no all-to-all), both planned by the current "
+             "where a data-parallel sub-block needs no all-to-all; or `sp/sp:a2a`, the "
+             "attention's output projection whole on the sequence shard), both planned by the "
+             "current "
              "model in the same run on the auto presets (no float8, no compile: `tp_sub_block` "
              "is not applied to compiled blocks, so llama3 405B's per-block tok/s here is not "
              "its auto tok/s above; the auto rows above are kept from their own run). Only "

@@ -120,15 +120,15 @@ MAPPINGS: dict[str, dict[str, Any]] = {
         "sharded on its embedding dim over tp (TorchTitan's vocabulary-parallel embedding "
         "shards the vocabulary), the same bytes per rank, its lookup's collective not recorded "
         "by the peer run; costed as TorchTitan's")},
-    "70B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "dp/sp:batch", "expressible": True,
+    "70B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "dp/sp:batch", "expressible": False,
                 "note": (
         "as 70B@64 in every block (dp/sp:batch: every matmul weight, the stream and each "
-        "collective); tok_embeddings is stored vocabulary-parallel over tp as TorchTitan's, its "
-        "FSDP shard on the embedding dim instead of the vocabulary (the same bytes and "
-        "collectives), lm_head column-wise over tp as TorchTitan's output. Storage only: "
-        "AutoParallel keeps the norm weights of the TP feed-forward and the final norm (8,192 "
-        "values each) sharded over tp too, where TorchTitan's SP keeps them whole on the tp "
-        "ranks (under 0.001 % of the bytes)")},
+        "collective). Not exact outside the blocks: tok_embeddings is stored sharded on its "
+        "embedding dim over fsdp and on the vocabulary over tp, gathered over tp for the lookup "
+        "(the tp dim as FSDP), looked up on its embedding dim over fsdp for the tokens "
+        "all-gathered over fsdp (split on the batch over tp) and moved onto the stream by an "
+        "all-to-all over fsdp, where TorchTitan's embedding is vocabulary-parallel over tp and "
+        "FSDP-gathered over fsdp; costed as TorchTitan's")},
 }
 
 
@@ -446,9 +446,11 @@ READING = """
   with the stream between blocks sharded on the batch over tp: tp mode `dp/sp:batch`. At 8B@8
   attention is TP + SP over tp (2) while the feed-forward is TP over the fsdp dim (4), a
   second mesh dim inside one block, which the vocabulary does not write. Outside the blocks,
-  the 8B jobs and 70B@64 store the token embedding sharded on its embedding dim over
-  fsdp x tp, which the plan does not write either (the note under each job); 70B@256 maps
-  exactly.
+  every job looks the token embedding up sharded on its embedding dim (over fsdp x tp, or over
+  fsdp with the tp dim gathering the table, 70B@256) for tokens gathered from the other ranks
+  and moves the result onto the stream with an all-to-all, where TorchTitan's embedding is
+  vocabulary-parallel over tp: a placement the plan does not write either (the note under each
+  job), so none of the five is exact, though four are exact in every block.
 - Costed by one model: where AutoParallel's placements fit the budget this planner's plans
   are as fast or faster on the same mesh and on the mesh it searches; the 8B jobs' `sp/sp:a2a`
   gathers wo's weight over fsdp x tp in every micro-batch (one sequence per rank hides little

@@ -86,11 +86,13 @@ def test_found_context_parallel_parity(pocket_reference, tmp_path):
     print(f"found CP, 2 ranks: max rel diff {worst:.2e}")
 
 
-def test_sub_block_discovered_model_parity(pocket_reference, tmp_path):
+@pytest.mark.parametrize("stream", ["", ":batch"], ids=["sequence", "batch"])
+def test_sub_block_discovered_model_parity(pocket_reference, tmp_path, stream):
     """The sub-blocks discovery finds in the test model's blocks (``ln_a`` -> ``mix``, ``ln_b``
     -> ``ffn``: tests/test_sub_block.py checks the rule) run apart on 2 ranks (tp 2): blocks
     alternating data-parallel attention + TP feed-forward and the reverse, replayed from a
-    plan file, train like the 1-rank run."""
+    plan file, on TorchTitan's sequence-sharded stream and on one sharded on the batch (the
+    inferred TP styles with the stream dim), train like the 1-rank run."""
     from torchtitan_autoparallel.job.request import plan_job
 
     from tests.test_adapters import _job
@@ -103,13 +105,14 @@ def test_sub_block_discovered_model_parity(pocket_reference, tmp_path):
     plan.gradient_accumulation_steps = plan.global_batch_size // 2
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
     for i, layer in enumerate(blocks):
-        layer.tp_mode = ("dp/sp", "sp/dp")[i % 2]
+        layer.tp_mode = ("dp/sp", "sp/dp")[i % 2] + stream
         layer.ac = "none"
     path = tmp_path / "sub_block.json"
     plan.save(str(path))
     seed, reference = pocket_reference
     result = run_job(AUTO, 2, tmp_path / "run", [f"--autoparallel.plan_file={path}", *options],
                      seed_checkpoint=seed)
-    assert "attn:tp_dp/ffn:tp+sp" in result.output, result.output[-3000:]
+    label = "attn:tp_dp/ffn:tp+stream:batch" if stream else "attn:tp_dp/ffn:tp+sp"
+    assert label in result.output, result.output[-3000:]
     assert_parity(reference, result)
     assert_grad_norm_parity(reference, result)
