@@ -244,6 +244,42 @@ def test_sub_block_plan_check_and_labels():
         "fsdp-keep+attn:tp+sp/ffn:tp_dp+ac:full"
 
 
+def test_sub_block_stream_rule_labels_and_explain(tmp_path):
+    """A plan file mixing the batch-sharded stream with the sequence-sharded one is refused in
+    one line naming both modes; the new modes' labels say what they do, and explain says why a
+    uniform plan of them has no TorchTitan degrees."""
+    from torchtitan_autoparallel.commands.explain import snippet
+    from torchtitan_autoparallel.errors import UserError
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.plan.schema import LayerPlan
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
+
+    register()
+    plan = plan_job(parse_config(["--job.config_file", "train_configs/llama3_debug_auto.toml",
+                                  "--parallelism.tensor_parallel_degree=2",
+                                  "--parallelism.data_parallel_shard_degree=2",
+                                  "--training.global_batch_size=8", TECHNIQUES]), 4)
+    plan.local_batch_size, plan.gradient_accumulation_steps = 2, 2
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    for layer in blocks:
+        layer.tp_mode, layer.fsdp_unit = "sp/sp:a2a", 1
+    assert "output projection whole on the sequence shard" in snippet(plan)
+    for layer in blocks:
+        layer.tp_mode = "dp/sp:batch"
+    assert "residual stream sharded on the batch" in snippet(plan)
+    blocks[1].tp_mode = "dp/sp"
+    path = tmp_path / "mixed.json"
+    with pytest.raises(UserError, match=r"tp_mode 'dp/sp:batch' shards the residual stream on "
+                                        r"the batch and 'dp/sp' on the sequence"):
+        plan.save(str(path))
+    assert not path.exists()
+    assert LayerPlan("layers.0", "block", "none", True, "dp/sp:batch").describe() == \
+        "fsdp+attn:tp_dp/ffn:tp+stream:batch"
+    assert LayerPlan("layers.0", "block", "none", True, "sp/sp:a2a").describe() == \
+        "fsdp+attn:tp+a2a/ffn:tp+sp"
+
+
 def test_sub_block_block_cost_sums_its_parts():
     """``block_cost`` of a sub-block mode charges ``tp_comm_s`` as its TP time, and llama3's
     adapter names the sub-blocks the modes parallelize apart (attention first)."""

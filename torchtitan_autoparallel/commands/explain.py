@@ -6,7 +6,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..candidates.layout import GIB, BlockStrategy, fsdp_unit_problem, reshard_group
+from ..candidates.layout import (
+    A2A,
+    GIB,
+    BlockStrategy,
+    fsdp_unit_problem,
+    reshard_group,
+    stream_dim,
+    sub_block_modes,
+)
 from ..cost.model import (
     float8_linear_times,
     input_key,
@@ -381,15 +389,28 @@ def explain_text(plan: Plan, rows: list[dict[str, Any]], extra: list[str] = ()) 
     return "\n".join(lines)
 
 
+def _tp_mode_words(tp_mode: str) -> str:
+    """What a tp mode other than TorchTitan's TP + SP does, in a few words."""
+    if tp_mode == "dp":
+        return "the tp dim as data parallel for the whole block"
+    words = []
+    if "dp" in sub_block_modes(tp_mode):
+        words.append("the tp dim as data parallel for one sub-block")
+    if tp_mode.endswith(A2A):
+        words.append("the attention's output projection whole on the sequence shard")
+    if stream_dim(tp_mode) == 0:
+        words.append("the residual stream sharded on the batch over tp")
+    return ", ".join(words)
+
+
 def snippet(plan: Plan) -> str:
     """TorchTitan settings that run this plan, or which layers keep it from being uniform."""
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
     kinds = {(b.ac, b.reshard_after_forward, b.tp_mode) for b in blocks}
     if len(kinds) == 1 and blocks[0].tp_mode not in ("none", "sp"):
         return (f"not expressible as TorchTitan settings: every block runs tp mode "
-                f"{blocks[0].tp_mode!r} (the tp dim as data parallel for "
-                f"{'the whole block' if blocks[0].tp_mode == 'dp' else 'one sub-block'}), "
-                "which no TorchTitan degree says; the plan file runs it")
+                f"{blocks[0].tp_mode!r} ({_tp_mode_words(blocks[0].tp_mode)}), which no "
+                "TorchTitan degree says; the plan file runs it")
     if len(kinds) != 1:
         first = (blocks[0].ac, blocks[0].reshard_after_forward, blocks[0].tp_mode)
         odd = [b.fqn for b in blocks if (b.ac, b.reshard_after_forward, b.tp_mode) != first]
