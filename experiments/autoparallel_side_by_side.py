@@ -350,13 +350,32 @@ def time_row(row: dict[str, Any]) -> str:
             f"| {row['ours_same_mesh_plan_s']:.2f} | {row['ours_plan_s']:.2f} |")
 
 
+def embedding_lines(peer: dict[str, Any]) -> list[str]:
+    """How AutoParallel's solution looks the token embedding up (``autoparallel_peer.py``'s
+    "edges"): the table and the token ids as the lookup reads them, its output, and the
+    placement the first block takes it in; nothing for a run that did not record them."""
+    edges = peer.get("activations", {}).get("edges", {})
+    lookup = edges.get("tok_embeddings embedding#0")
+    moved = edges.get("tok_embeddings alias#0")
+    if not lookup:
+        return []
+    table, tokens = lookup["in"]
+    line = (f"- Embedding lookup (fsdp, tp): the table read as {table} (stored "
+            f"{lookup['from'][0]}), the token ids as {tokens} (arriving {lookup['from'][1]}), "
+            f"its output {lookup['out'][0]}")
+    if moved:
+        line += f", redistributed to {moved['in'][0]} for the blocks"
+    return [line + " (Shard on dim 1 of the table: its embedding dim).", ""]
+
+
 def job_details(row: dict[str, Any], peer: dict[str, Any]) -> list[str]:
     """A job's section: AutoParallel's placements, how they map, every plan costed."""
     out = ["", f"## {row['job']} (global batch {row['global_batch']}, seq {row['seq']})", ""]
     if "error" in peer:
         out.append(f"- AutoParallel: {peer['error']}")
     else:
-        out += ["AutoParallel's placements:", "", *placement_rows(peer), ""]
+        out += ["AutoParallel's placements:", "", *placement_rows(peer), "",
+                *embedding_lines(peer)]
     m = row["autoparallel_mapping"]
     exact = "exact" if row["autoparallel_expressible"] else "not exact"
     out.append(f"- In the sub-block vocabulary ({exact}): {m['mesh']}, every block tp mode "

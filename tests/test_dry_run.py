@@ -319,3 +319,21 @@ def test_gpt_oss_bf16_state_dry_run(tmp_path):
     out = check_report(dry_run("gpt_oss_120b", 8, tmp_path, "--model.flavor=20b",
                                "--autoparallel.hardware=h100_sxm"), 8)
     assert '"param_dtype": "torch.bfloat16"' in out
+
+
+def test_sub_block_batch_stream_dry_run(tmp_path):
+    """llama3 8B on 8 fake H100 ranks with tp_sub_block: the search picks data-parallel
+    attention beside a TP feed-forward on a stream sharded on the batch (fsdp 4 x tp 2,
+    ``at_scale.md``'s sub-block column) and the plan applies at that size: every block's
+    data-parallel part sharded over fsdp x tp."""
+    from torchtitan_autoparallel.plan.schema import Plan
+
+    path = tmp_path / "plan.json"
+    result = dry_run("8b", 8, tmp_path, "--autoparallel.hardware=h100_sxm",
+                     "--training.global_batch_size=8",
+                     "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,pp,tp_sub_block",
+                     f"--autoparallel.save_plan={path}")
+    check_report(result, 8)
+    plan = Plan.load(str(path))
+    assert {layer.tp_mode for layer in plan.layers if layer.kind == "block"} == {"dp/sp:batch"}
+    assert all(block["mesh"] == ["fsdp_tp"] for block in built_blocks(result).values())
