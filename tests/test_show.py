@@ -145,3 +145,34 @@ def test_show_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
     code, _, err = cli(capsys, "show", plan, "--out", str(tmp_path / "plan.png"))
     assert code == 2 and "[show]" in err and not (tmp_path / "plan.png").exists()
     assert json.loads((PLANS["pinned"]).read_text())["version"] == 2
+
+
+@pytest.mark.parametrize("modes", [["dp/sp:batch", "sp/sp:batch"], ["sp/sp:a2a", "dp/sp"]],
+                         ids=["batch_stream", "a2a"])
+def test_sub_block_modes_drawn(modes):
+    """Blocks in the sub-block modes below the block (the stream sharded on the batch; the
+    output projection on the sequence shard) are drawn, each tp value in a colour of its own,
+    the batch-sharded stream named in the tp cell."""
+    from torchtitan_autoparallel.commands.show import draw, picture
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
+
+    register()
+    plan = plan_job(parse_config([
+        "--job.config_file", "train_configs/llama3_debug_auto.toml",
+        "--parallelism.tensor_parallel_degree=2", "--parallelism.data_parallel_shard_degree=2",
+        "--training.global_batch_size=8",
+        "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,tp_sub_block"]), 4)
+    plan.local_batch_size, plan.gradient_accumulation_steps = 2, 2
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    for i, layer in enumerate(blocks):
+        layer.tp_mode, layer.fsdp_unit = modes[i % 2], 1
+    pic = picture(plan)
+    draw([pic])
+    tp = {row.cells["tp"] for row in pic.rows if row.first.startswith("layers.")}
+    assert len(tp) == 2, tp
+    if modes[0].endswith(":batch"):
+        assert all(value.endswith(" stream:batch") for value in tp), tp
+    else:
+        assert "attn:tp+a2a/ffn:tp+sp" in tp, tp

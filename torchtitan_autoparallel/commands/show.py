@@ -29,11 +29,13 @@ COLOURS = {
     "fsdp": "#4c72b0", "fsdp-keep": "#8fa8d8", "ddp": "#55a868", "single": "#937860",
     "tp+sp": "#dd8452", "tp_dp": "#da8bc3", "ep": "#c44e52", "cp": "#64b5cd",
     "attn:tp_dp/ffn:tp+sp": "#e4a88a", "attn:tp+sp/ffn:tp_dp": "#c9a0b6",
+    "attn:tp+a2a/ffn:tp+sp": "#c46a3a", "attn:tp_dp/ffn:tp": "#f0c8b4",
+    "attn:tp/ffn:tp_dp": "#e2c4d6", "attn:tp/ffn:tp": "#eeb48c",
     "ac:none": "#e6e6e6", "ac:selective": "#ccb974", "ac:full": "#8c8c8c", "pinned": "#222222",
     "": "#f2f2f2",
 }
-"""Cell colour per strategy value ("ep4" and "cp2" take the colour of "ep" / "cp"; "" = the
-aspect does not apply)."""
+"""Cell colour per strategy value ("ep4" and "cp2" take the colour of "ep" / "cp"; a tp value
+with " stream:batch" that of its tp part; "" = the aspect does not apply)."""
 NODE_COLOURS = ("#dfe8f5", "#f5e6d8")
 MEMORY_COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer state": "#55a868",
                   "optimizer step temporary": "#937860", "activations": "#c44e52",
@@ -49,6 +51,7 @@ TIME_COLOURS = {"compute": "#4c72b0", "tp": "#dd8452", "cp ring": "#64b5cd",
 
 def colour(value: str) -> str:
     """The colour of one strategy value (see ``COLOURS``)."""
+    value = value.removesuffix(" stream:batch")
     return COLOURS.get(value) or COLOURS[value.rstrip("0123456789")]
 
 
@@ -113,7 +116,10 @@ def _rows(plan: Plan) -> list[LayerRow]:
     for _, run in itertools.groupby(plan.layers, key=lambda lp: (lp.kind, lp.describe())):
         run = list(run)
         cells = {a: "" for a in ASPECTS}
-        cells.update(run[0].parts(unsharded))
+        parts = run[0].parts(unsharded)
+        if "stream" in parts:  # the stream's layout drawn with the tp dim's use
+            parts["tp"] += f" {parts['stream']}"
+        cells.update({a: v for a, v in parts.items() if a in ASPECTS})
         if plan.mesh.cp > 1 and run[0].kind == "block":
             cells["cp"] = f"cp{plan.mesh.cp}"
         cells["ac"] = cells["ac"] if cells["ac"] else "ac:none"
