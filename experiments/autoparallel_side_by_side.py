@@ -99,9 +99,10 @@ MAPPINGS: dict[str, dict[str, Any]] = {
     "8B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "sp/sp:a2a", "expressible": False, "note": (
         "every block maps onto sp/sp:a2a exactly: the stream sequence-sharded over tp (batch "
         "over fsdp), the fused QKV column-wise over tp on the gathered input and SDPA on the "
-        "heads, wo's input through an all-to-all over tp (heads to sequence) and wo's weight "
-        "gathered whole (stored over fsdp x tp) on the sequence shard, no reduce-scatter out "
-        "of it; the feed-forward TorchTitan's TP + SP. Not exact outside the blocks: "
+        "heads, wo's input through an all-to-all over tp (heads to sequence) and wo's weight, "
+        "stored row-wise over tp and sharded over fsdp as TorchTitan's, gathered whole over "
+        "fsdp (FSDP) and then over tp for its matmul on the sequence shard, no reduce-scatter "
+        "out of it; the feed-forward TorchTitan's TP + SP. Not exact outside the blocks: "
         "tok_embeddings is stored sharded on its embedding dim over fsdp x tp and looked up "
         "there for the whole global batch (token ids replicated), then redistributed onto the "
         "stream, where TorchTitan's embedding is vocabulary-parallel over tp and FSDP-gathered "
@@ -471,9 +472,11 @@ READING = """
   vocabulary-parallel over tp: a placement the plan does not write either (the note under each
   job), so none of the five is exact, though four are exact in every block.
 - Costed by one model: where AutoParallel's placements fit the budget this planner's plans
-  are as fast or faster on the same mesh and on the mesh it searches; the 8B jobs' `sp/sp:a2a`
-  gathers wo's weight over fsdp x tp in every micro-batch (one sequence per rank hides little
-  of it), which this model costs above TorchTitan's reduce-scatter of wo's output. On the 70B
+  are as fast or faster on the same mesh and on the mesh it searches. On the 8B jobs its
+  `sp/sp:a2a` is 0.7-0.8 % faster than TorchTitan's TP + SP on its mesh (wo's all-to-all and
+  the gather of its weight over tp move less than the reduce-scatter of its output), and this
+  planner, given the mode, picks it on that mesh too (with its own AC, resharding and FSDP
+  units); the mesh it searches is faster still. On the 70B
   jobs AutoParallel's placements as its path runs them (no AC) need 256-265 GiB per GPU
   against a 71 GiB budget; with the AC and resharding this planner's MILP picks for them they
   fit and fall below this planner's plans.

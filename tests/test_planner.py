@@ -147,7 +147,8 @@ def test_milp_matches_brute_force(seed, single_block_units):
 def test_sub_block_stream_layout_matches_brute_force(single_block_units):
     """Sub-block modes, the stream sharded on the sequence or on the batch: the MILP (one
     stream layout per plan) against a brute force over every split of each class that keeps
-    one, on random dense models and budgets; somewhere the batch-sharded stream is chosen and
+    one, on random dense models and budgets, block 0 pinned to TorchTitan's recipe (TP + SP on
+    the sequence) in every other model; somewhere the batch-sharded stream is chosen and
     somewhere a plan that mixes both layouts would have been faster (the rule binds)."""
     chosen, bound = set(), 0
     for seed in range(10):
@@ -162,19 +163,20 @@ def test_sub_block_stream_layout_matches_brute_force(single_block_units):
                                                                      "tp_sub_block"))
         meshes = flat_meshes(graph, world, 8, constraints)
         ctx = CostContext(hw=hw, prec=Precision(2, 4), gpus_per_node=8)
-        cands = [build_candidate(graph, m, mb, 16, ctx, constraints, {})
+        pins = {"layers.0": Pin("none", True)} if seed % 2 and len(graph.blocks) > 1 else {}
+        cands = [build_candidate(graph, m, mb, 16, ctx, constraints, pins)
                  for m in meshes for mb in microbatch_sizes(16, m)]
         lo = min(c.memory_lower_bound() for c in cands)
         for budget in (lo * 1.05, lo * 3):
-            result = search(graph, 16, ctx, budget, constraints, meshes, 30.0, {})
-            expected = brute_force(graph, world, 16, ctx, budget, constraints, {})
+            result = search(graph, 16, ctx, budget, constraints, meshes, 30.0, pins)
+            expected = brute_force(graph, world, 16, ctx, budget, constraints, pins)
             assert result.best is not None and expected is not None
             assert result.best.step_time_s == pytest.approx(expected, rel=1e-9), (seed, budget)
             modes = {s.tp_mode for counts in result.best.counts.values()
                      for (_, s), k in counts.items() if k}
             assert len({m.endswith(":batch") for m in modes}) == 1, modes
             chosen |= modes
-            bound += brute_force(graph, world, 16, ctx, budget, constraints, {},
+            bound += brute_force(graph, world, 16, ctx, budget, constraints, pins,
                                  one_stream=False) < expected * (1 - 1e-9)
     print(f"modes chosen {sorted(chosen)}; mixed layouts faster in {bound} cases")
     assert any(m.endswith(":batch") for m in chosen) and bound, (chosen, bound)

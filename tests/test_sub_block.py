@@ -108,9 +108,12 @@ def test_sub_block_tp_communication_by_hand(mode, ac):
     a2a = (4 + 2 * (passes - 1)) * ring * (act / tp) / bw if dp_part else 0.0
     if mode.endswith(":a2a"):
         # wo: no reduce-scatter out of it (forward, and again under full AC) and no all-gather
-        # of its output gradient; an all-to-all of its heads-sharded input instead, each time
+        # of its output gradient; an all-to-all of its heads-sharded input instead, each time,
+        # and its 4096 x 4096 bf16 weight all-gathered over tp in each forward pass, its
+        # gradient reduce-scattered back
         sp -= (passes + 1) * ring * act / bw
-        a2a = (passes + 1) * ring * (act / tp) / bw
+        wo = 4096 * 4096 * 2
+        a2a = (passes + 1) * ring * (act / tp) / bw + (passes + 1) * ring * wo / bw
     got = tp_comm_s(block, MESH, BlockStrategy(ac, False, mode), MB, ctx)
     assert got == pytest.approx(sp + a2a, rel=1e-9)
     if mode.endswith(":a2a"):
@@ -123,37 +126,34 @@ def test_sub_block_tp_communication_by_hand(mode, ac):
 
 
 def test_sub_block_a2a_fsdp_groups_by_hand():
-    """":a2a": attention.wo is a group of its own, whole and sharded over dp_shard x tp; the
-    rest of the attention (and its norm) split over tp and sharded over dp_shard, the
-    feed-forward too. Gathered bytes (bf16) and the all-gather time counted by hand (flat
-    bandwidth, no latency)."""
+    """":a2a" stores wo as TorchTitan's row-wise wo (split over tp, FSDP over dp_shard): the
+    block's FSDP is TP + SP's, one group with every parameter split over tp (gathered bytes,
+    bf16); while its backward runs the block also holds wo's weight and gradient gathered
+    whole over tp (the transient grows by 2 x 7/8 of wo's bf16 bytes)."""
     _, block = llama3_8b_block()
-    ctx = context(intra_node_half_mib=0.0, intra_node_latency_us=0.0,
-                  inter_node_half_mib=0.0, inter_node_latency_us=0.0)
-    dim = 4096
-    shapes = dict(zip(block.linear_names, block.linear_shapes, strict=True))
-    wo = shapes["attention.wo"][0] * shapes["attention.wo"][1]
-    rest = block.params - wo  # every other linear and both norms, split over tp
-    cost = fsdp_s(block, MESH, BlockStrategy("none", True, "sp/sp:a2a"), ctx, 0.0)
-    assert wo == dim * dim
-    assert cost.unsharded_bytes == pytest.approx(2 * (wo + rest / MESH.tp))
-    hw = ctx.hw
-    dp_bw = min(hw.intra_node_gbps, 8 * hw.inter_node_gbps) * 1e9  # 64 ranks, a rail each
-    sp_bw = min(hw.intra_node_gbps, hw.inter_node_gbps) * 1e9  # 8 ranks, one a node
-    gather = 63 / 64 * 2 * wo / dp_bw + 7 / 8 * 2 * rest / MESH.tp / sp_bw
-    assert cost.fwd_s == pytest.approx(gather, rel=1e-9)
+    ctx = context()
+    a2a = BlockStrategy("none", True, "sp/sp:a2a")
+    both = fsdp_s(block, MESH, a2a, ctx, 0.0)
+    assert both.unsharded_bytes == pytest.approx(2 * block.params / MESH.tp)
+    assert both == fsdp_s(block, MESH, BlockStrategy("none", True, "sp"), ctx, 0.0)
+    sp = block_cost(block, MESH, BlockStrategy("none", True, "sp"), 1, ctx)
+    got = block_cost(block, MESH, a2a, 1, ctx)
+    assert got.transient_bytes - sp.transient_bytes == pytest.approx(
+        2 * 4096 * 4096 * 2 * 7 / 8)
 
 
 def test_sub_block_a2a_is_legal_without_a_batch_split():
-    """":a2a" splits no batch over tp (wo runs on the sequence shard): legal with one sequence
-    per rank, as AutoParallel's 8B jobs run it, where the data-parallel sub-blocks are not; it
-    needs dp_shard > 1 (wo's FSDP group spans dp_shard x tp)."""
+    """":a2a" splits no batch over tp (wo runs on the sequence shard) and shards nothing over
+    dp_shard x tp: legal with one sequence per rank, as AutoParallel's 8B jobs run it, where
+    the data-parallel sub-blocks are not, and on tp alone; not with cp (the all-to-all splits
+    the sequence over tp only)."""
     assert tp_dp_problem(MESH, 1, "block", "sp/sp:a2a") == ""
     assert "divisible by tp" in tp_dp_problem(MESH, 1, "block", "dp/sp")
     assert "sp/sp:a2a" in block_tp_modes(MESH, 1, Constraints(techniques=("fsdp", "tp",
                                                                            "tp_sub_block")))
-    tp_only = Mesh(dp_replicate=1, dp_shard=1, tp=8)
-    assert "dp_shard > 1" in tp_dp_problem(tp_only, MB, "block", "sp/sp:a2a")
+    assert tp_dp_problem(Mesh(dp_replicate=2, dp_shard=1, tp=8), 1, "block", "sp/sp:a2a") == ""
+    assert "cp = 1" in tp_dp_problem(Mesh(dp_replicate=1, dp_shard=4, tp=8, cp=2), MB, "block",
+                                     "sp/sp:a2a")
 
 
 def test_sub_block_batch_stream_skips_the_concatenation():
@@ -221,12 +221,17 @@ def test_sub_block_modes_follow_the_tp_dp_rule_in_one_place():
     tp_only = Mesh(dp_replicate=1, dp_shard=1, tp=8)
     assert "dp_shard > 1" in tp_dp_problem(tp_only, MB)
     assert block_tp_modes(tp_only, MB, Constraints(techniques=(*asked.techniques, "tp_dp"))) \
-        == ("sp", *(m for m in SUB_BLOCK_TP_MODES if m != "sp/sp:a2a"))
+        == ("sp", *SUB_BLOCK_TP_MODES)
     assert "'dp/sp'" in tp_dp_problem(MESH, 4, "block", "dp/sp")
+    wide = Mesh(dp_replicate=1, dp_shard=16, tp=8)
     for mode in SUB_BLOCK_TP_MODES:
-        assert fsdp_unit_problem(MESH, mode)
-        assert node_reshard_group(Mesh(dp_replicate=1, dp_shard=16, tp=8), 8, mode) == 0
-        assert node_reshard_problem(MESH, mode, 4)
+        if "dp" in sub_block_modes(mode):  # one FSDP group per sub-block
+            assert fsdp_unit_problem(MESH, mode)
+            assert node_reshard_group(wide, 8, mode) == 0
+            assert node_reshard_problem(MESH, mode, 4)
+        else:  # both sub-blocks TP: one FSDP group for the block, as TP + SP's
+            assert fsdp_unit_problem(MESH, mode) == fsdp_unit_problem(MESH, "sp") == ""
+            assert node_reshard_group(wide, 8, mode) == node_reshard_group(wide, 8, "sp")
 
 
 def test_sub_block_plan_check_and_labels():

@@ -40,9 +40,11 @@ an all-to-all (heads to sequence) with its weight whole (``A2A_MODES``)."""
 A2A_MODES: tuple[TpMode, ...] = ("sp/sp:a2a",)
 """TP + SP on both sub-blocks except the attention's row-wise output projection: its input
 (sharded on the heads by the column-wise projections and attention) goes through an all-to-all
-over tp onto the sequence shard, where it runs with its weight whole (FSDP-sharded over
-dp_shard x tp, gathered for use) and leaves its output on the stream without a reduce-scatter
-(the placement TorchTitan 0.3.0's AutoParallel picks for wo on Llama 3 8B)."""
+over tp onto the sequence shard, where it runs with its weight whole and leaves its output on
+the stream without a reduce-scatter. The weight is stored as TorchTitan's row-wise one (split
+over tp, FSDP over dp_shard) and all-gathered over tp for the matmul, its gradient
+reduce-scattered back (the placement TorchTitan 0.3.0's AutoParallel picks for wo on
+Llama 3 8B)."""
 SEQUENCE_STREAM_MODES: tuple[TpMode, ...] = ("dp/sp", "sp/dp", *A2A_MODES)
 BATCH_STREAM_MODES: tuple[TpMode, ...] = ("dp/sp:batch", "sp/dp:batch", "sp/sp:batch")
 SUB_BLOCK_TP_MODES: tuple[TpMode, ...] = (*SEQUENCE_STREAM_MODES, *BATCH_STREAM_MODES)
@@ -65,9 +67,14 @@ def sub_block_modes(tp_mode: str) -> tuple[str, str]:
 
 def tp_dp_params(tp_mode: str) -> bool:
     """Whether some of a block's parameters are data parallel over tp under ``tp_mode`` (a
-    "dp" block or sub-block, or the output projection of ``A2A_MODES``): FSDP shards them over
-    dp_shard x tp."""
-    return "dp" in sub_block_modes(tp_mode) or tp_mode.endswith(A2A)
+    "dp" block or sub-block): FSDP shards them over dp_shard x tp."""
+    return "dp" in sub_block_modes(tp_mode)
+
+
+def split_fsdp(tp_mode: str) -> bool:
+    """Whether a block in ``tp_mode`` is one FSDP group per sub-block (one of them data
+    parallel over tp, on dp_shard x tp) rather than one group for the block."""
+    return tp_mode in SUB_BLOCK_TP_MODES and tp_dp_params(tp_mode)
 
 
 def stream_dim(tp_mode: str) -> int:
@@ -280,11 +287,12 @@ def node_reshard_group(mesh: Mesh, gpus_per_node: int, tp_mode: str = "none") ->
     """The integer ``reshard_after_forward`` that keeps a block's backward all-gather inside
     one node: the block's FSDP ranks on one node, when its FSDP group spans several nodes and
     that count is a proper divisor of the group (FSDP2 reshards to consecutive members of its
-    mesh, ``mesh.view(-1, n)``); 0 otherwise, and for sub-block modes (two FSDP groups)."""
+    mesh, ``mesh.view(-1, n)``); 0 otherwise, and for sub-block modes with two FSDP groups
+    (``split_fsdp``)."""
     group = fsdp_group_size(mesh, tp_mode)
     stride = 1 if tp_mode == "dp" else mesh.tp  # rank distance between FSDP neighbours
     if gpus_per_node < 1 or group * stride <= gpus_per_node or gpus_per_node % stride \
-            or tp_mode in SUB_BLOCK_TP_MODES:
+            or split_fsdp(tp_mode):
         return 0
     n = gpus_per_node // stride
     return n if node_reshard_fits(group, n) else 0
@@ -295,7 +303,7 @@ def node_reshard_problem(mesh: Mesh, tp_mode: str, node: int, kind: str = "block
     """Why a layer cannot reshard to ``node`` ranks after forward (empty if it can): a dense
     block of a plan without pp, ``node`` a proper divisor of its FSDP group above 1."""
     group = fsdp_group_size(mesh, tp_mode)
-    if tp_mode in SUB_BLOCK_TP_MODES:
+    if split_fsdp(tp_mode):
         return (f"reshard_after_forward {node} is not planned with tp_mode {tp_mode!r} (its "
                 "sub-blocks have FSDP groups of their own sizes)")
     if kind != "block" or mesh.pp > 1 or experts or not node_reshard_fits(group, node):
@@ -345,7 +353,7 @@ def fsdp_unit_problem(mesh: Mesh, tp_mode: str = "none", kind: str = "block") ->
         return "FSDP units are not planned with expert parallelism (per-block expert prefetch)"
     if not fsdp_sharded(mesh, tp_mode):
         return "FSDP units need blocks FSDP shards (dp_shard x cp > 1, or tp as data parallel)"
-    if tp_mode in SUB_BLOCK_TP_MODES:
+    if split_fsdp(tp_mode):
         return f"FSDP units are not planned with tp_mode {tp_mode!r} (one group per sub-block)"
     return ""
 
@@ -358,21 +366,22 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
     block, one FSDP mesh over dp_shard x tp (dp_replicate = 1, cp = 1; dp_shard > 1 for the
     whole block, whose data parallel over tp alone would be plain FSDP over the same ranks; a
     sub-block mode may have dp_shard = 1: its data-parallel part sharded over tp, the rest as
-    TorchTitan's TP alone) and a batch the tp ranks split evenly. ``A2A_MODES`` split no batch
-    (their data-parallel projection runs on the sequence shard) and need dp_shard > 1."""
+    TorchTitan's TP alone) and a batch the tp ranks split evenly. ``A2A_MODES`` use no data
+    parallel over tp: they need tp > 1, no pipeline, a block and cp = 1 only (the all-to-all
+    splits the sequence over tp alone)."""
     mode = f"tp_mode {tp_mode!r}"
-    a2a = tp_mode.endswith(A2A)
     if mesh.tp == 1:
         return f"{mode} needs tp > 1"
     if mesh.pp > 1:
         return f"{mode} is not planned with pipeline parallelism; use 'sp'"
     if kind != "block":
         return f"{mode} applies to blocks only; use 'sp'"
-    whole = tp_mode == "dp" or a2a
-    if mesh.dp_replicate > 1 or mesh.cp > 1 or (mesh.dp_shard == 1 and whole):
-        return (f"{mode} needs " + ("dp_shard > 1, " if whole else "")
+    if tp_mode.endswith(A2A):
+        return f"{mode} needs cp = 1; use 'sp'" if mesh.cp > 1 else ""
+    if mesh.dp_replicate > 1 or mesh.cp > 1 or (mesh.dp_shard == 1 and tp_mode == "dp"):
+        return (f"{mode} needs " + ("dp_shard > 1, " if tp_mode == "dp" else "")
                 + "dp_replicate = 1 and cp = 1; use 'sp'")
-    if microbatch % mesh.tp and not a2a:
+    if microbatch % mesh.tp:
         return f"{mode} needs local_batch_size divisible by tp ({mesh.tp}); use 'sp'"
     return ""
 

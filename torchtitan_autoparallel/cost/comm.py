@@ -10,6 +10,7 @@ from ..candidates.layout import (
     Mesh,
     fsdp_group_size,
     reshard_group,
+    split_fsdp,
     stream_dim,
     sub_block_modes,
 )
@@ -162,9 +163,14 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
         # sub-block) and back out of it, both again in backward (and in a full recompute)
         a2a = collective_s("all_to_all", act / mesh.tp, mesh.tp, tp_nodes, ctx.hw)
         comm += a2a * (4 + (2 if strategy.ac == "full" else 0))
-    # heads -> sequence into the output projection of A2A, sequence -> heads in backward
-    comm += a2a_s(layer, mesh, strategy, act, tp_nodes, ctx) * (
-        2 + (1 if strategy.ac == "full" else 0))
+    # A2A: heads -> sequence into the output projection, sequence -> heads in backward; its
+    # weight all-gathered over tp in each forward pass, its gradient reduce-scattered back
+    fwd_passes = 2 if strategy.ac == "full" else 1
+    weight = a2a_weight_bytes(layer, mesh, strategy, ctx.prec.param_bytes)
+    comm += a2a_s(layer, mesh, strategy, act, tp_nodes, ctx) * (fwd_passes + 1)
+    if weight:
+        comm += (fwd_passes * collective_s("all_gather", weight, mesh.tp, tp_nodes, ctx.hw)
+                 + collective_s("reduce_scatter", weight, mesh.tp, tp_nodes, ctx.hw))
     return comm
 
 
@@ -175,6 +181,16 @@ def a2a_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, act: float, tp_node
     if not strategy.tp_mode.endswith(A2A) or not a2a_linears(layer):
         return 0.0
     return collective_s("all_to_all", act / mesh.tp, mesh.tp, tp_nodes, ctx.hw)
+
+
+def a2a_weight_bytes(layer: Layer, mesh: Mesh, strategy: BlockStrategy, param_bytes: float
+                     ) -> float:
+    """Bytes of ``A2A``'s output projection weights gathered whole over tp for the matmul
+    (their gradient as many, reduce-scattered back); 0 in other modes."""
+    if not strategy.tp_mode.endswith(A2A) or mesh.tp == 1:
+        return 0.0
+    return param_bytes * sum(k * n for i, (k, n) in enumerate(layer.linear_shapes)
+                             if i in a2a_linears(layer))
 
 
 class RingCost(NamedTuple):
@@ -247,19 +263,12 @@ def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext, 
     rep_nodes = mesh.spans_nodes("dp_replicate", gpus_per_node)
     ep = mesh.ep if layer.expert_params else 1
     groups = [(layer.params - (layer.expert_params if ep > 1 else 0), param_split, fsdp_group)]
-    if strategy.tp_mode in SUB_BLOCK_TP_MODES:
+    if split_fsdp(strategy.tp_mode):
         # one FSDP group per sub-block: TP + SP's split over tp and sharded over dp_shard x cp,
-        # data parallel's whole and sharded over dp_shard x tp (A2A: the attention's output
-        # projection a group of its own, whole over dp_shard x tp)
-        own = sum(k * n for i, (k, n) in enumerate(layer.linear_shapes)
-                  if i in a2a_linears(layer)) if strategy.tp_mode.endswith(A2A) else 0
-        groups = [(n - (own if part == 0 else 0), mesh.tp if mode == "sp" else 1,
-                   fsdp_group_size(mesh, mode))
-                  for part, (n, mode) in enumerate(zip(sub_block_params(layer),
-                                                       sub_block_modes(strategy.tp_mode),
-                                                       strict=True))]
-        if own:
-            groups.append((own, 1, fsdp_group_size(mesh, "dp")))
+        # data parallel's whole and sharded over dp_shard x tp
+        groups = [(n, mesh.tp if mode == "sp" else 1, fsdp_group_size(mesh, mode))
+                  for n, mode in zip(sub_block_params(layer), sub_block_modes(strategy.tp_mode),
+                                     strict=True)]
     if ep > 1:
         groups.append((layer.expert_params, mesh.ep * mesh.etp, mesh.efsdp))
     gathers = 2 if strategy.reshard_after_forward else 1

@@ -27,10 +27,12 @@ from ..candidates.layout import (
     edge_strategy,
     fsdp_group_size,
     reshard_group,
+    sub_block_modes,
 )
 from ..graph.layer_graph import Layer, LayerGraph
 from .comm import (  # noqa: F401  (re-exported: the cost model's names)
     ROW_PARALLEL_FLOP_SHARE,
+    a2a_weight_bytes,
     cp_comm_s,
     fsdp_s,
     moe_dispatch_s,
@@ -193,12 +195,17 @@ def _block_memory(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch:
     else:
         gathered = gbytes if mesh.dp_replicate > 1 else 0.0
     transient = (saved if strategy.ac != "none" else 0.0) + gathered
+    # A2A: the output projection's weight gathered whole over tp, and its gradient, while its
+    # backward runs
+    transient += 2 * a2a_weight_bytes(layer, mesh, strategy, prec.param_bytes) * (
+        1 - 1 / mesh.tp)
     if strategy.ac == "full" and hw.recompute_grad_factor:
         # backward of a recomputed block: the gradients of its activations beside them, and
         # under TP + SP the all-gathered (unsplit) inputs of attention and FFN with theirs
         unsplit = 2 * layer.io_bytes * microbatch * act_scale / mesh.cp * (1 - 1 / mesh.tp)
         if strategy.tp_mode in SUB_BLOCK_TP_MODES:
-            unsplit /= 2  # one module gathers its input
+            # the modules that gather their input (one where the other is data parallel)
+            unsplit *= sub_block_modes(strategy.tp_mode).count("sp") / 2
         transient += hw.recompute_grad_factor * (saved + 2 * unsplit)
     return kept, state, transient
 

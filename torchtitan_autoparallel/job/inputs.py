@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import __version__
 from ..candidates.exclusions import without_excluded
-from ..candidates.layout import AC_MODES, GIB, SUB_BLOCK_TP_MODES, TECHNIQUES
+from ..candidates.layout import A2A, AC_MODES, GIB, SUB_BLOCK_TP_MODES, TECHNIQUES
 from ..candidates.strategies import Constraints
 from ..cost.hardware import CPU_PROFILE, HardwareProfile, load_profile
 from ..cost.model import Precision
@@ -129,7 +129,9 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
         **degrees,
         reshard_after_forward=features.reshard_after_forward,
         node_reshard=frontend().node_reshard,
-        sub_block_modes=frontend().sub_block_modes,
+        # the output projection of A2A runs as a plain linear: not with low-precision linears
+        sub_block_modes=tuple(m for m in frontend().sub_block_modes
+                              if not (m.endswith(A2A) and features.linear != "none")),
         fsdp_required=features.cpu_offload,
         **pipeline_constraints(job_config, features, techniques),
     )

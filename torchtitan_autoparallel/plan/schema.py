@@ -19,7 +19,6 @@ from ..candidates.layout import (
     reshard_group,
     strategy_label,
     strategy_parts,
-    stream_dim,
     stream_problem,
     sub_block_modes,
     tp_dp_params,
@@ -556,7 +555,7 @@ def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
     if layer.tp_mode == "none":
         return ("tp_mode 'none' on a tp mesh leaves its parameters plain tensors next to "
                 "DTensors (the optimizer step fails): use 'sp' or 'dp'")
-    if tp_dp_params(layer.tp_mode) or stream_dim(layer.tp_mode) == 0:
+    if layer.tp_mode != "sp":  # "dp" and the sub-block modes
         return tp_dp_problem(m, microbatch, layer.kind, layer.tp_mode)
     return ""
 

@@ -18,6 +18,7 @@ import torch.nn as nn
 from ...candidates.layout import (
     A2A,
     SUB_BLOCK_TP_MODES,
+    split_fsdp,
     stream_dim,
     sub_block_modes,
     tp_dp_params,
@@ -97,12 +98,11 @@ def sub_blocks_of(block: nn.Module, adapter: ModelAdapter, tp_mode: str) -> SubB
     if len(adapter.sub_blocks) != 2 or adapter.routed_experts(block) is not None:
         raise UserError(f"tp_mode {tp_mode!r} needs a dense block whose family names its "
                         "attention and feed-forward (ModelAdapter.sub_blocks); use 'sp' or 'dp'")
-    # A2A: the attention's output projection sharded on its own, before its sub-block's group
-    own = [("dp", [block.get_submodule(name)]) for name in a2a_projections(block, adapter)
-           ] if tp_mode.endswith(A2A) else []
-    return own + [(mode, [block.get_submodule(norm), block.get_submodule(module)])
-                  for (norm, module), mode in zip(adapter.sub_blocks, sub_block_modes(tp_mode),
-                                                  strict=True)]
+    if tp_mode.endswith(A2A):
+        a2a_projections(block, adapter)  # the rule, with its error
+    return [(mode, [block.get_submodule(norm), block.get_submodule(module)])
+            for (norm, module), mode in zip(adapter.sub_blocks, sub_block_modes(tp_mode),
+                                            strict=True)]
 
 
 def a2a_projections(block: nn.Module, adapter: ModelAdapter) -> list[str]:
@@ -169,14 +169,36 @@ def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp
 
 
 def _heads_to_sequence() -> Any:
-    """The input of an output projection run on the sequence shard (``layout.A2A_MODES``):
-    sharded on its features (the heads) over tp, redistributed onto the sequence (an
-    all-to-all); its weight whole, the output already the stream's sequence shard."""
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import PrepareModuleInput
+    """The style of an output projection run on the sequence shard (``layout.A2A_MODES``):
+    its weight stored as TorchTitan's row-wise one (Shard(1) over tp) and all-gathered for the
+    matmul (its gradient, a partial sum per tp rank, reduce-scattered back); its input, sharded
+    on its features (the heads) over tp, redistributed onto the sequence (an all-to-all); the
+    output is the stream's sequence shard, with no reduce-scatter."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel.style import ParallelStyle
 
-    return PrepareModuleInput(input_layouts=(Shard(2),), desired_input_layouts=(Shard(1),),
-                              use_local_output=True)
+    class HeadsToSequence(ParallelStyle):
+        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+            if type(module) is not nn.Linear:
+                raise UserError(f"tp_mode {A2A[1:]!r} runs the output projection as a plain "
+                                f"linear, not a {type(module).__name__}; use 'sp'")
+            for name, placement in (("weight", Shard(1)), ("bias", Replicate())):
+                param = getattr(module, name)
+                if param is not None:
+                    module.register_parameter(name, nn.Parameter(
+                        distribute_tensor(param, device_mesh, [placement])))
+
+            def forward(x: torch.Tensor) -> torch.Tensor:
+                x = DTensor.from_local(x, device_mesh, [Shard(2)], run_check=False)
+                x = x.redistribute(device_mesh, [Shard(1)]).to_local()
+                full = [p.full_tensor(grad_placements=[Partial()]) if p is not None else None
+                        for p in (module.weight, module.bias)]
+                return nn.functional.linear(x, *full)
+
+            module.forward = forward
+            return module
+
+    return HeadsToSequence()
 
 
 def _dp_over_tp_mesh(parallel_dims: Any, plan: Plan, tp_mode: str) -> Any:
@@ -280,7 +302,7 @@ def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
 
         names = a2a_projections(blocks.get_submodule(a2a[0]), adapter)
         logger.info(f"{len(a2a)} blocks run {', '.join(names)} on the sequence shard: input "
-                    "all-to-all from the heads over tp, weight whole over dp_shard x tp")
+                    "all-to-all from the heads over tp, weight all-gathered over tp")
 
 
 def apply_block_ac(blocks: nn.Module, block_ac: dict[str, str], ac_config: Any, *,
@@ -352,9 +374,11 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
         fqn = f"{adapter.blocks}.{name}"
         layer = by_fqn[fqn]
         group = fsdp
-        if layer.tp_mode in SUB_BLOCK_TP_MODES:
-            dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims, plan, layer.tp_mode)
+        if split_fsdp(layer.tp_mode):
             for mode, modules in (sub_blocks or {})[name]:
+                if mode == "dp":
+                    dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims, plan,
+                                                                layer.tp_mode)
                 fully_shard(modules, **{**fsdp, "mesh": dp_over_tp if mode == "dp"
                                         else fsdp["mesh"]},
                             reshard_after_forward=layer.reshard_after_forward)
