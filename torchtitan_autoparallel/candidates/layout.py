@@ -45,9 +45,8 @@ the stream without a reduce-scatter. The weight is stored as TorchTitan's row-wi
 over tp, FSDP over dp_shard) and all-gathered over tp for the matmul, its gradient
 reduce-scattered back (the placement TorchTitan 0.3.0's AutoParallel picks for wo on
 Llama 3 8B)."""
-SEQUENCE_STREAM_MODES: tuple[TpMode, ...] = ("dp/sp", "sp/dp", *A2A_MODES)
-BATCH_STREAM_MODES: tuple[TpMode, ...] = ("dp/sp:batch", "sp/dp:batch", "sp/sp:batch")
-SUB_BLOCK_TP_MODES: tuple[TpMode, ...] = (*SEQUENCE_STREAM_MODES, *BATCH_STREAM_MODES)
+SUB_BLOCK_TP_MODES: tuple[TpMode, ...] = ("dp/sp", "sp/dp", *A2A_MODES, "dp/sp:batch",
+                                          "sp/dp:batch", "sp/sp:batch")
 """Per sub-block, "<attention>/<feed-forward>", each "sp" or "dp" as above: "dp/sp" = attention
 data parallel over tp (its parameters and its norm FSDP-sharded over dp_shard x tp, an
 all-to-all into and out of it) and the feed-forward TP + SP; "sp/dp" the reverse. The residual
@@ -63,6 +62,12 @@ def sub_block_modes(tp_mode: str) -> tuple[str, str]:
     "dp" (a whole-block mode gives both sub-blocks its own; the stream suffix dropped)."""
     attention, _, ffn = tp_mode.partition(":")[0].partition("/")
     return attention, ffn or attention
+
+
+def a2a_mode(tp_mode: str) -> bool:
+    """Whether ``tp_mode`` runs the attention's output projection on the sequence shard
+    (``A2A_MODES``)."""
+    return tp_mode.endswith(A2A)
 
 
 def tp_dp_params(tp_mode: str) -> bool:
@@ -126,7 +131,7 @@ def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
         batch = stream_dim(tp_mode) == 0
         attention, ffn = ("tp" if batch and m == "sp" else TP_PART[m]
                           for m in sub_block_modes(tp_mode))
-        if tp_mode.endswith(A2A):
+        if a2a_mode(tp_mode):
             attention = "tp+a2a"
         parts["tp"] = f"attn:{attention}/ffn:{ffn}"
         if batch:
@@ -376,7 +381,7 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
         return f"{mode} is not planned with pipeline parallelism; use 'sp'"
     if kind != "block":
         return f"{mode} applies to blocks only; use 'sp'"
-    if tp_mode.endswith(A2A):
+    if a2a_mode(tp_mode):
         return f"{mode} needs cp = 1; use 'sp'" if mesh.cp > 1 else ""
     if mesh.dp_replicate > 1 or mesh.cp > 1 or (mesh.dp_shard == 1 and tp_mode == "dp"):
         return (f"{mode} needs " + ("dp_shard > 1, " if tp_mode == "dp" else "")

@@ -236,8 +236,8 @@ def block_tp_modes(mesh: Mesh, microbatch: int, constraints: Constraints,
                    moe_model: bool = False) -> tuple[str, ...]:
     """What the tp dim may do for a block on ``mesh``: nothing (tp = 1); TorchTitan's TP + SP;
     on dense models, where the job allows it (``tp_dp_problem``), data parallel for the whole
-    block ("tp_dp") or for one of its sub-blocks ("tp_sub_block": ``SUB_BLOCK_TP_MODES``, those
-    with a batch-sharded stream where the release applies them)."""
+    block ("tp_dp") or for one of its sub-blocks ("tp_sub_block": the sub-block modes the
+    release applies, ``Constraints.sub_block_modes``)."""
     if mesh.tp == 1:
         return ("none",)
     if moe_model:

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from ..candidates.layout import (
-    A2A,
     GIB,
     BlockStrategy,
+    a2a_mode,
     fsdp_unit_problem,
     reshard_group,
     stream_dim,
@@ -396,7 +396,7 @@ def _tp_mode_words(tp_mode: str) -> str:
     words = []
     if "dp" in sub_block_modes(tp_mode):
         words.append("the tp dim as data parallel for one sub-block")
-    if tp_mode.endswith(A2A):
+    if a2a_mode(tp_mode):
         words.append("the attention's output projection whole on the sequence shard")
     if stream_dim(tp_mode) == 0:
         words.append("the residual stream sharded on the batch over tp")

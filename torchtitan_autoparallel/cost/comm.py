@@ -4,7 +4,6 @@ context parallel's ring, FSDP's all-gathers and reduce-scatters, and MoE's all-t
 from typing import NamedTuple
 
 from ..candidates.layout import (
-    A2A,
     SUB_BLOCK_TP_MODES,
     BlockStrategy,
     Mesh,
@@ -94,7 +93,7 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     modules = sp_modules(strategy)
     # A2A: the attention's output projection leaves no partial sums to reduce-scatter (and
     # gathers no output gradient in backward): an all-to-all takes its place (tp_comm_s)
-    own = int(a2a_s(layer, mesh, strategy, act, tp_nodes, ctx) > 0)
+    own = int(bool(a2a_linears(layer, strategy.tp_mode)))
     gather = scatter = collective_s("all_gather", act, mesh.tp, tp_nodes, hw)
     # TorchTitan's float8 tensorwise TP styles cast the input before the forward all-gather
     # (1 byte per element); backward gathers the bf16 output gradient, cast afterwards
@@ -178,7 +177,7 @@ def a2a_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, act: float, tp_node
           ctx: CostContext) -> float:
     """One all-to-all of ``A2A``'s output projection input (heads to sequence over tp, a
     tp-th of ``act`` per rank); 0 in other modes or where the graph records no such linear."""
-    if not strategy.tp_mode.endswith(A2A) or not a2a_linears(layer):
+    if not a2a_linears(layer, strategy.tp_mode):
         return 0.0
     return collective_s("all_to_all", act / mesh.tp, mesh.tp, tp_nodes, ctx.hw)
 
@@ -187,10 +186,10 @@ def a2a_weight_bytes(layer: Layer, mesh: Mesh, strategy: BlockStrategy, param_by
                      ) -> float:
     """Bytes of ``A2A``'s output projection weights gathered whole over tp for the matmul
     (their gradient as many, reduce-scattered back); 0 in other modes."""
-    if not strategy.tp_mode.endswith(A2A) or mesh.tp == 1:
+    if mesh.tp == 1:
         return 0.0
     return param_bytes * sum(k * n for i, (k, n) in enumerate(layer.linear_shapes)
-                             if i in a2a_linears(layer))
+                             if i in a2a_linears(layer, strategy.tp_mode))
 
 
 class RingCost(NamedTuple):

@@ -4,7 +4,13 @@ float8 with its casts), attention (flash / ring), the loss, and the memoized per
 import functools
 from dataclasses import dataclass
 
-from ..candidates.layout import A2A, SUB_BLOCK_TP_MODES, BlockStrategy, Mesh, sub_block_modes
+from ..candidates.layout import (
+    SUB_BLOCK_TP_MODES,
+    BlockStrategy,
+    Mesh,
+    a2a_mode,
+    sub_block_modes,
+)
 from ..graph.layer_graph import Layer
 from ..job.features import Features
 from . import kernels
@@ -123,7 +129,7 @@ def linear_groups(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch:
         return ((tuple(range(n)), mesh.tp if strategy.tp_mode == "sp" else 1,
                  linear_tokens(layer, mesh, strategy, microbatch)),)
     parts = linear_sub_blocks(layer)
-    own = a2a_linears(layer) if strategy.tp_mode.endswith(A2A) else ()
+    own = a2a_linears(layer, strategy.tp_mode)
     groups = tuple((tuple(i for i in range(n) if parts[i] == part and i not in own),
                     mesh.tp if mode == "sp" else 1,
                     linear_tokens(layer, mesh, BlockStrategy("none", False, mode), microbatch))
@@ -134,10 +140,12 @@ def linear_groups(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch:
     return groups
 
 
-def a2a_linears(layer: Layer) -> tuple[int, ...]:
-    """The attention sub-block's row-wise linears (indices in ``linear_shapes``): what
-    ``layout.A2A_MODES`` run on the sequence shard with their weights whole; empty where the
-    graph does not record the linears' TP styles."""
+def a2a_linears(layer: Layer, tp_mode: str) -> tuple[int, ...]:
+    """The attention sub-block's row-wise linears (indices in ``linear_shapes``) that
+    ``tp_mode`` runs on the sequence shard with their weights whole (``layout.A2A_MODES``);
+    empty in other modes and where the graph does not record the linears' TP styles."""
+    if not a2a_mode(tp_mode):
+        return ()
     parts, styles = linear_sub_blocks(layer), linear_styles(layer)
     return tuple(i for i, (part, style) in enumerate(zip(parts, styles, strict=True))
                  if part == 0 and style == "rowwise")

@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import __version__
 from ..candidates.exclusions import without_excluded
-from ..candidates.layout import A2A, AC_MODES, GIB, SUB_BLOCK_TP_MODES, TECHNIQUES
+from ..candidates.layout import AC_MODES, GIB, SUB_BLOCK_TP_MODES, TECHNIQUES, a2a_mode
 from ..candidates.strategies import Constraints
 from ..cost.hardware import CPU_PROFILE, HardwareProfile, load_profile
 from ..cost.model import Precision
@@ -131,7 +131,7 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
         node_reshard=frontend().node_reshard,
         # the output projection of A2A runs as a plain linear: not with low-precision linears
         sub_block_modes=tuple(m for m in frontend().sub_block_modes
-                              if not (m.endswith(A2A) and features.linear != "none")),
+                              if not (a2a_mode(m) and features.linear != "none")),
         fsdp_required=features.cpu_offload,
         **pipeline_constraints(job_config, features, techniques),
     )

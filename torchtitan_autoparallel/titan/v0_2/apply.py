@@ -16,8 +16,9 @@ import torch
 import torch.nn as nn
 
 from ...candidates.layout import (
-    A2A,
+    A2A_MODES,
     SUB_BLOCK_TP_MODES,
+    a2a_mode,
     split_fsdp,
     stream_dim,
     sub_block_modes,
@@ -98,7 +99,7 @@ def sub_blocks_of(block: nn.Module, adapter: ModelAdapter, tp_mode: str) -> SubB
     if len(adapter.sub_blocks) != 2 or adapter.routed_experts(block) is not None:
         raise UserError(f"tp_mode {tp_mode!r} needs a dense block whose family names its "
                         "attention and feed-forward (ModelAdapter.sub_blocks); use 'sp' or 'dp'")
-    if tp_mode.endswith(A2A):
+    if a2a_mode(tp_mode):
         a2a_projections(block, adapter)  # the rule, with its error
     return [(mode, [block.get_submodule(norm), block.get_submodule(module)])
             for (norm, module), mode in zip(adapter.sub_blocks, sub_block_modes(tp_mode),
@@ -110,7 +111,7 @@ def a2a_projections(block: nn.Module, adapter: ModelAdapter) -> list[str]:
     ``block``): what ``layout.A2A_MODES`` run on the sequence shard with their weights whole."""
     fn = resolve(adapter.tp_fn)
     if not isinstance(fn, InferredTP):
-        raise UserError(f"tp_mode {A2A[1:]!r} needs the family's inferred TP plan "
+        raise UserError(f"tp_mode {A2A_MODES[0]!r} needs the family's inferred TP plan "
                         "(ModelAdapter.tp_fn = INFER_TP); use 'sp'")
     attention = adapter.sub_blocks[0][1]
     names = [key for key, style in fn.plans[block_signature(block)].items()
@@ -143,7 +144,7 @@ def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp
     runs per token on the sequence shard, FSDP sums its gradient over dp_shard x tp). Where
     the stream is sharded on the batch (``stream_dim``), the TP sub-block's styles gather and
     scatter it on the batch and the data-parallel one runs on it with no collective. Under
-    ``A2A`` the attention's row-wise projection takes its input onto the sequence shard
+    ``layout.A2A_MODES`` the attention's row-wise projection takes its input onto the sequence shard
     instead of being row-wise parallel."""
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -155,7 +156,7 @@ def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp
     inferred = fn.plans[block_signature(block)]
     stream = stream_dim(tp_mode)
     styles = fn.block_styles(block, enable_float8_tensorwise_tp, stream)
-    if tp_mode.endswith(A2A):
+    if a2a_mode(tp_mode):
         styles.update(dict.fromkeys(a2a_projections(block, adapter), _heads_to_sequence()))
     for (norm, module), mode in zip(adapter.sub_blocks, sub_block_modes(tp_mode), strict=True):
         if mode == "sp":
@@ -180,7 +181,7 @@ def _heads_to_sequence() -> Any:
     class HeadsToSequence(ParallelStyle):
         def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
             if type(module) is not nn.Linear:
-                raise UserError(f"tp_mode {A2A[1:]!r} runs the output projection as a plain "
+                raise UserError(f"tp_mode {A2A_MODES[0]!r} runs the output projection as a plain "
                                 f"linear, not a {type(module).__name__}; use 'sp'")
             for name, placement in (("weight", Shard(1)), ("bias", Replicate())):
                 param = getattr(module, name)
@@ -296,7 +297,7 @@ def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
         elif mode in SUB_BLOCK_TP_MODES:
             apply_sub_block_tp(blocks.get_submodule(name), adapter, tp_mesh, mode,
                                enable_float8_tensorwise_tp)
-    a2a = [name for name, mode in tp_modes.items() if mode.endswith(A2A)]
+    a2a = [name for name, mode in tp_modes.items() if a2a_mode(mode)]
     if a2a:
         from torchtitan.tools.logging import logger
 
