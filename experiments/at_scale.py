@@ -21,7 +21,7 @@ search with its default techniques) against the best sub-block plan (the same se
 is not applied to compiled blocks); families whose adapter names no sub-blocks get "n/a".
 
     python experiments/at_scale.py [--models llama3_8b,...] [--worlds 8,16,...] [--no-dry-run]
-        [--redo] [--no-sub-block]
+        [--redo] [--no-sub-block] [--redo-sub-block]
 
 Writes experiments/results/at_scale.csv, at_scale.md and at_scale.png. Rows are keyed by
 (model, world) and finished rows are kept, so the script resumes (``--redo``: evaluate the
@@ -84,7 +84,8 @@ FIELDS = ["model", "world", "global_batch", "auto_status", "auto_mesh", "auto_tp
 SUB_BLOCK = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,pp,tp_sub_block"
 """The default techniques and ``tp_sub_block`` (attention and feed-forward each TP + SP or
 data parallel over tp: tp modes "dp/sp" and "sp/dp", and with the stream sharded on the batch
-"dp/sp:batch", "sp/dp:batch", "sp/sp:batch"; "sp/sp:a2a"), for the sub-block column."""
+"dp/sp:batch", "sp/dp:batch", "sp/sp:batch"; "sp/sp:a2a"; the embedding looked up on its
+embedding dim, "dim"), for the sub-block column."""
 
 
 @functools.cache
@@ -303,11 +304,12 @@ def sub_block_column(model: str, world: int) -> dict[str, Any]:
         if layer.kind == "block" and layer.tp_mode in SUB_BLOCK_TP_MODES:
             modes[layer.tp_mode] = modes.get(layer.tp_mode, 0) + 1
     per, best = (p.predicted["tokens_per_s"] for p in (per_block, sub))
+    embedding = [f"embedding {sub.embedding_mode}"] if sub.embedding_mode else []
     return {"per_block_tps": per, "sub_block_tps": best, "sub_block_vs_per_block": best / per,
             "sub_block_mesh": f"{_mesh(sub.mesh)} lb{sub.local_batch_size}x"
                               f"{sub.gradient_accumulation_steps}",
-            "sub_block_modes": " ".join(f"{m} x{n}" for m, n in sorted(modes.items()))
-            or "none"}
+            "sub_block_modes": " ".join([*(f"{m} x{n}" for m, n in sorted(modes.items())),
+                                         *embedding]) or "none"}
 
 
 def _mesh(m: Any) -> str:
@@ -457,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
                         "--worlds again (finished rows are kept otherwise)")
     parser.add_argument("--no-sub-block", action="store_true", help="leave the sub-block "
                         "column (best per-block vs best sub-block plan) out")
+    parser.add_argument("--redo-sub-block", action="store_true", help="evaluate the sub-block "
+                        "column of the rows asked for again (the rest of a finished row kept)")
     parser.add_argument("--out", default=str(REPO / "experiments" / "results"))
     args = parser.parse_args(argv)
     models = args.models.split(",")
@@ -484,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
                 plan = row.pop("_plan", None)
                 if plan is not None and not args.no_dry_run:
                     row["dry_run"] = dry_run(model, world, plan)
-            if not args.no_sub_block and not row.get("sub_block_mesh"):
+            if not args.no_sub_block and (args.redo_sub_block or not row.get("sub_block_mesh")):
                 row.update(sub_block_column(model, world))
             rows.append(row)
             print(f"{model} x{world}: auto {row.get('auto_mesh', row.get('auto_status'))} "

@@ -82,7 +82,8 @@ def peer_result(name: str, python: str, timeout: int, rerun: bool, commit: str
 
 
 SUB_BLOCK = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,pp,tp_sub_block"
-"""The default techniques and ``tp_sub_block`` (sub-block tp modes "dp/sp" and "sp/dp")."""
+"""The default techniques and ``tp_sub_block`` (the sub-block tp modes, and the embedding
+looked up on its embedding dim)."""
 
 MAPPINGS: dict[str, dict[str, Any]] = {
     # AutoParallel's placements (GPU attention op) in the sub-block vocabulary: our mesh
@@ -96,31 +97,33 @@ MAPPINGS: dict[str, dict[str, Any]] = {
         "back onto the batch) with the tp dim splitting the sequence: TP over a second mesh dim "
         "inside one block is not in the vocabulary. Costed as TP + SP over tp on both "
         "sub-blocks")},
-    "8B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "sp/sp:a2a", "expressible": False, "note": (
+    "8B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "sp/sp:a2a", "embedding": "dim",
+              "expressible": True, "note": (
         "every block maps onto sp/sp:a2a exactly: the stream sequence-sharded over tp (batch "
         "over fsdp), the fused QKV column-wise over tp on the gathered input and SDPA on the "
         "heads, wo's input through an all-to-all over tp (heads to sequence) and wo's weight, "
         "stored row-wise over tp and sharded over fsdp as TorchTitan's, gathered whole over "
         "fsdp (FSDP) and then over tp for its matmul on the sequence shard, no reduce-scatter "
-        "out of it; the feed-forward TorchTitan's TP + SP. Not exact outside the blocks: "
-        "tok_embeddings is stored sharded on its embedding dim over fsdp x tp and looked up "
-        "there for the whole global batch (token ids replicated), then redistributed onto the "
-        "stream, where TorchTitan's embedding is vocabulary-parallel over tp and FSDP-gathered "
-        "over fsdp; costed as TorchTitan's")},
-    "8B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "sp/sp:a2a", "expressible": False, "note": (
+        "out of it; the feed-forward TorchTitan's TP + SP. The embedding maps onto tp mode "
+        "'dim' exactly: tok_embeddings stored sharded on its embedding dim over fsdp x tp, "
+        "looked up there for the whole global batch (every rank's token ids), its output "
+        "moved onto the stream's shards (batch over fsdp, sequence over tp) by an all-to-all")},
+    "8B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "sp/sp:a2a", "embedding": "dim",
+               "expressible": True, "note": (
         "as 8B@64: every block sp/sp:a2a exactly, the embedding looked up on its embedding "
-        "dim over fsdp x tp (costed as TorchTitan's)")},
-    "70B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "dp/sp:batch", "expressible": False, "note": (
+        "dim over fsdp x tp (tp mode 'dim') exactly")},
+    "70B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "dp/sp:batch", "embedding": "dim",
+               "expressible": True, "note": (
         "every block maps onto dp/sp:batch exactly: the stream between blocks sharded on the "
         "batch over both dims (8 sequences per fsdp rank, one per tp rank), attention data "
         "parallel on it (fused QKV and wo read whole, SDPA on the batch, no collective), the "
         "feed-forward TP over tp (w1 / w3 column-wise, w2 row-wise) with ffn_norm's output "
         "all-gathered over tp on the batch and w2's partial sums reduce-scattered back onto "
         "it, every weight stored sharded over fsdp x tp between uses; resharded after forward, "
-        "no AC (AutoParallel's path). Not exact outside the blocks: tok_embeddings is stored "
-        "sharded on its embedding dim over tp (TorchTitan's vocabulary-parallel embedding "
-        "shards the vocabulary), the same bytes per rank, its lookup's collective not recorded "
-        "by the peer run; costed as TorchTitan's")},
+        "no AC (AutoParallel's path). The embedding maps onto tp mode 'dim' exactly: "
+        "tok_embeddings stored sharded on its embedding dim over fsdp x tp, looked up there "
+        "for the whole global batch, its output moved onto the stream's batch shards (over "
+        "fsdp, then tp) by an all-to-all")},
     "70B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "dp/sp:batch", "expressible": False,
                 "note": (
         "as 70B@64 in every block (dp/sp:batch: every matmul weight, the stream and each "
@@ -129,7 +132,8 @@ MAPPINGS: dict[str, dict[str, Any]] = {
         "(the tp dim as FSDP), looked up on its embedding dim over fsdp for the tokens "
         "all-gathered over fsdp (split on the batch over tp) and moved onto the stream by an "
         "all-to-all over fsdp, where TorchTitan's embedding is vocabulary-parallel over tp and "
-        "FSDP-gathered over fsdp; costed as TorchTitan's")},
+        "FSDP-gathered over fsdp (tp mode 'dim' shards the table over fsdp x tp and gathers "
+        "no table); costed as TorchTitan's")},
 }
 
 
@@ -182,7 +186,7 @@ def layout_candidate(config: str, world: int, global_batch: int, mapping: dict[s
                         world)
     mesh = Mesh(dp_replicate=1, dp_shard=mapping["dp_shard"], cp=1, tp=mapping["tp"])
     local = global_batch // mesh.dp
-    cand = candidate_for(inputs, mesh, local)
+    cand = candidate_for(inputs, mesh, local, embedding=mapping.get("embedding", ""))
     graph = inputs.graph
     representative = dict(zip(reversed(block_classes(graph, inputs.pins)),
                               reversed(graph.blocks), strict=True))
@@ -282,7 +286,8 @@ def job_row(name: str, peer: dict[str, Any]) -> dict[str, Any]:
         "autoparallel_expressible": mapping["expressible"],
         "autoparallel_mapping": {
             "mesh": f"dp_shard {mapping['dp_shard']} x tp {mapping['tp']}",
-            "tp_mode": mapping["tp_mode"], "ac": "none", "reshard_after_forward": True,
+            "tp_mode": mapping["tp_mode"], "embedding": mapping.get("embedding") or "default",
+            "ac": "none", "reshard_after_forward": True,
             "note": mapping["note"]}}
     if "error" not in peer:
         row.update(autoparallel_trace_and_build_s=peer["trace_and_build_s"],
@@ -380,7 +385,8 @@ def job_details(row: dict[str, Any], peer: dict[str, Any]) -> list[str]:
     m = row["autoparallel_mapping"]
     exact = "exact" if row["autoparallel_expressible"] else "not exact"
     out.append(f"- In the sub-block vocabulary ({exact}): {m['mesh']}, every block tp mode "
-               f"`{m['tp_mode']}`, AC {m['ac']}, resharded after forward. {m['note']}.")
+               f"`{m['tp_mode']}`, the embedding `{m['embedding']}`, AC {m['ac']}, resharded "
+               f"after forward. {m['note']}.")
     if "autoparallel_recosted_tps" in row:
         out.append(f"- Written as a plan file and re-costed by the package (`plan.recost`, "
                    f"which checks every block's strategy is one the planner has for it): "

@@ -40,6 +40,8 @@ MATRIX = json.loads(DATA.read_text())
 DEFINITIONS: dict[str, dict] = {case["test_name"]: case for case in MATRIX["definitions"]}
 CONFIG = "llama3_debug_auto.toml"
 RECIPE = "llama3_debug_fsdp.toml"
+SIGABRT = "Signal 6 (SIGABRT)"
+"""How torchrun reports a rank that aborted."""
 STEPS = {"10": "3", "20": "5"}
 BASE = ("--training.steps=3", "--checkpoint.no-last_save_model_only")
 """Every run: 3 steps, and the last checkpoint a full one, as TorchTitan's
@@ -283,6 +285,12 @@ def check_case(name: str, tmp_path: Path, references: Callable) -> float:
                        if not arg.startswith("--autoparallel."))]
         reference = run_job(RECIPE, DEFINITIONS[name]["ngpu"], tmp_path / "recipe", overrides,
                             seed_checkpoint=seed)
+        if SIGABRT in reference.output:
+            # TorchTitan's own recipe under CP on gloo: rank 0 aborts inside gloo about once
+            # in 30 runs of fsdp+cp on this 2-core box (its peers then fail in FSDP's
+            # reduce-scatter); the reference is run once more
+            reference = run_job(RECIPE, DEFINITIONS[name]["ngpu"], tmp_path / "recipe_again",
+                                overrides, seed_checkpoint=seed)
     if expected.outcome == TRAINS:
         check_trains(name, results, tmp_path, reference)
     else:

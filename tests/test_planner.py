@@ -11,6 +11,7 @@ from torchtitan_autoparallel.candidates.candidate import build_candidate
 from torchtitan_autoparallel.candidates.layout import BlockStrategy
 from torchtitan_autoparallel.candidates.strategies import (
     Constraints,
+    embedding_modes,
     enumerate_meshes,
     microbatch_sizes,
 )
@@ -77,8 +78,10 @@ def flat_meshes(graph, world, gpn, constraints):
 def brute_force(graph, world, global_batch, ctx, budget, constraints, pins, one_stream=True):
     best = None
     for mesh in flat_meshes(graph, world, ctx.gpus_per_node, constraints):
-        for mb in microbatch_sizes(global_batch, mesh):
-            cand = build_candidate(graph, mesh, mb, global_batch, ctx, constraints, pins)
+        for mb, embedding in itertools.product(microbatch_sizes(global_batch, mesh),
+                                               embedding_modes(graph, mesh, constraints)):
+            cand = build_candidate(graph, mesh, mb, global_batch, ctx, constraints, pins,
+                                   embedding=embedding)
             per_class = []
             for cls, n in cand.classes.items():
                 options = []
@@ -149,8 +152,10 @@ def test_sub_block_stream_layout_matches_brute_force(single_block_units):
     stream layout per plan) against a brute force over every split of each class that keeps
     one, on random dense models and budgets, block 0 pinned to TorchTitan's recipe (TP + SP on
     the sequence) in every other model; somewhere the batch-sharded stream is chosen and
-    somewhere a plan that mixes both layouts would have been faster (the rule binds)."""
-    chosen, bound = set(), 0
+    somewhere a plan that mixes both layouts would have been faster (the rule binds); the
+    embedding looked up on its embedding dim is searched too (the brute force tries both
+    modes of every candidate), and chosen somewhere."""
+    chosen, bound, embeddings = set(), 0, set()
     for seed in range(10):
         rng = random.Random(2000 + seed)
         graph = random_graph(rng)
@@ -176,10 +181,13 @@ def test_sub_block_stream_layout_matches_brute_force(single_block_units):
                      for (_, s), k in counts.items() if k}
             assert len({m.endswith(":batch") for m in modes}) == 1, modes
             chosen |= modes
+            embeddings.add(result.best.candidate.embedding)
             bound += brute_force(graph, world, 16, ctx, budget, constraints, pins,
                                  one_stream=False) < expected * (1 - 1e-9)
-    print(f"modes chosen {sorted(chosen)}; mixed layouts faster in {bound} cases")
+    print(f"modes chosen {sorted(chosen)}; mixed layouts faster in {bound} cases; embedding "
+          f"modes chosen {sorted(embeddings)}")
     assert any(m.endswith(":batch") for m in chosen) and bound, (chosen, bound)
+    assert "dim" in embeddings, embeddings
 
 
 @pytest.fixture(scope="module")

@@ -152,7 +152,8 @@ def test_show_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
 def test_sub_block_modes_drawn(modes):
     """Blocks in the sub-block modes below the block (the stream sharded on the batch; the
     output projection on the sequence shard) are drawn, each tp value in a colour of its own,
-    the batch-sharded stream named in the tp cell."""
+    the batch-sharded stream named in the tp cell; the embedding the search looks up on its
+    embedding dim too."""
     from torchtitan_autoparallel.commands.show import draw, picture
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
@@ -172,6 +173,9 @@ def test_sub_block_modes_drawn(modes):
     draw([pic])
     tp = {row.cells["tp"] for row in pic.rows if row.first.startswith("layers.")}
     assert len(tp) == 2, tp
+    assert plan.embedding_mode == "dim"
+    assert next(row.cells for row in pic.rows if row.first == "tok_embeddings") \
+        ["params"] == "dim-shard"
     if modes[0].endswith(":batch"):
         assert all(value.endswith(" stream:batch") for value in tp), tp
     else:

@@ -357,10 +357,12 @@ TECHNIQUES = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,tp_sub_b
 
 
 def sub_block_plan_parity(references, tmp_path, modes: list[str], acs: list[str],
-                          reshard: list[bool], ranks: int = 4, expect: str = "") -> float:
+                          reshard: list[bool], ranks: int = 4, expect: str = "",
+                          embedding: str = "", tp: int = 2) -> float:
     """llama3's debug plan on fsdp 2 x tp 2 (4 CPU ranks; on 2 ranks tp 2 alone), its blocks
-    edited to the given tp modes, AC and resharding (cycled), saved and replayed from the
-    file: losses and gradient norms against the 1-rank run from the same seed checkpoint."""
+    edited to the given tp modes, AC and resharding (cycled), its embedding to ``embedding``
+    where given, saved and replayed from the file: losses and gradient norms against the
+    1-rank run from the same seed checkpoint (``tp`` 1: fsdp over every rank)."""
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.plan.schema import Plan
     from torchtitan_autoparallel.titan.v0_2 import cpu
@@ -371,11 +373,11 @@ def sub_block_plan_parity(references, tmp_path, modes: list[str], acs: list[str]
 
     cpu.install()
     register()
-    options = ["--parallelism.tensor_parallel_degree=2",
-               f"--parallelism.data_parallel_shard_degree={ranks // 2}", TECHNIQUES]
+    options = [f"--parallelism.tensor_parallel_degree={tp}",
+               f"--parallelism.data_parallel_shard_degree={ranks // tp}", TECHNIQUES]
     plan = plan_job(parse_config(["--job.config_file", "train_configs/llama3_debug_auto.toml",
                                   *PARITY_OVERRIDES, *options]), ranks)
-    assert (plan.mesh.dp_shard, plan.mesh.tp) == (ranks // 2, 2)
+    assert (plan.mesh.dp_shard, plan.mesh.tp) == (ranks // tp, tp)
     plan.local_batch_size = 2  # the tp ranks split it
     plan.gradient_accumulation_steps = plan.global_batch_size // (2 * plan.mesh.dp)
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
@@ -384,6 +386,10 @@ def sub_block_plan_parity(references, tmp_path, modes: list[str], acs: list[str]
         layer.ac = acs[i % len(acs)]
         layer.reshard_after_forward = reshard[i % len(reshard)]
         layer.fsdp_unit = 1
+    # the embedding as asked (the search with tp_sub_block may pick either mode)
+    layer = next(layer for layer in plan.layers if layer.kind == "embedding")
+    layer.tp_mode, layer.reshard_after_forward = embedding or ("sp" if tp > 1 else "none"), \
+        not embedding
     path = tmp_path / "sub_block.json"
     plan.save(str(path))
     assert Plan.load(str(path)).to_json() == plan.to_json()
@@ -391,10 +397,12 @@ def sub_block_plan_parity(references, tmp_path, modes: list[str], acs: list[str]
     seed, reference = references("llama3")
     result = run_job("llama3_debug_auto.toml", ranks, tmp_path / "run",
                      [f"--autoparallel.plan_file={path}", *options], seed_checkpoint=seed)
-    for mode in set(modes):
+    for mode in set(modes) - {"none"}:
         label = BlockStrategy("none", True, mode).describe().split("+", 1)[1]
         assert label in result.output, result.output[-3000:]
     assert expect in result.output, result.output[-3000:]  # what the apply logs it ran
+    assert ("looked up on its embedding dim" in result.output) == bool(embedding), \
+        result.output[-3000:]
     worst = assert_parity(reference, result)
     print(f"{modes} {acs} {reshard}: largest relative difference {worst:.2e}; losses "
           f"{result.losses} vs 1-rank {reference.losses}")
@@ -419,19 +427,30 @@ def test_sub_block_two_rank_parity(references, tmp_path):
 def test_sub_block_batch_stream_parity(references, tmp_path):
     """The stream sharded on the batch over tp (AutoParallel's 70B layout): data-parallel
     attention with no all-to-all beside a TP feed-forward that gathers and scatters the batch,
-    the reverse, and both sub-blocks TP on the batch, one block fully checkpointed: 1-rank
-    losses and gradient norms."""
+    the reverse, and both sub-blocks TP on the batch, one block fully checkpointed, the
+    embedding looked up on its embedding dim and moved onto the batch shards: 1-rank losses and
+    gradient norms."""
     sub_block_plan_parity(references, tmp_path, ["dp/sp:batch", "sp/dp:batch", "sp/sp:batch"],
-                          ["none", "full"], [True, False])
+                          ["none", "full"], [True, False], embedding="dim")
 
 
 def test_sub_block_a2a_parity(references, tmp_path):
     """The attention's output projection on the sequence shard (AutoParallel's 8B layout: wo's
-    input through an all-to-all from the heads, its weight whole over fsdp x tp) beside TP + SP
-    and data-parallel-attention blocks, one fully checkpointed: 1-rank losses and gradient
-    norms."""
+    input through an all-to-all from the heads, its weight whole over fsdp x tp; the embedding
+    looked up on its embedding dim) beside TP + SP and data-parallel-attention blocks, one fully
+    checkpointed: 1-rank losses and gradient norms."""
     sub_block_plan_parity(references, tmp_path, ["sp/sp:a2a", "sp", "dp/sp"], ["none", "full"],
-                          [True, False], expect="blocks run attention.wo on the sequence shard")
+                          [True, False], expect="blocks run attention.wo on the sequence shard",
+                          embedding="dim")
+
+
+@pytest.mark.parametrize("tp", [2, 1])
+def test_sub_block_embedding_dim_two_rank_parity(references, tmp_path, tp):
+    """The embedding looked up on its embedding dim on 2 ranks: over tp alone (the ranks'
+    token ids the same, no FSDP) and over dp_shard alone (FSDP blocks beside it): 1-rank losses
+    and gradient norms."""
+    sub_block_plan_parity(references, tmp_path, ["sp" if tp > 1 else "none"], ["none", "full"],
+                          [tp == 1], ranks=2, embedding="dim", tp=tp)
 
 
 # slow (measured passing: largest relative difference 8.75e-05; ``-m slow`` runs it): the
@@ -453,3 +472,100 @@ def test_sub_block_autoparallel_layout_parity(references, tmp_path):
     blocks: 1-rank losses and gradient norms."""
     sub_block_plan_parity(references, tmp_path, ["dp/sp", "dp/sp", "sp", "dp"],
                           ["selective"], [True])
+
+
+EMBEDDING_ASKED = Constraints(techniques=("fsdp", "tp", "ac", "tp_sub_block"))
+
+
+def test_sub_block_embedding_dim_collectives_by_hand():
+    """The embedding looked up on its embedding dim (AutoParallel's Llama 3 embedding) on
+    fsdp 8 x tp 8 of 8-GPU nodes, one 8192-token sequence per rank: no FSDP collective; the
+    64 ranks' int64 token ids all-gathered over all 64 ranks (spanning 8 nodes, a rail per
+    rank), then two all-to-alls over the 64 ranks (forward, and its gradient in backward) of
+    each rank's stream shard (1024 tokens x 4096 bf16); it keeps the 8 dp_shard ranks' ids
+    for its backward, and holds the same training state as the default embedding, which
+    gathers the table's tp-th (128256 x 4096 / 8, bf16) over dp_shard instead."""
+    from torchtitan_autoparallel.cost.common import collective_s
+    from torchtitan_autoparallel.cost.model import edge_cost
+
+    graph, _ = llama3_8b_block()
+    embedding = graph.edges[0]
+    ctx = context()
+    dim = BlockStrategy("none", False, "dim")
+    assert fsdp_s(embedding, MESH, dim, ctx, 0.0) == (0.0, 0.0, 0.0, 0.0, 0.0)
+    ids = collective_s("all_gather", 8192 * 8 * 64, 64, True, ctx.hw, rails=8)
+    a2a = collective_s("all_to_all", 1024 * 4096 * 2, 64, True, ctx.hw, rails=8)
+    assert tp_comm_s(embedding, MESH, dim, 1, ctx) == pytest.approx(ids + 2 * a2a, rel=1e-12)
+    default = fsdp_s(embedding, MESH, BlockStrategy("none", True, "sp"), ctx, 0.0)
+    assert default.unsharded_bytes == pytest.approx(128256 * 4096 * 2 / 8)
+    ours, theirs = (edge_cost(graph, embedding, MESH, 1, ctx, mode) for mode in ("dim", ""))
+    assert ours.kept_bytes == 8192 * 8 * 8
+    assert ours.state_bytes == theirs.state_bytes
+    assert ours.time_s < theirs.time_s
+
+
+def test_sub_block_embedding_dim_legal_in_one_place():
+    """The search offers the lookup on the embedding dim only with tp_sub_block, on one
+    dp_shard x tp group (no cp, replication or pp) that splits the embedding dim, and not where
+    the output shares the embedding's weight; a plan file's embedding passes the same rule and
+    no other layer may take the mode."""
+    from torchtitan_autoparallel.candidates.strategies import (
+        embedding_dim_refused,
+        embedding_modes,
+    )
+    from torchtitan_autoparallel.plan.schema import LayerPlan, layer_problem
+
+    graph, _ = llama3_8b_block()
+    assert embedding_modes(graph, MESH, EMBEDDING_ASKED) == ("", "dim")
+    assert embedding_modes(graph, Mesh(dp_replicate=1, dp_shard=8, tp=1), EMBEDDING_ASKED) == \
+        ("", "dim")
+    assert "tp_sub_block" in embedding_dim_refused(graph, MESH, Constraints())
+    for mesh in (Mesh(dp_replicate=2, dp_shard=4, tp=8), Mesh(dp_replicate=1, dp_shard=4, tp=8,
+                                                              cp=2),
+                 Mesh(dp_replicate=1, dp_shard=4, tp=8, pp=2)):
+        assert "pp = 1, dp_replicate = 1 and cp = 1" in embedding_dim_refused(
+            graph, mesh, EMBEDDING_ASKED)
+    odd = Mesh(dp_replicate=1, dp_shard=3, tp=8)  # 4096 is not a multiple of 24
+    assert "divisible by dp_shard x tp (24)" in embedding_dim_refused(graph, odd,
+                                                                      EMBEDDING_ASKED)
+    output = graph.layers[-1]
+    tied = dataclasses.replace(graph, layers=(*graph.layers[:-1], dataclasses.replace(
+        output, params=output.params - graph.dim * graph.vocab_size)))
+    assert "tied output weights" in embedding_dim_refused(tied, MESH, EMBEDDING_ASKED)
+    layer = LayerPlan("tok_embeddings", "embedding", "none", False, "dim")
+    assert layer_problem(layer, MESH, 1) == ""
+    assert "cp = 1" in layer_problem(layer, Mesh(dp_replicate=1, dp_shard=4, tp=8, cp=2), 1)
+    assert "embedding's alone" in layer_problem(
+        LayerPlan("layers.0", "block", "none", True, "dim"), MESH, 1)
+    assert layer.describe() == "dim-shard+a2a"
+
+
+def test_sub_block_embedding_dim_search_takes_the_faster_mode():
+    """Llama 3 8B on fsdp 8 x tp 8 (AutoParallel's 8B@64 mesh): each embedding mode's
+    candidate solved alone by the MILP; the search with tp_sub_block returns the faster one
+    (the lookup on the embedding dim, which drops the table's FSDP collectives), the default
+    search the default embedding."""
+    from torchtitan_autoparallel.candidates.candidate import build_candidate
+    from torchtitan_autoparallel.job.request import plan_job, read_request
+    from torchtitan_autoparallel.solve.milp import solve
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
+
+    def config(*extra: str):
+        return parse_config(["--job.config_file", "train_configs/llama3_8b_auto.toml",
+                             "--training.global_batch_size=8",
+                             "--parallelism.data_parallel_shard_degree=8",
+                             "--parallelism.tensor_parallel_degree=8", *extra])
+
+    llama3_8b_block()  # registers the families
+    asked = config(TECHNIQUES)
+    inputs = read_request(asked, 64).inputs
+    steps = {}
+    for mode in ("", "dim"):
+        cand = build_candidate(inputs.graph, MESH, 1, 8, inputs.cost_context,
+                               inputs.constraints, inputs.pins, embedding=mode)
+        steps[mode] = solve(cand, inputs.budget_bytes, 60.0).step_time_s
+    assert steps["dim"] < steps[""]
+    plan = plan_job(asked, 64)
+    assert plan.embedding_mode == "dim"
+    assert plan.predicted["step_time_s"] == pytest.approx(steps["dim"], rel=1e-9)
+    assert plan_job(config(), 64).embedding_mode == ""

@@ -51,6 +51,8 @@ class Frontend:
     sub_block_modes: tuple[str, ...] = SUB_BLOCK_TP_MODES
     """The sub-block tp modes its apply runs (TorchTitan 0.3.0's: those on the model's
     sequence-sharded stream with every linear of a sub-block placed alike)."""
+    embedding_dim: bool = True
+    """Its apply looks the embedding up on its embedding dim (``layout.EMBEDDING_DIM``)."""
     read_job: Callable[[list[str]], Any] | None = None
     """Command-line arguments (TorchTitan's own, with ``--parallelism.auto`` and
     ``--autoparallel.*``) -> the job as the planner reads it; None where the CLI reads the

@@ -22,7 +22,10 @@ from ..cost.model import (
     STEP_BYTES_PER_PARAM,
     BlockCost,
     CostContext,
+    FsdpFloor,
     block_cost,
+    block_time_floor,
+    edge_cost,
     edges_cost,
     model_time_floor,
     state_memory,
@@ -35,6 +38,7 @@ from .schedules import V_SCHEDULES
 from .strategies import (
     Constraints,
     block_tp_modes,
+    embedding_modes,
     fastest_strategies,
     microbatch_sizes,
     pinned_strategies,
@@ -131,6 +135,8 @@ class Candidate:
     state_bytes: float | None = None
     """Parameters, gradients and optimizer state per device when the blocks' strategies do not
     change them (flat); None: from each rank's optimizer-step bytes."""
+    embedding: str = ""
+    """The embedding's mode where not the mesh's default (``strategies.embedding_modes``)."""
 
     def keys(self) -> list[Key]:
         return [(c, s) for c in self.classes for s in self.strategies[c]]
@@ -302,11 +308,11 @@ def faster_units(cls: str, strategies: list[BlockStrategy], costs: dict[Key, Blo
 def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch: int,
                     ctx: CostContext, constraints: Constraints,
                     pins: dict[str, Pin] | None = None, fastest: bool = False,
-                    order: list[str] | None = None) -> Candidate:
+                    order: list[str] | None = None, embedding: str = "") -> Candidate:
     """Costs of every block strategy for one flat (mesh, micro-batch): one rank type.
     ``fastest``: only the strategies that set the time bound (``fastest_strategies``), enough
     for ``Candidate.time_lower_bound``. ``order``: ``block_classes(graph, pins)`` when the
-    caller has it."""
+    caller has it. ``embedding``: the embedding's mode (``Candidate.embedding``)."""
     pins = pins or {}
     classes: dict[str, int] = defaultdict(int)
     representative = {}
@@ -329,7 +335,7 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
     }
     for c in classes:
         strategies[c] = faster_units(c, strategies[c], costs)
-    edges = edges_cost(graph, mesh, microbatch, ctx)
+    edges = edges_cost(graph, mesh, microbatch, ctx, embedding)
     # parameters, gradients and optimizer state do not depend on the block's strategy
     state = edges.state_bytes + sum(
         costs[(c, strategies[c][0])].state_bytes * n for c, n in classes.items())
@@ -339,7 +345,7 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
     return Candidate(mesh, microbatch, accum, dict(classes), strategies, costs, FLAT,
                      {name: 1}, {name: edges.time_s}, {name: 0.0},
                      {name: resident + edges.kept_bytes}, {name: step_bytes},
-                     per_step_s=per_step, state_bytes=state)
+                     per_step_s=per_step, state_bytes=state, embedding=embedding)
 
 
 def flat_options(graph: LayerGraph, global_batch: int, ctx: CostContext,
@@ -357,11 +363,27 @@ def flat_options(graph: LayerGraph, global_batch: int, ctx: CostContext,
             count += 1
             modes = block_tp_modes(mesh, mb, constraints, graph.num_experts > 0)
             accum = global_batch // (mb * mesh.dp)
+            fsdp: FsdpFloor = ""
             floor = model_time_floor(graph, mesh, mb, ctx, modes)
             if not accum * floor >= cutoff:  # then FSDP's share, for the fewer left
-                floor = model_time_floor(graph, mesh, mb, ctx, modes, fsdp="microbatch")
-            if not accum * floor >= cutoff:  # a NaN goes on to the finiteness check
-                options.append((accum * floor, mesh, "", 1, mb, functools.partial(
-                    build_candidate, graph, mesh, mb, global_batch, ctx, constraints, pins,
-                    order=order)))
+                fsdp = "microbatch"
+                floor = model_time_floor(graph, mesh, mb, ctx, modes, fsdp=fsdp)
+            for embedding in embedding_modes(graph, mesh, constraints):
+                bound = accum * (floor + _embedding_shift(graph, mesh, mb, ctx, modes, fsdp,
+                                                          embedding))
+                if not bound >= cutoff:  # a NaN goes on to the finiteness check
+                    options.append((bound, mesh, "", 1, mb, functools.partial(
+                        build_candidate, graph, mesh, mb, global_batch, ctx, constraints, pins,
+                        order=order, embedding=embedding)))
     return options, count, math.inf
+
+
+def _embedding_shift(graph: LayerGraph, mesh: Mesh, microbatch: int, ctx: CostContext,
+                     tp_modes: tuple[str, ...], fsdp: FsdpFloor, embedding: str) -> float:
+    """What the embedding's ``embedding`` mode changes in the model's time floor: its own time
+    in place of the default mode's floor (0 for the default)."""
+    if not embedding:
+        return 0.0
+    layer = next(layer for layer in graph.edges if layer.kind == "embedding")
+    return (edge_cost(graph, layer, mesh, microbatch, ctx, embedding).time_s
+            - block_time_floor(layer, mesh, microbatch, ctx, tp_modes, fsdp=fsdp))

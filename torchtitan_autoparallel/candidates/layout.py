@@ -21,13 +21,14 @@ block may use the tp dim as extra data parallel (dense models); cp: context para
 attention); ep: expert parallel for routed experts (MoE models); ac: activation checkpointing;
 pp: pipeline parallel (schedule, stages per rank, micro-batches and the stage split searched);
 tp_sub_block: a dense block's attention and feed-forward may each use the tp dim their own way
-(``SUB_BLOCK_TP_MODES``; not searched unless asked for: ``DEFAULT_TECHNIQUES``)."""
+(``SUB_BLOCK_TP_MODES``) and the embedding may be looked up on its embedding dim
+(``EMBEDDING_DIM``); not searched unless asked for: ``DEFAULT_TECHNIQUES``."""
 DEFAULT_TECHNIQUES = tuple(t for t in TECHNIQUES if t != "tp_sub_block")
 """What the search uses unless ``autoparallel.techniques`` says otherwise."""
 TpMode = Literal["none", "sp", "dp", "dp/sp", "sp/dp", "sp/sp:a2a", "dp/sp:batch",
-                 "sp/dp:batch", "sp/sp:batch"]
+                 "sp/dp:batch", "sp/sp:batch", "dim"]
 """What the tp dim does for a block: "none" (tp = 1), one of ``TP_MODES`` or one of
-``SUB_BLOCK_TP_MODES``."""
+``SUB_BLOCK_TP_MODES``; for the embedding also ``EMBEDDING_DIM``."""
 TP_MODES: tuple[TpMode, ...] = ("sp", "dp")
 """Per block on a mesh with tp > 1: "sp" = TorchTitan's TP + sequence-parallel plan; "dp" = the
 block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split the micro-batch
@@ -55,6 +56,15 @@ stream stays sequence-sharded between the sub-blocks and between blocks. With ``
 instead, everywhere (embedding output to final norm): a data-parallel sub-block runs on it as
 it is (no all-to-all) and a TP sub-block all-gathers and reduce-scatters it on the batch; every
 tp layer of a plan keeps one stream layout (``stream_dim``)."""
+
+
+EMBEDDING_DIM: TpMode = "dim"
+"""The embedding's mode under ``tp_sub_block`` (``embedding_dim_problem``): its table sharded
+on the embedding dim over dp_shard x tp (no FSDP, no vocabulary split), looked up for the
+token ids of every dp_shard rank (all-gathered) and its output moved onto this rank's shard of
+the residual stream by one all-to-all over dp_shard x tp; the table's gradient is local. No
+FSDP all-gather of the table, no reduce-scatter of its gradient (AutoParallel's placement of
+Llama 3's embedding)."""
 
 
 def sub_block_modes(tp_mode: str) -> tuple[str, str]:
@@ -120,6 +130,8 @@ def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
     (FSDP units of k blocks), tp "tp+sp" / "tp_dp" / "attn:<tp>/ffn:<tp>" (a TP sub-block "tp"
     and stream "stream:batch" when the stream is sharded on the batch), ep "ep<k>", ac
     "ac:<mode>", pinned "pinned"; absent aspects are left out."""
+    if tp_mode == EMBEDDING_DIM:
+        return {"params": "dim-shard", "tp": "a2a"}
     node = reshard_group(reshard_after_forward)
     parts = {"params": unsharded or (f"fsdp-node{node}" if node else
                                      "fsdp" if reshard_after_forward else "fsdp-keep")}
@@ -391,11 +403,31 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
     return ""
 
 
-def edge_strategy(kind: str, mesh: Mesh) -> BlockStrategy:
+def edge_strategy(kind: str, mesh: Mesh, embedding: str = "") -> BlockStrategy:
     """How the embedding, an encoder and the norm + output are applied (and so costed): the
     embedding and an encoder (one FSDP unit, as TorchTitan 0.3.0's
     ``apply_fsdp_to_vision_encoder``) reshard after forward, the output keeps its parameters
     for the backward that follows at once; vocab-parallel with loss parallel when tp > 1 (an
-    encoder's linears column- / row-wise on replicated activations)."""
+    encoder's linears column- / row-wise on replicated activations). ``embedding``
+    ``EMBEDDING_DIM``: the embedding looked up on its embedding dim (no FSDP)."""
+    if kind == "embedding" and embedding == EMBEDDING_DIM:
+        return BlockStrategy("none", False, EMBEDDING_DIM)
     return BlockStrategy("none", kind in ("embedding", "encoder"),
                          "sp" if mesh.tp > 1 else "none")
+
+
+def embedding_dim_problem(mesh: Mesh, dim: int = 0) -> str:
+    """Why the embedding cannot be looked up on its embedding dim (``EMBEDDING_DIM``) on
+    ``mesh`` (empty if it can): one group over dp_shard x tp holds the whole batch's lookups,
+    so no pipeline, replication or context parallel, more than one rank in it, and an
+    embedding dim (``dim``, where known) it splits evenly."""
+    mode = f"tp_mode {EMBEDDING_DIM!r} for the embedding"
+    if mesh.pp > 1 or mesh.dp_replicate > 1 or mesh.cp > 1:
+        return f"{mode} needs pp = 1, dp_replicate = 1 and cp = 1; use the default"
+    group = mesh.dp_shard * mesh.tp
+    if group == 1:
+        return f"{mode} needs dp_shard x tp > 1; use the default"
+    if dim and dim % group:
+        return (f"{mode} needs the embedding dim ({dim}) divisible by dp_shard x tp "
+                f"({group}); use the default")
+    return ""

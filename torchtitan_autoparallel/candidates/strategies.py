@@ -9,11 +9,13 @@ from ..job.pins import Pin
 from .layout import (
     AC_MODES,
     DEFAULT_TECHNIQUES,
+    EMBEDDING_DIM,
     FSDP_UNIT_SIZES,
     SUB_BLOCK_TP_MODES,
     BlockStrategy,
     Mesh,
     divisors,
+    embedding_dim_problem,
     ep_problem,
     fsdp_sharded,
     fsdp_unit_problem,
@@ -61,6 +63,9 @@ class Constraints:
     sub_block_modes: tuple[str, ...] = SUB_BLOCK_TP_MODES
     """The sub-block tp modes ``tp_sub_block`` offers: those the release's apply runs
     (``Frontend``)."""
+    embedding_dim: bool = True
+    """``tp_sub_block`` also offers the embedding looked up on its embedding dim, where the
+    release's apply runs it (``Frontend.embedding_dim``)."""
 
 
 def legal_tp(graph: LayerGraph, tp: int, gpus_per_node: int) -> bool:
@@ -245,6 +250,31 @@ def block_tp_modes(mesh: Mesh, microbatch: int, constraints: Constraints,
     asked = (("dp",) if "tp_dp" in constraints.techniques else ()) + (
         constraints.sub_block_modes if "tp_sub_block" in constraints.techniques else ())
     return ("sp", *(mode for mode in asked if not tp_dp_problem(mesh, microbatch, "block", mode)))
+
+
+def embedding_modes(graph: LayerGraph, mesh: Mesh, constraints: Constraints
+                    ) -> tuple[str, ...]:
+    """How the embedding may run on ``mesh``: as the mesh runs it ("": ``edge_strategy``'s
+    default) and looked up on its embedding dim (``EMBEDDING_DIM``) where
+    ``embedding_dim_refused`` has no objection."""
+    return ("",) if embedding_dim_refused(graph, mesh, constraints) else ("", EMBEDDING_DIM)
+
+
+def embedding_dim_refused(graph: LayerGraph, mesh: Mesh, constraints: Constraints) -> str:
+    """Why the embedding is not looked up on its embedding dim (``EMBEDDING_DIM``) on ``mesh``
+    (empty if it may be): it needs ``tp_sub_block`` asked for, a dense model without encoders
+    whose output does not share the embedding's weight, and ``embedding_dim_problem``'s
+    mesh."""
+    mode = f"tp_mode {EMBEDDING_DIM!r} for the embedding"
+    if "tp_sub_block" not in constraints.techniques:
+        return f"{mode} needs autoparallel.techniques with tp_sub_block"
+    if not constraints.embedding_dim:
+        return f"{mode} is not applied on this TorchTitan release; use the default"
+    if graph.num_experts or graph.tied_output or any(
+            layer.kind == "encoder" for layer in graph.edges):
+        return (f"{mode} is planned on dense models without encoders or tied output weights "
+                "only; use the default")
+    return embedding_dim_problem(mesh, graph.dim)
 
 
 @functools.lru_cache(maxsize=8192)

@@ -38,7 +38,8 @@ def explain_rows(plan: Plan, cache: dict[str, Any] | None = None) -> list[dict[s
     inputs = inputs_from_plan(plan, cache)
     check_plan_for_job(plan, plan.fingerprint["world_size"],
                        [(layer.fqn, layer.kind) for layer in inputs.graph.layers], "to explain")
-    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size, plan.pipeline)
+    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size, plan.pipeline,
+                         plan.embedding_mode)
     class_of, _ = block_counts(plan, inputs)
     per_rank, rank_of_fqn = rank_counts(plan, class_of)
     budget = plan.predicted["budget_gib"] * GIB
@@ -291,7 +292,8 @@ def unit_lines(plan: Plan, inputs: Any) -> list[str]:
     problem = fsdp_unit_problem(plan.mesh, blocks[0].tp_mode)
     if problem or inputs.graph.num_experts:
         return [f"FSDP units: declined: {problem or 'not searched on MoE models'}"]
-    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
+    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size,
+                         embedding=plan.embedding_mode)
     class_of, counts = block_counts(plan, inputs)
     budget = plan.predicted["budget_gib"] * GIB
     grouped = {sig for sig, s in counts if s.fsdp_unit > 1}
@@ -419,6 +421,11 @@ def snippet(plan: Plan) -> str:
                 f"({blocks[0].describe(plan.mesh.unsharded_label)}): {', '.join(odd[:8])}"
                 + (" ..." if len(odd) > 8 else ""))
     b = blocks[0]
+    if plan.embedding_mode:
+        return ("not expressible as TorchTitan settings: the embedding is looked up on its "
+                "embedding dim over dp_shard x tp (token ids all-gathered, its output moved "
+                "onto the stream by an all-to-all), where TorchTitan's is vocabulary-parallel "
+                "and FSDP-gathered; the plan file runs it")
     node = reshard_group(b.reshard_after_forward)
     if node:
         return (f"not expressible as TorchTitan settings: every block reshards to {node} ranks "

@@ -31,6 +31,7 @@ COLOURS = {
     "attn:tp_dp/ffn:tp+sp": "#e4a88a", "attn:tp+sp/ffn:tp_dp": "#c9a0b6",
     "attn:tp+a2a/ffn:tp+sp": "#c46a3a", "attn:tp_dp/ffn:tp": "#f0c8b4",
     "attn:tp/ffn:tp_dp": "#e2c4d6", "attn:tp/ffn:tp": "#eeb48c",
+    "dim-shard": "#6a8f4f", "a2a": "#a3c47a",
     "ac:none": "#e6e6e6", "ac:selective": "#ccb974", "ac:full": "#8c8c8c", "pinned": "#222222",
     "": "#f2f2f2",
 }
@@ -133,7 +134,8 @@ def _pipeline_breakdown(plan: Plan
     """``_breakdown`` of a pipeline plan: the fullest pp rank's memory, and the step as the
     slowest rank's micro-batches, the schedule's bubble, per-step FSDP and the P2P fill."""
     inputs = inputs_from_plan(plan)
-    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size, plan.pipeline)
+    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size, plan.pipeline,
+                         plan.embedding_mode)
     class_of, _ = block_counts(plan, inputs)
     per_rank, _ = rank_counts(plan, class_of)
     step, times, memory = cand.evaluate(per_rank)
@@ -174,10 +176,12 @@ def _pipeline_breakdown(plan: Plan
 def _breakdown(plan: Plan) -> tuple[list[tuple[str, float]], str, list[tuple[str, float]]]:
     """Memory segments (GiB) of the peak phase, its name, and step-time segments (s)."""
     inputs = inputs_from_plan(plan)
-    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size)
+    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size,
+                         embedding=plan.embedding_mode)
     _, counts = block_counts(plan, inputs)
     costs = {key: cand.costs[key] for key in counts}
-    edges = edges_cost(inputs.graph, plan.mesh, plan.local_batch_size, inputs.cost_context)
+    edges = edges_cost(inputs.graph, plan.mesh, plan.local_batch_size, inputs.cost_context,
+                       plan.embedding_mode)
     t = cand.types[0].name
     per_param = cand.state_bytes / STATE_BYTES_PER_PARAM
     gib = 2**-30

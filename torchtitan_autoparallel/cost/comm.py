@@ -4,6 +4,7 @@ context parallel's ring, FSDP's all-gathers and reduce-scatters, and MoE's all-t
 from typing import NamedTuple
 
 from ..candidates.layout import (
+    EMBEDDING_DIM,
     SUB_BLOCK_TP_MODES,
     BlockStrategy,
     Mesh,
@@ -151,7 +152,9 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     block or a sub-block, the all-to-alls between the sequence-sharded residual stream and a
     batch shard around it (none where the stream is sharded on the batch already:
     ``stream_dim``); none in tp mode "none". It only grows with checkpointing (more passes,
-    gathers)."""
+    gathers). The embedding looked up on its embedding dim: ``embedding_dim_s``."""
+    if strategy.tp_mode == EMBEDDING_DIM:
+        return embedding_dim_s(layer, mesh, microbatch, ctx)
     act = layer.io_bytes * microbatch * ctx.act_scale / mesh.cp
     tp_nodes = mesh.spans_nodes("tp", ctx.gpus_per_node)
     comm = 0.0
@@ -171,6 +174,22 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
         comm += (fwd_passes * collective_s("all_gather", weight, mesh.tp, tp_nodes, ctx.hw)
                  + collective_s("reduce_scatter", weight, mesh.tp, tp_nodes, ctx.hw))
     return comm
+
+
+def embedding_dim_s(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext) -> float:
+    """``EMBEDDING_DIM``'s collectives for one micro-batch through the embedding: every rank's
+    token ids all-gathered over dp_shard x tp, then the lookup's output (a 1 / (dp_shard x tp)
+    slice of the embedding dim for the whole group's tokens: as many bytes as this rank's shard
+    of the stream) moved onto the stream by an all-to-all over dp_shard x tp, its gradient back
+    by another in backward. Ranks are node-major: the group spans nodes once it outgrows one,
+    and its collectives then use every rank's network rail."""
+    hw, gpus_per_node = ctx.hw, ctx.gpus_per_node
+    group = mesh.dp_shard * mesh.tp
+    spans, rails = group > gpus_per_node, min(group, gpus_per_node)
+    ids = layer.io_bytes * microbatch * group
+    shard = layer.saved_bytes * ctx.act_scale * microbatch / mesh.tp
+    return (collective_s("all_gather", ids, group, spans, hw, rails)
+            + 2 * collective_s("all_to_all", shard, group, spans, hw, rails))
 
 
 def a2a_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, act: float, tp_nodes: bool,
@@ -251,7 +270,10 @@ def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext, 
            saturated: bool = False) -> FsdpCost:
     """FSDP / HSDP for one micro-batch through ``layer``. ``low``: the share of the parameters
     all-gathered in float8. ``saturated``: every collective at its link's peak bandwidth
-    without latency, a floor under every FSDP unit's share of its unit's collectives."""
+    without latency, a floor under every FSDP unit's share of its unit's collectives. None for
+    the embedding looked up on its embedding dim (``EMBEDDING_DIM``: never gathered)."""
+    if strategy.tp_mode == EMBEDDING_DIM:
+        return FsdpCost(0.0, 0.0, 0.0, 0.0, 0.0)
     hw, prec, gpus_per_node, features = ctx.hw, ctx.prec, ctx.gpus_per_node, ctx.features
     param_split = 1 if strategy.tp_mode == "dp" else mesh.tp
     fsdp_group = fsdp_group_size(mesh, strategy.tp_mode)

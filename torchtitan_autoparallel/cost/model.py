@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from ..candidates.layout import (
+    EMBEDDING_DIM,
     SUB_BLOCK_TP_MODES,
     TP_MODES,
     BlockStrategy,
@@ -406,21 +407,28 @@ class EdgeCost:
     """Unsharded parameters and gradients while FSDP holds them gathered."""
 
 
-def edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext
-              ) -> EdgeCost:
+def edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext,
+              embedding: str = "") -> EdgeCost:
     """The embedding's or the norm + output's time and memory per micro-batch (memoized: the
-    search costs a mesh's edges for several candidates)."""
+    search costs a mesh's edges for several candidates); ``embedding``: the embedding's mode
+    where not the mesh's default (``edge_strategy``)."""
     hw, prec, features = ctx.hw, ctx.prec, ctx.features
     key = (id(graph), id(layer), id(hw), id(prec), id(features), mesh, microbatch,
-           ctx.gpus_per_node)
+           ctx.gpus_per_node, embedding)
     return _memoized(_EDGE, key, (graph, layer, hw, prec, features), _edge_cost, graph, layer,
-                     mesh, microbatch, ctx)
+                     mesh, microbatch, ctx, embedding)
 
 
-def _edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext
-               ) -> EdgeCost:
+def _edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext,
+               embedding: str) -> EdgeCost:
     hw, prec, features = ctx.hw, ctx.prec, ctx.features
-    cost = block_cost(layer, mesh, edge_strategy(layer.kind, mesh), microbatch, ctx)
+    strategy = edge_strategy(layer.kind, mesh, embedding)
+    cost = block_cost(layer, mesh, strategy, microbatch, ctx)
+    if strategy.tp_mode == EMBEDDING_DIM:
+        # the lookup keeps the token ids of every dp_shard rank (int64) for its backward; its
+        # output goes through the all-to-all, kept by no one
+        return EdgeCost(cost.time_s, layer.io_bytes * microbatch * mesh.dp_shard,
+                        cost.state_bytes)
     gathered = cost.unsharded_bytes + cost.grad_bytes
     if layer.kind != "output":
         return EdgeCost(cost.time_s, cost.kept_bytes, cost.state_bytes, 0.0, gathered)
@@ -446,12 +454,13 @@ def _edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int, ctx
     return EdgeCost(cost.time_s, logits, cost.state_bytes, logits, gathered)
 
 
-def edges_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, ctx: CostContext) -> EdgeCost:
+def edges_cost(graph: LayerGraph, mesh: Mesh, microbatch: int, ctx: CostContext,
+               embedding: str = "") -> EdgeCost:
     """Every edge layer's ``edge_cost`` summed (a flat plan holds them all on one rank), with
-    the weight copies autocast keeps."""
+    the weight copies autocast keeps; ``embedding`` as ``edge_cost``."""
     time = kept = state = logits = 0.0
     for layer in graph.edges:
-        cost = edge_cost(graph, layer, mesh, microbatch, ctx)
+        cost = edge_cost(graph, layer, mesh, microbatch, ctx, embedding)
         time += cost.time_s
         kept += cost.kept_bytes
         state += cost.state_bytes

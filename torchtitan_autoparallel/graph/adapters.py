@@ -185,8 +185,10 @@ class ModelAdapter:
 
     def apply_tp(self, model: Any, tp_mesh: Any, loss_parallel: bool,
                  block_names: list[str], cp_enabled: bool = False,
-                 enable_float8_tensorwise_tp: bool = False, **options: Any) -> None:
-        """The family's TP + SP plan for the embedding, the output and the named blocks only.
+                 enable_float8_tensorwise_tp: bool = False, embedding: bool = True,
+                 **options: Any) -> None:
+        """The family's TP + SP plan for the embedding (unless ``embedding`` is False), the
+        output and the named blocks only.
 
         ``tp_fn`` parallelizes ``model.<embedding/norm/output>`` and every block in
         ``model.<blocks>``; it is handed a container holding the same modules but only the
@@ -195,7 +197,7 @@ class ModelAdapter:
         import torch.nn as nn
 
         view = nn.Module()
-        for name in (self.embedding, self.final_norm, self.output):
+        for name in (self.embedding if embedding else None, self.final_norm, self.output):
             # a pipeline stage holds the embedding, the norm + output, or neither
             module = submodule_or_none(model, name) if name else None
             if module is not None:

@@ -153,6 +153,13 @@ class LayerGraph:
         return tuple(layer for layer in self.layers if layer.kind != "block")
 
     @functools.cached_property
+    def tied_output(self) -> bool:
+        """Whether the output projection reads the embedding's weight (tied weights are
+        counted once, at the embedding: the output layer then holds fewer than dim x vocab)."""
+        return any(layer.kind == "output" and layer.params < self.dim * self.vocab_size
+                   for layer in self.layers)
+
+    @functools.cached_property
     def alike(self) -> tuple[tuple[Layer, int], ...]:
         """One layer of each (kind, signature), in model order, with how many layers share
         it (interchangeable for every cost)."""

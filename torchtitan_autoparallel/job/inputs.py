@@ -132,6 +132,7 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
         # the output projection of A2A runs as a plain linear: not with low-precision linears
         sub_block_modes=tuple(m for m in frontend().sub_block_modes
                               if not (a2a_mode(m) and features.linear != "none")),
+        embedding_dim=frontend().embedding_dim,
         fsdp_required=features.cpu_offload,
         **pipeline_constraints(job_config, features, techniques),
     )
@@ -391,6 +392,8 @@ def _constraints_record(job_config: Any, constraints: Constraints, ac_option: st
             **({"node_reshard": False} if not constraints.node_reshard else {}),
             **({"sub_block_modes": list(constraints.sub_block_modes)}
                if constraints.sub_block_modes != SUB_BLOCK_TP_MODES
+               and "tp_sub_block" in constraints.techniques else {}),
+            **({"embedding_dim": False} if not constraints.embedding_dim
                and "tp_sub_block" in constraints.techniques else {}),
             **({"ac_modes": list(constraints.ac_modes)}
                if user_set(job_config, "activation_checkpoint.mode") else {}),

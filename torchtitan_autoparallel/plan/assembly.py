@@ -112,14 +112,16 @@ def check_inputs_record(record: Any, source: str) -> None:
 
 
 def layer_plans(inputs: JobInputs, mesh: Mesh, strategies: list[BlockStrategy],
-                predicted: Callable[[str, BlockStrategy], dict[str, float]]) -> list[LayerPlan]:
-    """One LayerPlan per layer: edges as ``mesh`` runs them, blocks with ``strategies`` (in
-    block order) and the per-layer predictions ``predicted(block class, strategy)`` gives."""
+                predicted: Callable[[str, BlockStrategy], dict[str, float]],
+                embedding: str = "") -> list[LayerPlan]:
+    """One LayerPlan per layer: edges as ``mesh`` runs them (the embedding in mode
+    ``embedding``), blocks with ``strategies`` (in block order) and the per-layer predictions
+    ``predicted(block class, strategy)`` gives."""
     assigned = iter(zip(block_classes(inputs.graph, inputs.pins), strategies, strict=True))
     layers = []
     for layer in inputs.graph.layers:
         if layer.kind != "block":
-            edge = edge_strategy(layer.kind, mesh)
+            edge = edge_strategy(layer.kind, mesh, embedding)
             layers.append(LayerPlan(layer.fqn, layer.kind, edge.ac, edge.reshard_after_forward,
                                     edge.tp_mode))
             continue
@@ -196,13 +198,15 @@ def plan_of(inputs: JobInputs, mesh: Mesh, local_batch: int, accum: int,
 
 
 def candidate_for(inputs: JobInputs, mesh: Mesh, local_batch: int,
-                  pipeline: Pipeline | None = None) -> Candidate:
+                  pipeline: Pipeline | None = None, embedding: str = "") -> Candidate:
     """The costs of a given layout of the job (a plan's, or a TorchTitan recipe's): flat with
-    micro-batches of ``local_batch``, or ``pipeline``'s schedule and micro-batches; under pp
-    every strategy a plan file or recipe may give a block is costed."""
+    micro-batches of ``local_batch`` and the embedding in mode ``embedding``
+    (``Plan.embedding_mode``), or ``pipeline``'s schedule and micro-batches; under pp every
+    strategy a plan file or recipe may give a block is costed."""
     if pipeline is None:
         return build_candidate(inputs.graph, mesh, local_batch, inputs.global_batch,
-                               inputs.cost_context, inputs.constraints, inputs.pins)
+                               inputs.cost_context, inputs.constraints, inputs.pins,
+                               embedding=embedding)
     cand = build_pipeline_candidate(
         inputs.graph, mesh, pipeline.schedule, pipeline.stages_per_rank,
         pipeline.microbatch_size, pipeline.microbatches, inputs.cost_context,
@@ -304,7 +308,8 @@ def build_plan(inputs: JobInputs, cand: Candidate, strategies: list[BlockStrateg
         shape.rank_memory_gib = [round(b / GIB, 6) for b in memory]
         shape.rank_state_gib = [round(b / GIB, 6) for b in states]
     layers = layer_plans(inputs, cand.mesh, strategies,
-                         lambda cls, strategy: cand.costs[(cls, strategy)].plan_fields())
+                         lambda cls, strategy: cand.costs[(cls, strategy)].plan_fields(),
+                         cand.embedding)
     return plan_of(inputs, cand.mesh, cand.microbatch * cand.microbatches, cand.accum, layers,
                    step, max(memory), max(states), solver, pipeline=shape)
 

@@ -8,7 +8,7 @@ from typing import Any
 from ..candidates.candidate import block_classes
 from ..candidates.exclusions import without_excluded
 from ..candidates.layout import GIB, BlockStrategy
-from ..candidates.strategies import Constraints
+from ..candidates.strategies import Constraints, embedding_dim_refused
 from ..cost.hardware import HardwareProfile, load_profile
 from ..cost.model import Precision
 from ..errors import UserError
@@ -38,7 +38,7 @@ def recost(plan: Plan, hw: HardwareProfile | None = None,
     inputs = inputs_from_plan(plan, cache, hw)
     inputs = dataclasses.replace(inputs, hw=hw or inputs.hw)
     pipe = plan.pipeline
-    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size, pipe)
+    cand = candidate_for(inputs, plan.mesh, plan.local_batch_size, pipe, plan.embedding_mode)
     strategies = [BlockStrategy.of(lp) for lp in plan.layers if lp.kind == "block"]
     check_costable(plan, inputs, set(cand.costs))
     return build_plan(inputs, cand, strategies, {},
@@ -67,6 +67,10 @@ def check_costable(plan: Plan, inputs: JobInputs, costed: set[tuple[str, BlockSt
                 f"is no strategy the planner has for this block on mesh {plan.mesh} (e.g. an "
                 "FSDP unit longer than its run of identical blocks, or a pinned block's "
                 f"strategy changed); {PLAN_FIX}")
+    refused = plan.embedding_mode and embedding_dim_refused(inputs.graph, plan.mesh,
+                                                            inputs.constraints)
+    if refused:
+        raise UserError(f"plan: {refused}; {PLAN_FIX}")
 
 
 def recosted_file(plan: Plan, cache: dict[str, Any] | None = None) -> tuple[Plan, str]:

@@ -37,11 +37,12 @@ def needed(plan: Any) -> bool:
     """Whether ``plan`` puts gradients on several meshes outside expert parallelism (which
     TorchTitan's clipping handles): a block using the tp dim as data parallel is FSDP-sharded
     over dp_shard x tp (a sub-block mode's data-parallel sub-block or projection too), the
-    other layers over dp_shard with TP on tp."""
+    other layers over dp_shard with TP on tp; an embedding looked up on its embedding dim sits
+    on dp_shard x tp."""
     from ..candidates.layout import tp_dp_params
 
-    return plan is not None and plan.mesh.tp > 1 and any(
-        tp_dp_params(layer.tp_mode) for layer in plan.layers)
+    return plan is not None and plan.mesh.tp > 1 and (bool(plan.embedding_mode) or any(
+        tp_dp_params(layer.tp_mode) for layer in plan.layers))
 
 
 def install() -> None:

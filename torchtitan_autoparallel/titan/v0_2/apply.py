@@ -17,8 +17,10 @@ import torch.nn as nn
 
 from ...candidates.layout import (
     A2A_MODES,
+    EMBEDDING_DIM,
     SUB_BLOCK_TP_MODES,
     a2a_mode,
+    embedding_dim_problem,
     split_fsdp,
     stream_dim,
     sub_block_modes,
@@ -31,6 +33,7 @@ from ...graph.discover import get_adapter
 from ...graph.tp_styles import InferredTP, block_signature
 from ...job.features import features_from_config
 from ...plan.schema import Plan, fsdp_units
+from ...runtime.styles import embedding_dim_style, heads_to_sequence
 from .model import planning_adapter
 from .patches.moe import reduce_sequence_parallel_moe_grads, reduce_tensor_parallel_router_grads
 
@@ -157,7 +160,7 @@ def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp
     stream = stream_dim(tp_mode)
     styles = fn.block_styles(block, enable_float8_tensorwise_tp, stream)
     if a2a_mode(tp_mode):
-        styles.update(dict.fromkeys(a2a_projections(block, adapter), _heads_to_sequence()))
+        styles.update(dict.fromkeys(a2a_projections(block, adapter), heads_to_sequence()))
     for (norm, module), mode in zip(adapter.sub_blocks, sub_block_modes(tp_mode), strict=True):
         if mode == "sp":
             own = {key: style for key, style in styles.items()
@@ -169,49 +172,45 @@ def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp
         # a stream sharded on the batch: the data-parallel sub-block runs on it as it is
 
 
-def _heads_to_sequence() -> Any:
-    """The style of an output projection run on the sequence shard (``layout.A2A_MODES``):
-    its weight stored as TorchTitan's row-wise one (Shard(1) over tp) and all-gathered for the
-    matmul (its gradient, a partial sum per tp rank, reduce-scattered back); its input, sharded
-    on its features (the heads) over tp, redistributed onto the sequence (an all-to-all); the
-    output is the stream's sequence shard, with no reduce-scatter."""
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
-    from torch.distributed.tensor.parallel.style import ParallelStyle
-
-    class HeadsToSequence(ParallelStyle):
-        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
-            if type(module) is not nn.Linear:
-                raise UserError(f"tp_mode {A2A_MODES[0]!r} runs the output projection as a plain "
-                                f"linear, not a {type(module).__name__}; use 'sp'")
-            for name, placement in (("weight", Shard(1)), ("bias", Replicate())):
-                param = getattr(module, name)
-                if param is not None:
-                    module.register_parameter(name, nn.Parameter(
-                        distribute_tensor(param, device_mesh, [placement])))
-
-            def forward(x: torch.Tensor) -> torch.Tensor:
-                x = DTensor.from_local(x, device_mesh, [Shard(2)], run_check=False)
-                x = x.redistribute(device_mesh, [Shard(1)]).to_local()
-                full = [p.full_tensor(grad_placements=[Partial()]) if p is not None else None
-                        for p in (module.weight, module.bias)]
-                return nn.functional.linear(x, *full)
-
-            module.forward = forward
-            return module
-
-    return HeadsToSequence()
-
-
 def _dp_over_tp_mesh(parallel_dims: Any, plan: Plan, tp_mode: str) -> Any:
-    """1-D mesh over dp_shard x tp (tp alone with dp_shard = 1): FSDP mesh of the blocks or
-    sub-blocks that use tp as data parallel (where ``layout.tp_dp_problem`` allows it).
-    TorchTitan keeps its own flattened ``efsdp`` mesh fake unless EP is on."""
+    """FSDP mesh of the blocks or sub-blocks that use tp as data parallel (where
+    ``layout.tp_dp_problem`` allows it): ``dp_shard_tp_mesh``."""
     problem = tp_dp_problem(plan.mesh, plan.local_batch_size, tp_mode=tp_mode)
     if problem:
         raise UserError(problem)
+    return dp_shard_tp_mesh(parallel_dims)
+
+
+def dp_shard_tp_mesh(parallel_dims: Any) -> Any:
+    """1-D mesh over dp_shard x tp (dp_shard-major; tp alone with dp_shard = 1, dp_shard alone
+    with tp = 1). TorchTitan keeps its own flattened ``efsdp`` mesh fake unless EP is on."""
     if not parallel_dims.fsdp_enabled:
         return parallel_dims.get_mesh("tp")
+    if parallel_dims.tp == 1:
+        return parallel_dims.get_mesh("fsdp")
     return parallel_dims.get_mesh(["fsdp", "tp"])._flatten("fsdp_tp")
+
+
+def apply_embedding_dim(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any,
+                        plan: Plan, fsdp: dict[str, Any] | None) -> None:
+    """The embedding looked up on its embedding dim over dp_shard x tp (``EMBEDDING_DIM``,
+    ``runtime.embedding_dim``), its output on the plan's stream layout, cast to FSDP's
+    parameter dtype (``fsdp``: the job's ``fully_shard`` arguments, None without FSDP)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torchtitan.tools.logging import logger
+
+    problem = embedding_dim_problem(plan.mesh)
+    if problem:
+        raise UserError(problem)
+    stream = min((stream_dim(layer.tp_mode) for layer in plan.layers
+                  if layer.kind == "block" and layer.tp_mode != "none"), default=1)
+    dtype = fsdp["mp_policy"].param_dtype if fsdp else None
+    m = plan.mesh
+    parallelize_module(model.get_submodule(adapter.embedding), dp_shard_tp_mesh(parallel_dims),
+                       embedding_dim_style(m.dp_shard, m.tp, stream, dtype))
+    logger.info(f"{adapter.embedding} looked up on its embedding dim over dp_shard x tp "
+                f"({m.dp_shard * m.tp} ranks): token ids all-gathered, output all-to-all onto "
+                "the stream")
 
 
 def shard_tp_dp_parts_only(model: nn.Module, planned: dict[str, Any], plan: Plan,
@@ -274,12 +273,14 @@ def _shard_routed_experts(experts: nn.Module, parallel_dims: Any, plan: Plan,
 
 def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
                           tp_modes: dict[str, str], *, loss_parallel: bool,
-                          enable_float8_tensorwise_tp: bool, cp_enabled: bool) -> None:
+                          enable_float8_tensorwise_tp: bool, cp_enabled: bool,
+                          embedding: bool = True) -> None:
     """The family's TorchTitan TP + SP plan on the blocks planned "sp" (and the embedding,
     norm and output); blocks planned "dp" run on a batch shard of the tp ranks; blocks planned
     with a sub-block mode get both, each on its own sub-block (``apply_sub_block_tp``). A plan
     whose stream is sharded on the batch has its embedding, norm and output styles shard it
-    there (one stream layout per plan: ``layout.stream_problem``)."""
+    there (one stream layout per plan: ``layout.stream_problem``). ``embedding`` False: the
+    embedding is left to ``apply_embedding_dim``."""
     blocks = model.get_submodule(adapter.blocks)
     stream = min((stream_dim(mode) for mode in tp_modes.values()), default=1)
     if stream != 1 and not isinstance(resolve(adapter.tp_fn), InferredTP):
@@ -288,7 +289,7 @@ def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
                         "'dp/sp' or 'sp/dp'")
     adapter.apply_tp(model, tp_mesh, loss_parallel=loss_parallel,
                      block_names=[n for n, mode in tp_modes.items() if mode == "sp"],
-                     cp_enabled=cp_enabled,
+                     cp_enabled=cp_enabled, embedding=embedding,
                      enable_float8_tensorwise_tp=enable_float8_tensorwise_tp,
                      **({"stream": stream} if stream != 1 else {}))
     for name, mode in tp_modes.items():
@@ -365,7 +366,11 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
                         if n) if m is not None]
     tied = embedding is not None and bool(head) and bool(
         {id(p) for p in embedding.parameters()} & {id(p) for p in head[-1].parameters()})
-    if embedding is not None and not tied:
+    own = embedding is not None and plan.embedding_mode == EMBEDDING_DIM
+    if own and tied:
+        raise UserError(f"tp_mode {EMBEDDING_DIM!r} for the embedding needs an output that does "
+                        "not share its weight; use the default")
+    if embedding is not None and not tied and not own:
         fully_shard(embedding, **fsdp,
                     reshard_after_forward=by_fqn[adapter.embedding].reshard_after_forward)
     dp_over_tp = None
@@ -401,7 +406,8 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
     if head:
         fully_shard([embedding, *head] if tied else head, **fsdp,
                     reshard_after_forward=by_fqn[adapter.output].reshard_after_forward)
-    fully_shard(model, **fsdp)
+    # the embedding looked up on its embedding dim is sharded by its own style
+    fully_shard(model, **fsdp, ignored_params=set(embedding.parameters()) if own else None)
     if plan.mesh.ep > 1:
         explicit_prefetch(embedding, groups, head)
     # the loss is already normalised by the global token count (as in TorchTitan's recipes)
@@ -507,10 +513,15 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
             # TorchTitan 0.2.2's recipes test ``"float8" in model.converters``, which never
             # matches the converter's name: auto uses the float8 styles they intend
             enable_float8_tensorwise_tp=features.linear == "float8_tensorwise",
-            cp_enabled=plan.mesh.cp > 1,
+            cp_enabled=plan.mesh.cp > 1, embedding=not plan.embedding_mode,
         )
         if any("sp" in sub_block_modes(mode) for mode in tp_modes.values()):
             maybe_enable_async_tp(job_config, tp_mesh)
+    if plan.embedding_mode:
+        apply_embedding_dim(model, adapter, parallel_dims, plan,
+                            fsdp_arguments(parallel_dims, job_config.training,
+                                           features.cpu_offload)
+                            if parallel_dims.fsdp_enabled else None)
 
     if moe_blocks and (plan.mesh.tp > 1 or plan.mesh.ep > 1):
         # routing, token dispatch and the experts' EP / ETP / TP: TorchTitan's own code

@@ -18,7 +18,12 @@ from .tp_dp import fsdp_arguments as tp_dp_fsdp
 
 def check_applicable(plan: Any) -> None:
     """UserError naming what in ``plan`` this apply cannot run: a layer without TP on a tp
-    mesh (``model.parallelize`` shards every layer the model declares)."""
+    mesh (``model.parallelize`` shards every layer the model declares), or an embedding looked
+    up on its embedding dim."""
+    if plan.embedding_mode:
+        raise UserError(f"the embedding has tp_mode {plan.embedding_mode!r} (looked up on its "
+                        "embedding dim): TorchTitan 0.3.0's apply keeps the model's own "
+                        "embedding placement; re-plan here (the search leaves it out)")
     m = plan.mesh
     if m.tp == 1:
         return

@@ -332,4 +332,5 @@ def sub_block_note(config: Any) -> list[str]:
             "only: TorchTitan 0.3.0's apply keeps the model's sequence-sharded stream and "
             "places a sub-block's linears alike, so the ':batch' modes (stream sharded on the "
             "batch over tp) and 'sp/sp:a2a' (the attention output projection on the sequence "
-            "shard) are left out"]
+            "shard) are left out, and its embedding stays TorchTitan's (not looked up on its "
+            "embedding dim)"]
