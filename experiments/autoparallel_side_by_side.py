@@ -124,16 +124,14 @@ MAPPINGS: dict[str, dict[str, Any]] = {
         "tok_embeddings stored sharded on its embedding dim over fsdp x tp, looked up there "
         "for the whole global batch, its output moved onto the stream's batch shards (over "
         "fsdp, then tp) by an all-to-all")},
-    "70B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "dp/sp:batch", "expressible": False,
-                "note": (
+    "70B@256": {"dp_shard": 32, "tp": 8, "tp_mode": "dp/sp:batch", "embedding": "dim:gather",
+                "expressible": True, "note": (
         "as 70B@64 in every block (dp/sp:batch: every matmul weight, the stream and each "
-        "collective). Not exact outside the blocks: tok_embeddings is stored sharded on its "
-        "embedding dim over fsdp and on the vocabulary over tp, gathered over tp for the lookup "
-        "(the tp dim as FSDP), looked up on its embedding dim over fsdp for the tokens "
-        "all-gathered over fsdp (split on the batch over tp) and moved onto the stream by an "
-        "all-to-all over fsdp, where TorchTitan's embedding is vocabulary-parallel over tp and "
-        "FSDP-gathered over fsdp (tp mode 'dim' shards the table over fsdp x tp and gathers "
-        "no table); costed as TorchTitan's")},
+        "collective). The embedding maps onto tp mode 'dim:gather' exactly: tok_embeddings "
+        "stored sharded on its embedding dim over fsdp and on the vocabulary over tp, gathered "
+        "over tp for the lookup (the tp dim as FSDP for the table), looked up on its embedding "
+        "dim over fsdp for the tokens all-gathered over fsdp (each tp rank its batch shard) and "
+        "moved onto the stream by an all-to-all over fsdp")},
 }
 
 
@@ -260,7 +258,8 @@ def recipe_plan_for(config: str, world: int, global_batch: int, tp: int) -> Any:
 def blocks_label(plan: Any) -> str:
     labels = sorted({layer.describe(plan.mesh.unsharded_label) for layer in plan.layers
                      if layer.kind == "block"})
-    return ", ".join(labels)
+    embedding = [f"embedding {plan.embedding_mode}"] if plan.embedding_mode else []
+    return ", ".join([*labels, *embedding])
 
 
 def plan_fields(prefix: str, plan: Any, world: int) -> dict[str, Any]:
@@ -472,17 +471,21 @@ READING = """
   with the stream between blocks sharded on the batch over tp: tp mode `dp/sp:batch`. At 8B@8
   attention is TP + SP over tp (2) while the feed-forward is TP over the fsdp dim (4), a
   second mesh dim inside one block, which the vocabulary does not write. Outside the blocks,
-  every job looks the token embedding up sharded on its embedding dim (over fsdp x tp, or over
-  fsdp with the tp dim gathering the table, 70B@256) for tokens gathered from the other ranks
-  and moves the result onto the stream with an all-to-all, where TorchTitan's embedding is
-  vocabulary-parallel over tp: a placement the plan does not write either (the note under each
-  job), so none of the five is exact, though four are exact in every block.
+  every job looks the token embedding up sharded on its embedding dim for tokens gathered from
+  the other ranks and moves the result onto the stream with an all-to-all, where TorchTitan's
+  embedding is vocabulary-parallel over tp. Over fsdp x tp (8B@8, 8B@64, 8B@256, 70B@64) that
+  is `tp_sub_block`'s embedding mode `dim`; 70B@256 shards the table's columns over fsdp alone
+  and gathers it over tp (the tp dim as FSDP for the table, the lookup split on the batch over
+  tp): mode `dim:gather`. So 8B@64, 8B@256, 70B@64 and 70B@256 are exact, embedding and
+  blocks; 8B@8 is not (its feed-forward's TP over fsdp).
 - Costed by one model: where AutoParallel's placements fit the budget this planner's plans
   are as fast or faster on the same mesh and on the mesh it searches. On the 8B jobs its
-  `sp/sp:a2a` is 0.7-0.8 % faster than TorchTitan's TP + SP on its mesh (wo's all-to-all and
-  the gather of its weight over tp move less than the reduce-scatter of its output), and this
-  planner, given the mode, picks it on that mesh too (with its own AC, resharding and FSDP
-  units); the mesh it searches is faster still. On the 70B
+  placements are 2.3-4.0 % faster than TorchTitan's TP + SP on its mesh (wo's all-to-all and
+  the gather of its weight over tp move less than the reduce-scatter of its output, and the
+  embedding's all-to-alls less than FSDP's gather of the table and reduce-scatter of its
+  gradient), and this planner, given the modes, picks both on that mesh too (with its own AC,
+  resharding and FSDP units); the mesh it searches (cp 2, where `dim` is not legal) is faster
+  still. On the 70B
   jobs AutoParallel's placements as its path runs them (no AC) need 256-265 GiB per GPU
   against a 71 GiB budget; with the AC and resharding this planner's MILP picks for them they
   fit and fall below this planner's plans.

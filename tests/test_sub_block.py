@@ -411,10 +411,11 @@ def sub_block_plan_parity(references, tmp_path, modes: list[str], acs: list[str]
 
 def test_sub_block_mixed_plan_parity(references, tmp_path):
     """Blocks alternating data-parallel attention + TP + SP feed-forward and the reverse, one
-    fully checkpointed, one keeping its parameters, train at the 1-rank losses and gradient
-    norms."""
+    fully checkpointed, one keeping its parameters, the embedding's columns split over fsdp
+    and its rows gathered over tp for the lookup of each tp rank's sequence shard: 1-rank
+    losses and gradient norms."""
     sub_block_plan_parity(references, tmp_path, ["dp/sp", "sp/dp"], ["none", "none", "full"],
-                          [True, False])
+                          [True, False], embedding="dim:gather")
 
 
 def test_sub_block_two_rank_parity(references, tmp_path):
@@ -424,14 +425,16 @@ def test_sub_block_two_rank_parity(references, tmp_path):
                           [True, False], ranks=2)
 
 
-def test_sub_block_batch_stream_parity(references, tmp_path):
+@pytest.mark.parametrize("embedding", ["dim", "dim:gather"])
+def test_sub_block_batch_stream_parity(references, tmp_path, embedding):
     """The stream sharded on the batch over tp (AutoParallel's 70B layout): data-parallel
     attention with no all-to-all beside a TP feed-forward that gathers and scatters the batch,
     the reverse, and both sub-blocks TP on the batch, one block fully checkpointed, the
-    embedding looked up on its embedding dim and moved onto the batch shards: 1-rank losses and
-    gradient norms."""
+    embedding looked up on its embedding dim (over fsdp x tp: AutoParallel's 70B on 64 GPUs; or
+    over fsdp, its table gathered over tp: on 256) and moved onto the batch shards: 1-rank
+    losses and gradient norms."""
     sub_block_plan_parity(references, tmp_path, ["dp/sp:batch", "sp/dp:batch", "sp/sp:batch"],
-                          ["none", "full"], [True, False], embedding="dim")
+                          ["none", "full"], [True, False], embedding=embedding)
 
 
 def test_sub_block_a2a_parity(references, tmp_path):
@@ -504,11 +507,38 @@ def test_sub_block_embedding_dim_collectives_by_hand():
     assert ours.time_s < theirs.time_s
 
 
+def test_sub_block_embedding_dim_gather_collectives_by_hand():
+    """The embedding's columns split over fsdp 8 and its rows over tp 8, gathered over tp
+    (AutoParallel's Llama 3 70B embedding on 256 GPUs), one sequence per fsdp rank: the
+    table's 8th gathered over tp inside the node in forward (bf16) and its gradient
+    reduce-scattered back (fp32); each tp rank's 1024 tokens of each of the 8 fsdp ranks
+    all-gathered over fsdp (8 ranks, one per node: one rail), then the two all-to-alls over
+    fsdp of its stream shard; it keeps the 8 x 1024 ids it looked up."""
+    from torchtitan_autoparallel.cost.common import collective_s
+    from torchtitan_autoparallel.cost.model import edge_cost
+
+    graph, _ = llama3_8b_block()
+    embedding = graph.edges[0]
+    ctx = context()
+    gather = BlockStrategy("none", False, "dim:gather")
+    table = 128256 * 4096 / 8
+    got = fsdp_s(embedding, MESH, gather, ctx, 0.0)
+    assert got.fwd_s == collective_s("all_gather", table * 2, 8, False, ctx.hw)
+    assert got.bwd_s == collective_s("reduce_scatter", table * 4, 8, False, ctx.hw)
+    assert got.unsharded_bytes == table * 2
+    ids = collective_s("all_gather", 1024 * 8 * 8, 8, True, ctx.hw, rails=1)
+    a2a = collective_s("all_to_all", 1024 * 4096 * 2, 8, True, ctx.hw, rails=1)
+    assert tp_comm_s(embedding, MESH, gather, 1, ctx) == pytest.approx(ids + 2 * a2a,
+                                                                       rel=1e-12)
+    assert edge_cost(graph, embedding, MESH, 1, ctx, "dim:gather").kept_bytes == 1024 * 8 * 8
+
+
 def test_sub_block_embedding_dim_legal_in_one_place():
     """The search offers the lookup on the embedding dim only with tp_sub_block, on one
     dp_shard x tp group (no cp, replication or pp) that splits the embedding dim, and not where
     the output shares the embedding's weight; a plan file's embedding passes the same rule and
     no other layer may take the mode."""
+    from torchtitan_autoparallel.candidates.layout import embedding_dim_problem
     from torchtitan_autoparallel.candidates.strategies import (
         embedding_dim_refused,
         embedding_modes,
@@ -516,28 +546,34 @@ def test_sub_block_embedding_dim_legal_in_one_place():
     from torchtitan_autoparallel.plan.schema import LayerPlan, layer_problem
 
     graph, _ = llama3_8b_block()
-    assert embedding_modes(graph, MESH, EMBEDDING_ASKED) == ("", "dim")
+    assert embedding_modes(graph, MESH, EMBEDDING_ASKED) == ("", "dim", "dim:gather")
     assert embedding_modes(graph, Mesh(dp_replicate=1, dp_shard=8, tp=1), EMBEDDING_ASKED) == \
         ("", "dim")
-    assert "tp_sub_block" in embedding_dim_refused(graph, MESH, Constraints())
+    assert "tp_sub_block" in embedding_dim_refused(graph, MESH, Constraints(), "dim")
+    assert "dp_shard > 1 and tp > 1" in embedding_dim_refused(
+        graph, Mesh(dp_replicate=1, dp_shard=1, tp=8), EMBEDDING_ASKED, "dim:gather")
+    assert "vocabulary (128256) divisible by tp (5)" in embedding_dim_problem(
+        Mesh(dp_replicate=1, dp_shard=8, tp=5), 4096, 128256, "dim:gather")
     for mesh in (Mesh(dp_replicate=2, dp_shard=4, tp=8), Mesh(dp_replicate=1, dp_shard=4, tp=8,
                                                               cp=2),
                  Mesh(dp_replicate=1, dp_shard=4, tp=8, pp=2)):
         assert "pp = 1, dp_replicate = 1 and cp = 1" in embedding_dim_refused(
-            graph, mesh, EMBEDDING_ASKED)
+            graph, mesh, EMBEDDING_ASKED, "dim")
     odd = Mesh(dp_replicate=1, dp_shard=3, tp=8)  # 4096 is not a multiple of 24
     assert "divisible by dp_shard x tp (24)" in embedding_dim_refused(graph, odd,
-                                                                      EMBEDDING_ASKED)
+                                                                      EMBEDDING_ASKED, "dim")
     output = graph.layers[-1]
     tied = dataclasses.replace(graph, layers=(*graph.layers[:-1], dataclasses.replace(
         output, params=output.params - graph.dim * graph.vocab_size)))
-    assert "tied output weights" in embedding_dim_refused(tied, MESH, EMBEDDING_ASKED)
+    assert "tied output weights" in embedding_dim_refused(tied, MESH, EMBEDDING_ASKED, "dim")
     layer = LayerPlan("tok_embeddings", "embedding", "none", False, "dim")
     assert layer_problem(layer, MESH, 1) == ""
     assert "cp = 1" in layer_problem(layer, Mesh(dp_replicate=1, dp_shard=4, tp=8, cp=2), 1)
     assert "embedding's alone" in layer_problem(
         LayerPlan("layers.0", "block", "none", True, "dim"), MESH, 1)
     assert layer.describe() == "dim-shard+a2a"
+    assert LayerPlan("tok_embeddings", "embedding", "none", False, "dim:gather").describe() == \
+        "dim-shard+tp-gather+a2a"
 
 
 def test_sub_block_embedding_dim_search_takes_the_faster_mode():

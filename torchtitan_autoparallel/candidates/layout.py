@@ -26,9 +26,9 @@ tp_sub_block: a dense block's attention and feed-forward may each use the tp dim
 DEFAULT_TECHNIQUES = tuple(t for t in TECHNIQUES if t != "tp_sub_block")
 """What the search uses unless ``autoparallel.techniques`` says otherwise."""
 TpMode = Literal["none", "sp", "dp", "dp/sp", "sp/dp", "sp/sp:a2a", "dp/sp:batch",
-                 "sp/dp:batch", "sp/sp:batch", "dim"]
+                 "sp/dp:batch", "sp/sp:batch", "dim", "dim:gather"]
 """What the tp dim does for a block: "none" (tp = 1), one of ``TP_MODES`` or one of
-``SUB_BLOCK_TP_MODES``; for the embedding also ``EMBEDDING_DIM``."""
+``SUB_BLOCK_TP_MODES``; for the embedding also one of ``EMBEDDING_MODES``."""
 TP_MODES: tuple[TpMode, ...] = ("sp", "dp")
 """Per block on a mesh with tp > 1: "sp" = TorchTitan's TP + sequence-parallel plan; "dp" = the
 block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split the micro-batch
@@ -65,6 +65,15 @@ token ids of every dp_shard rank (all-gathered) and its output moved onto this r
 the residual stream by one all-to-all over dp_shard x tp; the table's gradient is local. No
 FSDP all-gather of the table, no reduce-scatter of its gradient (AutoParallel's placement of
 Llama 3's embedding)."""
+EMBEDDING_DIM_GATHER: TpMode = "dim:gather"
+"""The embedding's other mode under ``tp_sub_block``: its table sharded on the embedding dim
+over dp_shard and on the vocabulary over tp, all-gathered over tp for the lookup (the tp dim
+as FSDP for the table, its gradient reduce-scattered back); each tp rank looks up its own
+shard of the stream's tokens for every dp_shard rank (all-gathered over dp_shard) and one
+all-to-all over dp_shard moves the output onto the stream (AutoParallel's placement of
+Llama 3 70B's embedding on 256 GPUs)."""
+EMBEDDING_MODES: tuple[TpMode, ...] = (EMBEDDING_DIM, EMBEDDING_DIM_GATHER)
+"""How the embedding may be looked up on its embedding dim."""
 
 
 def sub_block_modes(tp_mode: str) -> tuple[str, str]:
@@ -130,8 +139,9 @@ def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
     (FSDP units of k blocks), tp "tp+sp" / "tp_dp" / "attn:<tp>/ffn:<tp>" (a TP sub-block "tp"
     and stream "stream:batch" when the stream is sharded on the batch), ep "ep<k>", ac
     "ac:<mode>", pinned "pinned"; absent aspects are left out."""
-    if tp_mode == EMBEDDING_DIM:
-        return {"params": "dim-shard", "tp": "a2a"}
+    if tp_mode in EMBEDDING_MODES:
+        return {"params": "dim-shard", "tp": "a2a" if tp_mode == EMBEDDING_DIM
+                else "tp-gather+a2a"}
     node = reshard_group(reshard_after_forward)
     parts = {"params": unsharded or (f"fsdp-node{node}" if node else
                                      "fsdp" if reshard_after_forward else "fsdp-keep")}
@@ -409,25 +419,34 @@ def edge_strategy(kind: str, mesh: Mesh, embedding: str = "") -> BlockStrategy:
     ``apply_fsdp_to_vision_encoder``) reshard after forward, the output keeps its parameters
     for the backward that follows at once; vocab-parallel with loss parallel when tp > 1 (an
     encoder's linears column- / row-wise on replicated activations). ``embedding``
-    ``EMBEDDING_DIM``: the embedding looked up on its embedding dim (no FSDP)."""
-    if kind == "embedding" and embedding == EMBEDDING_DIM:
-        return BlockStrategy("none", False, EMBEDDING_DIM)
+    one of ``EMBEDDING_MODES``: the embedding looked up on its embedding dim."""
+    if kind == "embedding" and embedding in EMBEDDING_MODES:
+        return BlockStrategy("none", False, embedding)
     return BlockStrategy("none", kind in ("embedding", "encoder"),
                          "sp" if mesh.tp > 1 else "none")
 
 
-def embedding_dim_problem(mesh: Mesh, dim: int = 0) -> str:
-    """Why the embedding cannot be looked up on its embedding dim (``EMBEDDING_DIM``) on
-    ``mesh`` (empty if it can): one group over dp_shard x tp holds the whole batch's lookups,
-    so no pipeline, replication or context parallel, more than one rank in it, and an
-    embedding dim (``dim``, where known) it splits evenly."""
-    mode = f"tp_mode {EMBEDDING_DIM!r} for the embedding"
+def embedding_dim_problem(mesh: Mesh, dim: int = 0, vocab: int = 0,
+                          tp_mode: str = EMBEDDING_DIM) -> str:
+    """Why the embedding cannot be looked up on its embedding dim in ``tp_mode`` (one of
+    ``EMBEDDING_MODES``) on ``mesh`` (empty if it can): one group over dp_shard x tp holds the
+    whole batch's lookups, so no pipeline, replication or context parallel, more than one rank
+    in it, and an embedding dim (``dim``, where known) it splits evenly; ``EMBEDDING_DIM_GATHER``
+    splits the embedding dim over dp_shard > 1 and the vocabulary (``vocab``) over tp > 1."""
+    mode = f"tp_mode {tp_mode!r} for the embedding"
     if mesh.pp > 1 or mesh.dp_replicate > 1 or mesh.cp > 1:
         return f"{mode} needs pp = 1, dp_replicate = 1 and cp = 1; use the default"
-    group = mesh.dp_shard * mesh.tp
+    gather = tp_mode == EMBEDDING_DIM_GATHER
+    if gather and (mesh.dp_shard == 1 or mesh.tp == 1):
+        return f"{mode} needs dp_shard > 1 and tp > 1; use {EMBEDDING_DIM!r}"
+    group = mesh.dp_shard * (1 if gather else mesh.tp)
     if group == 1:
         return f"{mode} needs dp_shard x tp > 1; use the default"
+    what = "dp_shard" if gather else "dp_shard x tp"
     if dim and dim % group:
-        return (f"{mode} needs the embedding dim ({dim}) divisible by dp_shard x tp "
-                f"({group}); use the default")
+        return (f"{mode} needs the embedding dim ({dim}) divisible by {what} ({group}); use "
+                "the default")
+    if gather and vocab and vocab % mesh.tp:
+        return (f"{mode} needs the vocabulary ({vocab}) divisible by tp ({mesh.tp}); use "
+                f"{EMBEDDING_DIM!r}")
     return ""

@@ -9,7 +9,7 @@ from ..job.pins import Pin
 from .layout import (
     AC_MODES,
     DEFAULT_TECHNIQUES,
-    EMBEDDING_DIM,
+    EMBEDDING_MODES,
     FSDP_UNIT_SIZES,
     SUB_BLOCK_TP_MODES,
     BlockStrategy,
@@ -255,17 +255,19 @@ def block_tp_modes(mesh: Mesh, microbatch: int, constraints: Constraints,
 def embedding_modes(graph: LayerGraph, mesh: Mesh, constraints: Constraints
                     ) -> tuple[str, ...]:
     """How the embedding may run on ``mesh``: as the mesh runs it ("": ``edge_strategy``'s
-    default) and looked up on its embedding dim (``EMBEDDING_DIM``) where
-    ``embedding_dim_refused`` has no objection."""
-    return ("",) if embedding_dim_refused(graph, mesh, constraints) else ("", EMBEDDING_DIM)
+    default) and looked up on its embedding dim in each of ``EMBEDDING_MODES`` that
+    ``embedding_dim_refused`` has no objection to."""
+    return ("", *(mode for mode in EMBEDDING_MODES
+                  if not embedding_dim_refused(graph, mesh, constraints, mode)))
 
 
-def embedding_dim_refused(graph: LayerGraph, mesh: Mesh, constraints: Constraints) -> str:
-    """Why the embedding is not looked up on its embedding dim (``EMBEDDING_DIM``) on ``mesh``
-    (empty if it may be): it needs ``tp_sub_block`` asked for, a dense model without encoders
-    whose output does not share the embedding's weight, and ``embedding_dim_problem``'s
-    mesh."""
-    mode = f"tp_mode {EMBEDDING_DIM!r} for the embedding"
+def embedding_dim_refused(graph: LayerGraph, mesh: Mesh, constraints: Constraints,
+                          tp_mode: str) -> str:
+    """Why the embedding is not looked up on its embedding dim in ``tp_mode`` (one of
+    ``EMBEDDING_MODES``) on ``mesh`` (empty if it may be): it needs ``tp_sub_block`` asked
+    for, a dense model without encoders whose output does not share the embedding's weight,
+    and ``embedding_dim_problem``'s mesh."""
+    mode = f"tp_mode {tp_mode!r} for the embedding"
     if "tp_sub_block" not in constraints.techniques:
         return f"{mode} needs autoparallel.techniques with tp_sub_block"
     if not constraints.embedding_dim:
@@ -274,7 +276,7 @@ def embedding_dim_refused(graph: LayerGraph, mesh: Mesh, constraints: Constraint
             layer.kind == "encoder" for layer in graph.edges):
         return (f"{mode} is planned on dense models without encoders or tied output weights "
                 "only; use the default")
-    return embedding_dim_problem(mesh, graph.dim)
+    return embedding_dim_problem(mesh, graph.dim, graph.vocab_size, tp_mode)
 
 
 @functools.lru_cache(maxsize=8192)

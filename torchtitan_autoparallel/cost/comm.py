@@ -5,6 +5,7 @@ from typing import NamedTuple
 
 from ..candidates.layout import (
     EMBEDDING_DIM,
+    EMBEDDING_MODES,
     SUB_BLOCK_TP_MODES,
     BlockStrategy,
     Mesh,
@@ -153,8 +154,8 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     batch shard around it (none where the stream is sharded on the batch already:
     ``stream_dim``); none in tp mode "none". It only grows with checkpointing (more passes,
     gathers). The embedding looked up on its embedding dim: ``embedding_dim_s``."""
-    if strategy.tp_mode == EMBEDDING_DIM:
-        return embedding_dim_s(layer, mesh, microbatch, ctx)
+    if strategy.tp_mode in EMBEDDING_MODES:
+        return embedding_dim_s(layer, mesh, microbatch, ctx, strategy.tp_mode)
     act = layer.io_bytes * microbatch * ctx.act_scale / mesh.cp
     tp_nodes = mesh.spans_nodes("tp", ctx.gpus_per_node)
     comm = 0.0
@@ -176,17 +177,23 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     return comm
 
 
-def embedding_dim_s(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext) -> float:
-    """``EMBEDDING_DIM``'s collectives for one micro-batch through the embedding: every rank's
-    token ids all-gathered over dp_shard x tp, then the lookup's output (a 1 / (dp_shard x tp)
-    slice of the embedding dim for the whole group's tokens: as many bytes as this rank's shard
-    of the stream) moved onto the stream by an all-to-all over dp_shard x tp, its gradient back
-    by another in backward. Ranks are node-major: the group spans nodes once it outgrows one,
-    and its collectives then use every rank's network rail."""
+def embedding_dim_s(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext,
+                    tp_mode: str = EMBEDDING_DIM) -> float:
+    """The token collectives of the embedding looked up on its embedding dim, for one
+    micro-batch: ``EMBEDDING_DIM`` all-gathers every rank's token ids over dp_shard x tp, then
+    moves the lookup's output (a 1 / (dp_shard x tp) slice of the embedding dim for the whole
+    group's tokens: as many bytes as this rank's shard of the stream) onto the stream by an
+    all-to-all over dp_shard x tp, its gradient back by another in backward;
+    ``EMBEDDING_DIM_GATHER`` does the same over dp_shard for this tp rank's shard of the tokens
+    (its table's gather over tp is FSDP's: ``fsdp_s``). Ranks are node-major: the group spans
+    nodes once the dp_shard x tp ranks outgrow one, and its collectives then use every member's
+    network rail."""
     hw, gpus_per_node = ctx.hw, ctx.gpus_per_node
-    group = mesh.dp_shard * mesh.tp
-    spans, rails = group > gpus_per_node, min(group, gpus_per_node)
-    ids = layer.io_bytes * microbatch * group
+    split = 1 if tp_mode == EMBEDDING_DIM else mesh.tp  # tp ranks outside the group
+    group = mesh.dp_shard * mesh.tp // split
+    spans = mesh.dp_shard * mesh.tp > gpus_per_node
+    rails = max(1, min(group, gpus_per_node // split))
+    ids = layer.io_bytes * microbatch * group / split
     shard = layer.saved_bytes * ctx.act_scale * microbatch / mesh.tp
     return (collective_s("all_gather", ids, group, spans, hw, rails)
             + 2 * collective_s("all_to_all", shard, group, spans, hw, rails))
@@ -271,10 +278,21 @@ def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext, 
     """FSDP / HSDP for one micro-batch through ``layer``. ``low``: the share of the parameters
     all-gathered in float8. ``saturated``: every collective at its link's peak bandwidth
     without latency, a floor under every FSDP unit's share of its unit's collectives. None for
-    the embedding looked up on its embedding dim (``EMBEDDING_DIM``: never gathered)."""
-    if strategy.tp_mode == EMBEDDING_DIM:
-        return FsdpCost(0.0, 0.0, 0.0, 0.0, 0.0)
+    the embedding looked up on its embedding dim (``EMBEDDING_DIM``: never gathered); under
+    ``EMBEDDING_DIM_GATHER`` its dp_shard-th of the table all-gathered over tp in forward and
+    its gradient reduce-scattered back (no copies on the host: outside FSDP)."""
     hw, prec, gpus_per_node, features = ctx.hw, ctx.prec, ctx.gpus_per_node, ctx.features
+    if strategy.tp_mode in EMBEDDING_MODES:
+        if strategy.tp_mode == EMBEDDING_DIM:
+            return FsdpCost(0.0, 0.0, 0.0, 0.0, 0.0)
+        part = layer.params / mesh.dp_shard
+        tp_nodes = mesh.spans_nodes("tp", gpus_per_node)
+        return FsdpCost(
+            collective_s("all_gather", part * prec.param_bytes, mesh.tp, tp_nodes, hw,
+                         saturated=saturated),
+            collective_s("reduce_scatter", part * prec.reduce_bytes, mesh.tp, tp_nodes, hw,
+                         saturated=saturated),
+            0.0, part * prec.param_bytes, part * prec.reduce_bytes)
     param_split = 1 if strategy.tp_mode == "dp" else mesh.tp
     fsdp_group = fsdp_group_size(mesh, strategy.tp_mode)
     # FSDP: all-gather params in forward (and again in backward if resharded), reduce-scatter

@@ -21,6 +21,7 @@ from typing import Literal, NamedTuple
 
 from ..candidates.layout import (
     EMBEDDING_DIM,
+    EMBEDDING_MODES,
     SUB_BLOCK_TP_MODES,
     TP_MODES,
     BlockStrategy,
@@ -424,10 +425,13 @@ def _edge_cost(graph: LayerGraph, layer: Layer, mesh: Mesh, microbatch: int, ctx
     hw, prec, features = ctx.hw, ctx.prec, ctx.features
     strategy = edge_strategy(layer.kind, mesh, embedding)
     cost = block_cost(layer, mesh, strategy, microbatch, ctx)
-    if strategy.tp_mode == EMBEDDING_DIM:
-        # the lookup keeps the token ids of every dp_shard rank (int64) for its backward; its
-        # output goes through the all-to-all, kept by no one
-        return EdgeCost(cost.time_s, layer.io_bytes * microbatch * mesh.dp_shard,
+    if strategy.tp_mode in EMBEDDING_MODES:
+        # the lookup keeps the token ids it looked up (int64: every dp_shard rank's, of this
+        # rank's tp shard under EMBEDDING_DIM_GATHER) for its backward; its output goes through
+        # the all-to-all and the gathered table is dropped, kept by no one
+        ids = layer.io_bytes * microbatch * mesh.dp_shard
+        return EdgeCost(cost.time_s,
+                        ids if strategy.tp_mode == EMBEDDING_DIM else ids / mesh.tp,
                         cost.state_bytes)
     gathered = cost.unsharded_bytes + cost.grad_bytes
     if layer.kind != "output":

@@ -68,7 +68,8 @@ def check_costable(plan: Plan, inputs: JobInputs, costed: set[tuple[str, BlockSt
                 "FSDP unit longer than its run of identical blocks, or a pinned block's "
                 f"strategy changed); {PLAN_FIX}")
     refused = plan.embedding_mode and embedding_dim_refused(inputs.graph, plan.mesh,
-                                                            inputs.constraints)
+                                                            inputs.constraints,
+                                                            plan.embedding_mode)
     if refused:
         raise UserError(f"plan: {refused}; {PLAN_FIX}")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..candidates.layout import (
     AC_MODES,
-    EMBEDDING_DIM,
+    EMBEDDING_MODES,
     FSDP_UNIT_SIZES,
     SUB_BLOCK_TP_MODES,
     TP_MODES,
@@ -210,7 +210,7 @@ class Plan:
     def embedding_mode(self) -> str:
         """The embedding's mode where not the mesh's default ("": ``edge_strategy``'s)."""
         return next((layer.tp_mode for layer in self.layers
-                     if layer.kind == "embedding" and layer.tp_mode == EMBEDDING_DIM), "")
+                     if layer.kind == "embedding" and layer.tp_mode in EMBEDDING_MODES), "")
 
     @property
     def untabled_notes(self) -> list[str]:
@@ -368,7 +368,7 @@ LAYER_RULES: dict[str, Rule] = {
     "kind": Rule(str, choices=("embedding", "encoder", "block", "output")),
     "ac": Rule(str, choices=AC_MODES),
     "reshard_after_forward": Rule(bool, or_int_ge=2),
-    "tp_mode": Rule(str, choices=("none", *TP_MODES, *SUB_BLOCK_TP_MODES, EMBEDDING_DIM)),
+    "tp_mode": Rule(str, choices=("none", *TP_MODES, *SUB_BLOCK_TP_MODES, *EMBEDDING_MODES)),
     "ep": Rule(int, ge=1),
     "pinned": Rule(bool),
     "fsdp_unit": Rule(int, ge=1),
@@ -546,9 +546,9 @@ def layer_problem(layer: Any, m: Any, microbatch: int) -> str:
     """Why ``layer``'s strategy is illegal on mesh ``m`` (empty if it is legal)."""
     if layer.ep not in (1, m.ep):
         return f"ep {layer.ep} must be 1 or the mesh's ep ({m.ep})"
-    if layer.tp_mode == EMBEDDING_DIM:
-        return (embedding_dim_problem(m) if layer.kind == "embedding"
-                else f"tp_mode {EMBEDDING_DIM!r} is the embedding's alone")
+    if layer.tp_mode in EMBEDDING_MODES:
+        return (embedding_dim_problem(m, tp_mode=layer.tp_mode) if layer.kind == "embedding"
+                else f"tp_mode {layer.tp_mode!r} is the embedding's alone")
     node = reshard_group(layer.reshard_after_forward)
     problem = node and node_reshard_problem(m, layer.tp_mode, node, layer.kind, layer.ep > 1)
     if problem:

@@ -1,6 +1,6 @@
 """PyTorch ``ParallelStyle``s of this project's own placements (TorchTitan's TP styles cover the
 rest): the attention's output projection on the sequence shard (``layout.A2A_MODES``) and the
-token embedding looked up on its embedding dim (``layout.EMBEDDING_DIM``).
+token embedding looked up on its embedding dim (``layout.EMBEDDING_MODES``).
 
 The embedding: the table stored sharded on its columns over one 1-D mesh of dp_shard x tp
 ranks (dp_shard-major, as the mesh flattens them), never gathered; every rank looks up the
@@ -18,51 +18,70 @@ from ..candidates.layout import A2A_MODES
 from ..errors import UserError
 
 
-def embedding_dim_style(dp_shard: int, tp: int, stream: int, dtype: torch.dtype | None
-                        ) -> Any:
+def embedding_dim_style(dp_shard: int, tp: int, stream: int, dtype: torch.dtype | None,
+                        gather: bool = False) -> Any:
     """The style for a mesh of ``dp_shard`` x ``tp`` ranks whose residual stream is split over
-    tp on dim ``stream`` (1: the sequence, 0: the batch); ``dtype``: what the lookup's output
-    is cast to (FSDP's parameter dtype, which the blocks compute in), None to keep it."""
-    from torch.distributed._functional_collectives import (
-        all_gather_single,
-        all_to_all_single_autograd,
-    )
-    from torch.distributed.tensor import Shard, distribute_tensor
+    tp on dim ``stream`` (1: the sequence, 0: the batch); ``dtype``: what the table is read in
+    (FSDP's parameter dtype, which the blocks compute in), None to keep it. Applied on the 1-D
+    mesh over dp_shard x tp (dp_shard-major); ``gather`` (``layout.EMBEDDING_DIM_GATHER``): on
+    the 2-D (dp_shard, tp) mesh, the table's columns split over dp_shard and its rows over tp,
+    gathered over tp for the lookup, each tp rank looking up its own shard of the tokens."""
+    from torch.distributed._functional_collectives import all_gather_single
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel.style import ParallelStyle
+
+    mode = "dim:gather" if gather else "dim"
 
     class EmbeddingDim(ParallelStyle):
         def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
             if type(module) is not nn.Embedding:
-                raise UserError(f"tp_mode 'dim' looks up a plain nn.Embedding, not a "
+                raise UserError(f"tp_mode {mode!r} looks up a plain nn.Embedding, not a "
                                 f"{type(module).__name__}; use the default")
-            if device_mesh.size() != dp_shard * tp:
-                raise UserError(f"tp_mode 'dim' needs a mesh of dp_shard x tp = {dp_shard * tp} "
-                                f"ranks, not {device_mesh.size()}")
-            module.register_parameter("weight", nn.Parameter(
-                distribute_tensor(module.weight, device_mesh, [Shard(1)])))
-            group = device_mesh.get_group()
+            if device_mesh.size() != dp_shard * tp or device_mesh.ndim != 1 + gather:
+                raise UserError(f"tp_mode {mode!r} needs a {1 + gather}-D mesh of dp_shard x tp "
+                                f"= {dp_shard * tp} ranks, not {device_mesh}")
+            module.register_parameter("weight", nn.Parameter(distribute_tensor(
+                module.weight, device_mesh, [Shard(1), Shard(0)] if gather else [Shard(1)])))
+            group = device_mesh.get_group(0)
+            tp_rank = device_mesh.get_local_rank(1) if gather else 0
 
             def forward(tokens: torch.Tensor) -> torch.Tensor:
+                table = module.weight  # read at each call: moving the module replaces it
+                # rank (i, j) of the stream holds dp_shard rank i's tokens, tp shard j of them
+                if gather:
+                    mine = tokens.chunk(tp, dim=stream)[tp_rank].contiguous()
+                    ids = all_gather_single(mine, 0, group)
+                    read = (table.to(dtype) if dtype is not None else table).redistribute(
+                        device_mesh, [Shard(1), Replicate()]).to_local(
+                        grad_placements=[Shard(1), Partial()])
+                    out = nn.functional.embedding(ids, read)
+                    return _columns_to_stream(list(out.split(mine.shape[0], dim=0)), group)
                 rows = tokens.shape[0]
                 # every rank's ids, dp_shard-major; the tp ranks of a dp_shard rank hold the
                 # same ones: keep the first of each
                 every = all_gather_single(tokens.contiguous(), 0, group)
                 ids = every.view(dp_shard, tp, rows, -1)[:, 0].reshape(dp_shard * rows, -1)
-                out = nn.functional.embedding(ids, module.weight.to_local())
+                out = nn.functional.embedding(ids, table.to_local())
                 if dtype is not None:
                     out = out.to(dtype)
-                # rank k = (i, j) gets dp_shard rank i's tokens, tp shard j of them
-                pieces = [piece for batch in out.split(rows, dim=0)
-                          for piece in batch.chunk(tp, dim=stream)]
-                sent = torch.cat([piece.reshape(-1) for piece in pieces])
-                got = all_to_all_single_autograd(sent, None, None, group)
-                # the columns arrive in rank order: the table's column shards in order
-                return torch.cat(got.view(len(pieces), *pieces[0].shape).unbind(0), dim=-1)
+                return _columns_to_stream([piece for batch in out.split(rows, dim=0)
+                                           for piece in batch.chunk(tp, dim=stream)], group)
 
             module.forward = forward
             return module
 
     return EmbeddingDim()
+
+
+def _columns_to_stream(pieces: list[torch.Tensor], group: Any) -> torch.Tensor:
+    """One all-to-all over ``group``: ``pieces[k]`` (this rank's columns of the tokens rank k
+    holds in the stream) to rank k; the columns that arrive, in rank order (the table's column
+    shards in order), joined into whole rows."""
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    sent = torch.cat([piece.reshape(-1) for piece in pieces])
+    got = all_to_all_single_autograd(sent, None, None, group)
+    return torch.cat(got.view(len(pieces), *pieces[0].shape).unbind(0), dim=-1)
 
 
 def heads_to_sequence() -> Any:

@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from ...candidates.layout import (
     A2A_MODES,
-    EMBEDDING_DIM,
+    EMBEDDING_DIM_GATHER,
     SUB_BLOCK_TP_MODES,
     a2a_mode,
     embedding_dim_problem,
@@ -193,24 +193,27 @@ def dp_shard_tp_mesh(parallel_dims: Any) -> Any:
 
 def apply_embedding_dim(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any,
                         plan: Plan, fsdp: dict[str, Any] | None) -> None:
-    """The embedding looked up on its embedding dim over dp_shard x tp (``EMBEDDING_DIM``,
-    ``runtime.embedding_dim``), its output on the plan's stream layout, cast to FSDP's
-    parameter dtype (``fsdp``: the job's ``fully_shard`` arguments, None without FSDP)."""
+    """The embedding looked up on its embedding dim (``layout.EMBEDDING_MODES``,
+    ``runtime.styles``), its output on the plan's stream layout, read in FSDP's parameter
+    dtype (``fsdp``: the job's ``fully_shard`` arguments, None without FSDP)."""
     from torch.distributed.tensor.parallel import parallelize_module
     from torchtitan.tools.logging import logger
 
-    problem = embedding_dim_problem(plan.mesh)
+    mode = plan.embedding_mode
+    problem = embedding_dim_problem(plan.mesh, tp_mode=mode)
     if problem:
         raise UserError(problem)
     stream = min((stream_dim(layer.tp_mode) for layer in plan.layers
                   if layer.kind == "block" and layer.tp_mode != "none"), default=1)
     dtype = fsdp["mp_policy"].param_dtype if fsdp else None
-    m = plan.mesh
-    parallelize_module(model.get_submodule(adapter.embedding), dp_shard_tp_mesh(parallel_dims),
-                       embedding_dim_style(m.dp_shard, m.tp, stream, dtype))
-    logger.info(f"{adapter.embedding} looked up on its embedding dim over dp_shard x tp "
-                f"({m.dp_shard * m.tp} ranks): token ids all-gathered, output all-to-all onto "
-                "the stream")
+    m, gather = plan.mesh, mode == EMBEDDING_DIM_GATHER
+    mesh = parallel_dims.get_mesh(["fsdp", "tp"]) if gather else dp_shard_tp_mesh(parallel_dims)
+    parallelize_module(model.get_submodule(adapter.embedding), mesh,
+                       embedding_dim_style(m.dp_shard, m.tp, stream, dtype, gather))
+    over = f"dp_shard ({m.dp_shard} ranks), its table gathered over tp" if gather else \
+        f"dp_shard x tp ({m.dp_shard * m.tp} ranks)"
+    logger.info(f"{adapter.embedding} looked up on its embedding dim over {over}: token ids "
+                "all-gathered, output all-to-all onto the stream")
 
 
 def shard_tp_dp_parts_only(model: nn.Module, planned: dict[str, Any], plan: Plan,
@@ -366,10 +369,10 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
                         if n) if m is not None]
     tied = embedding is not None and bool(head) and bool(
         {id(p) for p in embedding.parameters()} & {id(p) for p in head[-1].parameters()})
-    own = embedding is not None and plan.embedding_mode == EMBEDDING_DIM
+    own = embedding is not None and bool(plan.embedding_mode)
     if own and tied:
-        raise UserError(f"tp_mode {EMBEDDING_DIM!r} for the embedding needs an output that does "
-                        "not share its weight; use the default")
+        raise UserError(f"tp_mode {plan.embedding_mode!r} for the embedding needs an output that "
+                        "does not share its weight; use the default")
     if embedding is not None and not tied and not own:
         fully_shard(embedding, **fsdp,
                     reshard_after_forward=by_fqn[adapter.embedding].reshard_after_forward)
