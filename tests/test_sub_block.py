@@ -605,3 +605,24 @@ def test_sub_block_embedding_dim_search_takes_the_faster_mode():
     assert plan.embedding_mode == "dim"
     assert plan.predicted["step_time_s"] == pytest.approx(steps["dim"], rel=1e-9)
     assert plan_job(config(), 64).embedding_mode == ""
+
+
+def test_sub_block_a2a_left_out_under_float8_with_a_note():
+    """Under float8 linears the search leaves 'sp/sp:a2a' out (its output projection runs as a
+    plain linear) and the plan says so; with bf16 linears it says nothing."""
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
+
+    llama3_8b_block()  # registers the families
+
+    def plan(*extra: str):
+        return plan_job(parse_config([
+            "--job.config_file", "train_configs/llama3_8b_auto.toml",
+            "--autoparallel.hardware=h100_sxm", "--parallelism.tensor_parallel_degree=2",
+            "--autoparallel.techniques=fsdp,tp,ac,tp_sub_block", *extra]), 16)
+
+    low = plan("--model.converters=quantize.linear.float8")
+    assert "sp/sp:a2a" not in {layer.tp_mode for layer in low.layers}
+    assert "autoparallel.techniques: tp_sub_block searched without 'sp/sp:a2a': its attention " \
+        "output projection runs as a plain linear, not a float8_tensorwise one" in low.notes
+    assert not any("searched without" in note for note in plan().notes)

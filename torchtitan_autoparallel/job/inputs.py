@@ -138,6 +138,21 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
     )
 
 
+def sub_block_notes(constraints: Constraints, features: Features) -> list[str]:
+    """The plan note of a ``tp_sub_block`` search that leaves out a sub-block mode the
+    release applies, for the job's features: the ``A2A_MODES`` run their output projection as
+    a plain linear, so not with low-precision linears (``job_constraints``)."""
+    if "tp_sub_block" not in constraints.techniques:
+        return []
+    dropped = [mode for mode in frontend().sub_block_modes
+               if mode not in constraints.sub_block_modes]
+    if not dropped:
+        return []
+    return [f"autoparallel.techniques: tp_sub_block searched without "
+            f"{', '.join(map(repr, dropped))}: its attention output projection runs as a plain "
+            f"linear, not a {features.linear} one"]
+
+
 EARLY_STEP_EXCLUDES = ("ddp", "pp", "ep")
 """Techniques ``optimizer.early_step_in_backward`` rules out: DDP all-reduces a gradient after
 the optimizer has stepped on it; TorchTitan refuses optimizers in backward with PP and EP."""

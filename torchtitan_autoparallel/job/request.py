@@ -15,7 +15,7 @@ from ..plan.schema import Plan
 from ..solve.planner import PlanRequest, solve_request
 from .explicit import NOTES_ATTR, user_set
 from .features import features_from_config
-from .inputs import constraint_keys, job_inputs
+from .inputs import constraint_keys, job_inputs, sub_block_notes
 from .pins import recipe_from_config, recipe_of
 
 
@@ -39,7 +39,8 @@ def read_request(job_config: Any, world: int) -> PlanRequest:
         local_batch_set=user_set(job_config, "training.local_batch_size"),
         time_limit_s=job_config.autoparallel.time_limit_s, constraint_keys=keys,
         narrowing_keys=narrowing, fsdp_only_keys=tuple(fsdp_only),
-        release_notes=tuple(getattr(job_config, NOTES_ATTR, [])))
+        release_notes=(*getattr(job_config, NOTES_ATTR, []),
+                       *sub_block_notes(inputs.constraints, inputs.features)))
 
 
 def read_recipe(job_config: Any, world: int) -> RecipeRequest:
