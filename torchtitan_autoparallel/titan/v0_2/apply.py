@@ -274,6 +274,18 @@ def _shard_routed_experts(experts: nn.Module, parallel_dims: Any, plan: Plan,
                 reshard_after_forward=reshard_after_forward, shard_placement_fn=placement)
 
 
+def _experts_on_dim1(experts: nn.Module | None, group: int) -> Any:
+    """``shard_placement_fn`` for a block whose routed experts FSDP shards with it (ep = 1):
+    on dim 1 where the group outnumbers the experts (FSDP2 would pad dim 0 to the group, up to
+    twice their memory), as TorchTitan shards them under EP; None where dim 0 splits."""
+    from torch.distributed.tensor import Shard
+
+    if experts is None or group <= experts.num_experts:
+        return None
+    ids = {id(param) for param in experts.parameters()}
+    return lambda param: Shard(1) if id(param) in ids else None
+
+
 def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
                           tp_modes: dict[str, str], *, loss_parallel: bool,
                           enable_float8_tensorwise_tp: bool, cp_enabled: bool,
@@ -396,15 +408,20 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
             dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims, plan, "dp")
             group = {**fsdp, "mesh": dp_over_tp}
         groups.append([block])
+        placement = None
         if name in moe_blocks and plan.mesh.ep > 1:
             experts = adapter.routed_experts(moe_blocks[name])
             _shard_routed_experts(experts, parallel_dims, plan, fsdp, layer.reshard_after_forward)
             groups[-1].append(experts)
+        elif name in moe_blocks:
+            placement = _experts_on_dim1(adapter.routed_experts(moe_blocks[name]),
+                                         group["mesh"].size())
         unit = unit_of[fqn]
         if fqn == unit[-1].fqn:  # an FSDP unit of several blocks: one call on its last
             members = [blocks.get_submodule(u.fqn[len(adapter.blocks) + 1:]) for u in unit]
             fully_shard(members if len(members) > 1 else block, **group,
-                        reshard_after_forward=layer.reshard_after_forward)
+                        reshard_after_forward=layer.reshard_after_forward,
+                        shard_placement_fn=placement)
     # tied embedding/output weights (qwen3 small flavors) must share one FSDP group
     if head:
         fully_shard([embedding, *head] if tied else head, **fsdp,
