@@ -89,14 +89,15 @@ MAPPINGS: dict[str, dict[str, Any]] = {
     # AutoParallel's placements (GPU attention op) in the sub-block vocabulary: our mesh
     # (dp_shard, tp), the tp mode of every block, and whether the placements map onto it
     # without approximation
-    "8B@8": {"dp_shard": 4, "tp": 2, "tp_mode": "sp", "expressible": False, "note": (
-        "attention is TorchTitan's TP + SP over tp (2 ranks): the fused QKV column-wise, SDPA "
-        "on the heads, wo row-wise with a reduce-scatter onto the sequence; but the "
-        "feed-forward is tensor parallel over the fsdp dim (4 ranks: its input all-gathered "
-        "over fsdp on the batch, w1 / w3 column-wise and w2 row-wise over fsdp, reduce-scattered "
-        "back onto the batch) with the tp dim splitting the sequence: TP over a second mesh dim "
-        "inside one block is not in the vocabulary. Costed as TP + SP over tp on both "
-        "sub-blocks")},
+    "8B@8": {"dp_shard": 4, "tp": 2, "tp_mode": "sp/tp@dp_shard", "embedding": "dim",
+             "expressible": True, "note": (
+        "every block maps onto sp/tp@dp_shard exactly: attention TorchTitan's TP + SP over tp "
+        "(2 ranks: the fused QKV column-wise, SDPA on the heads, wo row-wise with a "
+        "reduce-scatter onto the sequence), the feed-forward tensor parallel over the fsdp dim "
+        "(4 ranks: its input all-gathered over fsdp on the batch, w1 / w3 column-wise and w2 "
+        "row-wise over fsdp, reduce-scattered back onto the batch) on each tp rank's sequence "
+        "shard, its weights stored sharded over fsdp x tp and gathered over tp for the matmuls; "
+        "the embedding looked up on its embedding dim over fsdp x tp (tp mode 'dim')")},
     "8B@64": {"dp_shard": 8, "tp": 8, "tp_mode": "sp/sp:a2a", "embedding": "dim",
               "expressible": True, "note": (
         "every block maps onto sp/sp:a2a exactly: the stream sequence-sharded over tp (batch "
@@ -470,14 +471,15 @@ READING = """
   sequence per rank) attention is data parallel over all ranks and the feed-forward TP over tp
   with the stream between blocks sharded on the batch over tp: tp mode `dp/sp:batch`. At 8B@8
   attention is TP + SP over tp (2) while the feed-forward is TP over the fsdp dim (4), a
-  second mesh dim inside one block, which the vocabulary does not write. Outside the blocks,
+  second mesh dim inside one block. Outside the blocks,
   every job looks the token embedding up sharded on its embedding dim for tokens gathered from
   the other ranks and moves the result onto the stream with an all-to-all, where TorchTitan's
   embedding is vocabulary-parallel over tp. Over fsdp x tp (8B@8, 8B@64, 8B@256, 70B@64) that
   is `tp_sub_block`'s embedding mode `dim`; 70B@256 shards the table's columns over fsdp alone
   and gathers it over tp (the tp dim as FSDP for the table, the lookup split on the batch over
-  tp): mode `dim:gather`. So 8B@64, 8B@256, 70B@64 and 70B@256 are exact, embedding and
-  blocks; 8B@8 is not (its feed-forward's TP over fsdp).
+  tp): mode `dim:gather`. At 8B@8 the feed-forward is TP over the fsdp dim with the tp dim
+  splitting the sequence and gathering its weights: tp mode `sp/tp@dp_shard`. So all five jobs
+  are exact, embedding and blocks.
 - Costed by one model: where AutoParallel's placements fit the budget this planner's plans
   are as fast or faster on the same mesh and on the mesh it searches. On the 8B jobs its
   placements are 2.3-4.0 % faster than TorchTitan's TP + SP on its mesh (wo's all-to-all and

@@ -147,8 +147,9 @@ def test_show_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
     assert json.loads((PLANS["pinned"]).read_text())["version"] == 2
 
 
-@pytest.mark.parametrize("modes", [["dp/sp:batch", "sp/sp:batch"], ["sp/sp:a2a", "dp/sp"]],
-                         ids=["batch_stream", "a2a"])
+@pytest.mark.parametrize("modes", [["dp/sp:batch", "sp/sp:batch"], ["sp/sp:a2a", "dp/sp"],
+                                   ["sp/tp@dp_shard", "sp"]],
+                         ids=["batch_stream", "a2a", "dp_shard_tp"])
 def test_sub_block_modes_drawn(modes):
     """Blocks in the sub-block modes below the block (the stream sharded on the batch; the
     output projection on the sequence shard) are drawn, each tp value in a colour of its own,
@@ -173,10 +174,12 @@ def test_sub_block_modes_drawn(modes):
     draw([pic])
     tp = {row.cells["tp"] for row in pic.rows if row.first.startswith("layers.")}
     assert len(tp) == 2, tp
-    assert plan.embedding_mode == "dim"
+    assert plan.embedding_mode in ("dim", "dim:gather")
     assert next(row.cells for row in pic.rows if row.first == "tok_embeddings") \
         ["params"] == "dim-shard"
     if modes[0].endswith(":batch"):
         assert all(value.endswith(" stream:batch") for value in tp), tp
-    else:
+    elif modes[0].endswith(":a2a"):
         assert "attn:tp+a2a/ffn:tp+sp" in tp, tp
+    else:
+        assert "attn:tp+sp/ffn:tp@dp_shard" in tp, tp

@@ -15,6 +15,7 @@ from torchtitan_autoparallel.candidates.layout import (
     fsdp_unit_problem,
     node_reshard_group,
     node_reshard_problem,
+    split_fsdp,
     sub_block_modes,
     tp_dp_problem,
 )
@@ -53,7 +54,9 @@ def hand_gemms(block, mode: str, hw) -> float:
     """Forward + backward seconds of the block's linears, each GEMM from the kernel table at
     the local shape its sub-block's mode gives: TP + SP splits a column-wise weight's outputs
     and a row-wise one's inputs over tp on all tokens; data parallel keeps the weight whole on
-    a tp-th of the tokens; ":a2a" keeps attention.wo whole on a tp-th of the tokens."""
+    a tp-th of the tokens; ":a2a" keeps attention.wo whole on a tp-th of the tokens;
+    "tp@dp_shard" splits the weights over dp_shard on the dp_shard ranks' tokens of a tp
+    shard."""
     tokens = 8192 * MB
     attention, ffn = sub_block_modes(mode)
     total = 0.0
@@ -65,6 +68,9 @@ def hand_gemms(block, mode: str, hw) -> float:
         m = tokens / MESH.tp if own == "dp" else tokens
         if own == "sp":
             k, n = (k, n / MESH.tp) if style == "colwise" else (k / MESH.tp, n)
+        if own == "tp@dp_shard":
+            m = tokens * MESH.dp_shard / MESH.tp
+            k, n = (k, n / MESH.dp_shard) if style == "colwise" else (k / MESH.dp_shard, n)
         for shape in ((m, n, k), (m, k, n), (k, n, m)):  # output, input grad, weight grad
             total += kernels.gemm_s(*shape, hw.gemm_table, hw.clock_scale)
     return total
@@ -94,9 +100,13 @@ def test_sub_block_tp_communication_by_hand(mode, ac):
     activations over tp; full AC repeats the forward pair); the data-parallel sub-block is
     entered and left through an all-to-all of a tp-th of them, in forward and in backward
     (full AC: both again), except where the stream is sharded on the batch already (no
-    all-to-all). Flat bandwidth, no latency: time = (tp - 1) / tp x bytes / bw."""
+    all-to-all). "tp@dp_shard": the feed-forward's pair over dp_shard instead (8 ranks, one per
+    node: the network), each of the 8 ranks' stream shards, and its weights' dp_shard-th
+    gathered over tp in each forward pass, their gradients reduce-scattered back. Flat
+    bandwidth, no latency: time = (group - 1) / group x bytes / bw."""
     _, block = llama3_8b_block()
-    ctx = context(intra_node_half_mib=0.0, intra_node_latency_us=0.0, hbm_gbps=0.0)
+    ctx = context(intra_node_half_mib=0.0, intra_node_latency_us=0.0, hbm_gbps=0.0,
+                  inter_node_half_mib=0.0, inter_node_latency_us=0.0)
     bw = ctx.hw.intra_node_gbps * 1e9
     act = 8192 * 4096 * 2 * MB  # bf16 residual stream of one micro-batch
     tp = MESH.tp
@@ -114,9 +124,12 @@ def test_sub_block_tp_communication_by_hand(mode, ac):
         sp -= (passes + 1) * ring * act / bw
         wo = 4096 * 4096 * 2
         a2a = (passes + 1) * ring * (act / tp) / bw + (passes + 1) * ring * wo / bw
+    if mode == "sp/tp@dp_shard":
+        net = min(ctx.hw.intra_node_gbps, ctx.hw.inter_node_gbps) * 1e9
+        a2a = (passes + 1) * 2 * ring * (act / tp * MESH.dp_shard) / net
     got = tp_comm_s(block, MESH, BlockStrategy(ac, False, mode), MB, ctx)
     assert got == pytest.approx(sp + a2a, rel=1e-9)
-    if mode.endswith(":a2a"):
+    if mode.endswith(":a2a") or mode == "sp/tp@dp_shard":
         return
     # half the TP + SP block's collectives per TP sub-block, plus the data-parallel block's
     # all-to-alls on a sequence-sharded stream
@@ -212,20 +225,22 @@ def test_sub_block_modes_follow_the_tp_dp_rule_in_one_place():
     assert block_tp_modes(MESH, MB, asked) == ("sp", *SUB_BLOCK_TP_MODES)
     assert block_tp_modes(MESH, MB, Constraints()) == ("sp", "dp")
     assert block_tp_modes(MESH, MB, asked, moe_model=True) == ("sp",)
-    for mesh, mb, left in ((MESH, 4, ("sp/sp:a2a",)),
+    for mesh, mb, left in ((MESH, 4, ("sp/sp:a2a", "sp/tp@dp_shard")),
                            (Mesh(dp_replicate=1, dp_shard=4, tp=8, cp=2), MB, ())):
         assert tp_dp_problem(mesh, mb)
-        assert block_tp_modes(mesh, mb, asked) == ("sp", *left)  # ":a2a" splits no batch
+        # ":a2a" and "tp@dp_shard" split no batch over tp
+        assert block_tp_modes(mesh, mb, asked) == ("sp", *left)
     # tp the only dim: whole-block data parallel over it would be FSDP over the same ranks,
     # a sub-block's is not
     tp_only = Mesh(dp_replicate=1, dp_shard=1, tp=8)
     assert "dp_shard > 1" in tp_dp_problem(tp_only, MB)
     assert block_tp_modes(tp_only, MB, Constraints(techniques=(*asked.techniques, "tp_dp"))) \
-        == ("sp", *SUB_BLOCK_TP_MODES)
+        == ("sp", *(m for m in SUB_BLOCK_TP_MODES if m != "sp/tp@dp_shard"))
+    assert "dp_shard > 1" in tp_dp_problem(tp_only, MB, "block", "sp/tp@dp_shard")
     assert "'dp/sp'" in tp_dp_problem(MESH, 4, "block", "dp/sp")
     wide = Mesh(dp_replicate=1, dp_shard=16, tp=8)
     for mode in SUB_BLOCK_TP_MODES:
-        if "dp" in sub_block_modes(mode):  # one FSDP group per sub-block
+        if split_fsdp(mode):  # one FSDP group per sub-block (or none: "tp@dp_shard")
             assert fsdp_unit_problem(MESH, mode)
             assert node_reshard_group(wide, 8, mode) == 0
             assert node_reshard_problem(MESH, mode, 4)
@@ -456,6 +471,16 @@ def test_sub_block_embedding_dim_two_rank_parity(references, tmp_path, tp):
                           [tp == 1], ranks=2, embedding="dim", tp=tp)
 
 
+def test_sub_block_dp_shard_tp_parity(references, tmp_path):
+    """The feed-forward tensor parallel over fsdp (2 ranks), its weights gathered over tp,
+    beside TP + SP attention on tp (AutoParallel's Llama 3 8B placement on 8 GPUs, its
+    embedding looked up on its embedding dim too), next to TP + SP blocks, one fully
+    checkpointed: 1-rank losses and gradient norms."""
+    sub_block_plan_parity(references, tmp_path, ["sp/tp@dp_shard", "sp"], ["none", "full"],
+                          [True, False], embedding="dim",
+                          expect="blocks run feed_forward tensor parallel over dp_shard")
+
+
 # slow (measured passing: largest relative difference 8.75e-05; ``-m slow`` runs it): the
 # batch-sharded stream on 2 ranks is also trained by tests/test_own_model.py's discovered-model
 # sub-block parity (tp 2 alone)
@@ -608,8 +633,8 @@ def test_sub_block_embedding_dim_search_takes_the_faster_mode():
 
 
 def test_sub_block_a2a_left_out_under_float8_with_a_note():
-    """Under float8 linears the search leaves 'sp/sp:a2a' out (its output projection runs as a
-    plain linear) and the plan says so; with bf16 linears it says nothing."""
+    """Under float8 linears the search leaves 'sp/sp:a2a' and 'sp/tp@dp_shard' out (their own
+    linears run as plain linears) and the plan says so; with bf16 linears it says nothing."""
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
 
@@ -622,7 +647,33 @@ def test_sub_block_a2a_left_out_under_float8_with_a_note():
             "--autoparallel.techniques=fsdp,tp,ac,tp_sub_block", *extra]), 16)
 
     low = plan("--model.converters=quantize.linear.float8")
-    assert "sp/sp:a2a" not in {layer.tp_mode for layer in low.layers}
-    assert "autoparallel.techniques: tp_sub_block searched without 'sp/sp:a2a': its attention " \
-        "output projection runs as a plain linear, not a float8_tensorwise one" in low.notes
+    assert not {"sp/sp:a2a", "sp/tp@dp_shard"} & {layer.tp_mode for layer in low.layers}
+    assert "autoparallel.techniques: tp_sub_block searched without 'sp/sp:a2a', " \
+        "'sp/tp@dp_shard': they run their own linears (the attention output projection, the " \
+        "feed-forward over dp_shard) as plain linears, not float8_tensorwise ones" in low.notes
     assert not any("searched without" in note for note in plan().notes)
+
+
+def test_sub_block_dp_shard_tp_weights_by_hand():
+    """"sp/tp@dp_shard" on fsdp 8 x tp 8 of 8-GPU nodes: the attention (and its norm) is one
+    FSDP group, split over tp and gathered over dp_shard (8 ranks, one per node), gathered
+    again in backward after resharding; the feed-forward (and its norm) is in no FSDP group:
+    its dp_shard-th, bf16, all-gathered over tp inside the node in forward and its fp32
+    gradient reduce-scattered back; that gathered dp_shard-th is kept for backward."""
+    from torchtitan_autoparallel.cost.comm import dp_shard_tp_weight_bytes, sub_block_params
+    from torchtitan_autoparallel.cost.common import collective_s
+
+    _, block = llama3_8b_block()
+    ctx = context()
+    attention, ffn = sub_block_params(block)
+    strategy = BlockStrategy("none", True, "sp/tp@dp_shard")
+    got = fsdp_s(block, MESH, strategy, ctx, 0.0)
+    gather = collective_s("all_gather", attention * 2 / 8, 8, True, ctx.hw, 1)
+    own = collective_s("all_gather", ffn * 2 / 8, 8, False, ctx.hw)
+    assert got.fwd_s == pytest.approx(gather + own, rel=1e-12)
+    assert got.bwd_s == pytest.approx(
+        gather + collective_s("reduce_scatter", attention * 4 / 8, 8, True, ctx.hw, 1)
+        + collective_s("reduce_scatter", ffn * 4 / 8, 8, False, ctx.hw), rel=1e-12)
+    assert got.unsharded_bytes == pytest.approx(attention * 2 / 8)
+    assert dp_shard_tp_weight_bytes(block, MESH, strategy, 2) == ffn * 2 / 8
+    assert ffn > 2 * attention  # Llama 3 8B: 176 M against 42 M parameters per block

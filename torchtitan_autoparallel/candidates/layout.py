@@ -26,7 +26,7 @@ tp_sub_block: a dense block's attention and feed-forward may each use the tp dim
 DEFAULT_TECHNIQUES = tuple(t for t in TECHNIQUES if t != "tp_sub_block")
 """What the search uses unless ``autoparallel.techniques`` says otherwise."""
 TpMode = Literal["none", "sp", "dp", "dp/sp", "sp/dp", "sp/sp:a2a", "dp/sp:batch",
-                 "sp/dp:batch", "sp/sp:batch", "dim", "dim:gather"]
+                 "sp/dp:batch", "sp/sp:batch", "sp/tp@dp_shard", "dim", "dim:gather"]
 """What the tp dim does for a block: "none" (tp = 1), one of ``TP_MODES`` or one of
 ``SUB_BLOCK_TP_MODES``; for the embedding also one of ``EMBEDDING_MODES``."""
 TP_MODES: tuple[TpMode, ...] = ("sp", "dp")
@@ -46,8 +46,17 @@ the stream without a reduce-scatter. The weight is stored as TorchTitan's row-wi
 over tp, FSDP over dp_shard) and all-gathered over tp for the matmul, its gradient
 reduce-scattered back (the placement TorchTitan 0.3.0's AutoParallel picks for wo on
 Llama 3 8B)."""
+DP_SHARD_TP = "tp@dp_shard"
+"""A feed-forward's sub-block mode in ``DP_SHARD_TP_MODES``: tensor parallel over the dp_shard
+dim (its input all-gathered over dp_shard on the batch, w1 / w3 column-wise and w2 row-wise over
+dp_shard, its output reduce-scattered back onto the batch) on the sequence shard of each tp
+rank, its weights stored sharded over dp_shard x tp and all-gathered over tp for their matmuls
+(the tp dim as FSDP for them), their gradients reduce-scattered back."""
+DP_SHARD_TP_MODES: tuple[TpMode, ...] = ("sp/tp@dp_shard",)
+"""Attention TorchTitan's TP + SP over tp, the feed-forward ``DP_SHARD_TP``: a second mesh dim
+as TP inside one block (TorchTitan 0.3.0's AutoParallel's Llama 3 8B placement on 8 GPUs)."""
 SUB_BLOCK_TP_MODES: tuple[TpMode, ...] = ("dp/sp", "sp/dp", *A2A_MODES, "dp/sp:batch",
-                                          "sp/dp:batch", "sp/sp:batch")
+                                          "sp/dp:batch", "sp/sp:batch", *DP_SHARD_TP_MODES)
 """Per sub-block, "<attention>/<feed-forward>", each "sp" or "dp" as above: "dp/sp" = attention
 data parallel over tp (its parameters and its norm FSDP-sharded over dp_shard x tp, an
 all-to-all into and out of it) and the feed-forward TP + SP; "sp/dp" the reverse. The residual
@@ -97,8 +106,10 @@ def tp_dp_params(tp_mode: str) -> bool:
 
 def split_fsdp(tp_mode: str) -> bool:
     """Whether a block in ``tp_mode`` is one FSDP group per sub-block (one of them data
-    parallel over tp, on dp_shard x tp) rather than one group for the block."""
-    return tp_mode in SUB_BLOCK_TP_MODES and tp_dp_params(tp_mode)
+    parallel over tp, on dp_shard x tp; or a ``DP_SHARD_TP`` feed-forward, sharded by its own
+    style and in no FSDP group) rather than one group for the block."""
+    return tp_mode in SUB_BLOCK_TP_MODES and (tp_dp_params(tp_mode)
+                                              or DP_SHARD_TP in sub_block_modes(tp_mode))
 
 
 def stream_dim(tp_mode: str) -> int:
@@ -125,7 +136,7 @@ AC_MODES: tuple[AcMode, ...] = get_args(AcMode)
 planned job accepts: the plan picks per block among them)."""
 
 
-TP_PART = {"sp": "tp+sp", "dp": "tp_dp"}
+TP_PART = {"sp": "tp+sp", "dp": "tp_dp", DP_SHARD_TP: DP_SHARD_TP}
 """A tp mode's word in strategy labels."""
 
 
@@ -395,7 +406,8 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
     sub-block mode may have dp_shard = 1: its data-parallel part sharded over tp, the rest as
     TorchTitan's TP alone) and a batch the tp ranks split evenly. ``A2A_MODES`` use no data
     parallel over tp: they need tp > 1, no pipeline, a block and cp = 1 only (the all-to-all
-    splits the sequence over tp alone)."""
+    splits the sequence over tp alone). ``DP_SHARD_TP_MODES`` split no batch over tp either:
+    they need dp_shard > 1 (the feed-forward's TP group), dp_replicate = 1 and cp = 1."""
     mode = f"tp_mode {tp_mode!r}"
     if mesh.tp == 1:
         return f"{mode} needs tp > 1"
@@ -405,6 +417,9 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
         return f"{mode} applies to blocks only; use 'sp'"
     if a2a_mode(tp_mode):
         return f"{mode} needs cp = 1; use 'sp'" if mesh.cp > 1 else ""
+    if tp_mode in DP_SHARD_TP_MODES:
+        return ("" if mesh.dp_shard > 1 and mesh.dp_replicate == 1 and mesh.cp == 1 else
+                f"{mode} needs dp_shard > 1, dp_replicate = 1 and cp = 1; use 'sp'")
     if mesh.dp_replicate > 1 or mesh.cp > 1 or (mesh.dp_shard == 1 and tp_mode == "dp"):
         return (f"{mode} needs " + ("dp_shard > 1, " if tp_mode == "dp" else "")
                 + "dp_replicate = 1 and cp = 1; use 'sp'")

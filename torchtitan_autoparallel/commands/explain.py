@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..candidates.layout import (
+    DP_SHARD_TP,
     GIB,
     BlockStrategy,
     a2a_mode,
@@ -400,6 +401,9 @@ def _tp_mode_words(tp_mode: str) -> str:
         words.append("the tp dim as data parallel for one sub-block")
     if a2a_mode(tp_mode):
         words.append("the attention's output projection whole on the sequence shard")
+    if DP_SHARD_TP in sub_block_modes(tp_mode):
+        words.append("the feed-forward tensor parallel over dp_shard, its weights gathered "
+                     "over tp")
     if stream_dim(tp_mode) == 0:
         words.append("the residual stream sharded on the batch over tp")
     return ", ".join(words)

@@ -31,7 +31,8 @@ COLOURS = {
     "attn:tp_dp/ffn:tp+sp": "#e4a88a", "attn:tp+sp/ffn:tp_dp": "#c9a0b6",
     "attn:tp+a2a/ffn:tp+sp": "#c46a3a", "attn:tp_dp/ffn:tp": "#f0c8b4",
     "attn:tp/ffn:tp_dp": "#e2c4d6", "attn:tp/ffn:tp": "#eeb48c",
-    "dim-shard": "#6a8f4f", "a2a": "#a3c47a",
+    "attn:tp+sp/ffn:tp@dp_shard": "#b5651d",
+    "dim-shard": "#6a8f4f", "a2a": "#a3c47a", "tp-gather+a2a": "#c7dca8",
     "ac:none": "#e6e6e6", "ac:selective": "#ccb974", "ac:full": "#8c8c8c", "pinned": "#222222",
     "": "#f2f2f2",
 }

@@ -4,6 +4,7 @@ context parallel's ring, FSDP's all-gathers and reduce-scatters, and MoE's all-t
 from typing import NamedTuple
 
 from ..candidates.layout import (
+    DP_SHARD_TP,
     EMBEDDING_DIM,
     EMBEDDING_MODES,
     SUB_BLOCK_TP_MODES,
@@ -169,6 +170,7 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     # A2A: heads -> sequence into the output projection, sequence -> heads in backward; its
     # weight all-gathered over tp in each forward pass, its gradient reduce-scattered back
     fwd_passes = 2 if strategy.ac == "full" else 1
+    comm += dp_shard_tp_s(layer, mesh, strategy, act, ctx)
     weight = a2a_weight_bytes(layer, mesh, strategy, ctx.prec.param_bytes)
     comm += a2a_s(layer, mesh, strategy, act, tp_nodes, ctx) * (fwd_passes + 1)
     if weight:
@@ -197,6 +199,50 @@ def embedding_dim_s(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext,
     shard = layer.saved_bytes * ctx.act_scale * microbatch / mesh.tp
     return (collective_s("all_gather", ids, group, spans, hw, rails)
             + 2 * collective_s("all_to_all", shard, group, spans, hw, rails))
+
+
+def dp_shard_tp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, act: float,
+                  ctx: CostContext) -> float:
+    """A ``DP_SHARD_TP`` feed-forward's activation collectives for one micro-batch (0 in other
+    modes): its input all-gathered over dp_shard on the batch and its output reduce-scattered
+    back (again in a full recompute), their transposes in backward; each full buffer the
+    dp_shard ranks' shards of the stream (``act`` / tp each), unfused. The dp_shard ranks are
+    tp apart: across nodes once dp_shard x tp outgrows one, a rail per member on each node."""
+    if DP_SHARD_TP not in sub_block_modes(strategy.tp_mode):
+        return 0.0
+    spans = mesh.dp_shard * mesh.tp > ctx.gpus_per_node
+    rails = max(1, min(mesh.dp_shard, ctx.gpus_per_node // mesh.tp))
+    full = act / mesh.tp * mesh.dp_shard
+    passes = 2 if strategy.ac == "full" else 1
+    return (passes + 1) * (collective_s("all_gather", full, mesh.dp_shard, spans, ctx.hw, rails)
+                           + collective_s("reduce_scatter", full, mesh.dp_shard, spans,
+                                          ctx.hw, rails))
+
+
+def dp_shard_tp_weight_bytes(layer: Layer, mesh: Mesh, strategy: BlockStrategy,
+                             param_bytes: float) -> float:
+    """Bytes of a ``DP_SHARD_TP`` feed-forward's weights as its matmuls read them: a
+    dp_shard-th, gathered over tp (0 in other modes)."""
+    if DP_SHARD_TP not in sub_block_modes(strategy.tp_mode):
+        return 0.0
+    return sub_block_params(layer)[1] * param_bytes / mesh.dp_shard
+
+
+def dp_shard_tp_weights_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext,
+                          saturated: bool = False) -> tuple[float, float]:
+    """(forward, backward) collectives of a ``DP_SHARD_TP`` feed-forward's weights for one
+    micro-batch: all-gathered over tp in each forward pass (again in a full recompute), their
+    gradients reduce-scattered back over tp (0 in other modes)."""
+    gathered = dp_shard_tp_weight_bytes(layer, mesh, strategy, ctx.prec.param_bytes)
+    if not gathered:
+        return 0.0, 0.0
+    tp_nodes = mesh.spans_nodes("tp", ctx.gpus_per_node)
+    grads = gathered / ctx.prec.param_bytes * ctx.prec.reduce_bytes
+    passes = 2 if strategy.ac == "full" else 1
+    return (passes * collective_s("all_gather", gathered, mesh.tp, tp_nodes, ctx.hw,
+                                  saturated=saturated),
+            collective_s("reduce_scatter", grads, mesh.tp, tp_nodes, ctx.hw,
+                         saturated=saturated))
 
 
 def a2a_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, act: float, tp_nodes: bool,
@@ -281,18 +327,9 @@ def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext, 
     the embedding looked up on its embedding dim (``EMBEDDING_DIM``: never gathered); under
     ``EMBEDDING_DIM_GATHER`` its dp_shard-th of the table all-gathered over tp in forward and
     its gradient reduce-scattered back (no copies on the host: outside FSDP)."""
-    hw, prec, gpus_per_node, features = ctx.hw, ctx.prec, ctx.gpus_per_node, ctx.features
     if strategy.tp_mode in EMBEDDING_MODES:
-        if strategy.tp_mode == EMBEDDING_DIM:
-            return FsdpCost(0.0, 0.0, 0.0, 0.0, 0.0)
-        part = layer.params / mesh.dp_shard
-        tp_nodes = mesh.spans_nodes("tp", gpus_per_node)
-        return FsdpCost(
-            collective_s("all_gather", part * prec.param_bytes, mesh.tp, tp_nodes, hw,
-                         saturated=saturated),
-            collective_s("reduce_scatter", part * prec.reduce_bytes, mesh.tp, tp_nodes, hw,
-                         saturated=saturated),
-            0.0, part * prec.param_bytes, part * prec.reduce_bytes)
+        return _embedding_table_s(layer, mesh, strategy, ctx, saturated)
+    hw, prec, gpus_per_node, features = ctx.hw, ctx.prec, ctx.gpus_per_node, ctx.features
     param_split = 1 if strategy.tp_mode == "dp" else mesh.tp
     fsdp_group = fsdp_group_size(mesh, strategy.tp_mode)
     # FSDP: all-gather params in forward (and again in backward if resharded), reduce-scatter
@@ -304,10 +341,10 @@ def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext, 
     groups = [(layer.params - (layer.expert_params if ep > 1 else 0), param_split, fsdp_group)]
     if split_fsdp(strategy.tp_mode):
         # one FSDP group per sub-block: TP + SP's split over tp and sharded over dp_shard x cp,
-        # data parallel's whole and sharded over dp_shard x tp
+        # data parallel's whole and sharded over dp_shard x tp (DP_SHARD_TP's: none)
         groups = [(n, mesh.tp if mode == "sp" else 1, fsdp_group_size(mesh, mode))
                   for n, mode in zip(sub_block_params(layer), sub_block_modes(strategy.tp_mode),
-                                     strict=True)]
+                                     strict=True) if mode != DP_SHARD_TP]
     if ep > 1:
         groups.append((layer.expert_params, mesh.ep * mesh.etp, mesh.efsdp))
     gathers = 2 if strategy.reshard_after_forward else 1
@@ -341,8 +378,10 @@ def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext, 
             # every micro-batch: the all-gathered parameters (again after resharding) and the
             # reduce-scattered gradients pass through host copies on the training thread
             copied += pb * gathers + gb + (pb / node if node else 0.0)
-    fwd_comm = ag
-    bwd_comm = (node_ag if node else ag if strategy.reshard_after_forward else 0.0) + rs + ar
+    own_ag, own_rs = dp_shard_tp_weights_s(layer, mesh, strategy, ctx, saturated)
+    fwd_comm = ag + own_ag
+    bwd_comm = (node_ag if node else ag if strategy.reshard_after_forward else 0.0) + rs + ar \
+        + own_rs
     copy_s = copied / (hw.host_copy_gbps * 1e9) if hw.host_copy_gbps > 0 else 0.0
     if hw.gemm_table and hw.hbm_gbps > 0:
         # FSDP2's copy-out / cast / copy-in kernels run on the device between the blocks
@@ -360,6 +399,23 @@ def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext, 
         copy_s += len(layer.linear_shapes) * gathers * collective_s(
             "all_reduce", 4.0, fsdp_group, ds_nodes, hw, 1, saturated)
     return FsdpCost(fwd_comm, bwd_comm, copy_s, unsharded, gbytes)
+
+
+def _embedding_table_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext,
+                       saturated: bool) -> FsdpCost:
+    """``fsdp_s`` of the embedding looked up on its embedding dim: nothing under
+    ``EMBEDDING_DIM``; under ``EMBEDDING_DIM_GATHER`` its dp_shard-th of the table all-gathered
+    over tp in forward and its gradient reduce-scattered back (outside FSDP: no host copies)."""
+    if strategy.tp_mode == EMBEDDING_DIM:
+        return FsdpCost(0.0, 0.0, 0.0, 0.0, 0.0)
+    prec, part = ctx.prec, layer.params / mesh.dp_shard
+    tp_nodes = mesh.spans_nodes("tp", ctx.gpus_per_node)
+    return FsdpCost(
+        collective_s("all_gather", part * prec.param_bytes, mesh.tp, tp_nodes, ctx.hw,
+                     saturated=saturated),
+        collective_s("reduce_scatter", part * prec.reduce_bytes, mesh.tp, tp_nodes, ctx.hw,
+                     saturated=saturated),
+        0.0, part * prec.param_bytes, part * prec.reduce_bytes)
 
 
 def moe_dispatch_s(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext) -> float:

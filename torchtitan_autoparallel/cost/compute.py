@@ -5,6 +5,7 @@ import functools
 from dataclasses import dataclass
 
 from ..candidates.layout import (
+    DP_SHARD_TP,
     SUB_BLOCK_TP_MODES,
     BlockStrategy,
     Mesh,
@@ -131,13 +132,24 @@ def linear_groups(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch:
     parts = linear_sub_blocks(layer)
     own = a2a_linears(layer, strategy.tp_mode)
     groups = tuple((tuple(i for i in range(n) if parts[i] == part and i not in own),
-                    mesh.tp if mode == "sp" else 1,
-                    linear_tokens(layer, mesh, BlockStrategy("none", False, mode), microbatch))
+                    *_sub_block_split(layer, mesh, mode, microbatch))
                    for part, mode in enumerate(sub_block_modes(strategy.tp_mode)))
     if own:  # whole weights on a tp-th of the tokens (the sequence shard)
         groups += ((own, 1, linear_tokens(layer, mesh, BlockStrategy("none", False, "dp"),
                                           microbatch)),)
     return groups
+
+
+def _sub_block_split(layer: Layer, mesh: Mesh, mode: str, microbatch: int
+                     ) -> tuple[int, float]:
+    """(weight split, tokens per rank) of a sub-block's linears in ``mode``: TP + SP's tp
+    split on every token of the micro-batch, data parallel's whole weights on a tp-th of them,
+    ``DP_SHARD_TP``'s dp_shard split on the dp_shard ranks' tokens of this tp rank's shard."""
+    if mode == DP_SHARD_TP:
+        return mesh.dp_shard, linear_tokens(layer, mesh, BlockStrategy("none", False, "sp"),
+                                            microbatch) * mesh.dp_shard / mesh.tp
+    return (mesh.tp if mode == "sp" else 1,
+            linear_tokens(layer, mesh, BlockStrategy("none", False, mode), microbatch))
 
 
 def a2a_linears(layer: Layer, tp_mode: str) -> tuple[int, ...]:

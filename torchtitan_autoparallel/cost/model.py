@@ -36,6 +36,7 @@ from .comm import (  # noqa: F401  (re-exported: the cost model's names)
     ROW_PARALLEL_FLOP_SHARE,
     a2a_weight_bytes,
     cp_comm_s,
+    dp_shard_tp_weight_bytes,
     fsdp_s,
     moe_dispatch_s,
     sp_comm_s,
@@ -197,6 +198,10 @@ def _block_memory(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch:
     else:
         gathered = gbytes if mesh.dp_replicate > 1 else 0.0
     transient = (saved if strategy.ac != "none" else 0.0) + gathered
+    # DP_SHARD_TP: the feed-forward's weights as gathered over tp, saved for its backward
+    # unless recomputed
+    if strategy.ac != "full":
+        kept += dp_shard_tp_weight_bytes(layer, mesh, strategy, prec.param_bytes)
     # A2A: the output projection's weight gathered whole over tp, and its gradient, while its
     # backward runs
     transient += 2 * a2a_weight_bytes(layer, mesh, strategy, prec.param_bytes) * (

@@ -12,7 +12,14 @@ from typing import Any
 
 from .. import __version__
 from ..candidates.exclusions import without_excluded
-from ..candidates.layout import AC_MODES, GIB, SUB_BLOCK_TP_MODES, TECHNIQUES, a2a_mode
+from ..candidates.layout import (
+    AC_MODES,
+    DP_SHARD_TP_MODES,
+    GIB,
+    SUB_BLOCK_TP_MODES,
+    TECHNIQUES,
+    a2a_mode,
+)
 from ..candidates.strategies import Constraints
 from ..cost.hardware import CPU_PROFILE, HardwareProfile, load_profile
 from ..cost.model import Precision
@@ -129,19 +136,26 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
         **degrees,
         reshard_after_forward=features.reshard_after_forward,
         node_reshard=frontend().node_reshard,
-        # the output projection of A2A runs as a plain linear: not with low-precision linears
+        # A2A's output projection and DP_SHARD_TP's feed-forward run as plain linears: not
+        # with low-precision linears
         sub_block_modes=tuple(m for m in frontend().sub_block_modes
-                              if not (a2a_mode(m) and features.linear != "none")),
+                              if not (plain_linears(m) and features.linear != "none")),
         embedding_dim=frontend().embedding_dim,
         fsdp_required=features.cpu_offload,
         **pipeline_constraints(job_config, features, techniques),
     )
 
 
+def plain_linears(tp_mode: str) -> bool:
+    """Whether ``tp_mode`` runs some linears with a style of its own, as plain linears (the
+    ``A2A_MODES``' output projection, the ``DP_SHARD_TP_MODES``' feed-forward)."""
+    return a2a_mode(tp_mode) or tp_mode in DP_SHARD_TP_MODES
+
+
 def sub_block_notes(constraints: Constraints, features: Features) -> list[str]:
     """The plan note of a ``tp_sub_block`` search that leaves out a sub-block mode the
-    release applies, for the job's features: the ``A2A_MODES`` run their output projection as
-    a plain linear, so not with low-precision linears (``job_constraints``)."""
+    release applies, for the job's features: ``plain_linears`` modes, not with low-precision
+    linears (``job_constraints``)."""
     if "tp_sub_block" not in constraints.techniques:
         return []
     dropped = [mode for mode in frontend().sub_block_modes
@@ -149,8 +163,9 @@ def sub_block_notes(constraints: Constraints, features: Features) -> list[str]:
     if not dropped:
         return []
     return [f"autoparallel.techniques: tp_sub_block searched without "
-            f"{', '.join(map(repr, dropped))}: its attention output projection runs as a plain "
-            f"linear, not a {features.linear} one"]
+            f"{', '.join(map(repr, dropped))}: they run their own linears (the attention output "
+            f"projection, the feed-forward over dp_shard) as plain linears, not "
+            f"{features.linear} ones"]
 
 
 EARLY_STEP_EXCLUDES = ("ddp", "pp", "ep")

@@ -115,3 +115,73 @@ def heads_to_sequence() -> Any:
             return module
 
     return HeadsToSequence()
+
+
+def dp_shard_tp_styles(linears: dict[str, str], dtype: torch.dtype | None
+                       ) -> tuple[Any, Any]:
+    """(the norm's style, the module's style) of a feed-forward tensor parallel over dp_shard
+    (``layout.DP_SHARD_TP``) on the 2-D (dp_shard, tp) mesh. The module: its input (this rank's
+    shard of the sequence-sharded stream) all-gathered over dp_shard on the batch, its output
+    reduce-scattered back; ``linears`` (name in the module -> "colwise" / "rowwise") split over
+    dp_shard on their output / input features and stored split over tp too, all-gathered over
+    tp for their matmuls (their gradients reduce-scattered back). The norm: its weight stored
+    sharded over both dims and read whole (its gradient, a partial sum per rank, reduced back).
+    ``dtype``: what the weights are read in (FSDP's parameter dtype), None to keep theirs."""
+    from torch.distributed._functional_collectives import (
+        all_gather_tensor_autograd,
+        reduce_scatter_tensor_autograd,
+    )
+    from torch.distributed.tensor import Partial, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel.style import ParallelStyle
+
+    def cast(param: Any) -> Any:
+        return param.to(dtype) if dtype is not None else param
+
+    class WholeNorm(ParallelStyle):
+        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+            if type(module) is not nn.RMSNorm or module.weight is None:
+                raise UserError(f"tp_mode 'sp/tp@dp_shard' reads a plain nn.RMSNorm, not a "
+                                f"{type(module).__name__}; use 'sp'")
+            module.register_parameter("weight", nn.Parameter(
+                distribute_tensor(module.weight, device_mesh, [Shard(0), Shard(0)])))
+
+            def forward(x: torch.Tensor) -> torch.Tensor:
+                weight = cast(module.weight).full_tensor(grad_placements=[Partial(), Partial()])
+                return nn.functional.rms_norm(x, module.normalized_shape, weight, module.eps)
+
+            module.forward = forward
+            return module
+
+    class TensorParallelOverDpShard(ParallelStyle):
+        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+            for name, kind in linears.items():
+                _gathered_linear(module.get_submodule(name), device_mesh,
+                                 0 if kind == "colwise" else 1, cast)
+            group = device_mesh.get_group(0)
+            module.register_forward_pre_hook(
+                lambda _, args: (all_gather_tensor_autograd(args[0], 0, group), *args[1:]))
+            module.register_forward_hook(
+                lambda _, __, out: reduce_scatter_tensor_autograd(out, "sum", 0, group))
+            return module
+
+    return WholeNorm(), TensorParallelOverDpShard()
+
+
+def _gathered_linear(linear: nn.Module, mesh: Any, dim: int, cast: Any) -> None:
+    """``linear``'s weight split on ``dim`` (0: output features, column-wise; 1: input features,
+    row-wise) over the mesh's dp_shard dim and on dim 0 over its tp dim, gathered over tp for
+    each matmul (read through ``cast``), its gradient reduce-scattered back over tp."""
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    if type(linear) is not nn.Linear or linear.bias is not None:
+        raise UserError(f"tp_mode 'sp/tp@dp_shard' splits plain bias-free nn.Linear layers, not "
+                        f"{linear}; use 'sp'")
+    linear.register_parameter("weight", nn.Parameter(
+        distribute_tensor(linear.weight, mesh, [Shard(dim), Shard(0)])))
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        weight = cast(linear.weight).redistribute(mesh, [Shard(dim), Replicate()]).to_local(
+            grad_placements=[Shard(dim), Partial()])
+        return nn.functional.linear(x, weight)
+
+    linear.forward = forward

@@ -17,8 +17,10 @@ import torch.nn as nn
 
 from ...candidates.layout import (
     A2A_MODES,
+    DP_SHARD_TP,
     EMBEDDING_DIM_GATHER,
     SUB_BLOCK_TP_MODES,
+    Mesh,
     a2a_mode,
     embedding_dim_problem,
     split_fsdp,
@@ -33,7 +35,7 @@ from ...graph.discover import get_adapter
 from ...graph.tp_styles import InferredTP, block_signature
 from ...job.features import features_from_config
 from ...plan.schema import Plan, fsdp_units
-from ...runtime.styles import embedding_dim_style, heads_to_sequence
+from ...runtime.styles import dp_shard_tp_styles, embedding_dim_style, heads_to_sequence
 from .model import planning_adapter
 from .patches.moe import reduce_sequence_parallel_moe_grads, reduce_tensor_parallel_router_grads
 
@@ -166,6 +168,8 @@ def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp
             own = {key: style for key, style in styles.items()
                    if key in (norm, module) or key.startswith(f"{module}.")}
             parallelize_module(block, tp_mesh, own)
+        elif mode == DP_SHARD_TP:
+            continue  # on the 2-D mesh: apply_dp_shard_tp
         elif stream == 1:
             _batch_split_over_tp(block.get_submodule(module), tp_mesh,
                                  len(inferred[module].inputs))
@@ -179,6 +183,36 @@ def _dp_over_tp_mesh(parallel_dims: Any, plan: Plan, tp_mode: str) -> Any:
     if problem:
         raise UserError(problem)
     return dp_shard_tp_mesh(parallel_dims)
+
+
+def apply_dp_shard_tp(blocks: nn.Module, adapter: ModelAdapter, parallel_dims: Any,
+                      tp_modes: dict[str, str], fsdp: dict[str, Any] | None) -> None:
+    """The feed-forwards of blocks planned in a ``DP_SHARD_TP_MODES`` mode: tensor parallel
+    over dp_shard on the 2-D (dp_shard, tp) mesh (``runtime.styles.dp_shard_tp_styles``, the
+    linears column- / row-wise as the family's inferred TP plan has them), their weights read
+    in FSDP's parameter dtype (``fsdp``: the job's ``fully_shard`` arguments)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    names = [name for name, mode in tp_modes.items() if DP_SHARD_TP in sub_block_modes(mode)]
+    if not names:
+        return
+    if not parallel_dims.fsdp_enabled:
+        raise UserError(tp_dp_problem(Mesh(dp_replicate=1, dp_shard=1, tp=parallel_dims.tp),
+                                      1, tp_mode=tp_modes[names[0]]))
+    mesh = parallel_dims.get_mesh(["fsdp", "tp"])
+    dtype = fsdp["mp_policy"].param_dtype if fsdp else None
+    norm, module = adapter.sub_blocks[1]
+    for name in names:
+        block = blocks.get_submodule(name)
+        plan = resolve(adapter.tp_fn).plans[block_signature(block)]
+        linears = {key[len(module) + 1:]: style.kind for key, style in plan.items()
+                   if key.startswith(f"{module}.")}
+        norm_style, module_style = dp_shard_tp_styles(linears, dtype)
+        parallelize_module(block, mesh, {norm: norm_style, module: module_style})
+    from torchtitan.tools.logging import logger
+
+    logger.info(f"{len(names)} blocks run {module} tensor parallel over dp_shard "
+                f"({parallel_dims.dp_shard} ranks), its weights gathered over tp")
 
 
 def dp_shard_tp_mesh(parallel_dims: Any) -> Any:
@@ -389,6 +423,7 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
         fully_shard(embedding, **fsdp,
                     reshard_after_forward=by_fqn[adapter.embedding].reshard_after_forward)
     dp_over_tp = None
+    own_params: set[nn.Parameter] = set()  # sharded by styles of their own
     groups: list[list[nn.Module]] = []  # each block with its separately sharded experts
     unit_of = {layer.fqn: unit for unit in fsdp_units(plan.layers) for layer in unit}
     for name, block in blocks.named_children():
@@ -397,6 +432,9 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
         group = fsdp
         if split_fsdp(layer.tp_mode):
             for mode, modules in (sub_blocks or {})[name]:
+                if mode == DP_SHARD_TP:  # sharded by its own style
+                    own_params.update(p for m in modules for p in m.parameters())
+                    continue
                 if mode == "dp":
                     dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims, plan,
                                                                 layer.tp_mode)
@@ -427,7 +465,9 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
         fully_shard([embedding, *head] if tied else head, **fsdp,
                     reshard_after_forward=by_fqn[adapter.output].reshard_after_forward)
     # the embedding looked up on its embedding dim is sharded by its own style
-    fully_shard(model, **fsdp, ignored_params=set(embedding.parameters()) if own else None)
+    if own:
+        own_params.update(embedding.parameters())
+    fully_shard(model, **fsdp, ignored_params=own_params or None)
     if plan.mesh.ep > 1:
         explicit_prefetch(embedding, groups, head)
     # the loss is already normalised by the global token count (as in TorchTitan's recipes)
@@ -537,11 +577,12 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
         )
         if any("sp" in sub_block_modes(mode) for mode in tp_modes.values()):
             maybe_enable_async_tp(job_config, tp_mesh)
+    fsdp = fsdp_arguments(parallel_dims, job_config.training, features.cpu_offload) \
+        if parallel_dims.fsdp_enabled else None
     if plan.embedding_mode:
-        apply_embedding_dim(model, adapter, parallel_dims, plan,
-                            fsdp_arguments(parallel_dims, job_config.training,
-                                           features.cpu_offload)
-                            if parallel_dims.fsdp_enabled else None)
+        apply_embedding_dim(model, adapter, parallel_dims, plan, fsdp)
+    apply_dp_shard_tp(blocks, adapter, parallel_dims,
+                      {name: layer.tp_mode for name, layer in planned.items()}, fsdp)
 
     if moe_blocks and (plan.mesh.tp > 1 or plan.mesh.ep > 1):
         # routing, token dispatch and the experts' EP / ETP / TP: TorchTitan's own code

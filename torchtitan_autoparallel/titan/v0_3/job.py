@@ -331,6 +331,6 @@ def sub_block_note(config: Any) -> list[str]:
     return ["autoparallel.techniques: tp_sub_block searched with tp modes 'dp/sp' and 'sp/dp' "
             "only: TorchTitan 0.3.0's apply keeps the model's sequence-sharded stream and "
             "places a sub-block's linears alike, so the ':batch' modes (stream sharded on the "
-            "batch over tp) and 'sp/sp:a2a' (the attention output projection on the sequence "
-            "shard) are left out, and its embedding stays TorchTitan's (not looked up on its "
-            "embedding dim)"]
+            "batch over tp), 'sp/sp:a2a' (the attention output projection on the sequence "
+            "shard) and 'sp/tp@dp_shard' (the feed-forward TP over dp_shard) are left out, "
+            "and its embedding stays TorchTitan's (not looked up on its embedding dim)"]
