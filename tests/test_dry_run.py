@@ -337,3 +337,36 @@ def test_sub_block_batch_stream_dry_run(tmp_path):
     plan = Plan.load(str(path))
     assert {layer.tp_mode for layer in plan.layers if layer.kind == "block"} == {"dp/sp:batch"}
     assert all(block["mesh"] == ["fsdp_tp"] for block in built_blocks(result).values())
+    assert plan.embedding_mode == "dim"
+    assert "tok_embeddings looked up on its embedding dim over dp_shard x tp (8 ranks)" in \
+        result.stdout + result.stderr
+
+
+def test_sub_block_autoparallel_8b_layout_dry_run(tmp_path):
+    """TorchTitan 0.3.0's AutoParallel's placement of Llama 3 8B on 8 GPUs
+    (``autoparallel_side_by_side.md``: the feed-forward TP over fsdp beside TP + SP attention,
+    the embedding looked up on its embedding dim over fsdp x tp), written as a plan file,
+    applies on 8 fake ranks with the sharded state predicted."""
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
+
+    register()
+    flags = ["--autoparallel.hardware=h100_sxm", "--training.global_batch_size=4",
+             "--parallelism.data_parallel_shard_degree=4",
+             "--parallelism.tensor_parallel_degree=2",
+             "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,pp,tp_sub_block"]
+    plan = plan_job(parse_config(["--job.config_file", "train_configs/llama3_8b_auto.toml",
+                                  *flags]), 8)
+    for layer in plan.layers:
+        if layer.kind == "block":
+            layer.tp_mode, layer.ac, layer.reshard_after_forward, layer.fsdp_unit = \
+                "sp/tp@dp_shard", "none", True, 1
+        elif layer.kind == "embedding":
+            layer.tp_mode, layer.reshard_after_forward = "dim", False
+    path = tmp_path / "autoparallel_8b.json"
+    plan.save(str(path))
+    out = check_report(dry_run("8b", 8, tmp_path, *flags, f"--autoparallel.plan_file={path}"),
+                       8)
+    assert "32 blocks run feed_forward tensor parallel over dp_shard (4 ranks)" in out
+    assert "tok_embeddings looked up on its embedding dim over dp_shard x tp (8 ranks)" in out
