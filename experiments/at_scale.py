@@ -84,8 +84,8 @@ FIELDS = ["model", "world", "global_batch", "auto_status", "auto_mesh", "auto_tp
 SUB_BLOCK = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,pp,tp_sub_block"
 """The default techniques and ``tp_sub_block`` (attention and feed-forward each TP + SP or
 data parallel over tp: tp modes "dp/sp" and "sp/dp", and with the stream sharded on the batch
-"dp/sp:batch", "sp/dp:batch", "sp/sp:batch"; "sp/sp:a2a"; the embedding looked up on its
-embedding dim, "dim"), for the sub-block column."""
+"dp/sp:batch", "sp/dp:batch", "sp/sp:batch"; "sp/sp:a2a"; "sp/tp@dp_shard"; the embedding looked
+up on its embedding dim, "dim" or "dim:gather"), for the sub-block column."""
 
 
 @functools.cache
@@ -391,7 +391,8 @@ def sub_block_lines(rows: list[dict[str, Any]]) -> list[str]:
              "`dp/sp` and `sp/dp` on TorchTitan's sequence-sharded stream, or `dp/sp:batch`, "
              "`sp/dp:batch` and `sp/sp:batch` with the stream sharded on the batch over tp, "
              "where a data-parallel sub-block needs no all-to-all; or `sp/sp:a2a`, the "
-             "attention's output projection whole on the sequence shard; and the embedding "
+             "attention's output projection whole on the sequence shard; or `sp/tp@dp_shard`, "
+             "the feed-forward TP over dp_shard; and the embedding "
              "looked up on its embedding dim, `dim` over dp_shard x tp or `dim:gather` over "
              "dp_shard with its table gathered over tp), both planned by the current "
              "model in the same run on the auto presets (no float8, no compile: `tp_sub_block` "
