@@ -368,7 +368,8 @@ def flat_options(graph: LayerGraph, global_batch: int, ctx: CostContext,
             if not accum * floor >= cutoff:  # then FSDP's share, for the fewer left
                 fsdp = "microbatch"
                 floor = model_time_floor(graph, mesh, mb, ctx, modes, fsdp=fsdp)
-            for embedding in embedding_modes(graph, mesh, constraints):
+            for embedding in _undominated(graph, mesh, mb, ctx,
+                                          embedding_modes(graph, mesh, constraints)):
                 bound = accum * (floor + _embedding_shift(graph, mesh, mb, ctx, modes, fsdp,
                                                           embedding))
                 if not bound >= cutoff:  # a NaN goes on to the finiteness check
@@ -376,6 +377,23 @@ def flat_options(graph: LayerGraph, global_batch: int, ctx: CostContext,
                         build_candidate, graph, mesh, mb, global_batch, ctx, constraints, pins,
                         order=order, embedding=embedding)))
     return options, count, math.inf
+
+
+def _undominated(graph: LayerGraph, mesh: Mesh, microbatch: int, ctx: CostContext,
+                 modes: tuple[str, ...]) -> list[str]:
+    """The embedding ``modes`` no other mode beats on both its time and the memory it keeps
+    (its training state is the same in every mode): a candidate with a dominated embedding is
+    never better, whatever its blocks run (the first of equal ones kept)."""
+    if len(modes) == 1:
+        return list(modes)
+    layer = next(layer for layer in graph.edges if layer.kind == "embedding")
+    costs = {mode: edge_cost(graph, layer, mesh, microbatch, ctx, mode) for mode in modes}
+    points = {mode: (cost.time_s, cost.kept_bytes) for mode, cost in costs.items()}
+    return [mode for i, mode in enumerate(modes)
+            if not any(other != mode and points[other][0] <= points[mode][0]
+                       and points[other][1] <= points[mode][1]
+                       and (points[other] != points[mode] or j < i)
+                       for j, other in enumerate(modes))]
 
 
 def _embedding_shift(graph: LayerGraph, mesh: Mesh, microbatch: int, ctx: CostContext,
