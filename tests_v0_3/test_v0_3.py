@@ -388,6 +388,6 @@ def test_sub_block_modes_it_cannot_run_are_left_out_and_refused_from_a_file(tmp_
         elif layer["kind"] == "block":
             layer.update(tp_mode="sp")
     path.write_text(json.dumps(data))
-    with pytest.raises(UserError, match=r"the embedding has tp_mode 'dim' \(looked up on its "
+    with pytest.raises(UserError, match=r"tok_embeddings has tp_mode 'dim' \(looked up on its "
                                         r"embedding dim\): TorchTitan 0\.3\.0's apply keeps"):
         check_applicable(Plan.load(str(path)))

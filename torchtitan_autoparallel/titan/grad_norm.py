@@ -39,10 +39,11 @@ def needed(plan: Any) -> bool:
     over dp_shard x tp (a sub-block mode's data-parallel sub-block or projection too), the
     other layers over dp_shard with TP on tp; an embedding looked up on its embedding dim sits
     on dp_shard x tp."""
-    from ..candidates.layout import split_fsdp, tp_dp_params
+    from ..candidates.layout import EMBEDDING_MODES, split_fsdp, tp_dp_params
 
-    return plan is not None and plan.mesh.tp > 1 and (bool(plan.embedding_mode) or any(
-        tp_dp_params(layer.tp_mode) or split_fsdp(layer.tp_mode) for layer in plan.layers))
+    return plan is not None and plan.mesh.tp > 1 and any(
+        layer.tp_mode in EMBEDDING_MODES or tp_dp_params(layer.tp_mode)
+        or split_fsdp(layer.tp_mode) for layer in plan.layers)
 
 
 def install() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ...candidates.layout import SUB_BLOCK_TP_MODES
+from ...candidates.layout import EMBEDDING_MODES, SUB_BLOCK_TP_MODES
 from ...errors import UserError
 from .tp_dp import SUB_BLOCKS_APPLIED, Parts, override_declared_sharding, tp_dp_parts
 from .tp_dp import fsdp_arguments as tp_dp_fsdp
@@ -20,8 +20,9 @@ def check_applicable(plan: Any) -> None:
     """UserError naming what in ``plan`` this apply cannot run: a layer without TP on a tp
     mesh (``model.parallelize`` shards every layer the model declares), or an embedding looked
     up on its embedding dim."""
-    if plan.embedding_mode:
-        raise UserError(f"the embedding has tp_mode {plan.embedding_mode!r} (looked up on its "
+    looked_up = next((layer for layer in plan.layers if layer.tp_mode in EMBEDDING_MODES), None)
+    if looked_up is not None:
+        raise UserError(f"{looked_up.fqn} has tp_mode {looked_up.tp_mode!r} (looked up on its "
                         "embedding dim): TorchTitan 0.3.0's apply keeps the model's own "
                         "embedding placement; re-plan here (the search leaves it out)")
     m = plan.mesh
