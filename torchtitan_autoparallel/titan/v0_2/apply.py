@@ -16,28 +16,33 @@ import torch
 import torch.nn as nn
 
 from ...candidates.layout import (
-    A2A_MODES,
     DP_SHARD_TP,
-    EMBEDDING_DIM_GATHER,
     SUB_BLOCK_TP_MODES,
-    Mesh,
     a2a_mode,
-    embedding_dim_problem,
     split_fsdp,
     stream_dim,
     sub_block_modes,
     tp_dp_params,
-    tp_dp_problem,
 )
 from ...errors import UserError
 from ...graph.adapters import INFER_TP, ModelAdapter, resolve, submodule_or_none
 from ...graph.discover import get_adapter
-from ...graph.tp_styles import InferredTP, block_signature
+from ...graph.tp_styles import InferredTP
 from ...job.features import features_from_config
 from ...plan.schema import Plan, fsdp_units
-from ...runtime.styles import dp_shard_tp_styles, embedding_dim_style, heads_to_sequence
 from .model import planning_adapter
 from .patches.moe import reduce_sequence_parallel_moe_grads, reduce_tensor_parallel_router_grads
+from .tp_dp import (
+    SubBlocks,
+    a2a_projections,
+    apply_dp_shard_tp,
+    apply_embedding_dim,
+    apply_sub_block_tp,
+    batch_split_over_tp,
+    dp_over_tp_mesh,
+    planned_sub_blocks,
+    shard_tp_dp_parts_only,
+)
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -73,202 +78,7 @@ def check_part_blocks(plan: Plan, fqns: list[str]) -> None:
     raise UserError("the plan's blocks do not match the model; re-plan the job")
 
 
-def _batch_split_over_tp(block: nn.Module, tp_mesh: Any, n_args: int) -> None:
-    """Run ``block`` on a batch shard: the residual stream arrives sequence-sharded over tp
-    (TorchTitan's SP layout), is redistributed to a batch shard (all-to-all) for the block, and
-    leaves sequence-sharded again. Its parameters are not split by tp (FSDP shards them over
-    dp_shard x tp), so each tp rank runs the whole block on its part of the micro-batch."""
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import (
-        PrepareModuleInput,
-        PrepareModuleOutput,
-        parallelize_module,
-    )
-
-    rest = (None,) * (n_args - 1)
-    parallelize_module(block, tp_mesh, PrepareModuleInput(
-        input_layouts=(Shard(1), *rest), desired_input_layouts=(Shard(0), *rest),
-        use_local_output=True))
-    parallelize_module(block, tp_mesh, PrepareModuleOutput(
-        output_layouts=Shard(0), desired_output_layouts=Shard(1), use_local_output=True))
-
-
-SubBlocks = list[tuple[str, list[nn.Module]]]
-"""A block's sub-blocks as planned: (the tp dim's use, "sp" or "dp"; the norm and the module)."""
-
-
-def sub_blocks_of(block: nn.Module, adapter: ModelAdapter, tp_mode: str) -> SubBlocks:
-    """The sub-blocks (``ModelAdapter.sub_blocks``) of a block planned with a sub-block tp
-    mode, each with its use of the tp dim; a one-line error where the family names none or
-    the block is not dense."""
-    if len(adapter.sub_blocks) != 2 or adapter.routed_experts(block) is not None:
-        raise UserError(f"tp_mode {tp_mode!r} needs a dense block whose family names its "
-                        "attention and feed-forward (ModelAdapter.sub_blocks); use 'sp' or 'dp'")
-    if a2a_mode(tp_mode):
-        a2a_projections(block, adapter)  # the rule, with its error
-    return [(mode, [block.get_submodule(norm), block.get_submodule(module)])
-            for (norm, module), mode in zip(adapter.sub_blocks, sub_block_modes(tp_mode),
-                                            strict=True)]
-
-
-def a2a_projections(block: nn.Module, adapter: ModelAdapter) -> list[str]:
-    """The attention sub-block's row-wise linears in the family's inferred TP plan (names in
-    ``block``): what ``layout.A2A_MODES`` run on the sequence shard with their weights whole."""
-    fn = resolve(adapter.tp_fn)
-    if not isinstance(fn, InferredTP):
-        raise UserError(f"tp_mode {A2A_MODES[0]!r} needs the family's inferred TP plan "
-                        "(ModelAdapter.tp_fn = INFER_TP); use 'sp'")
-    attention = adapter.sub_blocks[0][1]
-    names = [key for key, style in fn.plans[block_signature(block)].items()
-             if key.startswith(f"{attention}.") and style.kind == "rowwise"]
-    if not names:
-        raise UserError(f"{attention} has no row-wise linear in the inferred TP plan: its "
-                        "output projection cannot run on the sequence shard; use 'sp'")
-    return names
-
-
-def planned_sub_blocks(blocks: nn.Module, adapter: ModelAdapter, planned: dict[str, Any],
-                       moe: bool, compiled: bool) -> dict[str, SubBlocks]:
-    """By block name, the sub-blocks of the blocks planned with a sub-block tp mode (taken
-    before AC and compile wrap the blocks); a one-line error for a MoE model or compiled
-    blocks (FSDP's hooks would sit inside the compiled block)."""
-    out = {name: sub_blocks_of(blocks.get_submodule(name), adapter, layer.tp_mode)
-           for name, layer in planned.items() if layer.tp_mode in SUB_BLOCK_TP_MODES}
-    if out and (moe or compiled):
-        raise UserError("sub-block tp modes are applied to dense models without compile only; "
-                        "use 'sp' or 'dp'")
-    return out
-
-
-def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp_mode: str,
-                       enable_float8_tensorwise_tp: bool) -> None:
-    """A block whose attention and feed-forward use the tp dim apart: the family's TP + SP
-    styles (its inferred ``parallelize_module`` plan) on the TP + SP sub-block's norm, module
-    and linears only; the data-parallel sub-block's module entered and left through an
-    all-to-all between the sequence-sharded stream and a batch shard, its norm left whole (it
-    runs per token on the sequence shard, FSDP sums its gradient over dp_shard x tp). Where
-    the stream is sharded on the batch (``stream_dim``), the TP sub-block's styles gather and
-    scatter it on the batch and the data-parallel one runs on it with no collective. Under
-    ``layout.A2A_MODES`` the attention's row-wise projection takes its input onto the sequence shard
-    instead of being row-wise parallel."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    fn = adapter.tp_fn
-    if not isinstance(fn, InferredTP):
-        raise UserError(f"tp_mode {tp_mode!r} needs the family's inferred TP plan "
-                        "(ModelAdapter.tp_fn = INFER_TP); use 'sp' or 'dp'")
-    sub_blocks_of(block, adapter, tp_mode)  # the rule, with its error
-    inferred = fn.plans[block_signature(block)]
-    stream = stream_dim(tp_mode)
-    styles = fn.block_styles(block, enable_float8_tensorwise_tp, stream)
-    if a2a_mode(tp_mode):
-        styles.update(dict.fromkeys(a2a_projections(block, adapter), heads_to_sequence()))
-    for (norm, module), mode in zip(adapter.sub_blocks, sub_block_modes(tp_mode), strict=True):
-        if mode == "sp":
-            own = {key: style for key, style in styles.items()
-                   if key in (norm, module) or key.startswith(f"{module}.")}
-            parallelize_module(block, tp_mesh, own)
-        elif mode == DP_SHARD_TP:
-            continue  # on the 2-D mesh: apply_dp_shard_tp
-        elif stream == 1:
-            _batch_split_over_tp(block.get_submodule(module), tp_mesh,
-                                 len(inferred[module].inputs))
         # a stream sharded on the batch: the data-parallel sub-block runs on it as it is
-
-
-def _dp_over_tp_mesh(parallel_dims: Any, plan: Plan, tp_mode: str) -> Any:
-    """FSDP mesh of the blocks or sub-blocks that use tp as data parallel (where
-    ``layout.tp_dp_problem`` allows it): ``dp_shard_tp_mesh``."""
-    problem = tp_dp_problem(plan.mesh, plan.local_batch_size, tp_mode=tp_mode)
-    if problem:
-        raise UserError(problem)
-    return dp_shard_tp_mesh(parallel_dims)
-
-
-def apply_dp_shard_tp(blocks: nn.Module, adapter: ModelAdapter, parallel_dims: Any,
-                      tp_modes: dict[str, str], fsdp: dict[str, Any] | None) -> None:
-    """The feed-forwards of blocks planned in a ``DP_SHARD_TP_MODES`` mode: tensor parallel
-    over dp_shard on the 2-D (dp_shard, tp) mesh (``runtime.styles.dp_shard_tp_styles``, the
-    linears column- / row-wise as the family's inferred TP plan has them), their weights read
-    in FSDP's parameter dtype (``fsdp``: the job's ``fully_shard`` arguments)."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    names = [name for name, mode in tp_modes.items() if DP_SHARD_TP in sub_block_modes(mode)]
-    if not names:
-        return
-    if not parallel_dims.fsdp_enabled:
-        raise UserError(tp_dp_problem(Mesh(dp_replicate=1, dp_shard=1, tp=parallel_dims.tp),
-                                      1, tp_mode=tp_modes[names[0]]))
-    mesh = parallel_dims.get_mesh(["fsdp", "tp"])
-    dtype = fsdp["mp_policy"].param_dtype if fsdp else None
-    norm, module = adapter.sub_blocks[1]
-    for name in names:
-        block = blocks.get_submodule(name)
-        plan = resolve(adapter.tp_fn).plans[block_signature(block)]
-        linears = {key[len(module) + 1:]: style.kind for key, style in plan.items()
-                   if key.startswith(f"{module}.")}
-        norm_style, module_style = dp_shard_tp_styles(linears, dtype)
-        parallelize_module(block, mesh, {norm: norm_style, module: module_style})
-    from torchtitan.tools.logging import logger
-
-    logger.info(f"{len(names)} blocks run {module} tensor parallel over dp_shard "
-                f"({parallel_dims.dp_shard} ranks), its weights gathered over tp")
-
-
-def dp_shard_tp_mesh(parallel_dims: Any) -> Any:
-    """1-D mesh over dp_shard x tp (dp_shard-major; tp alone with dp_shard = 1, dp_shard alone
-    with tp = 1). TorchTitan keeps its own flattened ``efsdp`` mesh fake unless EP is on."""
-    if not parallel_dims.fsdp_enabled:
-        return parallel_dims.get_mesh("tp")
-    if parallel_dims.tp == 1:
-        return parallel_dims.get_mesh("fsdp")
-    return parallel_dims.get_mesh(["fsdp", "tp"])._flatten("fsdp_tp")
-
-
-def apply_embedding_dim(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any,
-                        plan: Plan, fsdp: dict[str, Any] | None) -> None:
-    """The embedding looked up on its embedding dim (``layout.EMBEDDING_MODES``,
-    ``runtime.styles``), its output on the plan's stream layout, read in FSDP's parameter
-    dtype (``fsdp``: the job's ``fully_shard`` arguments, None without FSDP)."""
-    from torch.distributed.tensor.parallel import parallelize_module
-    from torchtitan.tools.logging import logger
-
-    mode = plan.embedding_mode
-    problem = embedding_dim_problem(plan.mesh, tp_mode=mode)
-    if problem:
-        raise UserError(problem)
-    stream = min((stream_dim(layer.tp_mode) for layer in plan.layers
-                  if layer.kind == "block" and layer.tp_mode != "none"), default=1)
-    dtype = fsdp["mp_policy"].param_dtype if fsdp else None
-    m, gather = plan.mesh, mode == EMBEDDING_DIM_GATHER
-    mesh = parallel_dims.get_mesh(["fsdp", "tp"]) if gather else dp_shard_tp_mesh(parallel_dims)
-    parallelize_module(model.get_submodule(adapter.embedding), mesh,
-                       embedding_dim_style(m.dp_shard, m.tp, stream, dtype, gather))
-    over = f"dp_shard ({m.dp_shard} ranks), its table gathered over tp" if gather else \
-        f"dp_shard x tp ({m.dp_shard * m.tp} ranks)"
-    logger.info(f"{adapter.embedding} looked up on its embedding dim over {over}: token ids "
-                "all-gathered, output all-to-all onto the stream")
-
-
-def shard_tp_dp_parts_only(model: nn.Module, planned: dict[str, Any], plan: Plan,
-                           parallel_dims: Any, fsdp: dict[str, Any],
-                           sub_blocks: dict[str, SubBlocks]) -> None:
-    """dp_shard = 1 (tp the only dim): FSDP over tp for the sub-blocks that use tp as data
-    parallel, nothing else sharded (the TP parts, embedding and output as TorchTitan's TP
-    alone leaves them)."""
-    from torch.distributed.fsdp import fully_shard
-
-    sharded: set[nn.Parameter] = set()
-    for name, modes in sub_blocks.items():
-        layer = planned[name]
-        mesh = _dp_over_tp_mesh(parallel_dims, plan, layer.tp_mode)
-        for mode, modules in modes:
-            if mode == "dp":
-                fully_shard(modules, **{**fsdp, "mesh": mesh},
-                            reshard_after_forward=layer.reshard_after_forward)
-                sharded.update(p for m in modules for p in m.parameters())
-    # FSDP needs one root: the model, managing none of the parameters left to TP
-    fully_shard(model, **fsdp, ignored_params=set(model.parameters()) - sharded)
 
 
 def _sum_allreduce_hook(group: Any, bucket: torch.distributed.GradBucket
@@ -343,7 +153,7 @@ def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
                      **({"stream": stream} if stream != 1 else {}))
     for name, mode in tp_modes.items():
         if mode == "dp":
-            _batch_split_over_tp(blocks.get_submodule(name), tp_mesh, adapter.block_args)
+            batch_split_over_tp(blocks.get_submodule(name), tp_mesh, adapter.block_args)
         elif mode in SUB_BLOCK_TP_MODES:
             apply_sub_block_tp(blocks.get_submodule(name), adapter, tp_mesh, mode,
                                enable_float8_tensorwise_tp)
@@ -436,14 +246,14 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
                     own_params.update(p for m in modules for p in m.parameters())
                     continue
                 if mode == "dp":
-                    dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims, plan,
+                    dp_over_tp = dp_over_tp or dp_over_tp_mesh(parallel_dims, plan,
                                                                 layer.tp_mode)
                 fully_shard(modules, **{**fsdp, "mesh": dp_over_tp if mode == "dp"
                                         else fsdp["mesh"]},
                             reshard_after_forward=layer.reshard_after_forward)
             continue
         if layer.tp_mode == "dp":
-            dp_over_tp = dp_over_tp or _dp_over_tp_mesh(parallel_dims, plan, "dp")
+            dp_over_tp = dp_over_tp or dp_over_tp_mesh(parallel_dims, plan, "dp")
             group = {**fsdp, "mesh": dp_over_tp}
         groups.append([block])
         placement = None
