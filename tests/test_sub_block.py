@@ -97,12 +97,13 @@ def test_sub_block_compute_is_each_sub_block_at_its_own_mode(mode):
 def test_sub_block_tp_communication_by_hand(mode, ac):
     """Without async TP: the TP + SP sub-block all-gathers its input and reduce-scatters its
     output in forward and the transposes in backward (4 collectives of one micro-batch's
-    activations over tp; full AC repeats the forward pair); the data-parallel sub-block is
+    activations over tp; full AC repeats the forward pair); a data-parallel attention is
     entered and left through an all-to-all of a tp-th of them, in forward and in backward
-    (full AC: both again), except where the stream is sharded on the batch already (no
-    all-to-all). "tp@dp_shard": the feed-forward's pair over dp_shard instead (8 ranks, one per
-    node: the network), each of the 8 ranks' stream shards, and its weights' dp_shard-th
-    gathered over tp in each forward pass, their gradients reduce-scattered back. Flat
+    (full AC: both again), except where the stream is sharded on the batch already; a
+    data-parallel feed-forward runs per token on the sequence shard (no all-to-all).
+    "tp@dp_shard": the feed-forward's pair over dp_shard instead (8 ranks, one per node: the
+    network), each of the 8 ranks' stream shards, and its weights' dp_shard-th gathered over
+    tp in each forward pass, their gradients reduce-scattered back. Flat
     bandwidth, no latency: time = (group - 1) / group x bytes / bw."""
     _, block = llama3_8b_block()
     ctx = context(intra_node_half_mib=0.0, intra_node_latency_us=0.0, hbm_gbps=0.0,
@@ -114,7 +115,7 @@ def test_sub_block_tp_communication_by_hand(mode, ac):
     passes = 2 if ac == "full" else 1
     tp_parts = mode.split(":")[0].split("/").count("sp")
     sp = tp_parts * (2 * passes + 2) * ring * act / bw
-    dp_part = "dp" in mode and not mode.endswith(":batch")
+    dp_part = mode.startswith("dp/") and not mode.endswith(":batch")
     a2a = (4 + 2 * (passes - 1)) * ring * (act / tp) / bw if dp_part else 0.0
     if mode.endswith(":a2a"):
         # wo: no reduce-scatter out of it (forward, and again under full AC) and no all-gather
@@ -219,16 +220,22 @@ def test_sub_block_fsdp_groups_by_hand(mode):
 
 def test_sub_block_modes_follow_the_tp_dp_rule_in_one_place():
     """The search offers the sub-block modes where whole-block data parallel is legal (the same
-    rule, ``tp_dp_problem``, that the plan check applies), on dense models, only with the
-    technique; sub-block plans keep one FSDP group per sub-block (no units, no node reshard)."""
+    rule, ``tp_dp_problem``, that the plan check applies), on dense models (MoE blocks:
+    "sp/dp" alone, with etp = 1), only with the technique; sub-block plans keep one FSDP group
+    per sub-block (no units, no node reshard)."""
     asked = Constraints(techniques=("fsdp", "tp", "tp_sub_block"))
     assert block_tp_modes(MESH, MB, asked) == ("sp", *SUB_BLOCK_TP_MODES)
     assert block_tp_modes(MESH, MB, Constraints()) == ("sp", "dp")
-    assert block_tp_modes(MESH, MB, asked, moe_model=True) == ("sp",)
-    for mesh, mb, left in ((MESH, 4, ("sp/sp:a2a", "sp/tp@dp_shard")),
+    assert block_tp_modes(MESH, MB, asked, moe_model=True) == ("sp",)  # its dense blocks
+    assert block_tp_modes(MESH, MB, asked, moe_model=True, experts=True) == ("sp", "sp/dp")
+    assert block_tp_modes(MESH, MB, Constraints(), moe_model=True, experts=True) == ("sp",)
+    etp = dataclasses.replace(MESH, ep=16, etp=8)
+    assert "etp = 1" in tp_dp_problem(etp, MB, "block", "sp/dp")
+    assert block_tp_modes(etp, MB, asked, moe_model=True, experts=True) == ("sp",)
+    for mesh, mb, left in ((MESH, 4, ("sp/dp", "sp/sp:a2a", "sp/tp@dp_shard")),
                            (Mesh(dp_replicate=1, dp_shard=4, tp=8, cp=2), MB, ())):
         assert tp_dp_problem(mesh, mb)
-        # ":a2a" and "tp@dp_shard" split no batch over tp
+        # "sp/dp" (its feed-forward per token), ":a2a" and "tp@dp_shard" split no batch over tp
         assert block_tp_modes(mesh, mb, asked) == ("sp", *left)
     # tp the only dim: whole-block data parallel over it would be FSDP over the same ranks,
     # a sub-block's is not
@@ -373,11 +380,13 @@ TECHNIQUES = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,tp_sub_b
 
 def sub_block_plan_parity(references, tmp_path, modes: list[str], acs: list[str],
                           reshard: list[bool], ranks: int = 4, expect: str = "",
-                          embedding: str = "", tp: int = 2) -> float:
-    """llama3's debug plan on fsdp 2 x tp 2 (4 CPU ranks; on 2 ranks tp 2 alone), its blocks
-    edited to the given tp modes, AC and resharding (cycled), its embedding to ``embedding``
-    where given, saved and replayed from the file: losses and gradient norms against the
-    1-rank run from the same seed checkpoint (``tp`` 1: fsdp over every rank)."""
+                          embedding: str = "", tp: int = 2, family: str = "llama3",
+                          options: tuple[str, ...] = ()) -> float:
+    """``family``'s debug plan on fsdp 2 x tp 2 (4 CPU ranks; on 2 ranks tp 2 alone; more
+    ``options`` where given), its blocks edited to the given tp modes, AC and resharding
+    (cycled), its embedding to ``embedding`` where given, saved and replayed from the file:
+    losses and gradient norms against the 1-rank run from the same seed checkpoint (``tp`` 1:
+    fsdp over every rank)."""
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.plan.schema import Plan
     from torchtitan_autoparallel.titan.v0_2 import cpu
@@ -388,9 +397,10 @@ def sub_block_plan_parity(references, tmp_path, modes: list[str], acs: list[str]
 
     cpu.install()
     register()
+    config = f"{family}_debug_auto.toml"
     options = [f"--parallelism.tensor_parallel_degree={tp}",
-               f"--parallelism.data_parallel_shard_degree={ranks // tp}", TECHNIQUES]
-    plan = plan_job(parse_config(["--job.config_file", "train_configs/llama3_debug_auto.toml",
+               f"--parallelism.data_parallel_shard_degree={ranks // tp}", TECHNIQUES, *options]
+    plan = plan_job(parse_config(["--job.config_file", f"train_configs/{config}",
                                   *PARITY_OVERRIDES, *options]), ranks)
     assert (plan.mesh.dp_shard, plan.mesh.tp) == (ranks // tp, tp)
     plan.local_batch_size = 2  # the tp ranks split it
@@ -409,8 +419,8 @@ def sub_block_plan_parity(references, tmp_path, modes: list[str], acs: list[str]
     plan.save(str(path))
     assert Plan.load(str(path)).to_json() == plan.to_json()
 
-    seed, reference = references("llama3")
-    result = run_job("llama3_debug_auto.toml", ranks, tmp_path / "run",
+    seed, reference = references(family)
+    result = run_job(config, ranks, tmp_path / "run",
                      [f"--autoparallel.plan_file={path}", *options], seed_checkpoint=seed)
     for mode in set(modes) - {"none"}:
         label = BlockStrategy("none", True, mode).describe().split("+", 1)[1]
@@ -500,6 +510,27 @@ def test_sub_block_autoparallel_layout_parity(references, tmp_path):
     blocks: 1-rank losses and gradient norms."""
     sub_block_plan_parity(references, tmp_path, ["dp/sp", "dp/sp", "sp", "dp"],
                           ["selective"], [True])
+
+
+def test_sub_block_moe_two_rank_parity(references, tmp_path):
+    """deepseek_v3 on tp 2 alone (2 ranks): MoE blocks whose MoE runs data parallel over tp on
+    each rank's sequence shard ("sp/dp": its router and shared experts sharded over tp, its
+    experts whole on each rank, the load-balancing token counts summed over tp) beside MoE
+    blocks under TorchTitan's MoE TP and the dense first block TP + SP, one of each fully
+    checkpointed: 1-rank losses and gradient norms (the routing's expert bias updated from
+    the counts each step)."""
+    sub_block_plan_parity(references, tmp_path, ["sp", "sp/dp", "sp"], ["none", "full"],
+                          [False], ranks=2, family="deepseek_v3")
+
+
+def test_sub_block_moe_expert_parallel_parity(references, tmp_path):
+    """deepseek_v3 on fsdp 2 x tp 2 with ep 4 (etp 1, 4 ranks): "sp/dp" MoE blocks dispatch
+    each tp rank's own tokens to the experts over ep, their router and shared experts sharded
+    over fsdp x tp, the experts over ep, beside MoE blocks under TorchTitan's MoE TP (tokens
+    split over tp by its reorderer): 1-rank losses and gradient norms."""
+    sub_block_plan_parity(references, tmp_path, ["sp", "sp/dp", "sp/dp"], ["none", "full"],
+                          [True, False], family="deepseek_v3",
+                          options=("--parallelism.expert_parallel_degree=4",))
 
 
 EMBEDDING_ASKED = Constraints(techniques=("fsdp", "tp", "ac", "tp_sub_block"))
@@ -677,3 +708,64 @@ def test_sub_block_dp_shard_tp_weights_by_hand():
     assert got.unsharded_bytes == pytest.approx(attention * 2 / 8)
     assert dp_shard_tp_weight_bytes(block, MESH, strategy, 2) == ffn * 2 / 8
     assert ffn > 2 * attention  # Llama 3 8B: 176 M against 42 M parameters per block
+
+
+def _moe_counts_worker(rank: int, port: int, out_dir: str) -> None:
+    """One of 2 gloo ranks: TorchTitan's MoE on this rank's sequence shard of a batch (tp 2,
+    ``moe_on_sequence_shard``) beside the same MoE on the whole batch."""
+    import copy
+    import json
+    import os
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchtitan.models.moe.moe import MoE, MoEArgs
+
+    from torchtitan_autoparallel.titan.v0_2 import cpu
+    from torchtitan_autoparallel.titan.v0_2.tp_dp import moe_on_sequence_shard
+
+    cpu.install()  # TorchTitan's MoE on CPU (its histc of expert indices)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        torch.manual_seed(0)  # the same model and batch on both ranks
+        moe = MoE(MoEArgs(num_experts=8, top_k=2, use_grouped_mm=False), dim=16, hidden_dim=32)
+        with torch.no_grad():
+            moe.init_weights(0.02, torch.device("cpu"))
+        x = torch.randn(2, 24, 16)
+        whole = copy.deepcopy(moe)
+        expected = whole(x).chunk(2, dim=1)[rank]
+        block = torch.nn.Module()
+        block.moe = moe
+        moe_on_sequence_shard(block, SimpleNamespace(moe="moe"), mesh)
+        got = block.moe(x.chunk(2, dim=1)[rank].contiguous())
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
+            "output": (got - expected).abs().max().item(),
+            "counts": moe.tokens_per_expert.tolist(),
+            "whole_counts": whole.tokens_per_expert.tolist()}))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)  # gloo's thread teardown at exit can abort a finished rank
+
+
+def test_sub_block_moe_counts_tokens_over_tp(tmp_path):
+    """A MoE run data parallel over tp ("sp/dp") on each of 2 ranks' sequence shards gives the
+    whole batch's outputs on its shard, and its load-balancing token counts are those of the
+    same MoE run on the whole batch on 1 rank (each rank routes half the tokens; summed over
+    tp, both ranks update their expert bias alike)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from tests.test_cpu_attention import _free_port
+
+    mp.spawn(_moe_counts_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for report in reports:
+        assert report["output"] < 1e-6
+        assert report["counts"] == report["whole_counts"]
+        assert sum(report["counts"]) == 2 * 24 * 2  # every token's top-2 experts, once

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .candidates.layout import SUB_BLOCK_TP_MODES
+from .candidates.layout import MOE_SUB_BLOCK_MODES, SUB_BLOCK_TP_MODES
 from .errors import UserError
 
 PACKAGES = {"0.2": "torchtitan_autoparallel.titan.v0_2",
@@ -51,6 +51,8 @@ class Frontend:
     sub_block_modes: tuple[str, ...] = SUB_BLOCK_TP_MODES
     """The sub-block tp modes its apply runs (TorchTitan 0.3.0's: those on the model's
     sequence-sharded stream with every linear of a sub-block placed alike)."""
+    moe_sub_block_modes: tuple[str, ...] = MOE_SUB_BLOCK_MODES
+    """The sub-block tp modes its apply runs on MoE blocks (``layout.MOE_SUB_BLOCK_MODES``)."""
     embedding_dim: bool = True
     """Its apply looks the embedding up on its embedding dim (``layout.EMBEDDING_DIM``)."""
     read_job: Callable[[list[str]], Any] | None = None

@@ -326,7 +326,7 @@ def build_candidate(graph: LayerGraph, mesh: Mesh, microbatch: int, global_batch
             representative[cls] = layer
             strategies[cls] = pinned_strategies(mesh, microbatch, constraints, moe_model,
                                                 pins.get(layer.fqn), ctx.gpus_per_node,
-                                                runs[cls])
+                                                runs[cls], layer.num_experts > 0)
             if fastest:
                 strategies[cls] = fastest_strategies(strategies[cls])
     costs = {
@@ -361,7 +361,8 @@ def flat_options(graph: LayerGraph, global_batch: int, ctx: CostContext,
     for mesh in meshes:
         for mb in microbatch_sizes(global_batch, mesh, constraints.accumulation):
             count += 1
-            modes = block_tp_modes(mesh, mb, constraints, graph.num_experts > 0)
+            modes = block_tp_modes(mesh, mb, constraints, graph.num_experts > 0,
+                                   experts=graph.num_experts > 0)
             accum = global_batch // (mb * mesh.dp)
             fsdp: FsdpFloor = ""
             floor = model_time_floor(graph, mesh, mb, ctx, modes)

@@ -23,7 +23,10 @@ def without_excluded(constraints: Constraints, graph: LayerGraph, world: int) ->
                 f"parallelism.{key} = {degree} needs {technique}, which model {graph.family!r} "
                 f"cannot use: {excluded[technique]}; or set it to 1"
             )
-    if "tp_sub_block" in constraints.techniques and not graph.adapter.sub_blocks:
+    # a MoE block's sub-blocks are its MoE and the rest (``MOE_SUB_BLOCK_MODES``), where the
+    # release applies them
+    moe = bool(graph.num_experts and constraints.moe_sub_block_modes)
+    if "tp_sub_block" in constraints.techniques and not graph.adapter.sub_blocks and not moe:
         raise UserError(
             f"autoparallel.techniques has tp_sub_block, but model {graph.family!r} names no "
             "attention and feed-forward sub-blocks to parallelize apart "

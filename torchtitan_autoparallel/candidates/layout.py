@@ -59,12 +59,22 @@ SUB_BLOCK_TP_MODES: tuple[TpMode, ...] = ("dp/sp", "sp/dp", *A2A_MODES, "dp/sp:b
                                           "sp/dp:batch", "sp/sp:batch", *DP_SHARD_TP_MODES)
 """Per sub-block, "<attention>/<feed-forward>", each "sp" or "dp" as above: "dp/sp" = attention
 data parallel over tp (its parameters and its norm FSDP-sharded over dp_shard x tp, an
-all-to-all into and out of it) and the feed-forward TP + SP; "sp/dp" the reverse. The residual
-stream stays sequence-sharded between the sub-blocks and between blocks. With ``BATCH_STREAM``
-("dp/sp:batch", "sp/dp:batch", "sp/sp:batch") the stream is sharded on the batch over tp
-instead, everywhere (embedding output to final norm): a data-parallel sub-block runs on it as
-it is (no all-to-all) and a TP sub-block all-gathers and reduce-scatters it on the batch; every
-tp layer of a plan keeps one stream layout (``stream_dim``)."""
+all-to-all into and out of it) and the feed-forward TP + SP; "sp/dp" the reverse, the
+feed-forward (per token) run on the stream's sequence shard as it is (``batch_a2a``). The
+residual stream stays sequence-sharded between the sub-blocks and between blocks. With
+``BATCH_STREAM`` ("dp/sp:batch", "sp/dp:batch", "sp/sp:batch") the stream is sharded on the
+batch over tp instead, everywhere (embedding output to final norm): a data-parallel
+sub-block runs on it as it is (no all-to-all) and a TP sub-block all-gathers and
+reduce-scatters it on the batch; every tp layer of a plan keeps one stream layout
+(``stream_dim``)."""
+
+
+MOE_SUB_BLOCK_MODES: tuple[TpMode, ...] = ("sp/dp",)
+"""The sub-block modes a MoE block may take: attention TorchTitan's TP + SP and the MoE
+(router, shared experts, token dispatch) data parallel over tp on each tp rank's sequence shard
+of the stream (per token: no all-to-all, no all-gather or reduce-scatter around it); its router
+and shared experts FSDP-sharded over dp_shard x tp, its routed experts expert parallel as the
+mesh says (ep covers tp, etp = 1) or, with ep = 1, sharded with the MoE over dp_shard x tp."""
 
 
 EMBEDDING_DIM: TpMode = "dim"
@@ -110,6 +120,14 @@ def split_fsdp(tp_mode: str) -> bool:
     style and in no FSDP group) rather than one group for the block."""
     return tp_mode in SUB_BLOCK_TP_MODES and (tp_dp_params(tp_mode)
                                               or DP_SHARD_TP in sub_block_modes(tp_mode))
+
+
+def batch_a2a(tp_mode: str) -> bool:
+    """Whether ``tp_mode`` moves the residual stream from its sequence shard to a batch shard
+    (and back) around a part that uses tp as data parallel: its attention (a "dp" block, a
+    "dp/..." sub-block), which needs whole sequences; a data-parallel feed-forward runs per
+    token on the sequence shard, and a stream sharded on the batch needs no move."""
+    return sub_block_modes(tp_mode)[0] == "dp" and stream_dim(tp_mode) == 1
 
 
 def stream_dim(tp_mode: str) -> int:
@@ -404,7 +422,9 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
     block, one FSDP mesh over dp_shard x tp (dp_replicate = 1, cp = 1; dp_shard > 1 for the
     whole block, whose data parallel over tp alone would be plain FSDP over the same ranks; a
     sub-block mode may have dp_shard = 1: its data-parallel part sharded over tp, the rest as
-    TorchTitan's TP alone) and a batch the tp ranks split evenly. ``A2A_MODES`` use no data
+    TorchTitan's TP alone), etp = 1 (MoE blocks) and, where the tp ranks split the
+    micro-batch (``batch_a2a``, a stream sharded on the batch), a batch they split
+    evenly. ``A2A_MODES`` use no data
     parallel over tp: they need tp > 1, no pipeline, a block and cp = 1 only (the all-to-all
     splits the sequence over tp alone). ``DP_SHARD_TP_MODES`` split no batch over tp either:
     they need dp_shard > 1 (the feed-forward's TP group), dp_replicate = 1 and cp = 1."""
@@ -423,7 +443,10 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
     if mesh.dp_replicate > 1 or mesh.cp > 1 or (mesh.dp_shard == 1 and tp_mode == "dp"):
         return (f"{mode} needs " + ("dp_shard > 1, " if tp_mode == "dp" else "")
                 + "dp_replicate = 1 and cp = 1; use 'sp'")
-    if microbatch % mesh.tp:
+    if mesh.etp > 1:
+        return (f"{mode} needs etp = 1 (routed experts tensor parallel over tp take the whole "
+                "micro-batch); use 'sp'")
+    if microbatch % mesh.tp and (batch_a2a(tp_mode) or stream_dim(tp_mode) == 0):
         return f"{mode} needs local_batch_size divisible by tp ({mesh.tp}); use 'sp'"
     return ""
 

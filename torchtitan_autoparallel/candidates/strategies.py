@@ -11,6 +11,7 @@ from .layout import (
     DEFAULT_TECHNIQUES,
     EMBEDDING_MODES,
     FSDP_UNIT_SIZES,
+    MOE_SUB_BLOCK_MODES,
     SUB_BLOCK_TP_MODES,
     BlockStrategy,
     Mesh,
@@ -63,6 +64,9 @@ class Constraints:
     sub_block_modes: tuple[str, ...] = SUB_BLOCK_TP_MODES
     """The sub-block tp modes ``tp_sub_block`` offers: those the release's apply runs
     (``Frontend``)."""
+    moe_sub_block_modes: tuple[str, ...] = MOE_SUB_BLOCK_MODES
+    """The sub-block tp modes ``tp_sub_block`` offers MoE blocks: those the release's apply
+    runs (``Frontend``)."""
     embedding_dim: bool = True
     """``tp_sub_block`` also offers the embedding looked up on its embedding dim, where the
     release's apply runs it (``Frontend.embedding_dim``)."""
@@ -238,15 +242,20 @@ def check_expert_constraints(graph: LayerGraph, world: int, constraints: Constra
 
 
 def block_tp_modes(mesh: Mesh, microbatch: int, constraints: Constraints,
-                   moe_model: bool = False) -> tuple[str, ...]:
+                   moe_model: bool = False, experts: bool = False) -> tuple[str, ...]:
     """What the tp dim may do for a block on ``mesh``: nothing (tp = 1); TorchTitan's TP + SP;
     on dense models, where the job allows it (``tp_dp_problem``), data parallel for the whole
     block ("tp_dp") or for one of its sub-blocks ("tp_sub_block": the sub-block modes the
-    release applies, ``Constraints.sub_block_modes``)."""
+    release applies, ``Constraints.sub_block_modes``). A MoE model's blocks with routed
+    ``experts`` may take the release's ``Constraints.moe_sub_block_modes`` under
+    "tp_sub_block"; its dense blocks TP + SP."""
     if mesh.tp == 1:
         return ("none",)
     if moe_model:
-        return ("sp",)
+        offered = constraints.moe_sub_block_modes if (
+            experts and "tp_sub_block" in constraints.techniques) else ()
+        return ("sp", *(mode for mode in offered
+                        if not tp_dp_problem(mesh, microbatch, "block", mode)))
     asked = (("dp",) if "tp_dp" in constraints.techniques else ()) + (
         constraints.sub_block_modes if "tp_sub_block" in constraints.techniques else ())
     return ("sp", *(mode for mode in asked if not tp_dp_problem(mesh, microbatch, "block", mode)))
@@ -281,8 +290,8 @@ def embedding_dim_refused(graph: LayerGraph, mesh: Mesh, constraints: Constraint
 
 @functools.lru_cache(maxsize=8192)
 def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
-                     moe_model: bool = False, gpus_per_node: int = 0, run: int = 1
-                     ) -> tuple[BlockStrategy, ...]:
+                     moe_model: bool = False, gpus_per_node: int = 0, run: int = 1,
+                     experts: bool = False) -> tuple[BlockStrategy, ...]:
     """Per-block choices on ``mesh`` for a local batch of ``microbatch`` sequences (cached: the
     search asks for the same ones for several candidates of a mesh). The tp dim
     as data parallel is offered on dense models only (MoE blocks follow TorchTitan's MoE TP).
@@ -290,10 +299,11 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
     ranks of one node (``node_reshard_group``) when resharding is searched. Blocks of a dense
     model's class that forms one ``run`` of consecutive blocks may share FSDP units of k blocks
     (k in ``FSDP_UNIT_SIZES`` up to the run, where ``fsdp_unit_problem`` allows; MoE models
-    keep TorchTitan's per-block FSDP, as for the node reshard)."""
+    keep TorchTitan's per-block FSDP, as for the node reshard). ``experts``: the block has
+    routed experts (``block_tp_modes``)."""
     acs = constraints.ac_modes if "ac" in constraints.techniques else ("none",)
     out = []
-    for mode in block_tp_modes(mesh, microbatch, constraints, moe_model):
+    for mode in block_tp_modes(mesh, microbatch, constraints, moe_model, experts):
         sharded = fsdp_sharded(mesh, mode)
         reshards: tuple[bool | int, ...] = {
             "default": (True, False), "always": (True,), "never": (False,),
@@ -312,18 +322,23 @@ def block_strategies(mesh: Mesh, microbatch: int, constraints: Constraints,
 
 
 def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe_model: bool,
-                      pin: Pin | None, gpus_per_node: int = 0, run: int = 1
-                      ) -> list[BlockStrategy]:
+                      pin: Pin | None, gpus_per_node: int = 0, run: int = 1,
+                      experts: bool = False) -> list[BlockStrategy]:
     """Strategies a block may take given its pin: TorchTitan's recipe only (whole block
     pinned), TP + SP only (a region inside pinned), only the AC mode the job fixes for it
-    (layer-wise selective AC), or all of them (``run``: see ``block_strategies``)."""
+    (layer-wise selective AC), or all of them (``run``: see ``block_strategies``). A block
+    whose only pinned regions are the family's default ones (MoE routing, which its code runs
+    in these modes too) may also take ``MOE_SUB_BLOCK_MODES``."""
     if pin is not None and pin.whole:
         sharded = fsdp_sharded(mesh)
         return [BlockStrategy(pin.recipe_ac, pin.recipe_reshard and sharded,
                               "sp" if mesh.tp > 1 else "none")]
-    free = block_strategies(mesh, microbatch, constraints, moe_model, gpus_per_node, run)
+    free = block_strategies(mesh, microbatch, constraints, moe_model, gpus_per_node, run,
+                            experts)
+    kept = ("none", "sp", *(MOE_SUB_BLOCK_MODES if pin is not None and pin.defaults_only
+                            else ()))
     return [s for s in free
-            if not (pin is not None and pin.regions and s.tp_mode not in ("none", "sp"))
+            if not (pin is not None and pin.regions and s.tp_mode not in kept)
             and (pin is None or pin.ac is None or s.ac == pin.ac)]
 
 

@@ -10,6 +10,7 @@ from ..candidates.layout import (
     SUB_BLOCK_TP_MODES,
     BlockStrategy,
     Mesh,
+    batch_a2a,
     fsdp_group_size,
     reshard_group,
     split_fsdp,
@@ -151,9 +152,10 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
               ctx: CostContext) -> float:
     """Exposed TP communication of one micro-batch through a block: TP + SP's collectives
     (``sp_comm_s``) where a module runs TP + SP, and where the tp dim is data parallel for the
-    block or a sub-block, the all-to-alls between the sequence-sharded residual stream and a
-    batch shard around it (none where the stream is sharded on the batch already:
-    ``stream_dim``); none in tp mode "none". It only grows with checkpointing (more passes,
+    attention (``batch_a2a``), the all-to-alls between the sequence-sharded residual stream
+    and a batch shard around it (none for a data-parallel feed-forward or MoE, per token on
+    the stream's shard, nor where the stream is sharded on the batch already); none in tp
+    mode "none". It only grows with checkpointing (more passes,
     gathers). The embedding looked up on its embedding dim: ``embedding_dim_s``."""
     if strategy.tp_mode in EMBEDDING_MODES:
         return embedding_dim_s(layer, mesh, microbatch, ctx, strategy.tp_mode)
@@ -162,8 +164,8 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     comm = 0.0
     if sp_modules(strategy):
         comm += sp_comm_s(layer, mesh, strategy, microbatch, act, tp_nodes, ctx)
-    if "dp" in sub_block_modes(strategy.tp_mode) and stream_dim(strategy.tp_mode) == 1:
-        # sequence-shard -> batch-shard all-to-all into the data-parallel part (block or
+    if batch_a2a(strategy.tp_mode):
+        # sequence-shard -> batch-shard all-to-all into the data-parallel attention (block or
         # sub-block) and back out of it, both again in backward (and in a full recompute)
         a2a = collective_s("all_to_all", act / mesh.tp, mesh.tp, tp_nodes, ctx.hw)
         comm += a2a * (4 + (2 if strategy.ac == "full" else 0))
@@ -293,14 +295,15 @@ def cp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     return RingCost(hidden, exchanges * alpha)
 
 
-def sub_block_params(layer: Layer) -> tuple[float, float]:
-    """(attention, feed-forward) parameters of a dense block (``linear_sub_blocks``): each
-    sub-block's linear weights, the rest (its two norms) shared evenly."""
+def sub_block_params(layer: Layer, experts: bool = True) -> tuple[float, float]:
+    """(attention, feed-forward) parameters of a block (``linear_sub_blocks``): each
+    sub-block's linear weights, the rest (its two norms) shared evenly; a MoE block's routed
+    experts in its feed-forward where ``experts`` (else apart: expert parallel)."""
     parts = [0.0, 0.0]
     for (k, n), part in zip(layer.linear_shapes, linear_sub_blocks(layer), strict=True):
         parts[part] += k * n
-    rest = (layer.params - sum(parts)) / 2
-    return parts[0] + rest, parts[1] + rest
+    rest = (layer.params - layer.expert_params - sum(parts)) / 2
+    return parts[0] + rest, parts[1] + rest + (layer.expert_params if experts else 0.0)
 
 
 class FsdpCost(NamedTuple):
@@ -343,8 +346,9 @@ def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext, 
         # one FSDP group per sub-block: TP + SP's split over tp and sharded over dp_shard x cp,
         # data parallel's whole and sharded over dp_shard x tp (DP_SHARD_TP's: none)
         groups = [(n, mesh.tp if mode == "sp" else 1, fsdp_group_size(mesh, mode))
-                  for n, mode in zip(sub_block_params(layer), sub_block_modes(strategy.tp_mode),
-                                     strict=True) if mode != DP_SHARD_TP]
+                  for n, mode in zip(sub_block_params(layer, experts=ep == 1),
+                                     sub_block_modes(strategy.tp_mode), strict=True)
+                  if mode != DP_SHARD_TP]
     if ep > 1:
         groups.append((layer.expert_params, mesh.ep * mesh.etp, mesh.efsdp))
     gathers = 2 if strategy.reshard_after_forward else 1

@@ -202,19 +202,8 @@ class ModelAdapter:
             module = submodule_or_none(model, name) if name else None
             if module is not None:
                 _set_submodule(view, name, module)
-        blocks = model.get_submodule(self.blocks)
-        chosen = [blocks.get_submodule(n) for n in block_names]
-        if isinstance(blocks, nn.ModuleList):
-            container: nn.Module = nn.ModuleList(chosen)
-        else:
-            # the model's own dict type: TorchTitan's HF backend iterates its blocks' values
-            # (``SliceableModuleDict``), a plain ModuleDict would yield their names
-            by_name = dict(zip(block_names, chosen, strict=True))
-            try:
-                container = type(blocks)(by_name)
-            except TypeError:
-                container = nn.ModuleDict(by_name)
-        _set_submodule(view, self.blocks, container)
+        _set_submodule(view, self.blocks,
+                       _blocks_like(model.get_submodule(self.blocks), block_names))
         view.model_args = getattr(model, "model_args", None)
         fn = resolve(self.tp_fn)
         accepted = inspect.signature(fn).parameters
@@ -227,20 +216,24 @@ class ModelAdapter:
             fn(view, tp_mesh, loss_parallel=loss_parallel,
                enable_float8_tensorwise_tp=enable_float8_tensorwise_tp, **kwargs)
 
-    def apply_moe(self, model: Any, parallel_dims: Any, dual_pipe_v: bool = False) -> None:
-        """EP / ETP / TP for every MoE block (router, token dispatch, experts, shared
-        experts), on the job's ep / etp / tp meshes; ``dual_pipe_v``: TorchTitan's DualPipeV
+    def apply_moe(self, model: Any, parallel_dims: Any, dual_pipe_v: bool = False,
+                  block_names: list[str] | None = None, tp: bool = True) -> None:
+        """EP / ETP / TP for the MoE blocks (router, token dispatch, experts, shared
+        experts) named (all where None), on the job's ep / etp / tp meshes (``tp`` False:
+        no TP, the experts expert parallel alone); ``dual_pipe_v``: TorchTitan's DualPipeV
         expert parallel (its all-to-all overlapped by the schedule), where ``moe_fn`` takes
         it."""
         import torch.nn as nn
 
         view = nn.Module()
-        _set_submodule(view, self.blocks, model.get_submodule(self.blocks))
+        blocks = model.get_submodule(self.blocks)
+        _set_submodule(view, self.blocks, blocks if block_names is None
+                       else _blocks_like(blocks, block_names))
         fn = resolve(self.moe_fn)
         # the families' TorchTitan functions differ: gpt_oss takes ``etp_enabled`` where the
         # others take an ``etp_mesh``; each gets the arguments it names
         offered = {
-            "tp_mesh": parallel_dims.get_optional_mesh("tp"),
+            "tp_mesh": parallel_dims.get_optional_mesh("tp") if tp else None,
             "ep_mesh": parallel_dims.get_optional_mesh("ep"),
             "etp_mesh": parallel_dims.get_optional_mesh("etp"),
             "ep_etp_mesh": parallel_dims.get_optional_mesh(["ep", "etp"]),
@@ -266,6 +259,22 @@ def submodule_or_none(module: Any, name: str) -> Any:
     except AttributeError:
         return None
     return None if isinstance(found, nn.Identity) else found
+
+
+def _blocks_like(blocks: Any, names: list[str]) -> Any:
+    """A container of ``blocks``' kind holding the named blocks only (the same modules)."""
+    import torch.nn as nn
+
+    chosen = [blocks.get_submodule(n) for n in names]
+    if isinstance(blocks, nn.ModuleList):
+        return nn.ModuleList(chosen)
+    # the model's own dict type: TorchTitan's HF backend iterates its blocks' values
+    # (``SliceableModuleDict``), a plain ModuleDict would yield their names
+    by_name = dict(zip(names, chosen, strict=True))
+    try:
+        return type(blocks)(by_name)
+    except TypeError:
+        return nn.ModuleDict(by_name)
 
 
 def _set_submodule(root: Any, fqn: str, module: Any) -> None:

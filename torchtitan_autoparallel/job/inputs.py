@@ -140,6 +140,7 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
         # with low-precision linears
         sub_block_modes=tuple(m for m in frontend().sub_block_modes
                               if not (plain_linears(m) and features.linear != "none")),
+        moe_sub_block_modes=frontend().moe_sub_block_modes,
         embedding_dim=frontend().embedding_dim,
         fsdp_required=features.cpu_offload,
         **pipeline_constraints(job_config, features, techniques),

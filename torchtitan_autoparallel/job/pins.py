@@ -31,6 +31,9 @@ class Pin:
     ac: str | None = None
     """The AC mode the job fixes for this searched block (TorchTitan's layer-wise selective
     AC, ``selective_ac_option = k``: every k-th block full, the others none); None: free."""
+    defaults_only: bool = False
+    """Every region is one of the family's default pins (its MoE routing): TorchTitan's code
+    runs it under ``layout.MOE_SUB_BLOCK_MODES`` too, on each tp rank's own tokens."""
 
     @property
     def whole(self) -> bool:
@@ -41,7 +44,8 @@ class Pin:
         """Suffix of the block's MILP class (blocks with equal keys are interchangeable)."""
         if self.whole:
             return f"|pinned:{self.recipe_ac}:{self.recipe_reshard}"
-        return ("|keep-tp" if self.regions else "") + (f"|ac:{self.ac}" if self.ac else "")
+        regions = "|keep-tp" + ("" if self.defaults_only else ":asked") if self.regions else ""
+        return regions + (f"|ac:{self.ac}" if self.ac else "")
 
 
 def recipe_block_ac(mode: str, option: str, index: int) -> str:
@@ -114,6 +118,7 @@ def resolve_pins(graph: LayerGraph, globs: list[str], defaults: tuple[str, ...],
     check_globs(graph, globs)
     matched = sorted({m for glob in [*globs, *defaults]
                       for m in _matches(graph.module_names, glob)})
+    asked = {m for glob in globs for m in _matches(graph.module_names, glob)}
     pins: dict[str, Pin] = {}
     for index, block in enumerate(graph.blocks):
         whole = any(block.fqn == m or block.fqn.startswith(m + ".") for m in matched)
@@ -123,5 +128,6 @@ def resolve_pins(graph: LayerGraph, globs: list[str], defaults: tuple[str, ...],
             ac, reshard = recipe(index)
             pins[block.fqn] = Pin(ac, reshard, regions)
         elif regions:
-            pins[block.fqn] = Pin(regions=regions)
+            pins[block.fqn] = Pin(regions=regions, defaults_only=not any(
+                f"{block.fqn}.{region}" in asked for region in regions))
     return pins

@@ -68,7 +68,8 @@ def inputs_record(inputs: JobInputs) -> dict[str, Any]:
                         for key, value in dataclasses.asdict(inputs.constraints).items()},
         "features": inputs.features.to_dict(),
         "pins": {fqn: {"recipe_ac": pin.recipe_ac, "recipe_reshard": pin.recipe_reshard,
-                       "regions": list(pin.regions), **({"ac": pin.ac} if pin.ac else {})}
+                       "regions": list(pin.regions), **({"ac": pin.ac} if pin.ac else {}),
+                       **({"defaults_only": True} if pin.defaults_only else {})}
                  for fqn, pin in sorted(inputs.pins.items())},
     }
 
@@ -104,11 +105,13 @@ def check_inputs_record(record: Any, source: str) -> None:
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in record[name].items()}
         check_fields(f"{where}{name}.", values, cls, {}, fix)
     for fqn, pin in record["pins"].items():
-        if not isinstance(pin, dict) or set(pin) - {"ac"} != {"recipe_ac", "recipe_reshard",
-                                                              "regions"} \
-                or pin.get("ac", "none") not in ("none", "full"):
+        if not isinstance(pin, dict) or set(pin) - {"ac", "defaults_only"} != {
+                "recipe_ac", "recipe_reshard", "regions"} \
+                or pin.get("ac", "none") not in ("none", "full") \
+                or pin.get("defaults_only", True) is not True:
             raise UserError(f"{where}pins.{shown(fqn)} must hold recipe_ac, recipe_reshard "
-                            f"and regions (and ac 'none' or 'full' where set); {fix}")
+                            f"and regions (and ac 'none' or 'full', defaults_only true where "
+                            f"set); {fix}")
 
 
 def layer_plans(inputs: JobInputs, mesh: Mesh, strategies: list[BlockStrategy],

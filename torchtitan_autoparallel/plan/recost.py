@@ -129,7 +129,8 @@ def inputs_from_plan(plan: Plan, cache: dict[str, Any] | None = None,
                         f"({unknown}): re-plan the job with this version")
     constraints = {key: tuple(value) if isinstance(value, list) else value
                    for key, value in record["constraints"].items()}
-    pins = {fqn: Pin(p["recipe_ac"], p["recipe_reshard"], tuple(p["regions"]), p.get("ac"))
+    pins = {fqn: Pin(p["recipe_ac"], p["recipe_reshard"], tuple(p["regions"]), p.get("ac"),
+                     p.get("defaults_only", False))
             for fqn, p in record["pins"].items()}
     return JobInputs(graph, Constraints(**constraints), HardwareProfile(**record["hardware"]),
                      record["gpus_per_node"], record["budget_bytes"], plan.global_batch_size,

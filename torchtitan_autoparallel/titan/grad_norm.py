@@ -3,9 +3,10 @@
 Upstream: ``torchtitan.distributed.utils.clip_grad_norm_`` stacks every gradient's norm into
 one tensor, which fails when DTensor gradients sit on different meshes (a plan where some
 blocks shard over dp_shard and others over dp_shard x tp). TorchTitan solves the same problem
-for expert parallelism by grouping parameters by mesh (``_clip_grad_norm_with_ep``); this
-does it for any grouping: per-mesh total norms are made full tensors, combined as a p-norm,
-and every gradient is clipped with the combined norm. With one mesh it defers to upstream.
+for expert parallelism by grouping parameters in two (``_clip_grad_norm_with_ep``: on a mesh
+with an ep dim or not); this does it for any grouping, expert parallel meshes among them:
+per-mesh total norms are made full tensors, combined as a p-norm, and every gradient is
+clipped with the combined norm. With one mesh it defers to upstream.
 Both releases call ``clip_grad_norm_`` through ``torchtitan.distributed.utils`` with this
 signature; each release's train.py calls ``install()`` only for plans that ``need`` it. Tested
 by tests/test_auto_parity.py (mixed plans, 0.2.2) and tests_v0_3/test_train_v0_3.py
@@ -37,8 +38,9 @@ def needed(plan: Any) -> bool:
     """Whether ``plan`` puts gradients on several meshes outside expert parallelism (which
     TorchTitan's clipping handles): a block using the tp dim as data parallel is FSDP-sharded
     over dp_shard x tp (a sub-block mode's data-parallel sub-block or projection too), the
-    other layers over dp_shard with TP on tp; an embedding looked up on its embedding dim sits
-    on dp_shard x tp."""
+    other layers over dp_shard with TP on tp (a MoE block's data-parallel MoE beside expert
+    parallel experts too); an embedding looked up on its embedding dim sits on dp_shard x
+    tp."""
     from ..candidates.layout import EMBEDDING_MODES, split_fsdp, tp_dp_params
 
     return plan is not None and plan.mesh.tp > 1 and any(
@@ -69,7 +71,7 @@ def install() -> None:
         for p in params:
             if p.grad is not None:
                 groups.setdefault(_mesh_key(p.grad), []).append(p)
-        if ep_enabled or len(groups) <= 1:
+        if len(groups) <= 1:
             return original(params, max_norm, norm_type, error_if_nonfinite, foreach, pp_mesh,
                             ep_enabled)
         norms = []

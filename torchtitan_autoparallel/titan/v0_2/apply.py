@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from ...candidates.layout import (
     DP_SHARD_TP,
+    MOE_SUB_BLOCK_MODES,
     SUB_BLOCK_TP_MODES,
     a2a_mode,
     split_fsdp,
@@ -40,6 +41,7 @@ from .tp_dp import (
     apply_sub_block_tp,
     batch_split_over_tp,
     dp_over_tp_mesh,
+    moe_on_sequence_shard,
     planned_sub_blocks,
     shard_tp_dp_parts_only,
 )
@@ -146,14 +148,19 @@ def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
         raise UserError("a stream sharded on the batch (tp modes ending ':batch') needs the "
                         "family's inferred TP plan (ModelAdapter.tp_fn = INFER_TP); use "
                         "'dp/sp' or 'sp/dp'")
+    # MoE blocks whose MoE is data parallel: the family's TP + SP for the rest of the block
+    moe_dp = moe_sub_block_names(blocks, adapter, tp_modes)
     adapter.apply_tp(model, tp_mesh, loss_parallel=loss_parallel,
-                     block_names=[n for n, mode in tp_modes.items() if mode == "sp"],
+                     block_names=[n for n, mode in tp_modes.items()
+                                  if mode == "sp" or n in moe_dp],
                      cp_enabled=cp_enabled, embedding=embedding,
                      enable_float8_tensorwise_tp=enable_float8_tensorwise_tp,
                      **({"stream": stream} if stream != 1 else {}))
     for name, mode in tp_modes.items():
         if mode == "dp":
             batch_split_over_tp(blocks.get_submodule(name), tp_mesh, adapter.block_args)
+        elif name in moe_dp:
+            moe_on_sequence_shard(blocks.get_submodule(name), adapter, tp_mesh)
         elif mode in SUB_BLOCK_TP_MODES:
             apply_sub_block_tp(blocks.get_submodule(name), adapter, tp_mesh, mode,
                                enable_float8_tensorwise_tp)
@@ -164,6 +171,42 @@ def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
         names = a2a_projections(blocks.get_submodule(a2a[0]), adapter)
         logger.info(f"{len(a2a)} blocks run {', '.join(names)} on the sequence shard: input "
                     "all-to-all from the heads over tp, weight all-gathered over tp")
+
+
+def apply_moe_blocks(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any,
+                     job_config: Any, plan: Plan, tp_modes: dict[str, str]) -> None:
+    """Routing, token dispatch and the experts' EP / ETP / TP of the MoE blocks (by name, their
+    tp modes): TorchTitan's own code, with its gradients under TP corrected
+    (``patches.moe``); the MoE of a block in a ``MOE_SUB_BLOCK_MODES`` mode data parallel over
+    tp, its experts expert parallel alone (on each tp rank's own tokens) where ep > 1."""
+    from torchtitan.distributed.dual_pipe_v import get_dual_pipe_v_flag
+
+    dual_pipe_v = get_dual_pipe_v_flag(job_config, parallel_dims)
+    blocks = model.get_submodule(adapter.blocks)
+    data_parallel = moe_sub_block_names(blocks, adapter, tp_modes)
+    tp_moe = [name for name in tp_modes if name not in data_parallel]
+    if tp_moe:
+        adapter.apply_moe(model, parallel_dims, dual_pipe_v, block_names=tp_moe)
+    if data_parallel and plan.mesh.ep > 1:
+        adapter.apply_moe(model, parallel_dims, dual_pipe_v, block_names=data_parallel,
+                          tp=False)
+    if plan.mesh.tp == 1:
+        return
+    tp_mesh = parallel_dims.get_mesh("tp")
+    # routed experts split over the tp ranks' tokens (ep > 1, etp = 1) or tensor parallel
+    # over tp (ep = 1 or etp = tp)
+    correct = reduce_sequence_parallel_moe_grads if plan.mesh.ep > 1 and plan.mesh.etp == 1 \
+        else reduce_tensor_parallel_router_grads
+    for name in tp_moe:
+        correct(blocks.get_submodule(name).get_submodule(adapter.moe), tp_mesh)
+
+
+def moe_sub_block_names(blocks: nn.Module, adapter: ModelAdapter, tp_modes: dict[str, str]
+                        ) -> list[str]:
+    """The MoE blocks planned in a ``MOE_SUB_BLOCK_MODES`` mode (their MoE data parallel over
+    tp)."""
+    return [name for name, mode in tp_modes.items() if mode in MOE_SUB_BLOCK_MODES
+            and adapter.routed_experts(blocks.get_submodule(name)) is not None]
 
 
 def apply_block_ac(blocks: nn.Module, block_ac: dict[str, str], ac_config: Any, *,
@@ -232,7 +275,7 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
     if embedding is not None and not tied and not own:
         fully_shard(embedding, **fsdp,
                     reshard_after_forward=by_fqn[adapter.embedding].reshard_after_forward)
-    dp_over_tp = None
+    dp_over_tp, split = None, False
     own_params: set[nn.Parameter] = set()  # sharded by styles of their own
     groups: list[list[nn.Module]] = []  # each block with its separately sharded experts
     unit_of = {layer.fqn: unit for unit in fsdp_units(plan.layers) for layer in unit}
@@ -241,16 +284,12 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
         layer = by_fqn[fqn]
         group = fsdp
         if split_fsdp(layer.tp_mode):
-            for mode, modules in (sub_blocks or {})[name]:
-                if mode == DP_SHARD_TP:  # sharded by its own style
-                    own_params.update(p for m in modules for p in m.parameters())
-                    continue
-                if mode == "dp":
-                    dp_over_tp = dp_over_tp or dp_over_tp_mesh(parallel_dims, plan,
-                                                                layer.tp_mode)
-                fully_shard(modules, **{**fsdp, "mesh": dp_over_tp if mode == "dp"
-                                        else fsdp["mesh"]},
-                            reshard_after_forward=layer.reshard_after_forward)
+            if tp_dp_params(layer.tp_mode):
+                dp_over_tp = dp_over_tp or dp_over_tp_mesh(parallel_dims, plan, layer.tp_mode)
+            experts = adapter.routed_experts(moe_blocks[name]) if name in moe_blocks else None
+            own_params |= _shard_sub_blocks((sub_blocks or {})[name], layer, fsdp, dp_over_tp,
+                                            experts, parallel_dims, plan)
+            split = True
             continue
         if layer.tp_mode == "dp":
             dp_over_tp = dp_over_tp or dp_over_tp_mesh(parallel_dims, plan, "dp")
@@ -278,10 +317,38 @@ def apply_sharding(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any, 
     if own:
         own_params.update(embedding.parameters())
     fully_shard(model, **fsdp, ignored_params=own_params or None)
-    if plan.mesh.ep > 1:
+    if plan.mesh.ep > 1 and not split:  # blocks split into sub-blocks: FSDP's own order
         explicit_prefetch(embedding, groups, head)
     # the loss is already normalised by the global token count (as in TorchTitan's recipes)
     disable_fsdp_gradient_division(model)
+
+
+def _shard_sub_blocks(parts: SubBlocks, layer: Any, fsdp: dict[str, Any], dp_over_tp: Any,
+                      experts: nn.Module | None, parallel_dims: Any, plan: Plan
+                      ) -> set[nn.Parameter]:
+    """One FSDP group per sub-block of a block planned with a sub-block mode (``parts``): the
+    TP + SP one on the FSDP mesh, the data-parallel one on dp_shard x tp (``dp_over_tp``); a
+    data-parallel MoE's routed ``experts`` sharded on ``efsdp`` first where expert parallel,
+    else with it (on dim 1 where the group outnumbers them). Returns the parameters a
+    ``DP_SHARD_TP`` feed-forward's own style shards (no FSDP group)."""
+    from torch.distributed.fsdp import fully_shard
+
+    own: set[nn.Parameter] = set()
+    reshard = layer.reshard_after_forward
+    for mode, modules in parts:
+        if mode == DP_SHARD_TP:
+            own.update(p for m in modules for p in m.parameters())
+            continue
+        mesh, placement = fsdp["mesh"], None
+        if mode == "dp":
+            mesh = dp_over_tp
+            if experts is not None and plan.mesh.ep > 1:
+                _shard_routed_experts(experts, parallel_dims, plan, fsdp, reshard)
+            else:
+                placement = _experts_on_dim1(experts, mesh.size())
+        fully_shard(modules, **{**fsdp, "mesh": mesh}, reshard_after_forward=reshard,
+                    shard_placement_fn=placement)
+    return own
 
 
 def explicit_prefetch(embedding: nn.Module | None, groups: list[list[nn.Module]],
@@ -372,7 +439,7 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
     check_part_blocks(plan, [f"{adapter.blocks}.{name}" for name in planned])
     moe_blocks = {name: block for name, block in blocks.named_children()
                   if adapter.routed_experts(block) is not None}
-    sub_blocks = planned_sub_blocks(blocks, adapter, planned, bool(moe_blocks), features.compile)
+    sub_blocks = planned_sub_blocks(blocks, adapter, planned, features.compile)
 
     if plan.mesh.tp > 1:
         tp_mesh = parallel_dims.get_mesh("tp")
@@ -395,18 +462,8 @@ def apply_plan(model: nn.Module, parallel_dims: Any, job_config: Any, plan: Plan
                       {name: layer.tp_mode for name, layer in planned.items()}, fsdp)
 
     if moe_blocks and (plan.mesh.tp > 1 or plan.mesh.ep > 1):
-        # routing, token dispatch and the experts' EP / ETP / TP: TorchTitan's own code
-        from torchtitan.distributed.dual_pipe_v import get_dual_pipe_v_flag
-
-        adapter.apply_moe(model, parallel_dims, get_dual_pipe_v_flag(job_config, parallel_dims))
-        if plan.mesh.tp > 1 and plan.mesh.ep > 1 and plan.mesh.etp == 1:
-            tp_mesh = parallel_dims.get_mesh("tp")
-            for block in moe_blocks.values():
-                reduce_sequence_parallel_moe_grads(block.get_submodule(adapter.moe), tp_mesh)
-        elif plan.mesh.tp > 1:  # routed experts tensor parallel over tp (ep = 1 or etp = tp)
-            tp_mesh = parallel_dims.get_mesh("tp")
-            for block in moe_blocks.values():
-                reduce_tensor_parallel_router_grads(block.get_submodule(adapter.moe), tp_mesh)
+        apply_moe_blocks(model, adapter, parallel_dims, job_config, plan,
+                         {name: planned[name].tp_mode for name in moe_blocks})
 
     if plan.mesh.cp > 1 and adapter.cp_fn is not None:
         resolve(adapter.cp_fn)(model, list(blocks.children()), parallel_dims.get_mesh("cp"))

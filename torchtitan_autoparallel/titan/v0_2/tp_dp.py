@@ -13,9 +13,11 @@ from ...candidates.layout import (
     A2A_MODES,
     DP_SHARD_TP,
     EMBEDDING_DIM_GATHER,
+    MOE_SUB_BLOCK_MODES,
     SUB_BLOCK_TP_MODES,
     Mesh,
     a2a_mode,
+    batch_a2a,
     embedding_dim_problem,
     stream_dim,
     sub_block_modes,
@@ -54,9 +56,16 @@ SubBlocks = list[tuple[str, list[nn.Module]]]
 
 def sub_blocks_of(block: nn.Module, adapter: ModelAdapter, tp_mode: str) -> SubBlocks:
     """The sub-blocks (``ModelAdapter.sub_blocks``) of a block planned with a sub-block tp
-    mode, each with its use of the tp dim; a one-line error where the family names none or
-    the block is not dense."""
-    if len(adapter.sub_blocks) != 2 or adapter.routed_experts(block) is not None:
+    mode, each with its use of the tp dim; a MoE block's (``MOE_SUB_BLOCK_MODES``) are its
+    MoE, data parallel, and the rest of its children (attention and norms), TP + SP. A
+    one-line error where the family names none or a MoE block has another mode."""
+    if adapter.routed_experts(block) is not None:
+        if tp_mode not in MOE_SUB_BLOCK_MODES:
+            raise UserError(f"tp_mode {tp_mode!r} on a MoE block: MoE blocks take 'sp' or "
+                            f"{', '.join(map(repr, MOE_SUB_BLOCK_MODES))}")
+        return [("sp", [m for n, m in block.named_children() if n != adapter.moe]),
+                ("dp", [block.get_submodule(adapter.moe)])]
+    if len(adapter.sub_blocks) != 2:
         raise UserError(f"tp_mode {tp_mode!r} needs a dense block whose family names its "
                         "attention and feed-forward (ModelAdapter.sub_blocks); use 'sp' or 'dp'")
     if a2a_mode(tp_mode):
@@ -83,25 +92,46 @@ def a2a_projections(block: nn.Module, adapter: ModelAdapter) -> list[str]:
 
 
 def planned_sub_blocks(blocks: nn.Module, adapter: ModelAdapter, planned: dict[str, Any],
-                       moe: bool, compiled: bool) -> dict[str, SubBlocks]:
+                       compiled: bool) -> dict[str, SubBlocks]:
     """By block name, the sub-blocks of the blocks planned with a sub-block tp mode (taken
-    before AC and compile wrap the blocks); a one-line error for a MoE model or compiled
-    blocks (FSDP's hooks would sit inside the compiled block)."""
+    before AC and compile wrap the blocks); a one-line error for compiled blocks (FSDP's
+    hooks would sit inside the compiled block)."""
     out = {name: sub_blocks_of(blocks.get_submodule(name), adapter, layer.tp_mode)
            for name, layer in planned.items() if layer.tp_mode in SUB_BLOCK_TP_MODES}
-    if out and (moe or compiled):
-        raise UserError("sub-block tp modes are applied to dense models without compile only; "
-                        "use 'sp' or 'dp'")
+    if out and compiled:
+        raise UserError("sub-block tp modes are applied without compile only; use 'sp' or 'dp'")
     return out
+
+
+def moe_on_sequence_shard(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any) -> None:
+    """A MoE block in ``MOE_SUB_BLOCK_MODES`` (its attention and norms already TP + SP): its
+    MoE reads this tp rank's sequence shard of the stream as a local tensor and routes,
+    dispatches and runs its experts on those tokens alone (no all-gather, no reduce-scatter);
+    the router's token counts (what the load-balancing bias update reads) are summed over tp,
+    so every tp rank counts the whole micro-batch, as under TorchTitan's MoE TP."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_module
+
+    parallelize_module(block, tp_mesh, {adapter.moe: PrepareModuleInput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True)})
+
+    def count_over_tp(module: nn.Module, args: Any, output: Any) -> Any:
+        from torch.distributed import _functional_collectives as funcol
+
+        scores, indices, counts = output
+        return scores, indices, funcol.wait_tensor(funcol.all_reduce(counts, "sum", tp_mesh))
+
+    block.get_submodule(adapter.moe).router.register_forward_hook(count_over_tp)
 
 
 def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp_mode: str,
                        enable_float8_tensorwise_tp: bool) -> None:
     """A block whose attention and feed-forward use the tp dim apart: the family's TP + SP
     styles (its inferred ``parallelize_module`` plan) on the TP + SP sub-block's norm, module
-    and linears only; the data-parallel sub-block's module entered and left through an
-    all-to-all between the sequence-sharded stream and a batch shard, its norm left whole (it
-    runs per token on the sequence shard, FSDP sums its gradient over dp_shard x tp). Where
+    and linears only; a data-parallel attention entered and left through an all-to-all
+    between the sequence-sharded stream and a batch shard (``batch_a2a``), a data-parallel
+    feed-forward run per token on the sequence shard as it is, a data-parallel sub-block's
+    norm left whole (per token on the shard; FSDP sums its gradient over dp_shard x tp). Where
     the stream is sharded on the batch (``stream_dim``), the TP sub-block's styles gather and
     scatter it on the batch and the data-parallel one runs on it with no collective. Under
     ``layout.A2A_MODES`` the attention's row-wise projection takes its input onto the sequence shard
@@ -118,16 +148,19 @@ def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp
     styles = fn.block_styles(block, enable_float8_tensorwise_tp, stream)
     if a2a_mode(tp_mode):
         styles.update(dict.fromkeys(a2a_projections(block, adapter), heads_to_sequence()))
-    for (norm, module), mode in zip(adapter.sub_blocks, sub_block_modes(tp_mode), strict=True):
+    for part, ((norm, module), mode) in enumerate(zip(adapter.sub_blocks,
+                                                      sub_block_modes(tp_mode), strict=True)):
         if mode == "sp":
             own = {key: style for key, style in styles.items()
                    if key in (norm, module) or key.startswith(f"{module}.")}
             parallelize_module(block, tp_mesh, own)
         elif mode == DP_SHARD_TP:
             continue  # on the 2-D mesh: apply_dp_shard_tp
-        elif stream == 1:
+        elif part == 0 and batch_a2a(tp_mode):
             batch_split_over_tp(block.get_submodule(module), tp_mesh,
                                  len(inferred[module].inputs))
+        # a data-parallel feed-forward runs per token on the stream's shard as it is, as does
+        # a sub-block on a stream sharded on the batch
 
 
 def dp_over_tp_mesh(parallel_dims: Any, plan: Plan, tp_mode: str) -> Any:

@@ -333,4 +333,5 @@ def sub_block_note(config: Any) -> list[str]:
             "places a sub-block's linears alike, so the ':batch' modes (stream sharded on the "
             "batch over tp), 'sp/sp:a2a' (the attention output projection on the sequence "
             "shard) and 'sp/tp@dp_shard' (the feed-forward TP over dp_shard) are left out, "
-            "and its embedding stays TorchTitan's (not looked up on its embedding dim)"]
+            "its embedding stays TorchTitan's (not looked up on its embedding dim) and MoE "
+            "blocks keep the model's MoE TP (not 'sp/dp')"]

@@ -6,7 +6,8 @@ The model declares TP + SP for every module (``sharding_config``, applied by
 dropped before ``model.parallelize`` (its weights stay whole on tp) and its forward is
 wrapped as 0.3.0 wraps a declared module's: the residual stream arrives sequence-sharded over
 tp (Shard(1)), is redistributed to a batch shard (Shard(0), an all-to-all) at the module's
-input and back at its output; a sub-block's norm runs on the local sequence shard. FSDP then
+input and back at its output where the module is a block or an attention; a feed-forward
+(per token) and a sub-block's norm run on the local sequence shard. FSDP then
 shards (and sums the gradients of) such a part over dp_shard x tp (``fsdp_arguments``); the
 TP + SP parts are sharded over dp_shard as the others. Under the ``spmd_types`` and
 ``partial_dtensor`` backends (the residual stream a local shard, or a DTensor)."""
@@ -81,10 +82,10 @@ def plan_layer(plan: Any, name: str) -> Any:
 
 def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any) -> None:
     """Before ``model.parallelize``: each data-parallel part keeps its weights whole on tp
-    (its modules' declarations dropped) and runs on a batch shard; a sub-block's norm on the
-    local sequence shard."""
+    (its modules' declarations dropped); a block or an attention runs on a batch shard, a
+    feed-forward (per token) and a sub-block's norm on the local sequence shard."""
     for groups in parts.values():
-        for mode, modules in groups:
+        for part, (mode, modules) in enumerate(groups):
             if mode != "dp":
                 continue
             for module in modules:
@@ -96,13 +97,16 @@ def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any) -> None:
             else:
                 norm, module = modules
                 _run_on_sequence_shard(norm, tp_mesh)
-                _run_on_batch_shard(module, tp_mesh)
+                if part == 0:  # the attention reads whole sequences
+                    _run_on_batch_shard(module, tp_mesh)
+                else:
+                    _run_on_sequence_shard(module, tp_mesh)
 
 
 def _run_on_sequence_shard(norm: Any, tp_mesh: Any) -> None:
-    """``norm`` (weights whole on tp) applied per token to the local sequence shard; its output
-    of the input's kind (a DTensor under ``partial_dtensor``, a local shard under
-    ``spmd_types``)."""
+    """``norm`` (a norm or a feed-forward, weights whole on tp) applied per token to the local
+    sequence shard; its output of the input's kind (a DTensor under ``partial_dtensor``, a
+    local shard under ``spmd_types``)."""
     from torch.distributed.tensor import DTensor, Shard
 
     inner = norm.forward
