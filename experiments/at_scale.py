@@ -388,7 +388,9 @@ def sub_block_lines(rows: list[dict[str, Any]]) -> list[str]:
              "Best per-block plan (the search with its default techniques) against best "
              "sub-block plan (the same search with `tp_sub_block`: a block's attention and "
              "feed-forward may each take TP + SP or the tp dim as data parallel, tp modes "
-             "`dp/sp` and `sp/dp` on TorchTitan's sequence-sharded stream, or `dp/sp:batch`, "
+             "`dp/sp` and `sp/dp` on TorchTitan's sequence-sharded stream (a data-parallel "
+             "feed-forward per token on the sequence shard, a data-parallel attention "
+             "through all-to-alls), or `dp/sp:batch`, "
              "`sp/dp:batch` and `sp/sp:batch` with the stream sharded on the batch over tp, "
              "where a data-parallel sub-block needs no all-to-all; or `sp/sp:a2a`, the "
              "attention's output projection whole on the sequence shard; or `sp/tp@dp_shard`, "
@@ -397,8 +399,11 @@ def sub_block_lines(rows: list[dict[str, Any]]) -> list[str]:
              "dp_shard with its table gathered over tp), both planned by the current "
              "model in the same run on the auto presets (no float8, no compile: `tp_sub_block` "
              "is not applied to compiled blocks, so llama3 405B's per-block tok/s here is not "
-             "its auto tok/s above; the auto rows above are kept from their own run). Only "
-             "families whose adapter names the sub-blocks (llama3) can take them.", "",
+             "its auto tok/s above; the auto rows above are kept from their own run). Dense "
+             "blocks take them where the family's adapter names the sub-blocks (llama3; "
+             "qwen3 does not); MoE blocks take `sp/dp` (attention TP + SP, the MoE data "
+             "parallel over tp on the sequence shard, routed experts expert parallel with "
+             "etp = 1 or sharded with the MoE).", "",
              "| model | GPUs | per-block tok/s | sub-block tok/s | sub-block / per-block | "
              "sub-block plan's mesh | blocks in sub-block modes |",
              "|---|---|---|---|---|---|---|"]
