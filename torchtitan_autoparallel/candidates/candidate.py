@@ -387,7 +387,7 @@ def _undominated(graph: LayerGraph, mesh: Mesh, microbatch: int, ctx: CostContex
     never better, whatever its blocks run (the first of equal ones kept)."""
     if len(modes) == 1:
         return list(modes)
-    layer = next(layer for layer in graph.edges if layer.kind == "embedding")
+    layer = graph.embedding
     costs = {mode: edge_cost(graph, layer, mesh, microbatch, ctx, mode) for mode in modes}
     points = {mode: (cost.time_s, cost.kept_bytes) for mode, cost in costs.items()}
     return [mode for i, mode in enumerate(modes)
@@ -403,6 +403,6 @@ def _embedding_shift(graph: LayerGraph, mesh: Mesh, microbatch: int, ctx: CostCo
     in place of the default mode's floor (0 for the default)."""
     if not embedding:
         return 0.0
-    layer = next(layer for layer in graph.edges if layer.kind == "embedding")
+    layer = graph.embedding
     return (edge_cost(graph, layer, mesh, microbatch, ctx, embedding).time_s
             - block_time_floor(layer, mesh, microbatch, ctx, tp_modes, fsdp=fsdp))

@@ -153,6 +153,11 @@ class LayerGraph:
         return tuple(layer for layer in self.layers if layer.kind != "block")
 
     @functools.cached_property
+    def embedding(self) -> Layer | None:
+        """The token embedding's layer (None in a model without one)."""
+        return next((layer for layer in self.layers if layer.kind == "embedding"), None)
+
+    @functools.cached_property
     def tied_output(self) -> bool:
         """Whether the output projection reads the embedding's weight (tied weights are
         counted once, at the embedding: the output layer then holds fewer than dim x vocab)."""

@@ -233,7 +233,7 @@ def head_modules(inputs: JobInputs) -> tuple[str, list[str]]:
     """The embedding's fqn, and the final norm's and output's (the last stage's tail)."""
     graph = inputs.graph
     adapter = graph.adapter
-    embedding = next(layer.fqn for layer in graph.layers if layer.kind == "embedding")
+    embedding = graph.embedding.fqn
     head = [name for name in (adapter.final_norm,) if name] + [
         layer.fqn for layer in graph.layers if layer.kind == "output"]
     return embedding, head
