@@ -370,3 +370,29 @@ def test_sub_block_autoparallel_8b_layout_dry_run(tmp_path):
                        8)
     assert "32 blocks run feed_forward tensor parallel over dp_shard (4 ranks)" in out
     assert "tok_embeddings looked up on its embedding dim over dp_shard x tp (8 ranks)" in out
+
+
+
+def test_sub_block_moe_dry_run(tmp_path):
+    """llama4 17Bx16E on 64 H100s, FSDP 32 x TP 2 with ep 8 (etp 1), every MoE block in
+    "sp/dp" (the MoE data parallel over tp beside TP + SP attention: the search's plan for
+    this job in at_scale.md's sub-block column), written as a plan file: it applies on 64
+    fake ranks with its sharded state predicted."""
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.titan.v0_2.job import parse_config
+    from torchtitan_autoparallel.titan.v0_2.registry import register
+
+    register()
+    flags = ["--autoparallel.hardware=h100_sxm", "--training.global_batch_size=512",
+             "--parallelism.tensor_parallel_degree=2", "--parallelism.expert_parallel_degree=8",
+             "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,pp,tp_sub_block"]
+    plan = plan_job(parse_config(["--job.config_file", "train_configs/llama4_17bx16e_auto.toml",
+                                  *flags]), 64)
+    assert (plan.mesh.dp_shard, plan.mesh.tp, plan.mesh.ep, plan.mesh.etp) == (32, 2, 8, 1)
+    for layer in plan.layers:
+        if layer.kind == "block":
+            layer.tp_mode = "sp/dp"
+    path = tmp_path / "llama4_sp_dp.json"
+    plan.save(str(path))
+    check_report(dry_run("llama4_17bx16e", 64, tmp_path, *flags,
+                         f"--autoparallel.plan_file={path}"), 64)
