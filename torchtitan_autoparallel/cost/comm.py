@@ -322,6 +322,26 @@ class FsdpCost(NamedTuple):
     """Its unsharded gradients before the reduce-scatter."""
 
 
+def fsdp_groups(layer: Layer, mesh: Mesh, tp_mode: str) -> list[tuple[float, int, int]]:
+    """(parameters, their split over tp / ep, their FSDP group's size) per FSDP group of a
+    block in ``tp_mode``: the block (its parameters split over tp by TP + SP, whole under
+    "dp"), or one group per sub-block (``split_fsdp``: TP + SP's split over tp and sharded
+    over dp_shard x cp, data parallel's whole and sharded over dp_shard x tp,
+    ``DP_SHARD_TP``'s in none); with ep > 1 the routed experts apart, split over ep x etp and
+    sharded over the remaining efsdp ranks."""
+    ep = mesh.ep if layer.expert_params else 1
+    groups = [(layer.params - (layer.expert_params if ep > 1 else 0),
+               1 if tp_mode == "dp" else mesh.tp, fsdp_group_size(mesh, tp_mode))]
+    if split_fsdp(tp_mode):
+        groups = [(n, mesh.tp if mode == "sp" else 1, fsdp_group_size(mesh, mode))
+                  for n, mode in zip(sub_block_params(layer, experts=ep == 1),
+                                     sub_block_modes(tp_mode), strict=True)
+                  if mode != DP_SHARD_TP]
+    if ep > 1:
+        groups.append((layer.expert_params, mesh.ep * mesh.etp, mesh.efsdp))
+    return groups
+
+
 def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext, low: float,
            saturated: bool = False) -> FsdpCost:
     """FSDP / HSDP for one micro-batch through ``layer``. ``low``: the share of the parameters
@@ -333,24 +353,12 @@ def fsdp_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext, 
     if strategy.tp_mode in EMBEDDING_MODES:
         return _embedding_table_s(layer, mesh, strategy, ctx, saturated)
     hw, prec, gpus_per_node, features = ctx.hw, ctx.prec, ctx.gpus_per_node, ctx.features
-    param_split = 1 if strategy.tp_mode == "dp" else mesh.tp
     fsdp_group = fsdp_group_size(mesh, strategy.tp_mode)
     # FSDP: all-gather params in forward (and again in backward if resharded), reduce-scatter
-    # grads; HSDP adds an all-reduce of the shard over dp_replicate. With ep > 1 the routed
-    # experts are split over ep x etp and FSDP-sharded over the remaining efsdp ranks.
+    # grads; HSDP adds an all-reduce of the shard over dp_replicate
     ds_nodes = mesh.dp_shard * mesh.cp * mesh.tp > gpus_per_node
     rep_nodes = mesh.spans_nodes("dp_replicate", gpus_per_node)
-    ep = mesh.ep if layer.expert_params else 1
-    groups = [(layer.params - (layer.expert_params if ep > 1 else 0), param_split, fsdp_group)]
-    if split_fsdp(strategy.tp_mode):
-        # one FSDP group per sub-block: TP + SP's split over tp and sharded over dp_shard x cp,
-        # data parallel's whole and sharded over dp_shard x tp (DP_SHARD_TP's: none)
-        groups = [(n, mesh.tp if mode == "sp" else 1, fsdp_group_size(mesh, mode))
-                  for n, mode in zip(sub_block_params(layer, experts=ep == 1),
-                                     sub_block_modes(strategy.tp_mode), strict=True)
-                  if mode != DP_SHARD_TP]
-    if ep > 1:
-        groups.append((layer.expert_params, mesh.ep * mesh.etp, mesh.efsdp))
+    groups = fsdp_groups(layer, mesh, strategy.tp_mode)
     gathers = 2 if strategy.reshard_after_forward else 1
     # an integer reshard keeps a 1/node shard after forward and all-gathers it back over the
     # node's ranks (NVLink) in backward
