@@ -129,7 +129,7 @@ def test_fsdp_tp_and_full_ac_per_block_from_the_plan(reference):
 
 def _plan(**mesh):
     m = SimpleNamespace(**{"dp_replicate": 1, "dp_shard": 2, "tp": 1, "cp": 1, "ep": 1,
-                           "pp": 1, **mesh})
+                           "etp": 1, "pp": 1, **mesh})
     return SimpleNamespace(mesh=m, pipeline=None, local_batch_size=4, layers=[
         SimpleNamespace(fqn="layers.0", kind="block", tp_mode="none", ep=1)])
 
