@@ -211,6 +211,41 @@ def test_sub_block_modes_from_a_plan_file_train_as_one_rank(reference, tmp_path,
     _assert_same(_grad_norms(out), reference.grad_norms, GRAD_NORM_TOL)
 
 
+@pytest.mark.parametrize("mode,ranks,tp,backend,blocks", [
+    ("dim", 2, 1, "spmd_types", ["none"]),
+    ("dim:gather", 4, 2, "partial_dtensor", ["dp/sp", "sp"]),
+    pytest.param("dim", 4, 2, "spmd_types", ["sp/dp", "sp"], marks=pytest.mark.slow),
+])
+def test_sub_block_embedding_dim_from_a_plan_file_trains_as_one_rank(
+        reference, tmp_path, mode, ranks, tp, backend, blocks):
+    """llama3's debug plan with its embedding looked up on its embedding dim: 'dim' (the
+    table's columns over dp_shard x tp, never gathered; FSDP 2 alone, or FSDP 2 x TP 2 beside
+    data-parallel feed-forwards) and 'dim:gather' (columns over dp_shard, rows over tp,
+    gathered over tp, beside data-parallel attentions); the losses and gradient norms are the
+    1-rank run's from the same seed checkpoint."""
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+
+    options = ["--parallelism.tensor_parallel_degree", str(tp),
+               "--parallelism.data_parallel_shard_degree", "2",
+               "--autoparallel.techniques", "fsdp,tp,tp_dp,ac,tp_sub_block",
+               "--parallelism.spmd_backend", backend]
+    plan = plan_job(read_job([*JOB, "--parallelism.auto", *options]), ranks)
+    for layer in plan.layers:
+        if layer.kind == "embedding":
+            layer.tp_mode, layer.reshard_after_forward = mode, False
+    for i, layer in enumerate(layer for layer in plan.layers if layer.kind == "block"):
+        layer.tp_mode, layer.fsdp_unit = blocks[i % len(blocks)], 1
+    path = tmp_path / "embedding_dim.json"
+    plan.save(str(path))
+    out = _torchrun(ranks, *JOB, *STEPS, *options, f"--autoparallel.plan_file={path}",
+                    *reference.load, "--dump_folder", str(tmp_path / "run"))
+    assert f"mesh dp_replicate=1 dp_shard=2 cp=1 tp={tp}" in out, out[-3000:]
+    assert "tok_embeddings looked up on its embedding dim" in out, out[-3000:]
+    _assert_same(_losses(out), reference.losses)
+    _assert_same(_grad_norms(out), reference.grad_norms, GRAD_NORM_TOL)
+
+
 def test_qwen3_under_auto_on_two_ranks_trains_as_one_rank_and_its_recipe(tmp_path):
     """Another 0.3.0 family (Qwen3's debug flavor: QK norms, its own head dim) under auto on 2
     CPU ranks, against its own 1-rank run from one seed checkpoint and TorchTitan 0.3.0's own

@@ -352,9 +352,9 @@ def test_tp_dp_is_left_out_under_compile_and_refused_where_asked():
 @pytest.mark.parametrize("mode", ["dp/sp:batch", "sp/sp:a2a"])
 def test_sub_block_modes_it_cannot_run_are_left_out_and_refused_from_a_file(tmp_path, mode):
     """0.3.0's apply keeps the model's sequence-sharded stream and places a sub-block's linears
-    alike and its embedding as the model declares it: a tp_sub_block search plans neither a
-    ':batch' mode nor ':a2a' nor the embedding on its embedding dim and says so in a note, and
-    a plan file with one is refused in one line naming the layer."""
+    alike: a tp_sub_block search plans neither a ':batch' mode nor ':a2a' and says so in a
+    note, and a plan file with one is refused in one line naming the layer; under the
+    full_dtensor backend tp_sub_block is refused in one line."""
     import json
 
     from torchtitan_autoparallel.errors import UserError
@@ -367,10 +367,10 @@ def test_sub_block_modes_it_cannot_run_are_left_out_and_refused_from_a_file(tmp_
             "--parallelism.tensor_parallel_degree", "2", "--autoparallel.hardware", "cpu",
             "--autoparallel.techniques", "fsdp", "tp", "tp_dp", "ac", "tp_sub_block"]
     plan = plan_job(read_job(base), 4)
-    assert not any(":" in layer.tp_mode for layer in plan.layers), plan.table()
-    assert plan.embedding_mode == "", plan.table()
+    assert not any(":" in layer.tp_mode for layer in plan.layers if layer.kind == "block"), \
+        plan.table()
     assert any("':batch' modes" in note and "'sp/sp:a2a'" in note
-               and "not looked up on its embedding dim" in note for note in plan.notes)
+               and "embedding on its embedding dim" in note for note in plan.notes)
     data = json.loads(plan.to_json())
     data["local_batch_size"], data["gradient_accumulation_steps"] = 2, \
         plan.global_batch_size // (2 * plan.mesh.dp)
@@ -382,12 +382,7 @@ def test_sub_block_modes_it_cannot_run_are_left_out_and_refused_from_a_file(tmp_
     with pytest.raises(UserError, match=rf"layers\.0 has tp_mode '{mode}': TorchTitan "
                                         r"0\.3\.0's apply runs the sub-block modes"):
         check_applicable(Plan.load(str(path)))
-    for layer in data["layers"]:
-        if layer["kind"] == "embedding":
-            layer.update(tp_mode="dim", reshard_after_forward=False)
-        elif layer["kind"] == "block":
-            layer.update(tp_mode="sp")
-    path.write_text(json.dumps(data))
-    with pytest.raises(UserError, match=r"tok_embeddings has tp_mode 'dim' \(looked up on its "
-                                        r"embedding dim\): TorchTitan 0\.3\.0's apply keeps"):
-        check_applicable(Plan.load(str(path)))
+    with pytest.raises(UserError, match="tp_sub_block, which TorchTitan 0.3.0's apply does not "
+                                        "run under --parallelism.spmd_backend full_dtensor"):
+        read_job([*base[:-5], "fsdp", "tp", "ac", "tp_sub_block", "--parallelism.spmd_backend",
+                  "full_dtensor"])

@@ -34,8 +34,9 @@ def embedding_dim_style(dp_shard: int, tp: int, stream: int, dtype: torch.dtype 
 
     class EmbeddingDim(ParallelStyle):
         def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
-            if type(module) is not nn.Embedding:
-                raise UserError(f"tp_mode {mode!r} looks up a plain nn.Embedding, not a "
+            if not plain_lookup(module):
+                raise UserError(f"tp_mode {mode!r} looks up a plain nn.Embedding (no padding, "
+                                f"max norm or sparse gradient), not this "
                                 f"{type(module).__name__}; use the default")
             if device_mesh.size() != dp_shard * tp or device_mesh.ndim != 1 + gather:
                 raise UserError(f"tp_mode {mode!r} needs a {1 + gather}-D mesh of dp_shard x tp "
@@ -71,6 +72,13 @@ def embedding_dim_style(dp_shard: int, tp: int, stream: int, dtype: torch.dtype 
             return module
 
     return EmbeddingDim()
+
+
+def plain_lookup(module: nn.Module) -> bool:
+    """Whether ``module`` is an ``nn.Embedding`` (TorchTitan 0.3.0's subclass among them)
+    whose forward is a plain table lookup: no padding row, max norm or sparse gradient."""
+    return isinstance(module, nn.Embedding) and module.padding_idx is None and \
+        module.max_norm is None and not module.scale_grad_by_freq and not module.sparse
 
 
 def _columns_to_stream(pieces: list[torch.Tensor], group: Any) -> torch.Tensor:

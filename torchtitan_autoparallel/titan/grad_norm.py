@@ -39,13 +39,13 @@ def needed(plan: Any) -> bool:
     TorchTitan's clipping handles): a block using the tp dim as data parallel is FSDP-sharded
     over dp_shard x tp (a sub-block mode's data-parallel sub-block or projection too), the
     other layers over dp_shard with TP on tp (a MoE block's data-parallel MoE beside expert
-    parallel experts too); an embedding looked up on its embedding dim sits on dp_shard x
-    tp."""
+    parallel experts too); an embedding looked up on its embedding dim sits on a mesh of its
+    own (dp_shard x tp, or dp_shard apart from FSDP's mesh), at any tp."""
     from ..candidates.layout import EMBEDDING_MODES, split_fsdp, tp_dp_params
 
-    return plan is not None and plan.mesh.tp > 1 and any(
-        layer.tp_mode in EMBEDDING_MODES or tp_dp_params(layer.tp_mode)
-        or split_fsdp(layer.tp_mode) for layer in plan.layers)
+    return plan is not None and (any(layer.tp_mode in EMBEDDING_MODES for layer in plan.layers)
+                                 or plan.mesh.tp > 1 and any(
+        tp_dp_params(layer.tp_mode) or split_fsdp(layer.tp_mode) for layer in plan.layers))
 
 
 def install() -> None:

@@ -75,7 +75,7 @@ register_frontend(Frontend(release="0.3", read_model=read_model, attention_types
                            moe_types=moe_types, parallelize_module=parallelize_module,
                            model_names=model_names, prepare_models=prepare_models,
                            node_reshard=False, sub_block_modes=SUB_BLOCKS_APPLIED,
-                           moe_sub_block_modes=(), embedding_dim=False,
+                           moe_sub_block_modes=(),
                            read_job=read_job))
 # 0.3.0's modules are read by discovery (names, TP inferred from the blocks), not by the 0.2.2
 # families' adapters (other module names, a rope buffer 0.3.0 does not have)

@@ -10,21 +10,28 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ...candidates.layout import EMBEDDING_MODES, SUB_BLOCK_TP_MODES
+from ...candidates.layout import EMBEDDING_MODES, SUB_BLOCK_TP_MODES, embedding_dim_problem
 from ...errors import UserError
-from .tp_dp import SUB_BLOCKS_APPLIED, Parts, override_declared_sharding, tp_dp_parts
+from .tp_dp import (
+    SUB_BLOCKS_APPLIED,
+    Parts,
+    apply_embedding_dim,
+    drop_embedding_sharding,
+    override_declared_sharding,
+    tp_dp_parts,
+)
 from .tp_dp import fsdp_arguments as tp_dp_fsdp
 
 
 def check_applicable(plan: Any) -> None:
     """UserError naming what in ``plan`` this apply cannot run: a layer without TP on a tp
-    mesh (``model.parallelize`` shards every layer the model declares), or an embedding looked
-    up on its embedding dim."""
+    mesh (``model.parallelize`` shards every layer the model declares), a sub-block mode
+    ``tp_dp.py`` does not run, an embedding on its embedding dim on a mesh that cannot hold
+    it."""
     looked_up = next((layer for layer in plan.layers if layer.tp_mode in EMBEDDING_MODES), None)
-    if looked_up is not None:
-        raise UserError(f"{looked_up.fqn} has tp_mode {looked_up.tp_mode!r} (looked up on its "
-                        "embedding dim): TorchTitan 0.3.0's apply keeps the model's own "
-                        "embedding placement; re-plan here (the search leaves it out)")
+    problem = looked_up and embedding_dim_problem(plan.mesh, tp_mode=looked_up.tp_mode)
+    if problem:
+        raise UserError(f"plan: {looked_up.fqn}: {problem}")
     m = plan.mesh
     if m.tp == 1:
         return
@@ -35,7 +42,7 @@ def check_applicable(plan: Any) -> None:
                         f"runs the sub-block modes {' and '.join(SUB_BLOCKS_APPLIED)} only (the "
                         "model's sequence-sharded stream, each sub-block's linears alike); "
                         "re-plan here (the search leaves the others out)")
-    applied = ("sp", "dp", *SUB_BLOCKS_APPLIED)
+    applied = ("sp", "dp", *SUB_BLOCKS_APPLIED, *EMBEDDING_MODES)
     other = [layer for layer in plan.layers if layer.tp_mode not in applied]
     if other:
         raise UserError(f"the plan runs tensor parallel on {len(plan.layers) - len(other)} of "
@@ -111,7 +118,13 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
     parts = tp_dp_parts(model, plan, blocks, parallelism, compiled)  # before AC wraps blocks
     if parts:
         override_declared_sharding(parts, parallel_dims.get_mesh("tp"))
+    drop_embedding_sharding(model, plan)
     _apply_declared_sharding(model, blocks, parallel_dims, parallelism)
+    if plan.embedding_mode and model.tok_embeddings is not None:
+        from torchtitan.config import TORCH_DTYPE_MAP
+
+        apply_embedding_dim(model, plan, parallel_dims,
+                            TORCH_DTYPE_MAP[training.mixed_precision_param])
     by_fqn = {layer.fqn: layer for layer in plan.layers}
     _apply_ac_per_block(model, blocks, by_fqn, ac_config, dump_folder)
     encoders = {layer.fqn: getattr(model, layer.fqn) for layer in plan.layers
@@ -242,7 +255,7 @@ def _apply_fsdp_per_unit(model: Any, plan: Any, blocks: dict[str, Any],
         fully_shard([model.tok_embeddings, *ends], **fsdp,
                     reshard_after_forward=reshard("output"))
     else:
-        if model.tok_embeddings is not None:
+        if model.tok_embeddings is not None and not plan.embedding_mode:
             fully_shard(model.tok_embeddings, **fsdp,
                         reshard_after_forward=reshard("embedding"))
         if len(ends) == 2:
@@ -266,7 +279,10 @@ def _apply_fsdp_per_unit(model: Any, plan: Any, blocks: dict[str, Any],
                     **(over_tp if unit[0].tp_mode == "dp" else fsdp),
                     reshard_after_forward=reshard,
                     **({"shard_placement_fn": placement} if placement else {}))
-    fully_shard(model, **fsdp)
+    # the embedding looked up on its embedding dim is sharded by its own style
+    own = set(model.tok_embeddings.parameters()) if plan.embedding_mode and \
+        model.tok_embeddings is not None else None
+    fully_shard(model, **fsdp, ignored_params=own)
     disable_fsdp_gradient_division(model)
     if parallel_dims.ep_enabled:
         _prefetch_explicitly(model, units)

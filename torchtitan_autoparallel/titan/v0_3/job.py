@@ -325,13 +325,18 @@ def tp_dp_left_out(config: Any) -> list[str]:
 
 def sub_block_note(config: Any) -> list[str]:
     """The plan note of a ``tp_sub_block`` search on 0.3.0: the sub-block modes its apply does
-    not run are not searched (``Frontend.sub_block_modes``)."""
+    not run are not searched (``Frontend.sub_block_modes``); under the full_dtensor backend
+    (DP and TP in one DTensor mesh) ``tp_sub_block`` is refused in one line."""
     if "tp_sub_block" not in config.autoparallel.techniques:
         return []
+    if getattr(config.parallelism, "spmd_backend", "") == "full_dtensor":
+        raise UserError("autoparallel.techniques has tp_sub_block, which TorchTitan 0.3.0's "
+                        "apply does not run under --parallelism.spmd_backend full_dtensor: "
+                        "leave it out or use spmd_types or partial_dtensor")
     return ["autoparallel.techniques: tp_sub_block searched with tp modes 'dp/sp' and 'sp/dp' "
-            "only: TorchTitan 0.3.0's apply keeps the model's sequence-sharded stream and "
-            "places a sub-block's linears alike, so the ':batch' modes (stream sharded on the "
-            "batch over tp), 'sp/sp:a2a' (the attention output projection on the sequence "
-            "shard) and 'sp/tp@dp_shard' (the feed-forward TP over dp_shard) are left out, "
-            "its embedding stays TorchTitan's (not looked up on its embedding dim) and MoE "
+            "and the embedding on its embedding dim ('dim', 'dim:gather') only: TorchTitan "
+            "0.3.0's apply keeps the model's sequence-sharded stream and places a sub-block's "
+            "linears alike, so the ':batch' modes (stream sharded on the batch over tp), "
+            "'sp/sp:a2a' (the attention output projection on the sequence shard) and "
+            "'sp/tp@dp_shard' (the feed-forward TP over dp_shard) are left out, and MoE "
             "blocks keep the model's MoE TP (not 'sp/dp')"]

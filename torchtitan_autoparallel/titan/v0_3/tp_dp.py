@@ -140,6 +140,19 @@ def _run_on_batch_shard(module: Any, tp_mesh: Any) -> None:
     module.forward = forward
 
 
+def _stream_as_dtensor(module: Any, tp_mesh: Any) -> None:
+    """``module``'s output (this rank's sequence shard) as the DTensor the blocks' declarations
+    read under the ``partial_dtensor`` backend."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    inner = module.forward
+
+    def forward(x: Any) -> Any:
+        return DTensor.from_local(inner(x), tp_mesh, [Shard(1)])
+
+    module.forward = forward
+
+
 def _batch_part(value: Any, batch: int, tp_mesh: Any) -> Any:
     """This tp rank's rows of a per-sequence tensor argument; None as is; a UserError for
     attention masks (flex / varlen masks are built for the whole batch)."""
@@ -157,6 +170,57 @@ def fsdp_arguments(fsdp: dict[str, Any], parallel_dims: Any) -> dict[str, Any]:
     """``fully_shard``'s arguments for the data-parallel parts: ``fsdp``'s on a 1-D mesh over
     dp_shard x tp (``tp_dp_problem`` has checked dp_replicate = cp = 1), no SPMD mesh dims
     (their weights carry no tp annotation)."""
-    names = ["dp_shard" if parallel_dims.spmd_backend == "spmd_types" else "fsdp", "tp"]
-    mesh = parallel_dims.get_mesh(names)._flatten("dp_shard_tp")
-    return {k: v for k, v in fsdp.items() if k != "dp_mesh_dims"} | {"mesh": mesh}
+    return {k: v for k, v in fsdp.items() if k != "dp_mesh_dims"} | {
+        "mesh": dp_shard_tp_mesh(parallel_dims)}
+
+
+def _dp_shard_name(parallel_dims: Any) -> str:
+    return "dp_shard" if parallel_dims.spmd_backend == "spmd_types" else "fsdp"
+
+
+def dp_shard_tp_mesh(parallel_dims: Any) -> Any:
+    """The 1-D mesh over dp_shard x tp (dp_shard-major); dp_shard's own with tp = 1."""
+    if parallel_dims.tp == 1:
+        return parallel_dims.get_mesh(_dp_shard_name(parallel_dims))
+    # flattening again to the same name returns the mesh flattened first
+    return parallel_dims.get_mesh([_dp_shard_name(parallel_dims), "tp"])._flatten("dp_shard_tp")
+
+
+def drop_embedding_sharding(model: Any, plan: Any) -> None:
+    """Before ``model.parallelize``: an embedding planned on its embedding dim
+    (``layout.EMBEDDING_MODES``) keeps its table whole on tp (its declaration dropped);
+    ``apply_embedding_dim`` places it."""
+    if plan.embedding_mode and model.tok_embeddings is not None:
+        model.tok_embeddings._sharding_config = None
+
+
+def apply_embedding_dim(model: Any, plan: Any, parallel_dims: Any, dtype: Any) -> None:
+    """The embedding looked up on its embedding dim (``layout.EMBEDDING_MODES``,
+    ``runtime.styles``), its output on the model's sequence-sharded stream (a local shard
+    under ``spmd_types``, a DTensor under ``partial_dtensor``), read in ``dtype`` (the
+    parameters' dtype FSDP computes the blocks in)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torchtitan.tools.logging import logger
+
+    from ...candidates.layout import EMBEDDING_DIM_GATHER, embedding_dim_problem
+    from ...runtime.styles import embedding_dim_style
+
+    mode, m = plan.embedding_mode, plan.mesh
+    problem = embedding_dim_problem(m, tp_mode=mode)
+    if problem:
+        raise UserError(f"plan: {problem}")
+    if parallel_dims.spmd_backend == "full_dtensor":
+        raise UserError(f"tp_mode {mode!r} for the embedding is not applied under "
+                        "--parallelism.spmd_backend full_dtensor: use spmd_types or "
+                        "partial_dtensor")
+    gather = mode == EMBEDDING_DIM_GATHER
+    mesh = parallel_dims.get_mesh([_dp_shard_name(parallel_dims), "tp"]) if gather else \
+        dp_shard_tp_mesh(parallel_dims)
+    parallelize_module(model.tok_embeddings, mesh,
+                       embedding_dim_style(m.dp_shard, m.tp, 1, dtype, gather))
+    if parallel_dims.spmd_backend == "partial_dtensor" and m.tp > 1:
+        _stream_as_dtensor(model.tok_embeddings, parallel_dims.get_mesh("tp"))
+    over = f"dp_shard ({m.dp_shard} ranks), its table gathered over tp" if gather else \
+        f"dp_shard x tp ({m.dp_shard * m.tp} ranks)"
+    logger.info(f"tok_embeddings looked up on its embedding dim over {over}: token ids "
+                "all-gathered, output all-to-all onto the stream")
