@@ -142,6 +142,8 @@ APPLY_OPTIONS = ("tp_mode", "compiled", "backend", "family", "moe")
     ({"tp_mode": "dp/sp", "tp": 2, "compiled": True}, "not applied to compiled blocks"),
     ({"tp_mode": "sp/dp", "tp": 2, "backend": "full_dtensor"}, "spmd_backend full_dtensor"),
     ({"tp_mode": "dp", "tp": 2, "family": "qwen3_5"}, "llama3 and qwen3 only"),
+    ({"tp_mode": "sp/sp:batch", "tp": 2, "family": "qwen3_5"}, r"stream sharded on the batch "
+     r"over tp\) is applied to llama3 and qwen3 only"),
     ({"tp_mode": "dp/sp", "tp": 2, "moe": True}, "needs a dense block"),
     ({"tp_mode": "dp", "tp": 2, "cp": 2}, "cp = 1"),
     ({"tp_mode": "sp/dp", "tp": 2, "dp_replicate": 2}, "dp_replicate = 1"),
@@ -207,6 +209,38 @@ def test_sub_block_modes_from_a_plan_file_train_as_one_rank(reference, tmp_path,
     for layer in blocks:  # the plan's labels, block by block, as rank 0 prints them
         label = BlockStrategy("none", True, layer.tp_mode).describe().split("+", 1)[1]
         assert re.search(rf"{layer.fqn} +\S*\+{re.escape(label)}(\+|\s)", out), out[-3000:]
+    _assert_same(_losses(out), reference.losses)
+    _assert_same(_grad_norms(out), reference.grad_norms, GRAD_NORM_TOL)
+
+
+@pytest.mark.parametrize("backend,embedding", [("spmd_types", ""), ("partial_dtensor", "dim")])
+def test_sub_block_batch_stream_from_a_plan_file_trains_as_one_rank(reference, tmp_path,
+                                                                    backend, embedding):
+    """llama3's debug plan on fsdp 2 x tp 2 with the residual stream sharded on the batch
+    over tp: blocks cycling through data-parallel attention beside a TP feed-forward
+    ("dp/sp:batch"), the reverse ("sp/dp:batch") and TP on both ("sp/sp:batch"), with the
+    embedding as the model declares it or looked up on its embedding dim ("dim"), under both
+    SPMD backends that apply them: the losses and gradient norms are the 1-rank run's from
+    the same seed checkpoint."""
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+
+    options = [*SUB_BLOCK, "--parallelism.data_parallel_shard_degree", "2",
+               "--parallelism.spmd_backend", backend]
+    plan = plan_job(read_job([*JOB, "--parallelism.auto", *options]), 4)
+    assert plan.local_batch_size % 2 == 0  # the tp ranks split it
+    modes = ["dp/sp:batch", "sp/dp:batch", "sp/sp:batch"]
+    for i, layer in enumerate(layer for layer in plan.layers if layer.kind == "block"):
+        layer.tp_mode, layer.ac, layer.fsdp_unit = modes[i % 3], ("none", "full")[i % 2], 1
+    for layer in plan.layers:
+        if layer.kind == "embedding":
+            layer.tp_mode, layer.reshard_after_forward = embedding or "sp", not embedding
+    path = tmp_path / "batch_stream.json"
+    plan.save(str(path))
+    out = _torchrun(4, *JOB, *STEPS, *options, f"--autoparallel.plan_file={path}",
+                    *reference.load, "--dump_folder", str(tmp_path / "run"))
+    assert "mesh dp_replicate=1 dp_shard=2 cp=1 tp=2" in out, out[-3000:]
+    assert re.search(r"layers\.0 +\S*attn:tp_dp/ffn:tp\+stream:batch", out), out[-3000:]
     _assert_same(_losses(out), reference.losses)
     _assert_same(_grad_norms(out), reference.grad_norms, GRAD_NORM_TOL)
 

@@ -349,12 +349,12 @@ def test_tp_dp_is_left_out_under_compile_and_refused_where_asked():
         read_job([*base, "--compile.enable", "--autoparallel.techniques", "fsdp", "tp", "tp_dp"])
 
 
-@pytest.mark.parametrize("mode", ["dp/sp:batch", "sp/sp:a2a"])
+@pytest.mark.parametrize("mode", ["sp/tp@dp_shard", "sp/sp:a2a"])
 def test_sub_block_modes_it_cannot_run_are_left_out_and_refused_from_a_file(tmp_path, mode):
-    """0.3.0's apply keeps the model's sequence-sharded stream and places a sub-block's linears
-    alike: a tp_sub_block search plans neither a ':batch' mode nor ':a2a' and says so in a
-    note, and a plan file with one is refused in one line naming the layer; under the
-    full_dtensor backend tp_sub_block is refused in one line."""
+    """0.3.0's apply places a sub-block's linears alike: a tp_sub_block search plans neither
+    ':a2a' nor the feed-forward TP over dp_shard and says so in a note, and a plan file with
+    one is refused in one line naming the layer; under the full_dtensor backend tp_sub_block
+    is refused in one line."""
     import json
 
     from torchtitan_autoparallel.errors import UserError
@@ -367,9 +367,9 @@ def test_sub_block_modes_it_cannot_run_are_left_out_and_refused_from_a_file(tmp_
             "--parallelism.tensor_parallel_degree", "2", "--autoparallel.hardware", "cpu",
             "--autoparallel.techniques", "fsdp", "tp", "tp_dp", "ac", "tp_sub_block"]
     plan = plan_job(read_job(base), 4)
-    assert not any(":" in layer.tp_mode for layer in plan.layers if layer.kind == "block"), \
+    assert not any(layer.tp_mode.endswith((":a2a", "@dp_shard")) for layer in plan.layers), \
         plan.table()
-    assert any("':batch' modes" in note and "'sp/sp:a2a'" in note
+    assert any("':batch' forms" in note and "'sp/sp:a2a'" in note and "'sp/tp@dp_shard'" in note
                and "embedding on its embedding dim" in note for note in plan.notes)
     data = json.loads(plan.to_json())
     data["local_batch_size"], data["gradient_accumulation_steps"] = 2, \

@@ -10,14 +10,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ...candidates.layout import EMBEDDING_MODES, SUB_BLOCK_TP_MODES, embedding_dim_problem
+from ...candidates.layout import (
+    EMBEDDING_MODES,
+    SUB_BLOCK_TP_MODES,
+    embedding_dim_problem,
+    split_fsdp,
+)
 from ...errors import UserError
 from .tp_dp import (
     SUB_BLOCKS_APPLIED,
     Parts,
     apply_embedding_dim,
+    batch_stream,
     drop_embedding_sharding,
     override_declared_sharding,
+    plan_stream,
     tp_dp_parts,
 )
 from .tp_dp import fsdp_arguments as tp_dp_fsdp
@@ -39,16 +46,16 @@ def check_applicable(plan: Any) -> None:
                   and layer.tp_mode not in SUB_BLOCKS_APPLIED), None)
     if unrun is not None:
         raise UserError(f"{unrun.fqn} has tp_mode {unrun.tp_mode!r}: TorchTitan 0.3.0's apply "
-                        f"runs the sub-block modes {' and '.join(SUB_BLOCKS_APPLIED)} only (the "
-                        "model's sequence-sharded stream, each sub-block's linears alike); "
-                        "re-plan here (the search leaves the others out)")
+                        f"runs the sub-block modes {', '.join(SUB_BLOCKS_APPLIED)} only (each "
+                        "sub-block's linears alike); re-plan here (the search leaves the "
+                        "others out)")
     applied = ("sp", "dp", *SUB_BLOCKS_APPLIED, *EMBEDDING_MODES)
     other = [layer for layer in plan.layers if layer.tp_mode not in applied]
     if other:
         raise UserError(f"the plan runs tensor parallel on {len(plan.layers) - len(other)} of "
                         f"{len(plan.layers)} layers (tp > 1; {other[0].fqn} has tp_mode "
                         f"{other[0].tp_mode!r}): TorchTitan 0.3.0's model.parallelize shards "
-                        "every layer; use 'sp', 'dp', 'dp/sp' or 'sp/dp'")
+                        "every layer; use 'sp', 'dp' or a sub-block mode")
 
 
 def apply_plan(config: Any, plan: Any) -> None:
@@ -117,7 +124,8 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
     compiled = compile_config.enable and "model" in compile_config.components
     parts = tp_dp_parts(model, plan, blocks, parallelism, compiled)  # before AC wraps blocks
     if parts:
-        override_declared_sharding(parts, parallel_dims.get_mesh("tp"))
+        override_declared_sharding(parts, parallel_dims.get_mesh("tp"), plan_stream(plan))
+    batch_stream(model, plan)
     drop_embedding_sharding(model, plan)
     _apply_declared_sharding(model, blocks, parallel_dims, parallelism)
     if plan.embedding_mode and model.tok_embeddings is not None:
@@ -268,7 +276,7 @@ def _apply_fsdp_per_unit(model: Any, plan: Any, blocks: dict[str, Any],
     for unit in fsdp_units([layer for layer in plan.layers if layer.fqn in here]):
         names = [layer.fqn.split(".", 1)[1] for layer in unit]
         reshard = unit[0].reshard_after_forward
-        if unit[0].tp_mode in SUB_BLOCK_TP_MODES:  # units of one block: one group per part
+        if split_fsdp(unit[0].tp_mode):  # units of one block: one group per part
             for mode, modules in parts[names[0]]:
                 fully_shard(modules, **(over_tp if mode == "dp" else fsdp),
                             reshard_after_forward=reshard)

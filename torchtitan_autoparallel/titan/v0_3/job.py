@@ -333,10 +333,9 @@ def sub_block_note(config: Any) -> list[str]:
         raise UserError("autoparallel.techniques has tp_sub_block, which TorchTitan 0.3.0's "
                         "apply does not run under --parallelism.spmd_backend full_dtensor: "
                         "leave it out or use spmd_types or partial_dtensor")
-    return ["autoparallel.techniques: tp_sub_block searched with tp modes 'dp/sp' and 'sp/dp' "
-            "and the embedding on its embedding dim ('dim', 'dim:gather') only: TorchTitan "
-            "0.3.0's apply keeps the model's sequence-sharded stream and places a sub-block's "
-            "linears alike, so the ':batch' modes (stream sharded on the batch over tp), "
+    return ["autoparallel.techniques: tp_sub_block searched with tp modes 'dp/sp', 'sp/dp' "
+            "and their ':batch' forms, and the embedding on its embedding dim ('dim', "
+            "'dim:gather'): TorchTitan 0.3.0's apply places a sub-block's linears alike, so "
             "'sp/sp:a2a' (the attention output projection on the sequence shard) and "
             "'sp/tp@dp_shard' (the feed-forward TP over dp_shard) are left out, and MoE "
             "blocks keep the model's MoE TP (not 'sp/dp')"]

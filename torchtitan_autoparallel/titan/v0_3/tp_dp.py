@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...candidates.layout import sub_block_modes, tp_dp_problem
+from ...candidates.layout import stream_dim, stream_problem, sub_block_modes, tp_dp_problem
 from ...errors import UserError
 
 SUB_BLOCKS = (("attention_norm", "attention"), ("ffn_norm", "feed_forward"))
@@ -32,24 +32,31 @@ Parts = list[tuple[str, list[Any]]]
 """A block's FSDP groups: (the tp dim's use, "sp" or "dp"; the modules of the group)."""
 
 
-SUB_BLOCKS_APPLIED = ("dp/sp", "sp/dp")
-"""The sub-block tp modes this apply runs: on the model's sequence-sharded stream, every linear
-of a sub-block placed alike (``layout.SUB_BLOCK_TP_MODES`` has more)."""
+SUB_BLOCKS_APPLIED = ("dp/sp", "sp/dp", "dp/sp:batch", "sp/dp:batch", "sp/sp:batch")
+"""The sub-block tp modes this apply runs: every linear of a sub-block placed alike, on the
+model's sequence-sharded stream or, with ``layout.BATCH_STREAM``, on a stream sharded on the
+batch over tp (``batch_stream``; ``layout.SUB_BLOCK_TP_MODES`` has more)."""
 
 def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
                 compiled: bool) -> dict[str, Parts]:
     """By block name, the FSDP groups of each block whose plan runs some part data parallel
     over tp: the block ("dp") or each sub-block's norm and module (sub-block modes). Taken
-    before AC wraps the blocks; a one-line UserError for what this apply cannot run."""
+    before AC wraps the blocks; a one-line UserError for what this apply cannot run (a
+    stream sharded on the batch included)."""
     planned = {name: plan_layer(plan, name).tp_mode for name in blocks}
-    chosen = {name: mode for name, mode in planned.items() if "dp" in sub_block_modes(mode)}
+    chosen = {name: mode for name, mode in planned.items()
+              if "dp" in sub_block_modes(mode) or stream_dim(mode) == 0}
     if not chosen:
         return {}
     for mode in sorted(set(chosen.values())):
-        problem = tp_dp_problem(plan.mesh, plan.local_batch_size, tp_mode=mode)
+        problem = tp_dp_problem(plan.mesh, plan.local_batch_size, tp_mode=mode) or \
+            stream_problem(list(planned.values()))
         if problem:
             raise UserError(f"plan: {problem}")
-    where = f"tp_mode {next(iter(chosen.values()))!r} (the tp dim as data parallel)"
+    mode = next(iter(chosen.values()))
+    use = "the stream sharded on the batch over tp" if stream_dim(mode) == 0 else \
+        "the tp dim as data parallel"
+    where = f"tp_mode {mode!r} ({use})"
     if compiled:
         raise UserError(f"{where} is not applied to compiled blocks on TorchTitan 0.3.0 "
                         "(FSDP's hooks would sit inside them): drop --compile.enable or use 'sp'")
@@ -60,8 +67,11 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
     if not any(module.startswith(f"torchtitan.models.{f}.") for f in TP_DP_FAMILIES):
         raise UserError(f"{where} is applied to {' and '.join(TP_DP_FAMILIES)} only (the model "
                         f"is {module}.{type(model).__name__}): use 'sp'")
+    _check_batch_stream(model, list(chosen.values()), where)
     out = {}
     for name, block_mode in chosen.items():
+        if "dp" not in sub_block_modes(block_mode):
+            continue  # TP + SP on the batch: the model's declarations, redone by batch_stream
         block = blocks[name]
         if getattr(block, "moe_enabled", False) or not all(
                 hasattr(block, part) for pair in SUB_BLOCKS for part in pair):
@@ -75,15 +85,74 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
     return out
 
 
+def _check_batch_stream(model: Any, modes: list[str], where: str) -> None:
+    """A one-line UserError where a stream sharded on the batch meets modules that read the
+    sequence shard inside their own kernels (dist-GEMM's fused all-gather / reduce-scatter)."""
+    from torchtitan.models.common.dist_gemm import AllGatherFusedFeedForward, RowParallelLinear
+
+    if all(stream_dim(mode) == 1 for mode in modes):
+        return
+    fused = next((name for name, module in model.named_modules()
+                  if isinstance(module, (AllGatherFusedFeedForward, RowParallelLinear))), None)
+    if fused is not None:
+        raise UserError(f"{where} is not applied beside dist-GEMM modules ({fused} gathers "
+                        "the sequence shard in its kernel): turn dist-GEMM off or use 'sp'")
+
+
+def batch_stream(model: Any, plan: Any) -> None:
+    """Before ``model.parallelize``, for a plan whose stream is sharded on the batch over tp
+    (``layout.BATCH_STREAM``): every declaration of TorchTitan's sequence-parallel layout
+    (embedding output, norms, the attention's and feed-forward's input, wo's and w2's
+    output, the final norm's input) reads the batch shard instead, so TP sub-blocks
+    all-gather and reduce-scatter the stream on the batch."""
+    import dataclasses
+
+    from torchtitan.models.common.decoder_sharding import (
+        CP,
+        DP,
+        TP,
+        dense_sequence_parallel_placement,
+    )
+    from torchtitan.protocols.sharding import SpmdLayout
+
+    if plan_stream(plan) == 1:
+        return
+    sequence = dense_sequence_parallel_placement()
+    batch = SpmdLayout(dict(sequence.axis_types), partition_spec=((DP, TP), CP, None))
+
+    def swap(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: swap(v) for k, v in value.items()}
+        if isinstance(value, tuple):
+            return tuple(swap(v) for v in value)
+        return batch if value == sequence else value
+
+    for module in model.modules():
+        config = getattr(module, "_sharding_config", None)
+        if config is not None:
+            module._sharding_config = dataclasses.replace(config, **{
+                f: swap(getattr(config, f)) for f in ("in_src_shardings", "in_dst_shardings",
+                                                       "out_src_shardings", "out_dst_shardings")})
+
+
+def plan_stream(plan: Any) -> int:
+    """The dim of the residual stream tp shards under ``plan``: 0 (the batch) where its blocks
+    take ``layout.BATCH_STREAM`` modes, else 1 (the sequence)."""
+    return min((stream_dim(layer.tp_mode) for layer in plan.layers
+                if layer.kind == "block" and layer.tp_mode != "none"), default=1)
+
+
 def plan_layer(plan: Any, name: str) -> Any:
     """The plan's entry of block ``name``."""
     return next(layer for layer in plan.layers if layer.fqn == f"layers.{name}")
 
 
-def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any) -> None:
+def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any, stream: int = 1) -> None:
     """Before ``model.parallelize``: each data-parallel part keeps its weights whole on tp
-    (its modules' declarations dropped); a block or an attention runs on a batch shard, a
-    feed-forward (per token) and a sub-block's norm on the local sequence shard."""
+    (its modules' declarations dropped); on the sequence-sharded stream (``stream`` 1) a
+    block or an attention runs on a batch shard, a feed-forward (per token) and a sub-block's
+    norm on the local sequence shard; on a stream sharded on the batch (0) every part runs
+    on the local batch shard as it is."""
     for groups in parts.values():
         for part, (mode, modules) in enumerate(groups):
             if mode != "dp":
@@ -94,27 +163,34 @@ def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any) -> None:
                         inner._sharding_config = None
             if len(modules) == 1:
                 _run_on_batch_shard(modules[0], tp_mesh)
+                continue
+            norm, module = modules
+            _run_on_local_shard(norm, tp_mesh, stream)
+            if part == 0 and stream == 1:  # the attention reads whole sequences
+                _run_on_batch_shard(module, tp_mesh)
             else:
-                norm, module = modules
-                _run_on_sequence_shard(norm, tp_mesh)
-                if part == 0:  # the attention reads whole sequences
-                    _run_on_batch_shard(module, tp_mesh)
-                else:
-                    _run_on_sequence_shard(module, tp_mesh)
+                _run_on_local_shard(module, tp_mesh, stream, split=part == 0)
 
 
-def _run_on_sequence_shard(norm: Any, tp_mesh: Any) -> None:
-    """``norm`` (a norm or a feed-forward, weights whole on tp) applied per token to the local
-    sequence shard; its output of the input's kind (a DTensor under ``partial_dtensor``, a
-    local shard under ``spmd_types``)."""
+def _run_on_local_shard(norm: Any, tp_mesh: Any, stream: int = 1, split: bool = False) -> None:
+    """``norm`` (a norm, a feed-forward or, on a stream sharded on the batch, an attention;
+    weights whole on tp) applied to the local shard of the stream (dim ``stream``); its output
+    of the input's kind (a DTensor under ``partial_dtensor``, a local shard under
+    ``spmd_types``); ``split``: per-sequence tensor arguments (positions) split with the
+    batch."""
     from torch.distributed.tensor import DTensor, Shard
 
     inner = norm.forward
 
-    def forward(x: Any) -> Any:
+    def forward(x: Any, *args: Any, **kwargs: Any) -> Any:
+        if split:
+            batch = x.shape[0] * (tp_mesh.size() if not isinstance(x, DTensor) else 1)
+            args = tuple(_batch_part(a, batch, tp_mesh) for a in args)
+            kwargs = {k: _batch_part(v, batch, tp_mesh) for k, v in kwargs.items()}
         if not isinstance(x, DTensor):
-            return inner(x)
-        return DTensor.from_local(inner(x.to_local()), tp_mesh, [Shard(1)])
+            return inner(x, *args, **kwargs)
+        return DTensor.from_local(inner(x.to_local(), *args, **kwargs), tp_mesh,
+                                  [Shard(stream)])
 
     norm.forward = forward
 
@@ -140,15 +216,15 @@ def _run_on_batch_shard(module: Any, tp_mesh: Any) -> None:
     module.forward = forward
 
 
-def _stream_as_dtensor(module: Any, tp_mesh: Any) -> None:
-    """``module``'s output (this rank's sequence shard) as the DTensor the blocks' declarations
-    read under the ``partial_dtensor`` backend."""
+def _stream_as_dtensor(module: Any, tp_mesh: Any, stream: int) -> None:
+    """``module``'s output (this rank's shard of the stream, on dim ``stream``) as the DTensor
+    the blocks' declarations read under the ``partial_dtensor`` backend."""
     from torch.distributed.tensor import DTensor, Shard
 
     inner = module.forward
 
     def forward(x: Any) -> Any:
-        return DTensor.from_local(inner(x), tp_mesh, [Shard(1)])
+        return DTensor.from_local(inner(x), tp_mesh, [Shard(stream)])
 
     module.forward = forward
 
@@ -216,10 +292,11 @@ def apply_embedding_dim(model: Any, plan: Any, parallel_dims: Any, dtype: Any) -
     gather = mode == EMBEDDING_DIM_GATHER
     mesh = parallel_dims.get_mesh([_dp_shard_name(parallel_dims), "tp"]) if gather else \
         dp_shard_tp_mesh(parallel_dims)
+    stream = plan_stream(plan)
     parallelize_module(model.tok_embeddings, mesh,
-                       embedding_dim_style(m.dp_shard, m.tp, 1, dtype, gather))
+                       embedding_dim_style(m.dp_shard, m.tp, stream, dtype, gather))
     if parallel_dims.spmd_backend == "partial_dtensor" and m.tp > 1:
-        _stream_as_dtensor(model.tok_embeddings, parallel_dims.get_mesh("tp"))
+        _stream_as_dtensor(model.tok_embeddings, parallel_dims.get_mesh("tp"), stream)
     over = f"dp_shard ({m.dp_shard} ranks), its table gathered over tp" if gather else \
         f"dp_shard x tp ({m.dp_shard * m.tp} ranks)"
     logger.info(f"tok_embeddings looked up on its embedding dim over {over}: token ids "
