@@ -400,6 +400,23 @@ def test_dry_run_on_64_fake_ranks(module, config, args, mesh, tmp_path):
     assert "Training completed" in out, out[-3000:]
 
 
+def test_sub_block_dry_run_on_64_fake_ranks(tmp_path):
+    """``COMM_MODE=fake_backend NGPU=64`` with ``tp_sub_block`` on TP 2: the plan for 64 H100s
+    runs its blocks on a stream sharded on the batch over tp and its embedding on its
+    embedding dim, and TorchTitan 0.3.0 applies it and trains a step on a fake process group
+    (the 4-rank parity tests check the numbers)."""
+    env = {**_env(), "NGPU": "64", "MODULE": "llama3", "CONFIG": "llama3_debugmodel",
+           "COMM_MODE": "fake_backend"}
+    out = _run(["bash", str(REPO / "run_train.sh"), "--parallelism.auto",
+                "--autoparallel.hardware", "h100_sxm", "--training.seq_len", "256",
+                "--training.global_batch_size", "256", "--parallelism.tensor_parallel_degree",
+                "2", "--autoparallel.techniques", "fsdp,tp,tp_dp,ac,tp_sub_block",
+                "--dump_folder", str(tmp_path)], env=env)
+    assert re.search(r"layers\.0\S* +\S*\+stream:batch", out), out[-3000:]
+    assert "tok_embeddings looked up on its embedding dim" in out, out[-3000:]
+    assert "Training completed" in out, out[-3000:]
+
+
 def test_moonlight_under_auto_refuses_its_dist_muon_optimizer_in_one_line(tmp_path):
     """Kimi's Moonlight config trains with DistMuon (its own sharded parameter storage, which
     TorchTitan builds for CUDA only): under auto it is one line before any model is built,
