@@ -245,6 +245,36 @@ def test_sub_block_batch_stream_from_a_plan_file_trains_as_one_rank(reference, t
     _assert_same(_grad_norms(out), reference.grad_norms, GRAD_NORM_TOL)
 
 
+@pytest.mark.parametrize("backend", ["spmd_types", "partial_dtensor"])
+def test_sub_block_a2a_from_a_plan_file_trains_as_one_rank(reference, tmp_path, backend):
+    """llama3's debug plan on fsdp 2 x tp 2 with the attention's output projection on the
+    sequence shard ("sp/sp:a2a": its input moved from the heads by an all-to-all, its row-wise
+    weight gathered over tp, no reduce-scatter) beside TP + SP blocks and data-parallel
+    attentions, under both SPMD backends: the losses and gradient norms are the 1-rank run's
+    from the same seed checkpoint."""
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+
+    options = [*SUB_BLOCK, "--parallelism.data_parallel_shard_degree", "2",
+               "--parallelism.spmd_backend", backend]
+    plan = plan_job(read_job([*JOB, "--parallelism.auto", *options]), 4)
+    modes = ["sp/sp:a2a", "sp", "dp/sp"]
+    for i, layer in enumerate(layer for layer in plan.layers if layer.kind == "block"):
+        layer.tp_mode, layer.ac, layer.fsdp_unit = modes[i % 3], ("none", "full")[i % 2], 1
+    for layer in plan.layers:
+        if layer.kind == "embedding":
+            layer.tp_mode, layer.reshard_after_forward = "sp", True
+    path = tmp_path / "a2a.json"
+    plan.save(str(path))
+    out = _torchrun(4, *JOB, *STEPS, *options, f"--autoparallel.plan_file={path}",
+                    *reference.load, "--dump_folder", str(tmp_path / "run"))
+    assert "mesh dp_replicate=1 dp_shard=2 cp=1 tp=2" in out, out[-3000:]
+    assert re.search(r"layers\.0 +\S*a2a", out), out[-3000:]
+    assert "2 blocks run attention.wo on the sequence shard" in out, out[-3000:]
+    _assert_same(_losses(out), reference.losses)
+    _assert_same(_grad_norms(out), reference.grad_norms, GRAD_NORM_TOL)
+
+
 @pytest.mark.parametrize("mode,ranks,tp,backend,blocks", [
     ("dim", 2, 1, "spmd_types", ["none"]),
     ("dim:gather", 4, 2, "partial_dtensor", ["dp/sp", "sp"]),

@@ -349,12 +349,11 @@ def test_tp_dp_is_left_out_under_compile_and_refused_where_asked():
         read_job([*base, "--compile.enable", "--autoparallel.techniques", "fsdp", "tp", "tp_dp"])
 
 
-@pytest.mark.parametrize("mode", ["sp/tp@dp_shard", "sp/sp:a2a"])
-def test_sub_block_modes_it_cannot_run_are_left_out_and_refused_from_a_file(tmp_path, mode):
-    """0.3.0's apply places a sub-block's linears alike: a tp_sub_block search plans neither
-    ':a2a' nor the feed-forward TP over dp_shard and says so in a note, and a plan file with
-    one is refused in one line naming the layer; under the full_dtensor backend tp_sub_block
-    is refused in one line."""
+def test_sub_block_modes_it_cannot_run_are_left_out_and_refused_from_a_file(tmp_path):
+    """0.3.0's apply does not run the feed-forward TP over dp_shard: a tp_sub_block search
+    does not plan it and says so in a note, and a plan file with it is refused in one line
+    naming the layer; under the full_dtensor backend tp_sub_block is refused in one line."""
+    mode = "sp/tp@dp_shard"
     import json
 
     from torchtitan_autoparallel.errors import UserError
@@ -367,10 +366,9 @@ def test_sub_block_modes_it_cannot_run_are_left_out_and_refused_from_a_file(tmp_
             "--parallelism.tensor_parallel_degree", "2", "--autoparallel.hardware", "cpu",
             "--autoparallel.techniques", "fsdp", "tp", "tp_dp", "ac", "tp_sub_block"]
     plan = plan_job(read_job(base), 4)
-    assert not any(layer.tp_mode.endswith((":a2a", "@dp_shard")) for layer in plan.layers), \
-        plan.table()
-    assert any("':batch' forms" in note and "'sp/sp:a2a'" in note and "'sp/tp@dp_shard'" in note
-               and "embedding on its embedding dim" in note for note in plan.notes)
+    assert not any(layer.tp_mode == mode for layer in plan.layers), plan.table()
+    assert any("':batch' forms" in note and "'sp/sp:a2a'" in note and f"leaves out '{mode}'"
+               in note and "embedding on its embedding dim" in note for note in plan.notes)
     data = json.loads(plan.to_json())
     data["local_batch_size"], data["gradient_accumulation_steps"] = 2, \
         plan.global_batch_size // (2 * plan.mesh.dp)

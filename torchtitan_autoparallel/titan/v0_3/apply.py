@@ -25,6 +25,7 @@ from .tp_dp import (
     drop_embedding_sharding,
     override_declared_sharding,
     plan_stream,
+    projections_a2a,
     tp_dp_parts,
 )
 from .tp_dp import fsdp_arguments as tp_dp_fsdp
@@ -126,6 +127,8 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
     if parts:
         override_declared_sharding(parts, parallel_dims.get_mesh("tp"), plan_stream(plan))
     batch_stream(model, plan)
+    if parallel_dims.tp_enabled:
+        projections_a2a(blocks, plan, parallel_dims.get_mesh("tp"))
     drop_embedding_sharding(model, plan)
     _apply_declared_sharding(model, blocks, parallel_dims, parallelism)
     if plan.embedding_mode and model.tok_embeddings is not None:

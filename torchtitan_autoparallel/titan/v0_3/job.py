@@ -333,9 +333,8 @@ def sub_block_note(config: Any) -> list[str]:
         raise UserError("autoparallel.techniques has tp_sub_block, which TorchTitan 0.3.0's "
                         "apply does not run under --parallelism.spmd_backend full_dtensor: "
                         "leave it out or use spmd_types or partial_dtensor")
-    return ["autoparallel.techniques: tp_sub_block searched with tp modes 'dp/sp', 'sp/dp' "
-            "and their ':batch' forms, and the embedding on its embedding dim ('dim', "
-            "'dim:gather'): TorchTitan 0.3.0's apply places a sub-block's linears alike, so "
-            "'sp/sp:a2a' (the attention output projection on the sequence shard) and "
-            "'sp/tp@dp_shard' (the feed-forward TP over dp_shard) are left out, and MoE "
-            "blocks keep the model's MoE TP (not 'sp/dp')"]
+    return ["autoparallel.techniques: tp_sub_block searched with tp modes 'dp/sp', 'sp/dp', "
+            "their ':batch' forms and 'sp/sp:a2a', and the embedding on its embedding dim "
+            "('dim', 'dim:gather'): TorchTitan 0.3.0's apply leaves out 'sp/tp@dp_shard' (the "
+            "feed-forward TP over dp_shard), and MoE blocks keep the model's MoE TP (not "
+            "'sp/dp')"]

@@ -16,7 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...candidates.layout import stream_dim, stream_problem, sub_block_modes, tp_dp_problem
+from ...candidates.layout import (
+    a2a_mode,
+    stream_dim,
+    stream_problem,
+    sub_block_modes,
+    tp_dp_problem,
+)
 from ...errors import UserError
 
 SUB_BLOCKS = (("attention_norm", "attention"), ("ffn_norm", "feed_forward"))
@@ -32,10 +38,12 @@ Parts = list[tuple[str, list[Any]]]
 """A block's FSDP groups: (the tp dim's use, "sp" or "dp"; the modules of the group)."""
 
 
-SUB_BLOCKS_APPLIED = ("dp/sp", "sp/dp", "dp/sp:batch", "sp/dp:batch", "sp/sp:batch")
+SUB_BLOCKS_APPLIED = ("dp/sp", "sp/dp", "dp/sp:batch", "sp/dp:batch", "sp/sp:batch",
+                      "sp/sp:a2a")
 """The sub-block tp modes this apply runs: every linear of a sub-block placed alike, on the
 model's sequence-sharded stream or, with ``layout.BATCH_STREAM``, on a stream sharded on the
-batch over tp (``batch_stream``; ``layout.SUB_BLOCK_TP_MODES`` has more)."""
+batch over tp (``batch_stream``), and the attention's output projection on the sequence shard
+(``projections_a2a``; ``layout.SUB_BLOCK_TP_MODES`` has more)."""
 
 def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
                 compiled: bool) -> dict[str, Parts]:
@@ -45,7 +53,7 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
     stream sharded on the batch included)."""
     planned = {name: plan_layer(plan, name).tp_mode for name in blocks}
     chosen = {name: mode for name, mode in planned.items()
-              if "dp" in sub_block_modes(mode) or stream_dim(mode) == 0}
+              if "dp" in sub_block_modes(mode) or stream_dim(mode) == 0 or a2a_mode(mode)}
     if not chosen:
         return {}
     for mode in sorted(set(chosen.values())):
@@ -55,6 +63,7 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
             raise UserError(f"plan: {problem}")
     mode = next(iter(chosen.values()))
     use = "the stream sharded on the batch over tp" if stream_dim(mode) == 0 else \
+        "the output projection on the sequence shard" if a2a_mode(mode) else \
         "the tp dim as data parallel"
     where = f"tp_mode {mode!r} ({use})"
     if compiled:
@@ -71,7 +80,7 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
     out = {}
     for name, block_mode in chosen.items():
         if "dp" not in sub_block_modes(block_mode):
-            continue  # TP + SP on the batch: the model's declarations, redone by batch_stream
+            continue  # TP on both: the model's declarations (batch_stream, projections_a2a)
         block = blocks[name]
         if getattr(block, "moe_enabled", False) or not all(
                 hasattr(block, part) for pair in SUB_BLOCKS for part in pair):
@@ -97,6 +106,42 @@ def _check_batch_stream(model: Any, modes: list[str], where: str) -> None:
     if fused is not None:
         raise UserError(f"{where} is not applied beside dist-GEMM modules ({fused} gathers "
                         "the sequence shard in its kernel): turn dist-GEMM off or use 'sp'")
+
+
+def projections_a2a(blocks: dict[str, Any], plan: Any, tp_mesh: Any) -> None:
+    """Before ``model.parallelize``, for blocks planned in ``layout.A2A_MODES``: the
+    attention's output projection keeps the model's row-wise weight (Shard(1) over tp) and
+    drops its output declaration; its input (sharded on the heads) moves onto the sequence
+    shard by an all-to-all over tp, its weight is all-gathered over tp for the matmul (its
+    gradient reduce-scattered back), and its output is the stream's sequence shard, with no
+    reduce-scatter."""
+    import torch.nn.functional as F
+    from torch.distributed._functional_collectives import all_gather_tensor_autograd
+    from torch.distributed.tensor import DTensor, Shard
+    from torchtitan.tools.logging import logger
+
+    names = [name for name in blocks if a2a_mode(plan_layer(plan, name).tp_mode)]
+    if names:
+        logger.info(f"{len(names)} blocks run attention.wo on the sequence shard (all-to-all "
+                    "from the heads, weight gathered over tp)")
+    for name in names:
+        block = blocks[name]
+        wo = block.attention.wo
+        if getattr(wo, "bias", None) is not None or wo._sharding_config is None:
+            raise UserError(f"tp_mode {plan_layer(plan, name).tp_mode!r} runs layers.{name}."
+                            "attention.wo as a bias-free row-wise linear; use 'sp'")
+        wo._sharding_config = type(wo._sharding_config)(
+            state_shardings=wo._sharding_config.state_shardings)
+
+        def forward(x: Any, wo: Any = wo) -> Any:
+            wrapped = isinstance(x, DTensor)
+            heads = x if wrapped else DTensor.from_local(x, tp_mesh, [Shard(2)], run_check=False)
+            local = heads.redistribute(tp_mesh, [Shard(1)]).to_local()
+            weight = wo.weight.to_local() if isinstance(wo.weight, DTensor) else wo.weight
+            out = F.linear(local, all_gather_tensor_autograd(weight, 1, tp_mesh.get_group()))
+            return DTensor.from_local(out, tp_mesh, [Shard(1)]) if wrapped else out
+
+        wo.forward = forward
 
 
 def batch_stream(model: Any, plan: Any) -> None:
