@@ -245,32 +245,41 @@ def test_sub_block_batch_stream_from_a_plan_file_trains_as_one_rank(reference, t
     _assert_same(_grad_norms(out), reference.grad_norms, GRAD_NORM_TOL)
 
 
-@pytest.mark.parametrize("backend", ["spmd_types", "partial_dtensor"])
-def test_sub_block_a2a_from_a_plan_file_trains_as_one_rank(reference, tmp_path, backend):
-    """llama3's debug plan on fsdp 2 x tp 2 with the attention's output projection on the
-    sequence shard ("sp/sp:a2a": its input moved from the heads by an all-to-all, its row-wise
-    weight gathered over tp, no reduce-scatter) beside TP + SP blocks and data-parallel
-    attentions, under both SPMD backends: the losses and gradient norms are the 1-rank run's
-    from the same seed checkpoint."""
+@pytest.mark.parametrize("mode,backend,words", [
+    ("sp/sp:a2a", "spmd_types", "attention.wo on the sequence shard"),
+    pytest.param("sp/sp:a2a", "partial_dtensor", "attention.wo on the sequence shard",
+                 marks=pytest.mark.slow),
+    ("sp/tp@dp_shard", "partial_dtensor", "feed_forward tensor parallel over dp_shard"),
+    pytest.param("sp/tp@dp_shard", "spmd_types", "feed_forward tensor parallel over dp_shard",
+                 marks=pytest.mark.slow),
+])
+def test_sub_block_linears_apart_from_a_plan_file_train_as_one_rank(reference, tmp_path, mode,
+                                                                     backend, words):
+    """llama3's debug plan on fsdp 2 x tp 2 with a sub-block's linears placed apart from
+    TorchTitan's TP + SP, beside TP + SP blocks and data-parallel attentions, under both SPMD
+    backends: the attention's output projection on the sequence shard ("sp/sp:a2a": its input
+    moved from the heads by an all-to-all, its row-wise weight gathered over tp, no
+    reduce-scatter), or the feed-forward TP over dp_shard ("sp/tp@dp_shard": its input
+    gathered over dp_shard on the batch, weights split over dp_shard and gathered over tp).
+    The losses and gradient norms are the 1-rank run's from the same seed checkpoint."""
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
 
     options = [*SUB_BLOCK, "--parallelism.data_parallel_shard_degree", "2",
                "--parallelism.spmd_backend", backend]
     plan = plan_job(read_job([*JOB, "--parallelism.auto", *options]), 4)
-    modes = ["sp/sp:a2a", "sp", "dp/sp"]
+    modes = [mode, "sp", "dp/sp"]
     for i, layer in enumerate(layer for layer in plan.layers if layer.kind == "block"):
         layer.tp_mode, layer.ac, layer.fsdp_unit = modes[i % 3], ("none", "full")[i % 2], 1
     for layer in plan.layers:
         if layer.kind == "embedding":
             layer.tp_mode, layer.reshard_after_forward = "sp", True
-    path = tmp_path / "a2a.json"
+    path = tmp_path / "apart.json"
     plan.save(str(path))
     out = _torchrun(4, *JOB, *STEPS, *options, f"--autoparallel.plan_file={path}",
                     *reference.load, "--dump_folder", str(tmp_path / "run"))
     assert "mesh dp_replicate=1 dp_shard=2 cp=1 tp=2" in out, out[-3000:]
-    assert re.search(r"layers\.0 +\S*a2a", out), out[-3000:]
-    assert "2 blocks run attention.wo on the sequence shard" in out, out[-3000:]
+    assert f"2 blocks run {words}" in out, out[-3000:]
     _assert_same(_losses(out), reference.losses)
     _assert_same(_grad_norms(out), reference.grad_norms, GRAD_NORM_TOL)
 

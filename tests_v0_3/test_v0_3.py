@@ -349,38 +349,22 @@ def test_tp_dp_is_left_out_under_compile_and_refused_where_asked():
         read_job([*base, "--compile.enable", "--autoparallel.techniques", "fsdp", "tp", "tp_dp"])
 
 
-def test_sub_block_modes_it_cannot_run_are_left_out_and_refused_from_a_file(tmp_path):
-    """0.3.0's apply does not run the feed-forward TP over dp_shard: a tp_sub_block search
-    does not plan it and says so in a note, and a plan file with it is refused in one line
-    naming the layer; under the full_dtensor backend tp_sub_block is refused in one line."""
-    mode = "sp/tp@dp_shard"
-    import json
-
+def test_sub_block_search_notes_moe_blocks_and_refuses_full_dtensor():
+    """0.3.0's apply runs every dense sub-block mode: a tp_sub_block search offers them all
+    and notes that MoE blocks keep the model's MoE TP; under the full_dtensor backend
+    tp_sub_block is refused in one line."""
+    from torchtitan_autoparallel.candidates.layout import SUB_BLOCK_TP_MODES
     from torchtitan_autoparallel.errors import UserError
     from torchtitan_autoparallel.job.request import plan_job
-    from torchtitan_autoparallel.plan.schema import Plan
-    from torchtitan_autoparallel.titan.v0_3 import read_job
-    from torchtitan_autoparallel.titan.v0_3.apply import check_applicable
+    from torchtitan_autoparallel.titan.v0_3 import SUB_BLOCKS_APPLIED, read_job
 
+    assert set(SUB_BLOCKS_APPLIED) == set(SUB_BLOCK_TP_MODES)
     base = ["--module", "llama3", "--config", "llama3_debugmodel", "--parallelism.auto",
             "--parallelism.tensor_parallel_degree", "2", "--autoparallel.hardware", "cpu",
-            "--autoparallel.techniques", "fsdp", "tp", "tp_dp", "ac", "tp_sub_block"]
+            "--autoparallel.techniques", "fsdp", "tp", "ac", "tp_sub_block"]
     plan = plan_job(read_job(base), 4)
-    assert not any(layer.tp_mode == mode for layer in plan.layers), plan.table()
-    assert any("':batch' forms" in note and "'sp/sp:a2a'" in note and f"leaves out '{mode}'"
-               in note and "embedding on its embedding dim" in note for note in plan.notes)
-    data = json.loads(plan.to_json())
-    data["local_batch_size"], data["gradient_accumulation_steps"] = 2, \
-        plan.global_batch_size // (2 * plan.mesh.dp)
-    for layer in data["layers"]:
-        if layer["kind"] == "block":
-            layer.update(tp_mode=mode, fsdp_unit=1)
-    path = tmp_path / "batch.json"
-    path.write_text(json.dumps(data))
-    with pytest.raises(UserError, match=rf"layers\.0 has tp_mode '{mode}': TorchTitan "
-                                        r"0\.3\.0's apply runs the sub-block modes"):
-        check_applicable(Plan.load(str(path)))
+    assert plan.inputs["constraints"]["sub_block_modes"] == list(SUB_BLOCK_TP_MODES)
+    assert any("MoE blocks keep the model's MoE TP" in note for note in plan.notes)
     with pytest.raises(UserError, match="tp_sub_block, which TorchTitan 0.3.0's apply does not "
                                         "run under --parallelism.spmd_backend full_dtensor"):
-        read_job([*base[:-5], "fsdp", "tp", "ac", "tp_sub_block", "--parallelism.spmd_backend",
-                  "full_dtensor"])
+        read_job([*base, "--parallelism.spmd_backend", "full_dtensor"])

@@ -147,7 +147,7 @@ def dp_shard_tp_styles(linears: dict[str, str], dtype: torch.dtype | None
 
     class WholeNorm(ParallelStyle):
         def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
-            if type(module) is not nn.RMSNorm or module.weight is None:
+            if not isinstance(module, nn.RMSNorm) or module.weight is None:
                 raise UserError(f"tp_mode 'sp/tp@dp_shard' reads a plain nn.RMSNorm, not a "
                                 f"{type(module).__name__}; use 'sp'")
             module.register_parameter("weight", nn.Parameter(
@@ -181,7 +181,7 @@ def _gathered_linear(linear: nn.Module, mesh: Any, dim: int, cast: Any) -> None:
     each matmul (read through ``cast``), its gradient reduce-scattered back over tp."""
     from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
-    if type(linear) is not nn.Linear or linear.bias is not None:
+    if not isinstance(linear, nn.Linear) or linear.bias is not None:
         raise UserError(f"tp_mode 'sp/tp@dp_shard' splits plain bias-free nn.Linear layers, not "
                         f"{linear}; use 'sp'")
     linear.register_parameter("weight", nn.Parameter(

@@ -11,8 +11,8 @@ import dataclasses
 from typing import Any
 
 from ...candidates.layout import (
+    DP_SHARD_TP,
     EMBEDDING_MODES,
-    SUB_BLOCK_TP_MODES,
     embedding_dim_problem,
     split_fsdp,
 )
@@ -20,8 +20,10 @@ from ...errors import UserError
 from .tp_dp import (
     SUB_BLOCKS_APPLIED,
     Parts,
+    apply_dp_shard_tp,
     apply_embedding_dim,
     batch_stream,
+    dp_shard_tp_parts,
     drop_embedding_sharding,
     override_declared_sharding,
     plan_stream,
@@ -33,9 +35,8 @@ from .tp_dp import fsdp_arguments as tp_dp_fsdp
 
 def check_applicable(plan: Any) -> None:
     """UserError naming what in ``plan`` this apply cannot run: a layer without TP on a tp
-    mesh (``model.parallelize`` shards every layer the model declares), a sub-block mode
-    ``tp_dp.py`` does not run, an embedding on its embedding dim on a mesh that cannot hold
-    it."""
+    mesh (``model.parallelize`` shards every layer the model declares), an embedding on its
+    embedding dim on a mesh that cannot hold it."""
     looked_up = next((layer for layer in plan.layers if layer.tp_mode in EMBEDDING_MODES), None)
     problem = looked_up and embedding_dim_problem(plan.mesh, tp_mode=looked_up.tp_mode)
     if problem:
@@ -43,13 +44,6 @@ def check_applicable(plan: Any) -> None:
     m = plan.mesh
     if m.tp == 1:
         return
-    unrun = next((layer for layer in plan.layers if layer.tp_mode in SUB_BLOCK_TP_MODES
-                  and layer.tp_mode not in SUB_BLOCKS_APPLIED), None)
-    if unrun is not None:
-        raise UserError(f"{unrun.fqn} has tp_mode {unrun.tp_mode!r}: TorchTitan 0.3.0's apply "
-                        f"runs the sub-block modes {', '.join(SUB_BLOCKS_APPLIED)} only (each "
-                        "sub-block's linears alike); re-plan here (the search leaves the "
-                        "others out)")
     applied = ("sp", "dp", *SUB_BLOCKS_APPLIED, *EMBEDDING_MODES)
     other = [layer for layer in plan.layers if layer.tp_mode not in applied]
     if other:
@@ -126,16 +120,18 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
     parts = tp_dp_parts(model, plan, blocks, parallelism, compiled)  # before AC wraps blocks
     if parts:
         override_declared_sharding(parts, parallel_dims.get_mesh("tp"), plan_stream(plan))
+    over_dp_shard = dp_shard_tp_parts(parts)
     batch_stream(model, plan)
     if parallel_dims.tp_enabled:
         projections_a2a(blocks, plan, parallel_dims.get_mesh("tp"))
     drop_embedding_sharding(model, plan)
     _apply_declared_sharding(model, blocks, parallel_dims, parallelism)
-    if plan.embedding_mode and model.tok_embeddings is not None:
-        from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.config import TORCH_DTYPE_MAP
 
-        apply_embedding_dim(model, plan, parallel_dims,
-                            TORCH_DTYPE_MAP[training.mixed_precision_param])
+    dtype = TORCH_DTYPE_MAP[training.mixed_precision_param]
+    if plan.embedding_mode and model.tok_embeddings is not None:
+        apply_embedding_dim(model, plan, parallel_dims, dtype)
+    apply_dp_shard_tp(over_dp_shard, parallel_dims, dtype)
     by_fqn = {layer.fqn: layer for layer in plan.layers}
     _apply_ac_per_block(model, blocks, by_fqn, ac_config, dump_folder)
     encoders = {layer.fqn: getattr(model, layer.fqn) for layer in plan.layers
@@ -276,11 +272,15 @@ def _apply_fsdp_per_unit(model: Any, plan: Any, blocks: dict[str, Any],
     units = []
     here = {f"layers.{name}" for name in blocks}
     over_tp = tp_dp_fsdp(fsdp, parallel_dims) if parts else fsdp
+    own: set[nn.Parameter] = set()  # parameters sharded by styles of their own
     for unit in fsdp_units([layer for layer in plan.layers if layer.fqn in here]):
         names = [layer.fqn.split(".", 1)[1] for layer in unit]
         reshard = unit[0].reshard_after_forward
         if split_fsdp(unit[0].tp_mode):  # units of one block: one group per part
             for mode, modules in parts[names[0]]:
+                if mode == DP_SHARD_TP:  # sharded by its own style
+                    own.update(p for module in modules for p in module.parameters())
+                    continue
                 fully_shard(modules, **(over_tp if mode == "dp" else fsdp),
                             reshard_after_forward=reshard)
             continue
@@ -291,9 +291,9 @@ def _apply_fsdp_per_unit(model: Any, plan: Any, blocks: dict[str, Any],
                     reshard_after_forward=reshard,
                     **({"shard_placement_fn": placement} if placement else {}))
     # the embedding looked up on its embedding dim is sharded by its own style
-    own = set(model.tok_embeddings.parameters()) if plan.embedding_mode and \
-        model.tok_embeddings is not None else None
-    fully_shard(model, **fsdp, ignored_params=own)
+    if plan.embedding_mode and model.tok_embeddings is not None:
+        own.update(model.tok_embeddings.parameters())
+    fully_shard(model, **fsdp, ignored_params=own or None)
     disable_fsdp_gradient_division(model)
     if parallel_dims.ep_enabled:
         _prefetch_explicitly(model, units)

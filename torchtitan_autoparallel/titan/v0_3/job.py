@@ -324,17 +324,15 @@ def tp_dp_left_out(config: Any) -> list[str]:
 
 
 def sub_block_note(config: Any) -> list[str]:
-    """The plan note of a ``tp_sub_block`` search on 0.3.0: the sub-block modes its apply does
-    not run are not searched (``Frontend.sub_block_modes``); under the full_dtensor backend
-    (DP and TP in one DTensor mesh) ``tp_sub_block`` is refused in one line."""
+    """The plan note of a ``tp_sub_block`` search on 0.3.0: MoE blocks are not given sub-block
+    modes (``Frontend.moe_sub_block_modes``); under the full_dtensor backend (DP and TP in one
+    DTensor mesh) ``tp_sub_block`` is refused in one line."""
     if "tp_sub_block" not in config.autoparallel.techniques:
         return []
     if getattr(config.parallelism, "spmd_backend", "") == "full_dtensor":
         raise UserError("autoparallel.techniques has tp_sub_block, which TorchTitan 0.3.0's "
                         "apply does not run under --parallelism.spmd_backend full_dtensor: "
                         "leave it out or use spmd_types or partial_dtensor")
-    return ["autoparallel.techniques: tp_sub_block searched with tp modes 'dp/sp', 'sp/dp', "
-            "their ':batch' forms and 'sp/sp:a2a', and the embedding on its embedding dim "
-            "('dim', 'dim:gather'): TorchTitan 0.3.0's apply leaves out 'sp/tp@dp_shard' (the "
-            "feed-forward TP over dp_shard), and MoE blocks keep the model's MoE TP (not "
-            "'sp/dp')"]
+    return ["autoparallel.techniques: tp_sub_block searched on dense blocks and the "
+            "embedding; MoE blocks keep the model's MoE TP ('sp/dp', the MoE data parallel "
+            "over tp, is applied on TorchTitan 0.2.2 only)"]

@@ -17,7 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from ...candidates.layout import (
+    DP_SHARD_TP,
+    SUB_BLOCK_TP_MODES,
     a2a_mode,
+    split_fsdp,
     stream_dim,
     stream_problem,
     sub_block_modes,
@@ -38,12 +41,12 @@ Parts = list[tuple[str, list[Any]]]
 """A block's FSDP groups: (the tp dim's use, "sp" or "dp"; the modules of the group)."""
 
 
-SUB_BLOCKS_APPLIED = ("dp/sp", "sp/dp", "dp/sp:batch", "sp/dp:batch", "sp/sp:batch",
-                      "sp/sp:a2a")
+SUB_BLOCKS_APPLIED = SUB_BLOCK_TP_MODES
 """The sub-block tp modes this apply runs: every linear of a sub-block placed alike, on the
 model's sequence-sharded stream or, with ``layout.BATCH_STREAM``, on a stream sharded on the
-batch over tp (``batch_stream``), and the attention's output projection on the sequence shard
-(``projections_a2a``; ``layout.SUB_BLOCK_TP_MODES`` has more)."""
+batch over tp (``batch_stream``), the attention's output projection on the sequence shard
+(``projections_a2a``) and the feed-forward TP over dp_shard (``apply_dp_shard_tp``): all of
+``layout.SUB_BLOCK_TP_MODES``."""
 
 def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
                 compiled: bool) -> dict[str, Parts]:
@@ -53,7 +56,7 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
     stream sharded on the batch included)."""
     planned = {name: plan_layer(plan, name).tp_mode for name in blocks}
     chosen = {name: mode for name, mode in planned.items()
-              if "dp" in sub_block_modes(mode) or stream_dim(mode) == 0 or a2a_mode(mode)}
+              if _own_groups(mode) or stream_dim(mode) == 0 or a2a_mode(mode)}
     if not chosen:
         return {}
     for mode in sorted(set(chosen.values())):
@@ -64,6 +67,7 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
     mode = next(iter(chosen.values()))
     use = "the stream sharded on the batch over tp" if stream_dim(mode) == 0 else \
         "the output projection on the sequence shard" if a2a_mode(mode) else \
+        "the feed-forward TP over dp_shard" if DP_SHARD_TP in sub_block_modes(mode) else \
         "the tp dim as data parallel"
     where = f"tp_mode {mode!r} ({use})"
     if compiled:
@@ -79,7 +83,7 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
     _check_batch_stream(model, list(chosen.values()), where)
     out = {}
     for name, block_mode in chosen.items():
-        if "dp" not in sub_block_modes(block_mode):
+        if not _own_groups(block_mode):
             continue  # TP on both: the model's declarations (batch_stream, projections_a2a)
         block = blocks[name]
         if getattr(block, "moe_enabled", False) or not all(
@@ -92,6 +96,12 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
             for (norm, module), sub_mode in zip(SUB_BLOCKS, sub_block_modes(block_mode),
                                                 strict=True)]
     return out
+
+
+def _own_groups(tp_mode: str) -> bool:
+    """Whether a block in ``tp_mode`` has FSDP groups of its own: a "dp" block (over
+    dp_shard x tp), a sub-block mode's groups per sub-block (``layout.split_fsdp``)."""
+    return tp_mode == "dp" or split_fsdp(tp_mode)
 
 
 def _check_batch_stream(model: Any, modes: list[str], where: str) -> None:
@@ -190,6 +200,52 @@ def plan_stream(plan: Any) -> int:
 def plan_layer(plan: Any, name: str) -> Any:
     """The plan's entry of block ``name``."""
     return next(layer for layer in plan.layers if layer.fqn == f"layers.{name}")
+
+
+def dp_shard_tp_parts(parts: dict[str, Parts]) -> list[tuple[Any, Any]]:
+    """(norm, feed-forward) of each block whose feed-forward is planned ``DP_SHARD_TP``; their
+    declarations dropped (before ``model.parallelize``): ``apply_dp_shard_tp`` places them."""
+    found = [modules for groups in parts.values() for mode, modules in groups
+             if mode == DP_SHARD_TP]
+    for modules in found:
+        for module in modules:
+            for inner in module.modules():
+                if hasattr(inner, "_sharding_config"):
+                    inner._sharding_config = None
+    return [tuple(modules) for modules in found]
+
+
+def apply_dp_shard_tp(found: list[tuple[Any, Any]], parallel_dims: Any, dtype: Any) -> None:
+    """After ``model.parallelize``: each feed-forward in ``found`` tensor parallel over
+    dp_shard on the 2-D (dp_shard, tp) mesh (``runtime.styles.dp_shard_tp_styles``: w1 / w3
+    column-wise, w2 row-wise, weights also split over tp and gathered for their matmuls), its
+    norm's weight read whole, weights read in ``dtype``; on the stream's local sequence shard
+    (a DTensor's local shard under ``partial_dtensor``, wrapped back after the feed-forward's
+    reduce-scatter)."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torchtitan.tools.logging import logger
+
+    from ...runtime.styles import dp_shard_tp_styles
+
+    if not found:
+        return
+    mesh = parallel_dims.get_mesh([_dp_shard_name(parallel_dims), "tp"])
+    tp_mesh = parallel_dims.get_mesh("tp")
+    wrapped = parallel_dims.spmd_backend == "partial_dtensor"
+    for norm, module in found:
+        norm_style, module_style = dp_shard_tp_styles(
+            {"w1": "colwise", "w3": "colwise", "w2": "rowwise"}, dtype)
+        parallelize_module(norm, mesh, norm_style)
+        parallelize_module(module, mesh, module_style)
+        if wrapped:
+            inner = norm.forward
+            norm.forward = lambda x, inner=inner: inner(
+                x.to_local() if isinstance(x, DTensor) else x)
+            module.register_forward_hook(
+                lambda _, __, out: DTensor.from_local(out, tp_mesh, [Shard(1)]))
+    logger.info(f"{len(found)} blocks run feed_forward tensor parallel over dp_shard "
+                f"({parallel_dims.dp_shard} ranks), its weights gathered over tp")
 
 
 def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any, stream: int = 1) -> None:
