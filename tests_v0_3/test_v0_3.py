@@ -222,7 +222,6 @@ def test_every_0_3_config_key_is_classified():
 
 
 @pytest.mark.parametrize("flag,key", [
-    (["--parallelism.no-enable-sequence-parallel"], "parallelism.enable_sequence_parallel"),
     (["--parallelism.context_parallel_load_balancer", "ptrr"],
      "parallelism.context_parallel_load_balancer"),
 ])
@@ -234,6 +233,27 @@ def test_a_refused_key_is_one_line_under_auto_only(flag, key):
     with pytest.raises(UserError, match=key.replace(".", r"\.")):
         read_job([*base, "--parallelism.auto"])
     assert read_job(base).parallelism.auto is False  # TorchTitan's own recipe runs it
+
+
+def test_sequence_parallel_off_holds_tensor_parallel_at_one():
+    """A job that turns sequence parallel off (DeepSeek-V3 16B's minimal_async_ep config does)
+    is planned with tp held at 1 and a note saying why (TorchTitan runs the flag as set); with
+    a tensor-parallel degree above 1 set beside it, one line."""
+    from torchtitan_autoparallel.errors import UserError
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+
+    job = read_job(["--module", "deepseek_v3", "--config", "deepseek_v3_16b_minimal_async_ep",
+                    "--parallelism.auto", "--autoparallel.hardware", "h100_sxm"])
+    plan = plan_job(job, 64)
+    assert plan.mesh.tp == 1, plan.table()
+    assert any(note.startswith("parallelism.tensor_parallel_degree held at 1: parallelism."
+                               "enable_sequence_parallel is off") for note in plan.notes)
+    with pytest.raises(UserError, match=r"tensor_parallel_degree = 2 and parallelism\."
+                                        r"enable_sequence_parallel is off: .*; turn sequence"):
+        read_job(["--module", "llama3", "--config", "llama3_debugmodel", "--parallelism.auto",
+                  "--parallelism.no-enable-sequence-parallel",
+                  "--parallelism.tensor_parallel_degree", "2"])
 
 
 def test_bfloat16_training_state_is_refused_under_auto_only():

@@ -24,6 +24,22 @@ FIXED_BY_RELEASE = {"parallelism.expert_tensor_parallel_degree": 1,
 """Planning keys TorchTitan 0.3.0 has no setting for, at the value it runs."""
 
 
+NO_SP = ("parallelism.enable_sequence_parallel is off: the planner places tensor-parallel "
+         "blocks with sequence parallel only")
+"""Why a job that turns sequence parallel off is planned without tensor parallel."""
+
+
+def tp_held_without_sp(config: Config, user: set[str]) -> dict[str, str]:
+    """A job that turns sequence parallel off (DeepSeek-V3's minimal_async_ep configs do):
+    its tensor-parallel degree held at 1 (key -> why), or a one-line error where the job
+    also sets it above 1."""
+    key = "parallelism.tensor_parallel_degree"
+    if key in user and config.parallelism.tensor_parallel_degree > 1:
+        raise UserError(f"{key} = {config.parallelism.tensor_parallel_degree} and {NO_SP}; "
+                        f"turn sequence parallel on or leave {key} to the planner")
+    return {key: NO_SP}
+
+
 def held_by_cuda_graphs(config: Config) -> dict[str, str]:
     """Degrees CUDA graphs (on unless ``training.disable_cuda_graphs``) hold at 1, by
     TorchTitan 0.3.0's own check of the config: pipeline stages always, expert parallel when
@@ -289,6 +305,9 @@ def job_of(config: Config, cpu_ranks: bool = False) -> Job:
     if config.parallelism.auto:
         notes += [f"{key} held at 1: {why} (training.disable_cuda_graphs is off; set "
                   "--training.disable_cuda_graphs to search it)" for key, why in held.items()]
+    if config.parallelism.auto and not config.parallelism.enable_sequence_parallel:
+        held.update(tp_held_without_sp(config, user))
+        notes.append(f"parallelism.tensor_parallel_degree held at 1: {NO_SP}")
     if cpu_ranks and config.parallelism.auto:
         key = "parallelism.context_parallel_degree"
         if key in user and config.parallelism.context_parallel_degree > 1:

@@ -68,13 +68,15 @@ SETTINGS: dict[str, tuple[Handling, str]] = {
     "autoparallel.": ((APPLIED,), "the planner's own settings"),
     "hf_model": ((APPLIED,), "the HF backend's model (its config.json): planned for"),
     # the planner's assumptions: set otherwise under auto, one line
-    "parallelism.enable_sequence_parallel": ((REFUSED,), ""),
     "parallelism.enable_fsdp_symm_mem": ((REFUSED,), ""),
     "parallelism.context_parallel_load_balancer": ((REFUSED,), ""),
     "activation_checkpoint.force_recompute_mm_shapes_by_fqns": ((REFUSED,), ""),
     "activation_checkpoint.memory_budget": ((REFUSED,), ""),
     "activation_checkpoint.visualize_memory_budget_pareto": ((REFUSED,), ""),
     # step time the cost model does not see: the plan says so
+    "parallelism.enable_sequence_parallel": ((APPLIED, CONSTRAINT),
+                                             "off: tensor parallel held at 1 (TP is planned "
+                                             "with sequence parallel)"),
     "training.disable_cuda_graphs": ((CONSTRAINT, NOTED),
                                      "off: pp (and ep under a dispatcher that synchronizes with "
                                      "the host) held at 1"),
@@ -93,8 +95,6 @@ in "."; the longest match wins), with its ``KeyHandling`` words (``titan/keys.py
 key added upstream cannot slip through."""
 
 REFUSED_WHY = {
-    "parallelism.enable_sequence_parallel": "TP blocks are planned and costed with sequence "
-    "parallel",
     "parallelism.enable_fsdp_symm_mem": "FSDP collectives are costed as NCCL ring collectives",
     "parallelism.context_parallel_load_balancer": "context parallel is costed load-balanced "
     "(headtail)",
