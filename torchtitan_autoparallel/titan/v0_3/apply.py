@@ -1,8 +1,8 @@
 """A plan applied to TorchTitan 0.3.0's model, as its ``parallelize_llama`` reads: the plan's
 mesh and batch in the config (``apply_plan``), then per model part (each pipeline stage's)
 ``plan_parallelize``: TP / CP / EP as the model declares them, activation checkpointing per
-block, compile, FSDP per unit with each block's ``reshard_after_forward``; blocks (or their
-attention / feed-forward) planned to use the tp dim as data parallel as ``tp_dp.py`` applies
+block, compile, FSDP per unit with each block's ``reshard_after_forward``; the placements
+below the block (sub-block modes, the embedding on its embedding dim) as ``tp_dp.py`` applies
 them. What this apply cannot run (a layer without TP on a tp mesh) stops in one line."""
 
 from __future__ import annotations
@@ -112,26 +112,14 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
     FSDP units per block from ``plan``: TP / CP / EP as the model declares them, AC per block,
     compile, FSDP per unit. A vision encoder (qwen3_5, Kimi K2.5) is compiled and FSDP-sharded
     as one unit as the family's ``parallelize`` does, without the blocks' AC (as the plan costs
-    it). Blocks planned to use the tp dim as data parallel (wholly or in one sub-block) as
-    ``tp_dp.py`` applies them."""
+    it). Blocks planned to use the tp dim as data parallel (wholly or in one sub-block), the
+    other placements below the block and the embedding on its embedding dim as ``tp_dp.py``
+    applies them."""
     blocks = dict(model.layers.named_children())
     _check_plan_fits_model(model, plan, blocks, parallel_dims)
     compiled = compile_config.enable and "model" in compile_config.components
     parts = tp_dp_parts(model, plan, blocks, parallelism, compiled)  # before AC wraps blocks
-    if parts:
-        override_declared_sharding(parts, parallel_dims.get_mesh("tp"), plan_stream(plan))
-    over_dp_shard = dp_shard_tp_parts(parts)
-    batch_stream(model, plan)
-    if parallel_dims.tp_enabled:
-        projections_a2a(blocks, plan, parallel_dims.get_mesh("tp"))
-    drop_embedding_sharding(model, plan)
-    _apply_declared_sharding(model, blocks, parallel_dims, parallelism)
-    from torchtitan.config import TORCH_DTYPE_MAP
-
-    dtype = TORCH_DTYPE_MAP[training.mixed_precision_param]
-    if plan.embedding_mode and model.tok_embeddings is not None:
-        apply_embedding_dim(model, plan, parallel_dims, dtype)
-    apply_dp_shard_tp(over_dp_shard, parallel_dims, dtype)
+    _apply_below_the_block(model, plan, blocks, parts, parallel_dims, parallelism, training)
     by_fqn = {layer.fqn: layer for layer in plan.layers}
     _apply_ac_per_block(model, blocks, by_fqn, ac_config, dump_folder)
     encoders = {layer.fqn: getattr(model, layer.fqn) for layer in plan.layers
@@ -141,6 +129,27 @@ def plan_parallelize(model: Any, *, plan: Any, parallel_dims: Any, training: Any
     _apply_fsdp_per_unit(model, plan, blocks, encoders, parallel_dims, parallelism, training,
                          parts)
     return model
+
+
+def _apply_below_the_block(model: Any, plan: Any, blocks: dict[str, Any], parts: dict[str, Parts],
+                           parallel_dims: Any, parallelism: Any, training: Any) -> None:
+    """TP / CP / EP as the model declares them, with the placements below the block
+    (``tp_dp.py``): declarations dropped or rewritten before ``model.parallelize``, this
+    project's styles after it (weights read in the job's parameter dtype)."""
+    from torchtitan.config import TORCH_DTYPE_MAP
+
+    if parts:
+        override_declared_sharding(parts, parallel_dims.get_mesh("tp"), plan_stream(plan))
+    over_dp_shard = dp_shard_tp_parts(parts)
+    batch_stream(model, plan)
+    if parallel_dims.tp_enabled:
+        projections_a2a(blocks, plan, parallel_dims.get_mesh("tp"))
+    drop_embedding_sharding(model, plan)
+    _apply_declared_sharding(model, blocks, parallel_dims, parallelism)
+    dtype = TORCH_DTYPE_MAP[training.mixed_precision_param]
+    if plan.embedding_mode and model.tok_embeddings is not None:
+        apply_embedding_dim(model, plan, parallel_dims, dtype)
+    apply_dp_shard_tp(over_dp_shard, parallel_dims, dtype)
 
 
 def _check_plan_fits_model(model: Any, plan: Any, blocks: dict[str, Any],

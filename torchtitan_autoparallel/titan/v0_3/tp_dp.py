@@ -1,5 +1,7 @@
-"""The tp mesh dim used as data parallel on TorchTitan 0.3.0: blocks planned "dp" and the
-data-parallel sub-block of blocks planned "dp/sp" or "sp/dp" (``candidates.layout``).
+"""The placements below the block on TorchTitan 0.3.0 (``candidates.layout``): the tp mesh dim
+used as data parallel (blocks planned "dp", the data-parallel sub-block of the sub-block
+modes), the stream sharded on the batch over tp, the attention's output projection on the
+sequence shard, the feed-forward TP over dp_shard and the embedding on its embedding dim.
 
 The model declares TP + SP for every module (``sharding_config``, applied by
 ``model.parallelize``). For a part that runs data parallel over tp, those declarations are
@@ -9,8 +11,11 @@ tp (Shard(1)), is redistributed to a batch shard (Shard(0), an all-to-all) at th
 input and back at its output where the module is a block or an attention; a feed-forward
 (per token) and a sub-block's norm run on the local sequence shard. FSDP then
 shards (and sums the gradients of) such a part over dp_shard x tp (``fsdp_arguments``); the
-TP + SP parts are sharded over dp_shard as the others. Under the ``spmd_types`` and
-``partial_dtensor`` backends (the residual stream a local shard, or a DTensor)."""
+TP + SP parts are sharded over dp_shard as the others. A stream sharded on the batch rewrites
+the declarations of the sequence-parallel layout (``batch_stream``); the other placements
+keep the declarations they share with TorchTitan's and replace the rest with this
+project's styles (``runtime/styles.py``). Under the ``spmd_types`` and ``partial_dtensor``
+backends (the residual stream a local shard, or a DTensor)."""
 
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ model's sequence-sharded stream or, with ``layout.BATCH_STREAM``, on a stream sh
 batch over tp (``batch_stream``), the attention's output projection on the sequence shard
 (``projections_a2a``) and the feed-forward TP over dp_shard (``apply_dp_shard_tp``): all of
 ``layout.SUB_BLOCK_TP_MODES``."""
+
 
 def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
                 compiled: bool) -> dict[str, Parts]:
@@ -373,7 +379,7 @@ def drop_embedding_sharding(model: Any, plan: Any) -> None:
 
 def apply_embedding_dim(model: Any, plan: Any, parallel_dims: Any, dtype: Any) -> None:
     """The embedding looked up on its embedding dim (``layout.EMBEDDING_MODES``,
-    ``runtime.styles``), its output on the model's sequence-sharded stream (a local shard
+    ``runtime.styles``), its output on the plan's stream (``plan_stream``; a local shard
     under ``spmd_types``, a DTensor under ``partial_dtensor``), read in ``dtype`` (the
     parameters' dtype FSDP computes the blocks in)."""
     from torch.distributed.tensor.parallel import parallelize_module
