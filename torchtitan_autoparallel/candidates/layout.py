@@ -3,6 +3,7 @@ modes and techniques they are made of, and how a strategy is named. Imports noth
 package."""
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
@@ -134,6 +135,12 @@ def stream_dim(tp_mode: str) -> int:
     """The dim of the residual stream the tp dim shards around a layer in ``tp_mode``: 0 (the
     batch) for a ``BATCH_STREAM`` mode, else 1 (the sequence, TorchTitan's SP)."""
     return 0 if tp_mode.endswith(BATCH_STREAM) else 1
+
+
+def stream_of(tp_modes: Iterable[str]) -> int:
+    """The dim of the residual stream tp shards for blocks in ``tp_modes`` (one layout per
+    plan, ``stream_problem``): 0 where they take ``BATCH_STREAM`` modes, else 1."""
+    return min((stream_dim(mode) for mode in tp_modes if mode != "none"), default=1)
 
 
 def stream_problem(tp_modes: list[str]) -> str:

@@ -21,7 +21,7 @@ from ...candidates.layout import (
     SUB_BLOCK_TP_MODES,
     a2a_mode,
     split_fsdp,
-    stream_dim,
+    stream_of,
     sub_block_modes,
     tp_dp_params,
 )
@@ -143,7 +143,7 @@ def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
     there (one stream layout per plan: ``layout.stream_problem``). ``embedding`` False: the
     embedding is left to ``apply_embedding_dim``."""
     blocks = model.get_submodule(adapter.blocks)
-    stream = min((stream_dim(mode) for mode in tp_modes.values()), default=1)
+    stream = stream_of(tp_modes.values())
     if stream != 1 and not isinstance(resolve(adapter.tp_fn), InferredTP):
         raise UserError("a stream sharded on the batch (tp modes ending ':batch') needs the "
                         "family's inferred TP plan (ModelAdapter.tp_fn = INFER_TP); use "

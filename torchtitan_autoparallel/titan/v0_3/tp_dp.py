@@ -27,6 +27,7 @@ from ...candidates.layout import (
     a2a_mode,
     split_fsdp,
     stream_dim,
+    stream_of,
     stream_problem,
     sub_block_modes,
     tp_dp_problem,
@@ -199,8 +200,7 @@ def batch_stream(model: Any, plan: Any) -> None:
 def plan_stream(plan: Any) -> int:
     """The dim of the residual stream tp shards under ``plan``: 0 (the batch) where its blocks
     take ``layout.BATCH_STREAM`` modes, else 1 (the sequence)."""
-    return min((stream_dim(layer.tp_mode) for layer in plan.layers
-                if layer.kind == "block" and layer.tp_mode != "none"), default=1)
+    return stream_of(layer.tp_mode for layer in plan.layers if layer.kind == "block")
 
 
 def plan_layer(plan: Any, name: str) -> Any:
@@ -214,11 +214,17 @@ def dp_shard_tp_parts(parts: dict[str, Parts]) -> list[tuple[Any, Any]]:
     found = [modules for groups in parts.values() for mode, modules in groups
              if mode == DP_SHARD_TP]
     for modules in found:
-        for module in modules:
-            for inner in module.modules():
-                if hasattr(inner, "_sharding_config"):
-                    inner._sharding_config = None
+        _drop_declarations(modules)
     return [tuple(modules) for modules in found]
+
+
+def _drop_declarations(modules: list[Any]) -> None:
+    """``modules`` and everything in them keep their weights whole on tp: their sharding
+    declarations dropped (before ``model.parallelize``)."""
+    for module in modules:
+        for inner in module.modules():
+            if hasattr(inner, "_sharding_config"):
+                inner._sharding_config = None
 
 
 def apply_dp_shard_tp(found: list[tuple[Any, Any]], parallel_dims: Any, dtype: Any) -> None:
@@ -264,10 +270,7 @@ def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any, stream: in
         for part, (mode, modules) in enumerate(groups):
             if mode != "dp":
                 continue
-            for module in modules:
-                for inner in module.modules():
-                    if hasattr(inner, "_sharding_config"):
-                        inner._sharding_config = None
+            _drop_declarations(modules)
             if len(modules) == 1:
                 _run_on_batch_shard(modules[0], tp_mesh)
                 continue
