@@ -93,9 +93,13 @@ def brute_force(graph, world, global_batch, ctx, budget, constraints, pins, one_
                 counts = {k: v for part in combo for k, v in part.items()}
                 if any(v % s.fsdp_unit for (_, s), v in counts.items()):
                     continue  # FSDP units come whole
-                if one_stream and len({s.tp_mode.endswith(":batch") for (_, s), v in
-                                       counts.items() if v and s.tp_mode != "none"}) > 1:
+                layouts = {s.tp_mode.rpartition(":")[2] if s.tp_mode.endswith(
+                    (":batch", ":rep")) else "sequence" for (_, s), v in counts.items()
+                    if v and s.tp_mode != "none"}
+                if one_stream and len(layouts) > 1:
                     continue  # one residual-stream layout per plan
+                if "rep" in layouts and embedding.startswith("dim"):
+                    continue  # a lookup on the embedding dim leaves its output on a shard
                 if cand.rank_memory(cand.types[0], counts) <= budget:
                     t = cand.evaluate([counts])[0]
                     best = t if best is None or t < best else best
@@ -188,6 +192,37 @@ def test_sub_block_stream_layout_matches_brute_force(single_block_units):
           f"modes chosen {sorted(embeddings)}")
     assert any(m.endswith(":batch") for m in chosen) and bound, (chosen, bound)
     assert "dim" in embeddings, embeddings
+
+
+def test_sub_block_replicated_stream_matches_brute_force(single_block_units):
+    """A job with sequence parallel off: tp blocks take the replicated stream only (TP without
+    SP and the data-parallel sub-blocks beside it), never the embedding on its embedding dim
+    at tp > 1; the MILP against the brute force on random dense models and budgets."""
+    chosen = set()
+    for seed in range(6):
+        rng = random.Random(3000 + seed)
+        graph = random_graph(rng)
+        while graph.num_experts or len(graph.blocks) > 3:
+            graph = random_graph(rng)
+        hw = dataclasses.replace(load_profile("h100_sxm"), intra_node_gbps=rng.choice(
+            [5.0, 50.0, 360.0]), peak_tflops=rng.choice([10.0, 100.0, 989.0]))
+        constraints = Constraints(tp=2, techniques=("fsdp", "tp", "tp_sub_block"),
+                                  sequence_parallel=False)
+        meshes = flat_meshes(graph, 4, 8, constraints)
+        ctx = CostContext(hw=hw, prec=Precision(2, 4), gpus_per_node=8)
+        cands = [build_candidate(graph, m, mb, 16, ctx, constraints, {})
+                 for m in meshes for mb in microbatch_sizes(16, m)]
+        lo = min(c.memory_lower_bound() for c in cands)
+        for budget in (lo * 1.05, lo * 3):
+            result = search(graph, 16, ctx, budget, constraints, meshes, 30.0, {})
+            expected = brute_force(graph, 4, 16, ctx, budget, constraints, {})
+            assert result.best is not None and expected is not None
+            assert result.best.step_time_s == pytest.approx(expected, rel=1e-9), (seed, budget)
+            assert result.best.candidate.embedding == ""
+            chosen |= {s.tp_mode for counts in result.best.counts.values()
+                       for (_, s), k in counts.items() if k}
+    assert chosen <= {"sp/sp:rep", "dp/sp:rep", "sp/dp:rep"} and "sp/sp:rep" in chosen, chosen
+    print(f"modes chosen {sorted(chosen)}")
 
 
 @pytest.fixture(scope="module")

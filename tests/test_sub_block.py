@@ -89,6 +89,13 @@ def test_sub_block_compute_is_each_sub_block_at_its_own_mode(mode):
     whole = block_compute_s(block, MESH, BlockStrategy("none", False, "sp"), MB, ctx)[1]
     mixed = block_compute_s(block, MESH, strategy, MB, ctx)[1]
     expected = whole - hand_gemms(block, "sp", ctx.hw) + hand_gemms(block, mode, ctx.hw)
+    if mode.endswith(":rep"):
+        # TP without SP: each TP sub-block's RMSNorm (read + write) and residual add (two
+        # reads, one write) run on all 8192 x MB tokens of 4096 bf16 elements where SP runs
+        # them on a tp-th, forward once and backward twice, at HBM bandwidth
+        tp_parts = mode.split(":")[0].split("/").count("sp")
+        moved = tp_parts * 5 * 8192 * MB * 4096 * 2 * (1 - 1 / MESH.tp)
+        expected += 3 * moved / (ctx.hw.hbm_gbps * 1e9)
     assert mixed == pytest.approx(expected, rel=1e-12)
 
 
@@ -115,8 +122,13 @@ def test_sub_block_tp_communication_by_hand(mode, ac):
     passes = 2 if ac == "full" else 1
     tp_parts = mode.split(":")[0].split("/").count("sp")
     sp = tp_parts * (2 * passes + 2) * ring * act / bw
-    dp_part = mode.startswith("dp/") and not mode.endswith(":batch")
+    dp_part = mode.startswith("dp/") and not mode.endswith((":batch", ":rep"))
     a2a = (4 + 2 * (passes - 1)) * ring * (act / tp) / bw if dp_part else 0.0
+    if mode.endswith(":rep"):
+        # TP without SP: an all-reduce (2 x the ring's bytes) in place of each gather +
+        # scatter pair, the same bytes; a data-parallel sub-block's output all-gathered in
+        # each forward pass, its input gradient in backward
+        a2a = mode.count("dp") * (passes + 1) * ring * act / bw
     if mode.endswith(":a2a"):
         # wo: no reduce-scatter out of it (forward, and again under full AC) and no all-gather
         # of its output gradient; an all-to-all of its heads-sharded input instead, each time,
@@ -130,7 +142,7 @@ def test_sub_block_tp_communication_by_hand(mode, ac):
         a2a = (passes + 1) * 2 * ring * (act / tp * MESH.dp_shard) / net
     got = tp_comm_s(block, MESH, BlockStrategy(ac, False, mode), MB, ctx)
     assert got == pytest.approx(sp + a2a, rel=1e-9)
-    if mode.endswith(":a2a") or mode == "sp/tp@dp_shard":
+    if mode.endswith((":a2a", ":rep")) or mode == "sp/tp@dp_shard":
         return
     # half the TP + SP block's collectives per TP sub-block, plus the data-parallel block's
     # all-to-alls on a sequence-sharded stream
@@ -232,10 +244,11 @@ def test_sub_block_modes_follow_the_tp_dp_rule_in_one_place():
     etp = dataclasses.replace(MESH, ep=16, etp=8)
     assert "etp = 1" in tp_dp_problem(etp, MB, "block", "sp/dp")
     assert block_tp_modes(etp, MB, asked, moe_model=True, experts=True) == ("sp",)
-    for mesh, mb, left in ((MESH, 4, ("sp/dp", "sp/sp:a2a", "sp/tp@dp_shard")),
+    for mesh, mb, left in ((MESH, 4, ("sp/dp", "sp/sp:a2a", "sp/tp@dp_shard", "sp/sp:rep")),
                            (Mesh(dp_replicate=1, dp_shard=4, tp=8, cp=2), MB, ())):
         assert tp_dp_problem(mesh, mb)
-        # "sp/dp" (its feed-forward per token), ":a2a" and "tp@dp_shard" split no batch over tp
+        # "sp/dp" (its feed-forward per token), ":a2a", "tp@dp_shard" and "sp/sp:rep" (TP
+        # without SP) split no batch over tp
         assert block_tp_modes(mesh, mb, asked) == ("sp", *left)
     # tp the only dim: whole-block data parallel over it would be FSDP over the same ranks,
     # a sub-block's is not
@@ -297,12 +310,30 @@ def test_sub_block_stream_rule_labels_and_explain(tmp_path):
     assert "residual stream sharded on the batch" in snippet(plan)
     blocks[1].tp_mode = "dp/sp"
     path = tmp_path / "mixed.json"
-    with pytest.raises(UserError, match=r"tp_mode 'dp/sp:batch' shards the residual stream on "
-                                        r"the batch and 'dp/sp' on the sequence"):
+    with pytest.raises(UserError, match=r"tp_mode 'dp/sp:batch' keeps the residual stream "
+                                        r"sharded on the batch and 'dp/sp' sharded on the "
+                                        r"sequence"):
+        plan.save(str(path))
+    assert not path.exists()
+    embedding = next(layer for layer in plan.layers if layer.kind == "embedding")
+    embedding.tp_mode = "sp"  # TorchTitan's, where the search looked it up on its dim
+    for layer in blocks:
+        layer.tp_mode = "sp/sp:rep"
+    assert "tensor parallel without sequence parallel" in snippet(plan)
+    blocks[0].tp_mode = "sp"
+    with pytest.raises(UserError, match=r"tp_mode 'sp' keeps the residual stream sharded on "
+                                        r"the sequence and 'sp/sp:rep' whole on every tp rank"):
+        plan.save(str(path))
+    blocks[0].tp_mode = "dp/sp:rep"
+    embedding.tp_mode = "dim"
+    with pytest.raises(UserError, match=r"the residual stream is whole on every tp rank and the "
+                                        r"embedding's 'dim' leaves its output on a shard"):
         plan.save(str(path))
     assert not path.exists()
     assert LayerPlan("layers.0", "block", "none", True, "dp/sp:batch").describe() == \
         "fsdp+attn:tp_dp/ffn:tp+stream:batch"
+    assert LayerPlan("layers.0", "block", "none", True, "sp/dp:rep").describe() == \
+        "fsdp+attn:tp/ffn:tp_dp+stream:replicated"
     assert LayerPlan("layers.0", "block", "none", True, "sp/sp:a2a").describe() == \
         "fsdp+attn:tp+a2a/ffn:tp+sp"
 
@@ -460,6 +491,16 @@ def test_sub_block_batch_stream_parity(references, tmp_path, embedding):
     losses and gradient norms."""
     sub_block_plan_parity(references, tmp_path, ["dp/sp:batch", "sp/dp:batch", "sp/sp:batch"],
                           ["none", "full"], [True, False], embedding=embedding)
+
+
+def test_sub_block_replicated_stream_parity(references, tmp_path):
+    """Tensor parallel without sequence parallel (the stream whole on every tp rank):
+    TorchTitan's TP without SP, a data-parallel attention on a batch shard beside a TP
+    feed-forward, and the reverse, one block fully checkpointed, one keeping its parameters:
+    1-rank losses and gradient norms."""
+    sub_block_plan_parity(references, tmp_path, ["sp/sp:rep", "dp/sp:rep", "sp/dp:rep"],
+                          ["none", "full"], [True, False],
+                          expect="tensor parallel without sequence parallel")
 
 
 def test_sub_block_a2a_parity(references, tmp_path):

@@ -88,8 +88,7 @@ EXPECTED: dict[str, Expected] = {
     "1d_compile": Expected(TRAINS, parity=True, log=COMPILED),
     "1d_compile_sac_op": Expected(TRAINS, parity=True, log=COMPILED, ci=True),
     "2d_eager": Expected(TRAINS, mesh={"tp": 2}, parity=True, ci=True),
-    "2d_eager_no_sp": Expected(REFUSED, "parallelism.tensor_parallel_degree = 2 and "
-                               "parallelism.enable_sequence_parallel is off"),
+    "2d_eager_no_sp": Expected(TRAINS, mesh={"tp": 2}, parity=True),
     "2d_compile": Expected(TRAINS, mesh={"tp": 2}, parity=True, log=COMPILED),
     "2d_asynctp_compile": Expected(
         CPU_IMPOSSIBLE, "--compile.enable_async_tensor_parallel is Inductor's micro-pipeline",

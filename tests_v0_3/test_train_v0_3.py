@@ -284,6 +284,42 @@ def test_sub_block_linears_apart_from_a_plan_file_train_as_one_rank(reference, t
     _assert_same(_grad_norms(out), reference.grad_norms, GRAD_NORM_TOL)
 
 
+@pytest.mark.parametrize("flag", [
+    "--parallelism.no-enable-sequence-parallel",
+    pytest.param("", marks=pytest.mark.slow),
+])
+def test_sub_block_tp_without_sp_trains_as_one_rank(reference, tmp_path, flag):
+    """TorchTitan's TP without SP (tp_mode 'sp/sp:rep', the residual stream whole on every tp
+    rank) on fsdp 2 x tp 2: planned under auto for a job that turns sequence parallel off, or
+    from a plan file whose blocks take it (the apply turns the flag off), half the blocks fully
+    checkpointed; the losses and gradient norms are the 1-rank run's from the same seed
+    checkpoint."""
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+
+    options = ["--parallelism.tensor_parallel_degree", "2",
+               "--parallelism.data_parallel_shard_degree", "2", *([flag] if flag else [])]
+    if flag:
+        run = ["--parallelism.auto", *options]
+    else:
+        plan = plan_job(read_job([*JOB, "--parallelism.auto", *options, *SUB_BLOCK[2:]]), 4)
+        for i, layer in enumerate(layer for layer in plan.layers if layer.kind == "block"):
+            layer.tp_mode, layer.ac, layer.fsdp_unit = "sp/sp:rep", ("none", "full")[i % 2], 1
+        for layer in plan.layers:
+            if layer.kind == "embedding":
+                layer.tp_mode, layer.reshard_after_forward = "sp", True
+        path = tmp_path / "rep.json"
+        plan.save(str(path))
+        run = [*options, *SUB_BLOCK[2:], f"--autoparallel.plan_file={path}"]
+    out = _torchrun(4, *JOB, *STEPS, *run, *reference.load, "--dump_folder",
+                    str(tmp_path / "run"))
+    assert "mesh dp_replicate=1 dp_shard=2 cp=1 tp=2" in out, out[-3000:]
+    assert "attn:tp/ffn:tp+stream:replicated" in out, out[-3000:]
+    assert "tensor parallel without sequence parallel" in out, out[-3000:]
+    _assert_same(_losses(out), reference.losses)
+    _assert_same(_grad_norms(out), reference.grad_norms, GRAD_NORM_TOL)
+
+
 @pytest.mark.parametrize("mode,ranks,tp,backend,blocks", [
     ("dim", 2, 1, "spmd_types", ["none"]),
     ("dim:gather", 4, 2, "partial_dtensor", ["dp/sp", "sp"]),

@@ -235,10 +235,11 @@ def test_a_refused_key_is_one_line_under_auto_only(flag, key):
     assert read_job(base).parallelism.auto is False  # TorchTitan's own recipe runs it
 
 
-def test_sequence_parallel_off_holds_tensor_parallel_at_one():
-    """A job that turns sequence parallel off (DeepSeek-V3 16B's minimal_async_ep config does)
-    is planned with tp held at 1 and a note saying why (TorchTitan runs the flag as set); with
-    a tensor-parallel degree above 1 set beside it, one line."""
+def test_sequence_parallel_off_plans_tensor_parallel_without_it():
+    """A job that turns sequence parallel off is planned with TorchTitan's TP without SP
+    (tp_mode 'sp/sp:rep', the residual stream whole on every tp rank) on a dense model, with
+    a note; a MoE model (DeepSeek-V3 16B's minimal_async_ep config turns it off) is planned
+    with tp 1, and a tensor-parallel degree above 1 set beside it is one line."""
     from torchtitan_autoparallel.errors import UserError
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
@@ -247,13 +248,18 @@ def test_sequence_parallel_off_holds_tensor_parallel_at_one():
                     "--parallelism.auto", "--autoparallel.hardware", "h100_sxm"])
     plan = plan_job(job, 64)
     assert plan.mesh.tp == 1, plan.table()
-    assert any(note.startswith("parallelism.tensor_parallel_degree held at 1: parallelism."
-                               "enable_sequence_parallel is off") for note in plan.notes)
-    with pytest.raises(UserError, match=r"tensor_parallel_degree = 2 and parallelism\."
-                                        r"enable_sequence_parallel is off: .*; turn sequence"):
-        read_job(["--module", "llama3", "--config", "llama3_debugmodel", "--parallelism.auto",
-                  "--parallelism.no-enable-sequence-parallel",
-                  "--parallelism.tensor_parallel_degree", "2"])
+    assert any(note.startswith("parallelism.enable_sequence_parallel is off") for note in
+               plan.notes)
+    off = ["--parallelism.auto", "--parallelism.no-enable-sequence-parallel"]
+    plan = plan_job(read_job(["--module", "llama3", "--config", "llama3_debugmodel", *off,
+                              "--parallelism.tensor_parallel_degree", "2"]), 4)
+    assert plan.mesh.tp == 2
+    assert {layer.tp_mode for layer in plan.layers if layer.kind == "block"} == {"sp/sp:rep"}
+    assert plan.inputs["constraints"]["sequence_parallel"] is False
+    with pytest.raises(UserError, match=r"enable_sequence_parallel is off: MoE models are "
+                                        r"planned with tensor parallel and sequence parallel"):
+        plan_job(read_job(["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel",
+                           *off, "--parallelism.tensor_parallel_degree", "2"]), 4)
 
 
 def test_bfloat16_training_state_is_refused_under_auto_only():
@@ -370,21 +376,23 @@ def test_tp_dp_is_left_out_under_compile_and_refused_where_asked():
 
 
 def test_sub_block_search_notes_moe_blocks_and_refuses_full_dtensor():
-    """0.3.0's apply runs every dense sub-block mode: a tp_sub_block search offers them all
-    and notes that MoE blocks keep the model's MoE TP; under the full_dtensor backend
-    tp_sub_block is refused in one line."""
+    """0.3.0's apply runs every dense sub-block mode but the data-parallel sub-blocks on a
+    replicated stream: a tp_sub_block search offers those and notes that MoE blocks keep the
+    model's MoE TP and which modes are 0.2.2's; under the full_dtensor backend tp_sub_block is
+    refused in one line."""
     from torchtitan_autoparallel.candidates.layout import SUB_BLOCK_TP_MODES
     from torchtitan_autoparallel.errors import UserError
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import SUB_BLOCKS_APPLIED, read_job
 
-    assert set(SUB_BLOCKS_APPLIED) == set(SUB_BLOCK_TP_MODES)
+    assert set(SUB_BLOCK_TP_MODES) - set(SUB_BLOCKS_APPLIED) == {"dp/sp:rep", "sp/dp:rep"}
     base = ["--module", "llama3", "--config", "llama3_debugmodel", "--parallelism.auto",
             "--parallelism.tensor_parallel_degree", "2", "--autoparallel.hardware", "cpu",
             "--autoparallel.techniques", "fsdp", "tp", "ac", "tp_sub_block"]
     plan = plan_job(read_job(base), 4)
-    assert plan.inputs["constraints"]["sub_block_modes"] == list(SUB_BLOCK_TP_MODES)
-    assert any("MoE blocks keep the model's MoE TP" in note for note in plan.notes)
+    assert plan.inputs["constraints"]["sub_block_modes"] == list(SUB_BLOCKS_APPLIED)
+    assert any("MoE blocks keep the model's MoE TP" in note and "'dp/sp:rep', 'sp/dp:rep'"
+               in note for note in plan.notes)
     with pytest.raises(UserError, match="tp_sub_block, which TorchTitan 0.3.0's apply does not "
                                         "run under --parallelism.spmd_backend full_dtensor"):
         read_job([*base, "--parallelism.spmd_backend", "full_dtensor"])

@@ -27,7 +27,8 @@ tp_sub_block: a dense block's attention and feed-forward may each use the tp dim
 DEFAULT_TECHNIQUES = tuple(t for t in TECHNIQUES if t != "tp_sub_block")
 """What the search uses unless ``autoparallel.techniques`` says otherwise."""
 TpMode = Literal["none", "sp", "dp", "dp/sp", "sp/dp", "sp/sp:a2a", "dp/sp:batch",
-                 "sp/dp:batch", "sp/sp:batch", "sp/tp@dp_shard", "dim", "dim:gather"]
+                 "sp/dp:batch", "sp/sp:batch", "sp/tp@dp_shard", "sp/sp:rep", "dp/sp:rep",
+                 "sp/dp:rep", "dim", "dim:gather"]
 """What the tp dim does for a block: "none" (tp = 1), one of ``TP_MODES`` or one of
 ``SUB_BLOCK_TP_MODES``; for the embedding also one of ``EMBEDDING_MODES``."""
 TP_MODES: tuple[TpMode, ...] = ("sp", "dp")
@@ -36,6 +37,20 @@ block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split th
 (entry/exit all-to-all between the sequence-sharded residual stream and a batch shard)."""
 BATCH_STREAM = ":batch"
 """The suffix of a sub-block mode whose residual stream is sharded on the batch over tp."""
+REPLICATED_STREAM = ":rep"
+"""The suffix of a sub-block mode whose residual stream is whole on every tp rank: tensor
+parallel without sequence parallel (``REPLICATED_MODES``)."""
+TP_WITHOUT_SP: TpMode = "sp/sp:rep"
+"""TorchTitan's tensor parallel without sequence parallel, the mode a job that turns sequence
+parallel off runs its tensor-parallel blocks in (``Constraints.sequence_parallel``)."""
+REPLICATED_MODES: tuple[TpMode, ...] = (TP_WITHOUT_SP, "dp/sp:rep", "sp/dp:rep")
+"""Sub-block modes on a replicated residual stream (TorchTitan's TP with
+``enable_sequence_parallel`` off): a TP sub-block takes the stream as it is (no all-gather),
+its row-wise linears' output all-reduced over tp (their column-wise linears' input gradient
+in backward) where SP reduce-scatters, its norm and residual add run on every token of the
+micro-batch on every tp rank; a data-parallel sub-block runs on a batch shard of the stream
+(cut locally, no collective) and its output is all-gathered over tp (its input gradient in
+backward). "sp/sp:rep" is TorchTitan's own TP without SP."""
 A2A = ":a2a"
 """The suffix of the sub-block mode whose attention output projection reads its input through
 an all-to-all (heads to sequence) with its weight whole (``A2A_MODES``)."""
@@ -57,7 +72,8 @@ DP_SHARD_TP_MODES: tuple[TpMode, ...] = ("sp/tp@dp_shard",)
 """Attention TorchTitan's TP + SP over tp, the feed-forward ``DP_SHARD_TP``: a second mesh dim
 as TP inside one block (TorchTitan 0.3.0's AutoParallel's Llama 3 8B placement on 8 GPUs)."""
 SUB_BLOCK_TP_MODES: tuple[TpMode, ...] = ("dp/sp", "sp/dp", *A2A_MODES, "dp/sp:batch",
-                                          "sp/dp:batch", "sp/sp:batch", *DP_SHARD_TP_MODES)
+                                          "sp/dp:batch", "sp/sp:batch", *DP_SHARD_TP_MODES,
+                                          *REPLICATED_MODES)
 """Per sub-block, "<attention>/<feed-forward>", each "sp" or "dp" as above: "dp/sp" = attention
 data parallel over tp (its parameters and its norm FSDP-sharded over dp_shard x tp, an
 all-to-all into and out of it) and the feed-forward TP + SP; "sp/dp" the reverse, the
@@ -66,7 +82,8 @@ residual stream stays sequence-sharded between the sub-blocks and between blocks
 ``BATCH_STREAM`` ("dp/sp:batch", "sp/dp:batch", "sp/sp:batch") the stream is sharded on the
 batch over tp instead, everywhere (embedding output to final norm): a data-parallel
 sub-block runs on it as it is (no all-to-all) and a TP sub-block all-gathers and
-reduce-scatters it on the batch; every tp layer of a plan keeps one stream layout
+reduce-scatters it on the batch. With ``REPLICATED_STREAM`` the stream is whole on every tp
+rank (``REPLICATED_MODES``). Every tp layer of a plan keeps one stream layout
 (``stream_dim``)."""
 
 
@@ -131,28 +148,55 @@ def batch_a2a(tp_mode: str) -> bool:
     return sub_block_modes(tp_mode)[0] == "dp" and stream_dim(tp_mode) == 1
 
 
-def stream_dim(tp_mode: str) -> int:
+def stream_dim(tp_mode: str) -> int | None:
     """The dim of the residual stream the tp dim shards around a layer in ``tp_mode``: 0 (the
-    batch) for a ``BATCH_STREAM`` mode, else 1 (the sequence, TorchTitan's SP)."""
-    return 0 if tp_mode.endswith(BATCH_STREAM) else 1
+    batch) for a ``BATCH_STREAM`` mode, None (whole on every tp rank) for a
+    ``REPLICATED_STREAM`` mode, else 1 (the sequence, TorchTitan's SP)."""
+    if tp_mode.endswith(BATCH_STREAM):
+        return 0
+    return None if tp_mode.endswith(REPLICATED_STREAM) else 1
 
 
-def stream_of(tp_modes: Iterable[str]) -> int:
+STREAM_LAYOUTS = {0: "sharded on the batch", 1: "sharded on the sequence",
+                  None: "whole on every tp rank"}
+"""The residual stream's layouts over tp (``stream_dim``), in words."""
+
+
+def stream_of(tp_modes: Iterable[str]) -> int | None:
     """The dim of the residual stream tp shards for blocks in ``tp_modes`` (one layout per
-    plan, ``stream_problem``): 0 where they take ``BATCH_STREAM`` modes, else 1."""
-    return min((stream_dim(mode) for mode in tp_modes if mode != "none"), default=1)
+    plan, ``stream_problem``): 0 where they take ``BATCH_STREAM`` modes, None where they take
+    ``REPLICATED_STREAM`` ones, else 1."""
+    dims = {stream_dim(mode) for mode in tp_modes if mode != "none"}
+    return next((dim for dim in (0, None) if dim in dims), 1)
 
 
-def stream_problem(tp_modes: list[str]) -> str:
+def stream_problem(tp_modes: list[str], embedding: str = "") -> str:
     """Why blocks with these tp modes cannot share one residual stream (empty if they can):
-    the tp modes of a plan's blocks shard the stream on the batch (``BATCH_STREAM``) or all on
-    the sequence, not both (the search's ``milp._one_stream``)."""
+    the tp modes of a plan's blocks shard the stream on the batch (``BATCH_STREAM``), leave it
+    whole (``REPLICATED_STREAM``) or all shard it on the sequence, one of the three (the
+    search's ``milp._one_stream``); an embedding looked up on its embedding dim
+    (``EMBEDDING_MODES``, its output moved onto a shard of the stream) needs a sharded one."""
     dims = {stream_dim(mode): mode for mode in tp_modes if mode != "none"}
+    if None in dims and embedding_stream_problem(embedding, None):
+        return f"tp_mode {dims[None]!r}: {embedding_stream_problem(embedding, None)}"
     if len(dims) < 2:
         return ""
-    return (f"tp_mode {dims[0]!r} shards the residual stream on the batch and {dims[1]!r} on "
-            f"the sequence: a plan keeps one stream layout; use the {BATCH_STREAM!r} modes "
-            "on every tp block or on none")
+    (a, mode_a), (b, mode_b) = list(dims.items())[:2]
+    return (f"tp_mode {mode_a!r} keeps the residual stream {STREAM_LAYOUTS[a]} and {mode_b!r} "
+            f"{STREAM_LAYOUTS[b]}: a plan keeps one stream layout; use modes ending "
+            f"{BATCH_STREAM!r} on every tp block, modes ending {REPLICATED_STREAM!r} on every "
+            "tp block, or neither")
+
+
+def embedding_stream_problem(embedding: str, stream: int | None) -> str:
+    """Why the embedding in mode ``embedding`` ("" TorchTitan's, or one of
+    ``EMBEDDING_MODES``) cannot feed a residual stream laid out as ``stream``
+    (``stream_dim``; empty if it can): a lookup on the embedding dim moves its output onto a
+    shard of the stream, so not onto a replicated one."""
+    if stream is None and embedding in EMBEDDING_MODES:
+        return (f"the residual stream is whole on every tp rank and the embedding's "
+                f"{embedding!r} leaves its output on a shard of it: use TorchTitan's embedding")
+    return ""
 
 
 AcMode = Literal["none", "selective", "full"]
@@ -173,7 +217,8 @@ def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
     groups of n ranks of one node; ``unsharded``: the mesh's label
     when it shards nothing, "ddp" / "single", see ``Mesh.unsharded_label``), unit "unit<k>"
     (FSDP units of k blocks), tp "tp+sp" / "tp_dp" / "attn:<tp>/ffn:<tp>" (a TP sub-block "tp"
-    and stream "stream:batch" when the stream is sharded on the batch), ep "ep<k>", ac
+    and stream "stream:batch" / "stream:replicated" where the stream is sharded on the batch /
+    whole on every tp rank), ep "ep<k>", ac
     "ac:<mode>", pinned "pinned"; absent aspects are left out."""
     if tp_mode in EMBEDDING_MODES:
         return {"params": "dim-shard", "tp": "a2a" if tp_mode == EMBEDDING_DIM
@@ -186,14 +231,14 @@ def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
     if tp_mode in TP_PART:
         parts["tp"] = TP_PART[tp_mode]
     elif tp_mode in SUB_BLOCK_TP_MODES:
-        batch = stream_dim(tp_mode) == 0
-        attention, ffn = ("tp" if batch and m == "sp" else TP_PART[m]
+        stream = stream_dim(tp_mode)
+        attention, ffn = ("tp" if stream != 1 and m == "sp" else TP_PART[m]
                           for m in sub_block_modes(tp_mode))
         if a2a_mode(tp_mode):
             attention = "tp+a2a"
         parts["tp"] = f"attn:{attention}/ffn:{ffn}"
-        if batch:
-            parts["stream"] = "stream:batch"
+        if stream != 1:
+            parts["stream"] = "stream:batch" if stream == 0 else "stream:replicated"
     if ep > 1:
         parts["ep"] = f"ep{ep}"
     if ac != "none":
@@ -430,11 +475,12 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
     whole block, whose data parallel over tp alone would be plain FSDP over the same ranks; a
     sub-block mode may have dp_shard = 1: its data-parallel part sharded over tp, the rest as
     TorchTitan's TP alone), etp = 1 (MoE blocks) and, where the tp ranks split the
-    micro-batch (``batch_a2a``, a stream sharded on the batch), a batch they split
-    evenly. ``A2A_MODES`` use no data
+    micro-batch (``batch_a2a``, a stream sharded on the batch, a data-parallel sub-block on a
+    replicated stream), a batch they split evenly. ``A2A_MODES`` use no data
     parallel over tp: they need tp > 1, no pipeline, a block and cp = 1 only (the all-to-all
-    splits the sequence over tp alone). ``DP_SHARD_TP_MODES`` split no batch over tp either:
-    they need dp_shard > 1 (the feed-forward's TP group), dp_replicate = 1 and cp = 1."""
+    splits the sequence over tp alone), as does ``TP_WITHOUT_SP``. ``DP_SHARD_TP_MODES``
+    split no batch over tp either: they need dp_shard > 1 (the feed-forward's TP group),
+    dp_replicate = 1 and cp = 1."""
     mode = f"tp_mode {tp_mode!r}"
     if mesh.tp == 1:
         return f"{mode} needs tp > 1"
@@ -442,7 +488,7 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
         return f"{mode} is not planned with pipeline parallelism; use 'sp'"
     if kind != "block":
         return f"{mode} applies to blocks only; use 'sp'"
-    if a2a_mode(tp_mode):
+    if a2a_mode(tp_mode) or tp_mode == TP_WITHOUT_SP:
         return f"{mode} needs cp = 1; use 'sp'" if mesh.cp > 1 else ""
     if tp_mode in DP_SHARD_TP_MODES:
         return ("" if mesh.dp_shard > 1 and mesh.dp_replicate == 1 and mesh.cp == 1 else
@@ -453,7 +499,8 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
     if mesh.etp > 1:
         return (f"{mode} needs etp = 1 (routed experts tensor parallel over tp take the whole "
                 "micro-batch); use 'sp'")
-    if microbatch % mesh.tp and (batch_a2a(tp_mode) or stream_dim(tp_mode) == 0):
+    if microbatch % mesh.tp and (batch_a2a(tp_mode) or stream_dim(tp_mode) == 0 or (
+            stream_dim(tp_mode) is None and tp_dp_params(tp_mode))):
         return f"{mode} needs local_batch_size divisible by tp ({mesh.tp}); use 'sp'"
     return ""
 

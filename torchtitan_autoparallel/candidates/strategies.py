@@ -13,15 +13,18 @@ from .layout import (
     FSDP_UNIT_SIZES,
     MOE_SUB_BLOCK_MODES,
     SUB_BLOCK_TP_MODES,
+    TP_WITHOUT_SP,
     BlockStrategy,
     Mesh,
     divisors,
     embedding_dim_problem,
+    embedding_stream_problem,
     ep_problem,
     fsdp_sharded,
     fsdp_unit_problem,
     node_reshard_group,
     node_reshard_problem,
+    stream_dim,
     tp_dp_problem,
 )
 
@@ -70,6 +73,11 @@ class Constraints:
     embedding_dim: bool = True
     """``tp_sub_block`` also offers the embedding looked up on its embedding dim, where the
     release's apply runs it (``Frontend.embedding_dim``)."""
+    sequence_parallel: bool = True
+    """False: the job turns sequence parallel off (TorchTitan 0.3.0's
+    ``parallelism.enable_sequence_parallel``): dense blocks on tp > 1 run on a replicated
+    stream only (``TP_WITHOUT_SP``, and the ``REPLICATED_MODES`` of ``sub_block_modes`` under
+    ``tp_sub_block``); MoE models are planned without tensor parallel."""
 
 
 def legal_tp(graph: LayerGraph, tp: int, gpus_per_node: int) -> bool:
@@ -113,6 +121,9 @@ def enumerate_meshes(
                         continue
                     why = _mesh_refusal(graph, gpus_per_node, allowed, pp, dp_replicate,
                                         dp_shard, cp, tp)
+                    if not why and tp > 1 and not constraints.sequence_parallel:
+                        why = without_sp_refusal(graph, Mesh(
+                            dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, cp=cp, pp=pp))
                     if not why and constraints.fsdp_required and dp_shard * cp == 1:
                         why = ("training.enable_cpu_offload is FSDP's CPU offload, so the mesh "
                                "must shard over dp_shard x cp > 1")
@@ -140,6 +151,16 @@ def enumerate_meshes(
                         f"must multiply to a divisor of {world} (to {world} when all are "
                         "fixed); the free dims take the remaining ranks")
     return meshes
+
+
+def without_sp_refusal(graph: LayerGraph, mesh: Mesh) -> str:
+    """Why a job with sequence parallel off cannot run tensor parallel on ``mesh`` (empty if
+    it can): its blocks run ``TP_WITHOUT_SP`` (``tp_dp_problem``'s rule), on dense models."""
+    off = "parallelism.enable_sequence_parallel is off"
+    if graph.num_experts:
+        return f"{off}: MoE models are planned with tensor parallel and sequence parallel only"
+    problem = tp_dp_problem(mesh, 1, "block", TP_WITHOUT_SP)
+    return f"{off}: {problem.split('; use')[0]}" if problem else ""
 
 
 def _mesh_refusal(graph: LayerGraph, gpus_per_node: int, allowed: set[str], pp: int,
@@ -248,7 +269,9 @@ def block_tp_modes(mesh: Mesh, microbatch: int, constraints: Constraints,
     block ("tp_dp") or for one of its sub-blocks ("tp_sub_block": the sub-block modes the
     release applies, ``Constraints.sub_block_modes``). A MoE model's blocks with routed
     ``experts`` may take the release's ``Constraints.moe_sub_block_modes`` under
-    "tp_sub_block"; its dense blocks TP + SP."""
+    "tp_sub_block"; its dense blocks TP + SP. A job with sequence parallel off
+    (``Constraints.sequence_parallel``): TP without SP, and the sub-block modes on a replicated
+    stream, in place of TP + SP and the rest."""
     if mesh.tp == 1:
         return ("none",)
     if moe_model:
@@ -258,6 +281,11 @@ def block_tp_modes(mesh: Mesh, microbatch: int, constraints: Constraints,
                         if not tp_dp_problem(mesh, microbatch, "block", mode)))
     asked = (("dp",) if "tp_dp" in constraints.techniques else ()) + (
         constraints.sub_block_modes if "tp_sub_block" in constraints.techniques else ())
+    if not constraints.sequence_parallel:  # TP without SP: a replicated stream only
+        asked = (TP_WITHOUT_SP, *(mode for mode in asked
+                                  if stream_dim(mode) is None and mode != TP_WITHOUT_SP))
+        return tuple(mode for mode in asked if not tp_dp_problem(mesh, microbatch, "block",
+                                                                   mode))
     return ("sp", *(mode for mode in asked if not tp_dp_problem(mesh, microbatch, "block", mode)))
 
 
@@ -281,6 +309,8 @@ def embedding_dim_refused(graph: LayerGraph, mesh: Mesh, constraints: Constraint
         return f"{mode} needs autoparallel.techniques with tp_sub_block"
     if not constraints.embedding_dim:
         return f"{mode} is not applied on this TorchTitan release; use the default"
+    if not constraints.sequence_parallel and mesh.tp > 1:  # the blocks' stream replicated
+        return embedding_stream_problem(tp_mode, None)
     if graph.num_experts or graph.tied_output or any(
             layer.kind == "encoder" for layer in graph.edges):
         return (f"{mode} is planned on dense models without encoders or tied output weights "
@@ -332,14 +362,20 @@ def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe
     if pin is not None and pin.whole:
         sharded = fsdp_sharded(mesh)
         return [BlockStrategy(pin.recipe_ac, pin.recipe_reshard and sharded,
-                              "sp" if mesh.tp > 1 else "none")]
+                              "none" if mesh.tp == 1 else _recipe_tp(constraints))]
     free = block_strategies(mesh, microbatch, constraints, moe_model, gpus_per_node, run,
                             experts)
-    kept = ("none", "sp", *(MOE_SUB_BLOCK_MODES if pin is not None and pin.defaults_only
-                            else ()))
+    kept = ("none", _recipe_tp(constraints),
+            *(MOE_SUB_BLOCK_MODES if pin is not None and pin.defaults_only else ()))
     return [s for s in free
             if not (pin is not None and pin.regions and s.tp_mode not in kept)
             and (pin is None or pin.ac is None or s.ac == pin.ac)]
+
+
+def _recipe_tp(constraints: Constraints) -> str:
+    """The tp mode of TorchTitan's own TP plan for the job: TP + SP, or TP without SP where
+    the job turns sequence parallel off."""
+    return "sp" if constraints.sequence_parallel else TP_WITHOUT_SP
 
 
 def fastest_strategies(strategies: list[BlockStrategy]) -> list[BlockStrategy]:

@@ -406,6 +406,9 @@ def _tp_mode_words(tp_mode: str) -> str:
                      "over tp")
     if stream_dim(tp_mode) == 0:
         words.append("the residual stream sharded on the batch over tp")
+    if stream_dim(tp_mode) is None:
+        words.append("tensor parallel without sequence parallel (the residual stream whole "
+                     "on every tp rank)")
     return ", ".join(words)
 
 

@@ -85,7 +85,8 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     collectives; backward runs their transposes, an all-gather of the row-parallel linears'
     output gradient and a reduce-scatter of the column-parallel linears' input gradient.
     Without async TP every collective is exposed. Under a sub-block mode only its TP + SP
-    sub-block runs them (``sp_modules``). Async TP (Inductor's micro-pipeline pass)
+    sub-block runs them (``sp_modules``). On a replicated stream (``layout.REPLICATED_MODES``) an
+    all-reduce takes the place of each pair, exposed. Async TP (Inductor's micro-pipeline pass)
     fuses an all-gather into the GEMMs that consume it and a reduce-scatter into the one GEMM
     that produces it; the transfers (copy engines, no SMs) then hide under those GEMMs, run in
     tp chunks, except the first chunk. What the pass cannot fuse stays exposed: the backward
@@ -95,6 +96,12 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     hw, prec, features = ctx.hw, ctx.prec, ctx.features
     fwd_passes = 2 if strategy.ac == "full" else 1
     modules = sp_modules(strategy)
+    if stream_dim(strategy.tp_mode) is None:
+        # TP without SP (a replicated stream): nothing to gather; each module all-reduces its
+        # row-wise linears' output (in every forward pass) and its column-wise linears' input
+        # gradient (backward). Async TP's pass finds no gather or scatter to fuse
+        reduce = collective_s("all_reduce", act, mesh.tp, tp_nodes, hw)
+        return modules * (fwd_passes + 1) * reduce
     # A2A: the attention's output projection leaves no partial sums to reduce-scatter (and
     # gathers no output gradient in backward): an all-to-all takes its place (tp_comm_s)
     own = int(bool(a2a_linears(layer, strategy.tp_mode)))
@@ -154,8 +161,9 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     (``sp_comm_s``) where a module runs TP + SP, and where the tp dim is data parallel for the
     attention (``batch_a2a``), the all-to-alls between the sequence-sharded residual stream
     and a batch shard around it (none for a data-parallel feed-forward or MoE, per token on
-    the stream's shard, nor where the stream is sharded on the batch already); none in tp
-    mode "none". It only grows with checkpointing (more passes,
+    the stream's shard, nor where the stream is sharded on the batch already), and on a
+    replicated stream the all-gather out of a data-parallel sub-block; none in tp mode
+    "none". It only grows with checkpointing (more passes,
     gathers). The embedding looked up on its embedding dim: ``embedding_dim_s``."""
     if strategy.tp_mode in EMBEDDING_MODES:
         return embedding_dim_s(layer, mesh, microbatch, ctx, strategy.tp_mode)
@@ -164,14 +172,19 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     comm = 0.0
     if sp_modules(strategy):
         comm += sp_comm_s(layer, mesh, strategy, microbatch, act, tp_nodes, ctx)
+    fwd_passes = 2 if strategy.ac == "full" else 1
     if batch_a2a(strategy.tp_mode):
         # sequence-shard -> batch-shard all-to-all into the data-parallel attention (block or
         # sub-block) and back out of it, both again in backward (and in a full recompute)
         a2a = collective_s("all_to_all", act / mesh.tp, mesh.tp, tp_nodes, ctx.hw)
         comm += a2a * (4 + (2 if strategy.ac == "full" else 0))
+    if stream_dim(strategy.tp_mode) is None:
+        # a replicated stream: a data-parallel sub-block's output all-gathered over tp in
+        # every forward pass, its input gradient in backward (its input cut locally)
+        gather = collective_s("all_gather", act, mesh.tp, tp_nodes, ctx.hw)
+        comm += sub_block_modes(strategy.tp_mode).count("dp") * (fwd_passes + 1) * gather
     # A2A: heads -> sequence into the output projection, sequence -> heads in backward; its
     # weight all-gathered over tp in each forward pass, its gradient reduce-scattered back
-    fwd_passes = 2 if strategy.ac == "full" else 1
     comm += dp_shard_tp_s(layer, mesh, strategy, act, ctx)
     weight = a2a_weight_bytes(layer, mesh, strategy, ctx.prec.param_bytes)
     comm += a2a_s(layer, mesh, strategy, act, tp_nodes, ctx) * (fwd_passes + 1)

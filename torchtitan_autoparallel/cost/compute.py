@@ -10,6 +10,7 @@ from ..candidates.layout import (
     BlockStrategy,
     Mesh,
     a2a_mode,
+    stream_dim,
     sub_block_modes,
 )
 from ..graph.layer_graph import Layer
@@ -498,8 +499,24 @@ FSDP_COPY_BYTES_PER_PARAM = 18.0
 """Device-memory traffic per parameter of one FSDP2 gather + reduce-scatter round: the
 all-gather's copy-out into the unsharded bf16 parameters (2 B read + 2 written), the bf16
 gradients cast to the fp32 reduce dtype (2 + 4) and the reduce-scatter's copy-in (4 + 4)."""
+STREAM_OP_ELEMENTS = 5.0
+"""Elements a pre-norm sub-block's RMSNorm and residual add move per element of the residual
+stream in forward: the norm reads and writes one each, the add reads two and writes one."""
 GEMM_PLATEAU = (8192.0, 8192.0, 8192.0)
 """A shape past every table's grid: the table's large-GEMM throughput."""
+
+
+def whole_stream_bytes(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
+                       ) -> float:
+    """Forward bf16 traffic a replicated stream (``layout.REPLICATED_MODES``) adds to one
+    rank's micro-batch: its TP sub-blocks' norms and residual adds run on every token, where
+    SP runs them on a tp-th (``STREAM_OP_ELEMENTS``); 0 on a sharded stream."""
+    if stream_dim(strategy.tp_mode) is not None or mesh.tp == 1:
+        return 0.0
+    tp_parts = sub_block_modes(strategy.tp_mode).count("sp")
+    # io_bytes: the stream of one sequence in fp32 (4 B per element), here at 2 B
+    return (tp_parts * STREAM_OP_ELEMENTS * layer.io_bytes / 2 * microbatch / mesh.cp
+            * (1 - 1 / mesh.tp))
 
 
 def compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
@@ -583,7 +600,8 @@ def block_compute_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatc
         # stream is read and written once more around the fused regions
         traffic = (layer.gemm_io_bytes + layer.io_bytes / 2 if features.compile
                    else layer.eager_bytes) * prec.param_bytes / 2
-        stream = traffic * scale / (hw.hbm_gbps * 1e9)
+        stream = (traffic * scale + whole_stream_bytes(layer, mesh, strategy, microbatch)
+                  * prec.param_bytes / 2) / (hw.hbm_gbps * 1e9)
         low = low_precision_linears(layer, mesh, strategy, microbatch, hw, features)
         if not measured_float8_table(hw, features):  # else inside the measured linear times
             cast_fwd, cast_bwd = cast_s(float8_cast_elements(layer, mesh, strategy, microbatch,

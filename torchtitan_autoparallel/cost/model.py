@@ -29,6 +29,7 @@ from ..candidates.layout import (
     edge_strategy,
     fsdp_group_size,
     reshard_group,
+    stream_dim,
     sub_block_modes,
 )
 from ..graph.layer_graph import Layer, LayerGraph
@@ -181,9 +182,16 @@ def _block_memory(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch:
     # the recomputation of a checkpointed block materialises. Selective AC keeps the outputs of
     # the ops its policy saves, the same tensors compiled or not.
     eager_saved = layer.saved_bytes * microbatch * saved_scale / (mesh.tp * mesh.cp)
+    # a replicated stream (TP without SP): each TP sub-block's norm input and output (the
+    # column-wise linears' input) whole, where SP keeps a tp-th of them
+    replicated = stream_dim(strategy.tp_mode) is None
+    if replicated:
+        eager_saved += (2 * sub_block_modes(strategy.tp_mode).count("sp") * layer.io_bytes
+                        * microbatch * saved_scale / mesh.cp * (1 - 1 / mesh.tp))
     saved = eager_saved * (hw.compile_saved_fraction if features.compile else 1.0)
+    # a checkpointed block keeps its input: one shard of the stream, or all of it replicated
     kept = (saved if strategy.ac == "none" else keep_frac * eager_saved) + (
-        layer.io_bytes * microbatch * io_scale / (mesh.tp * mesh.cp)
+        layer.io_bytes * microbatch * io_scale / (mesh.cp * (1 if replicated else mesh.tp))
         if strategy.ac != "none" else 0.0)
     if not strategy.reshard_after_forward and fsdp_group > 1:
         kept += unsharded

@@ -26,7 +26,7 @@ SEQUENCE_DIM = 1
 """The dim of the residual stream (batch, sequence, hidden) TorchTitan's SP shards."""
 
 
-def _placement(layout: str | None, stream: int = SEQUENCE_DIM) -> Any:
+def _placement(layout: str | None, stream: int | None = SEQUENCE_DIM) -> Any:
     from torch.distributed.tensor import Replicate, Shard
 
     if layout is None:
@@ -34,16 +34,26 @@ def _placement(layout: str | None, stream: int = SEQUENCE_DIM) -> Any:
     if layout == "replicate":
         return Replicate()
     dim = int(layout.split(":")[1])
-    return Shard(stream if dim == SEQUENCE_DIM else dim)
+    if dim != SEQUENCE_DIM:
+        return Shard(dim)
+    return Replicate() if stream is None else Shard(stream)
 
 
-def build_style(style: Style, float8: bool = False, stream: int = SEQUENCE_DIM) -> Any:
+def stream_placement(stream: int | None) -> Any:
+    """The residual stream's placement over tp: ``Shard(stream)``, or ``Replicate()`` for a
+    stream whole on every tp rank (None: tensor parallel without sequence parallel)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    return Replicate() if stream is None else Shard(stream)
+
+
+def build_style(style: Style, float8: bool = False, stream: int | None = SEQUENCE_DIM) -> Any:
     """The ``ParallelStyle`` object ``style`` describes (torchao's float8 styles for the
     projections and module inputs with ``float8``, as TorchTitan's ``apply_tp``); ``stream``:
     the dim the residual stream is sharded on between modules (1, the sequence, as
-    TorchTitan's SP; 0 for a stream sharded on the batch), where the inferred plan reads
-    TorchTitan's sequence dim."""
-    from torch.distributed.tensor import Shard
+    TorchTitan's SP; 0 for a stream sharded on the batch; None for a stream whole on every
+    tp rank, TP without SP), where the inferred plan reads TorchTitan's sequence dim. None
+    where the module runs on its own under ``stream`` None (a sequence-parallel norm)."""
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
@@ -64,8 +74,10 @@ def build_style(style: Style, float8: bool = False, stream: int = SEQUENCE_DIM) 
     if style.kind == "colwise":
         return colwise(use_local_output=style.local_output)
     if style.kind == "rowwise":
-        return rowwise(output_layouts=Shard(stream))
+        return rowwise(output_layouts=stream_placement(stream))
     if style.kind == "sequence":
+        if stream is None and style.sequence_dim == SEQUENCE_DIM:
+            return None
         dim = stream if style.sequence_dim == SEQUENCE_DIM else style.sequence_dim
         return SequenceParallel(sequence_dim=dim, use_local_output=style.local_output)
     if style.kind == "replicate":
@@ -97,8 +109,8 @@ class InferredTP:
     plans: dict[str, dict[str, Style]]
     """Block signature -> plan."""
 
-    def top_styles(self, model: nn.Module, loss_parallel: bool, stream: int = SEQUENCE_DIM
-                   ) -> dict[str, Any]:
+    def top_styles(self, model: nn.Module, loss_parallel: bool,
+                   stream: int | None = SEQUENCE_DIM) -> dict[str, Any]:
         from torch.distributed.tensor import Replicate, Shard
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
@@ -109,25 +121,27 @@ class InferredTP:
         present = {n for n, _ in model.named_modules()}
         styles = {
             self.embedding: RowwiseParallel(input_layouts=Replicate(),
-                                            output_layouts=Shard(stream)),
-            self.final_norm: SequenceParallel(sequence_dim=stream),
-            self.output: ColwiseParallel(input_layouts=Shard(stream),
+                                            output_layouts=stream_placement(stream)),
+            # on a replicated stream the final norm runs whole on every tp rank
+            self.final_norm: None if stream is None else SequenceParallel(sequence_dim=stream),
+            self.output: ColwiseParallel(input_layouts=stream_placement(stream),
                                          output_layouts=Shard(-1) if loss_parallel
                                          else Replicate(),
                                          use_local_output=not loss_parallel),
         }
-        return {k: v for k, v in styles.items() if k and k in present}
+        return {k: v for k, v in styles.items() if k and k in present and v is not None}
 
     def block_styles(self, block: nn.Module, float8: bool = False,
-                     stream: int = SEQUENCE_DIM) -> dict[str, Any]:
+                     stream: int | None = SEQUENCE_DIM) -> dict[str, Any]:
         plan = self.plans.get(block_signature(block))
         if plan is None:
             raise KeyError(f"no inferred TP plan for a {type(block).__name__} block with "
                            "these parameter shapes")
-        return {name: build_style(style, float8, stream) for name, style in plan.items()}
+        styles = {name: build_style(style, float8, stream) for name, style in plan.items()}
+        return {name: style for name, style in styles.items() if style is not None}
 
     def __call__(self, model: nn.Module, tp_mesh: Any, loss_parallel: bool,
-                 enable_float8_tensorwise_tp: bool = False, stream: int = SEQUENCE_DIM
+                 enable_float8_tensorwise_tp: bool = False, stream: int | None = SEQUENCE_DIM
                  ) -> None:
         from torch.distributed.tensor.parallel import parallelize_module
         from torchtitan.tools.logging import logger

@@ -142,6 +142,8 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
                               if not (plain_linears(m) and features.linear != "none")),
         moe_sub_block_modes=frontend().moe_sub_block_modes,
         embedding_dim=frontend().embedding_dim,
+        # TorchTitan 0.3.0's parallelism.enable_sequence_parallel (0.2.2 has no such key)
+        sequence_parallel=bool(getattr(par, "enable_sequence_parallel", True)),
         fsdp_required=features.cpu_offload,
         **pipeline_constraints(job_config, features, techniques),
     )
@@ -424,6 +426,7 @@ def _constraints_record(job_config: Any, constraints: Constraints, ac_option: st
             **({"sub_block_modes": list(constraints.sub_block_modes)}
                if constraints.sub_block_modes != SUB_BLOCK_TP_MODES
                and "tp_sub_block" in constraints.techniques else {}),
+            **({"sequence_parallel": False} if not constraints.sequence_parallel else {}),
             **({"embedding_dim": False} if not constraints.embedding_dim
                and "tp_sub_block" in constraints.techniques else {}),
             **({"ac_modes": list(constraints.ac_modes)}

@@ -461,7 +461,8 @@ def check_plan(plan: Any, source: str) -> None:
         problem = layer_problem(layer, m, plan.local_batch_size)
         if problem:
             raise UserError(f"{where}{layer.fqn}: {problem}; {PLAN_FIX}")
-    problem = stream_problem([layer.tp_mode for layer in plan.layers if layer.kind == "block"])
+    problem = stream_problem([layer.tp_mode for layer in plan.layers if layer.kind == "block"],
+                             plan.embedding_mode)
     if problem:
         raise UserError(f"{where}{problem}; {PLAN_FIX}")
     fsdp_units(plan.layers, where)

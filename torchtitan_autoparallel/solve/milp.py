@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import highspy
 
 from ..candidates.candidate import Candidate, Counts, Key, Option, flat_options
-from ..candidates.layout import GIB, Mesh, stream_dim
+from ..candidates.layout import GIB, Mesh, embedding_stream_problem, stream_dim
 from ..candidates.pipeline import pipeline_options
 from ..candidates.strategies import Constraints
 from ..cost.model import CostContext
@@ -218,20 +218,25 @@ def _build_milp(h: highspy.Highs, cand: Candidate, budget: float
 
 def _one_stream(h: highspy.Highs, cand: Candidate, y_idx: dict[tuple[str, Key], int],
                 col: Callable[[float, float, float, bool], int]) -> None:
-    """Every tp block of the plan keeps one residual-stream layout (``layout.stream_dim``):
-    where the strategies offer both, a binary ``z`` (1: sharded on the batch) and
-    y[t,c,s] <= z for the batch-sharded ones, y[t,c,s] <= 1 - z for the others."""
-    by_dim: dict[int, list[int]] = {0: [], 1: []}
+    """Every tp block of the plan keeps one residual-stream layout (``layout.stream_problem``,
+    the plan check's rule): where the strategies offer several, a binary ``z[d]`` per layout
+    ``d`` (``layout.stream_dim``), sum z = 1, and y[t,c,s] <= z[d] for the strategies in
+    layout d; a layout the candidate's embedding cannot feed (``embedding_stream_problem``)
+    is ruled out."""
+    by_dim: dict[int | None, list[int]] = {}
     for (_, k), y in y_idx.items():
         if k[1].tp_mode != "none":
-            by_dim[stream_dim(k[1].tp_mode)].append(y)
-    if not by_dim[0] or not by_dim[1]:
+            by_dim.setdefault(stream_dim(k[1].tp_mode), []).append(y)
+    for dim in [d for d in by_dim if embedding_stream_problem(cand.embedding, d)]:
+        for y in by_dim.pop(dim):
+            h.changeColBounds(y, 0.0, 0.0)
+    if len(by_dim) < 2:
         return
-    z = col(0.0, 0.0, 1.0, True)
-    for y in by_dim[0]:
-        h.addRow(-highspy.kHighsInf, 0.0, 2, [y, z], [1.0, -1.0])
-    for y in by_dim[1]:
-        h.addRow(-highspy.kHighsInf, 1.0, 2, [y, z], [1.0, 1.0])
+    z = {dim: col(0.0, 0.0, 1.0, True) for dim in by_dim}
+    h.addRow(1.0, 1.0, len(z), list(z.values()), [1.0] * len(z))
+    for dim, ys in by_dim.items():
+        for y in ys:
+            h.addRow(-highspy.kHighsInf, 0.0, 2, [y, z[dim]], [1.0, -1.0])
 
 
 def _run_milp(h: highspy.Highs, integers: list[int], cutoff: float

@@ -16,8 +16,11 @@ import torch
 import torch.nn as nn
 
 from ...candidates.layout import (
+    BATCH_STREAM,
     DP_SHARD_TP,
     MOE_SUB_BLOCK_MODES,
+    REPLICATED_STREAM,
+    STREAM_LAYOUTS,
     SUB_BLOCK_TP_MODES,
     a2a_mode,
     split_fsdp,
@@ -140,14 +143,16 @@ def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
     norm and output); blocks planned "dp" run on a batch shard of the tp ranks; blocks planned
     with a sub-block mode get both, each on its own sub-block (``apply_sub_block_tp``). A plan
     whose stream is sharded on the batch has its embedding, norm and output styles shard it
-    there (one stream layout per plan: ``layout.stream_problem``). ``embedding`` False: the
-    embedding is left to ``apply_embedding_dim``."""
+    there, and a plan whose stream is whole on every tp rank (TP without SP) has them take and
+    leave it replicated (one stream layout per plan: ``layout.stream_problem``).
+    ``embedding`` False: the embedding is left to ``apply_embedding_dim``."""
     blocks = model.get_submodule(adapter.blocks)
     stream = stream_of(tp_modes.values())
     if stream != 1 and not isinstance(resolve(adapter.tp_fn), InferredTP):
-        raise UserError("a stream sharded on the batch (tp modes ending ':batch') needs the "
-                        "family's inferred TP plan (ModelAdapter.tp_fn = INFER_TP); use "
-                        "'dp/sp' or 'sp/dp'")
+        raise UserError(f"a residual stream {STREAM_LAYOUTS[stream]} (tp modes ending "
+                        f"{BATCH_STREAM!r} or {REPLICATED_STREAM!r}) needs the family's "
+                        "inferred TP plan (ModelAdapter.tp_fn = INFER_TP); use 'dp/sp' or "
+                        "'sp/dp'")
     # MoE blocks whose MoE is data parallel: the family's TP + SP for the rest of the block
     moe_dp = moe_sub_block_names(blocks, adapter, tp_modes)
     adapter.apply_tp(model, tp_mesh, loss_parallel=loss_parallel,
@@ -164,10 +169,14 @@ def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
         elif mode in SUB_BLOCK_TP_MODES:
             apply_sub_block_tp(blocks.get_submodule(name), adapter, tp_mesh, mode,
                                enable_float8_tensorwise_tp)
+    from torchtitan.tools.logging import logger
+
+    if stream is None:
+        logger.info("tensor parallel without sequence parallel: the residual stream whole on "
+                    f"every tp rank ({tp_mesh.size()} ranks), the TP modules' output "
+                    "all-reduced")
     a2a = [name for name, mode in tp_modes.items() if a2a_mode(mode)]
     if a2a:
-        from torchtitan.tools.logging import logger
-
         names = a2a_projections(blocks.get_submodule(a2a[0]), adapter)
         logger.info(f"{len(a2a)} blocks run {', '.join(names)} on the sequence shard: input "
                     "all-to-all from the heads over tp, weight all-gathered over tp")

@@ -51,6 +51,25 @@ def batch_split_over_tp(block: nn.Module, tp_mesh: Any, n_args: int) -> None:
         output_layouts=Shard(0), desired_output_layouts=Shard(1), use_local_output=True))
 
 
+def batch_split_of_replicated(norm: nn.Module, module: nn.Module, tp_mesh: Any) -> None:
+    """Run a sub-block (its ``norm`` and ``module``) on a batch shard of a residual stream
+    whole on every tp rank (``layout.REPLICATED_STREAM``): each tp rank cuts its shard of the
+    batch (no collective; its input gradient all-gathered in backward) and the module's
+    output is all-gathered over tp (its gradient cut in backward). The norm runs on the shard
+    too, so FSDP's sum over dp_shard x tp counts every token once."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        parallelize_module,
+    )
+
+    parallelize_module(norm, tp_mesh, PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Shard(0),), use_local_output=True))
+    parallelize_module(module, tp_mesh, PrepareModuleOutput(
+        output_layouts=Shard(0), desired_output_layouts=Replicate(), use_local_output=True))
+
+
 SubBlocks = list[tuple[str, list[nn.Module]]]
 """A block's sub-blocks as planned: (the tp dim's use, "sp" or "dp"; the norm and the module)."""
 
@@ -134,7 +153,10 @@ def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp
     feed-forward run per token on the sequence shard as it is, a data-parallel sub-block's
     norm left whole (per token on the shard; FSDP sums its gradient over dp_shard x tp). Where
     the stream is sharded on the batch (``stream_dim``), the TP sub-block's styles gather and
-    scatter it on the batch and the data-parallel one runs on it with no collective. Under
+    scatter it on the batch and the data-parallel one runs on it with no collective; where it
+    is whole on every tp rank, the TP sub-block takes it as it is and all-reduces its output
+    (TP without SP, its norm whole) and the data-parallel one runs on a batch shard
+    (``batch_split_of_replicated``). Under
     ``layout.A2A_MODES`` the attention's row-wise projection takes its input onto the sequence shard
     instead of being row-wise parallel."""
     from torch.distributed.tensor.parallel import parallelize_module
@@ -160,6 +182,9 @@ def apply_sub_block_tp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any, tp
         elif part == 0 and batch_a2a(tp_mode):
             batch_split_over_tp(block.get_submodule(module), tp_mesh,
                                  len(inferred[module].inputs))
+        elif stream is None:
+            batch_split_of_replicated(block.get_submodule(norm), block.get_submodule(module),
+                                      tp_mesh)
         # a data-parallel feed-forward runs per token on the stream's shard as it is, as does
         # a sub-block on a stream sharded on the batch
 

@@ -15,6 +15,7 @@ from ...candidates.layout import (
     EMBEDDING_MODES,
     embedding_dim_problem,
     split_fsdp,
+    stream_of,
 )
 from ...errors import UserError
 from .tp_dp import (
@@ -71,6 +72,7 @@ def apply_plan(config: Any, plan: Any) -> None:
                         f"{plan.gradient_accumulation_steps}")
     t.local_batch_size = plan.local_batch_size
     t.global_batch_size = plan.global_batch_size  # TorchTitan derives the accumulation steps
+    _sequence_parallel(p, plan)
     if plan.pipeline is not None:
         # TorchTitan's pipeline_llm splits the planned stages and runs the planned schedule,
         # calling plan_parallelize on each stage's model part
@@ -83,6 +85,26 @@ def apply_plan(config: Any, plan: Any) -> None:
         return plan_parallelize(model, plan=plan, **kwargs)
 
     config.model_spec = dataclasses.replace(config.model_spec, parallelize_fn=parallelize)
+
+
+def _sequence_parallel(parallelism: Any, plan: Any) -> None:
+    """TP without SP (``layout.TP_WITHOUT_SP``, a replicated stream) through TorchTitan's own
+    ``parallelism.enable_sequence_parallel``; a one-line UserError for a plan that shards the
+    stream over tp in a job that turns sequence parallel off."""
+    if plan.mesh.tp == 1:
+        return
+    stream = stream_of(layer.tp_mode for layer in plan.layers if layer.kind == "block")
+    if stream is None:
+        from torchtitan.tools.logging import logger
+
+        parallelism.enable_sequence_parallel = False
+        logger.info("tensor parallel without sequence parallel: the residual stream whole on "
+                    f"every tp rank ({plan.mesh.tp} ranks), the TP modules' output all-reduced")
+    elif not parallelism.enable_sequence_parallel:
+        raise UserError(f"plan: its blocks shard the residual stream over tp (tp = "
+                        f"{plan.mesh.tp}, sequence parallel) and "
+                        "parallelism.enable_sequence_parallel is off: re-plan the job (the "
+                        "planner runs it without sequence parallel), or turn it on")
 
 
 def _ac_policies(ac_config: Any, dump_folder: str) -> dict[str, Any]:

@@ -24,20 +24,10 @@ FIXED_BY_RELEASE = {"parallelism.expert_tensor_parallel_degree": 1,
 """Planning keys TorchTitan 0.3.0 has no setting for, at the value it runs."""
 
 
-NO_SP = ("parallelism.enable_sequence_parallel is off: the planner places tensor-parallel "
-         "blocks with sequence parallel only")
-"""Why a job that turns sequence parallel off is planned without tensor parallel."""
-
-
-def tp_held_without_sp(config: Config, user: set[str]) -> dict[str, str]:
-    """A job that turns sequence parallel off (DeepSeek-V3's minimal_async_ep configs do):
-    its tensor-parallel degree held at 1 (key -> why), or a one-line error where the job
-    also sets it above 1."""
-    key = "parallelism.tensor_parallel_degree"
-    if key in user and config.parallelism.tensor_parallel_degree > 1:
-        raise UserError(f"{key} = {config.parallelism.tensor_parallel_degree} and {NO_SP}; "
-                        f"turn sequence parallel on or leave {key} to the planner")
-    return {key: NO_SP}
+NO_SP = ("parallelism.enable_sequence_parallel is off: tensor-parallel blocks are planned "
+         "without sequence parallel (tp_mode 'sp/sp:rep', the residual stream whole on every "
+         "tp rank) on dense models; MoE models are planned without tensor parallel")
+"""The plan note of a job that turns sequence parallel off (``Constraints.sequence_parallel``)."""
 
 
 def held_by_cuda_graphs(config: Config) -> dict[str, str]:
@@ -118,6 +108,7 @@ class Parallelism:
     context_parallel_degree: int = 1
     expert_parallel_degree: int = 1
     expert_tensor_parallel_degree: int = 1
+    enable_sequence_parallel: bool = True
 
 
 @dataclass
@@ -306,8 +297,7 @@ def job_of(config: Config, cpu_ranks: bool = False) -> Job:
         notes += [f"{key} held at 1: {why} (training.disable_cuda_graphs is off; set "
                   "--training.disable_cuda_graphs to search it)" for key, why in held.items()]
     if config.parallelism.auto and not config.parallelism.enable_sequence_parallel:
-        held.update(tp_held_without_sp(config, user))
-        notes.append(f"parallelism.tensor_parallel_degree held at 1: {NO_SP}")
+        notes.append(NO_SP)
     if cpu_ranks and config.parallelism.auto:
         key = "parallelism.context_parallel_degree"
         if key in user and config.parallelism.context_parallel_degree > 1:
@@ -354,4 +344,5 @@ def sub_block_note(config: Any) -> list[str]:
                         "leave it out or use spmd_types or partial_dtensor")
     return ["autoparallel.techniques: tp_sub_block searched on dense blocks and the "
             "embedding; MoE blocks keep the model's MoE TP ('sp/dp', the MoE data parallel "
-            "over tp, is applied on TorchTitan 0.2.2 only)"]
+            "over tp, is applied on TorchTitan 0.2.2 only), and the data-parallel sub-blocks "
+            "on a replicated stream ('dp/sp:rep', 'sp/dp:rep') are TorchTitan 0.2.2's"]

@@ -24,6 +24,7 @@ from typing import Any
 from ...candidates.layout import (
     DP_SHARD_TP,
     SUB_BLOCK_TP_MODES,
+    TP_WITHOUT_SP,
     a2a_mode,
     split_fsdp,
     stream_dim,
@@ -47,12 +48,15 @@ Parts = list[tuple[str, list[Any]]]
 """A block's FSDP groups: (the tp dim's use, "sp" or "dp"; the modules of the group)."""
 
 
-SUB_BLOCKS_APPLIED = SUB_BLOCK_TP_MODES
+SUB_BLOCKS_APPLIED = tuple(mode for mode in SUB_BLOCK_TP_MODES
+                           if stream_dim(mode) is not None or mode == TP_WITHOUT_SP)
 """The sub-block tp modes this apply runs: every linear of a sub-block placed alike, on the
 model's sequence-sharded stream or, with ``layout.BATCH_STREAM``, on a stream sharded on the
 batch over tp (``batch_stream``), the attention's output projection on the sequence shard
-(``projections_a2a``) and the feed-forward TP over dp_shard (``apply_dp_shard_tp``): all of
-``layout.SUB_BLOCK_TP_MODES``."""
+(``projections_a2a``), the feed-forward TP over dp_shard (``apply_dp_shard_tp``) and
+``layout.TP_WITHOUT_SP`` (TorchTitan's ``parallelism.enable_sequence_parallel`` off,
+``apply._sequence_parallel``): all of ``layout.SUB_BLOCK_TP_MODES`` but the data-parallel
+sub-blocks on a replicated stream."""
 
 
 def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
