@@ -238,8 +238,10 @@ def test_a_refused_key_is_one_line_under_auto_only(flag, key):
 def test_sequence_parallel_off_plans_tensor_parallel_without_it():
     """A job that turns sequence parallel off is planned with TorchTitan's TP without SP
     (tp_mode 'sp/sp:rep', the residual stream whole on every tp rank) on a dense model, with
-    a note; a MoE model (DeepSeek-V3 16B's minimal_async_ep config turns it off) is planned
-    with tp 1, and a tensor-parallel degree above 1 set beside it is one line."""
+    a note and TorchTitan's flag in the equivalent command line; a MoE model (DeepSeek-V3 16B's
+    minimal_async_ep config turns it off) is planned with tp 1, and a tensor-parallel degree
+    above 1 set beside it is one line."""
+    from torchtitan_autoparallel.commands.explain import snippet
     from torchtitan_autoparallel.errors import UserError
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
@@ -256,6 +258,7 @@ def test_sequence_parallel_off_plans_tensor_parallel_without_it():
     assert plan.mesh.tp == 2
     assert {layer.tp_mode for layer in plan.layers if layer.kind == "block"} == {"sp/sp:rep"}
     assert plan.inputs["constraints"]["sequence_parallel"] is False
+    assert "--parallelism.no-enable-sequence-parallel" in snippet(plan)  # uniform blocks
     with pytest.raises(UserError, match=r"enable_sequence_parallel is off: MoE models are "
                                         r"planned with tensor parallel and sequence parallel"):
         plan_job(read_job(["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel",

@@ -362,19 +362,19 @@ def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe
     if pin is not None and pin.whole:
         sharded = fsdp_sharded(mesh)
         return [BlockStrategy(pin.recipe_ac, pin.recipe_reshard and sharded,
-                              "none" if mesh.tp == 1 else _recipe_tp(constraints))]
+                              "none" if mesh.tp == 1 else recipe_tp_mode(constraints))]
     free = block_strategies(mesh, microbatch, constraints, moe_model, gpus_per_node, run,
                             experts)
-    kept = ("none", _recipe_tp(constraints),
+    kept = ("none", recipe_tp_mode(constraints),
             *(MOE_SUB_BLOCK_MODES if pin is not None and pin.defaults_only else ()))
     return [s for s in free
             if not (pin is not None and pin.regions and s.tp_mode not in kept)
             and (pin is None or pin.ac is None or s.ac == pin.ac)]
 
 
-def _recipe_tp(constraints: Constraints) -> str:
-    """The tp mode of TorchTitan's own TP plan for the job: TP + SP, or TP without SP where
-    the job turns sequence parallel off."""
+def recipe_tp_mode(constraints: Constraints) -> str:
+    """The tp mode of TorchTitan's own TP plan for the job's dense blocks on tp > 1: TP + SP,
+    or TP without SP where the job turns sequence parallel off."""
     return "sp" if constraints.sequence_parallel else TP_WITHOUT_SP
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from ..candidates.layout import (
     DP_SHARD_TP,
     GIB,
+    TP_WITHOUT_SP,
     BlockStrategy,
     a2a_mode,
     fsdp_unit_problem,
@@ -416,7 +417,11 @@ def snippet(plan: Plan) -> str:
     """TorchTitan settings that run this plan, or which layers keep it from being uniform."""
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
     kinds = {(b.ac, b.reshard_after_forward, b.tp_mode) for b in blocks}
-    if len(kinds) == 1 and blocks[0].tp_mode not in ("none", "sp"):
+    release_0_3 = str(plan.fingerprint.get("versions", {}).get("torchtitan", "")).startswith(
+        "0.3")
+    # TorchTitan 0.3.0 says TP without SP: parallelism.enable_sequence_parallel off
+    titan_modes = ("none", "sp", *((TP_WITHOUT_SP,) if release_0_3 else ()))
+    if len(kinds) == 1 and blocks[0].tp_mode not in titan_modes:
         return (f"not expressible as TorchTitan settings: every block runs tp mode "
                 f"{blocks[0].tp_mode!r} ({_tp_mode_words(blocks[0].tp_mode)}), which no "
                 "TorchTitan degree says; the plan file runs it")
@@ -442,7 +447,7 @@ def snippet(plan: Plan) -> str:
         return (f"not expressible as TorchTitan settings: blocks share FSDP units of "
                 f"{max(b.fsdp_unit for b in blocks)} (one fully_shard over consecutive blocks), "
                 "which TorchTitan's apply_fsdp (one per block) cannot say")
-    if str(plan.fingerprint.get("versions", {}).get("torchtitan", "")).startswith("0.3"):
+    if release_0_3:
         return "\n".join(["equivalent TorchTitan 0.3.0 command line:",
                           " ".join(command_line_0_3(plan, b))])
     m = plan.mesh
@@ -485,6 +490,8 @@ def command_line_0_3(plan: Plan, block: LayerPlan) -> list[str]:
                  f"{p}module_fqns_per_model_part '{json.dumps(plan.pipeline.stages)}'"]
     if m.ep > 1:
         args.append(f"{p}expert_parallel_degree {m.ep}")
+    if block.tp_mode == TP_WITHOUT_SP:
+        args.append(f"{p}no-enable-sequence-parallel")
     reshard = "default" if block.reshard_after_forward else "never"
     return [*args, f"{p}fsdp_reshard_after_forward {reshard}",
             f"--training.local_batch_size {plan.local_batch_size}",

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..candidates.layout import BlockStrategy, Mesh, fsdp_sharded
+from ..candidates.strategies import recipe_tp_mode
 from .assembly import JobInputs, build_plan, candidate_for
 from .schema import Pipeline, Plan
 
@@ -41,9 +42,11 @@ class RecipeRequest:
 def plan_of_recipe(recipe: RecipeRequest) -> Plan:
     """The plan ``recipe`` runs, costed."""
     inputs, mesh = recipe.inputs, recipe.mesh
-    mode = "sp" if mesh.tp > 1 else "none"
+    dense = "none" if mesh.tp == 1 else recipe_tp_mode(inputs.constraints)
     strategies = []
     for block, (ac, reshard) in zip(inputs.graph.blocks, recipe.block_recipes, strict=True):
+        # MoE models: TorchTitan's TP + SP (the search plans them with it only)
+        mode = "sp" if mesh.tp > 1 and inputs.graph.num_experts else dense
         sharded = fsdp_sharded(mesh, mode, bool(block.expert_params))
         strategies.append(BlockStrategy(ac, reshard and sharded and not recipe.keep_after_forward,
                                         mode))
