@@ -431,6 +431,35 @@ def test_deepseek_v3_under_auto_with_and_without_ep_trains_as_one_rank_and_its_r
     _assert_same(_grad_norms(out), ref.grad_norms, GRAD_NORM_TOL)
 
 
+def test_sub_block_moe_with_expert_parallel_trains_as_one_rank(tmp_path):
+    """DeepSeek-V3's debug flavor on fsdp 2 x tp 2 with ep 2 (etp 1): MoE blocks whose MoE runs
+    data parallel over tp ('sp/dp': the shared experts whole on tp, FSDP over dp_shard x tp,
+    on each tp rank's sequence shard; the routed experts on the model's EP) beside MoE blocks
+    under the model's MoE TP and the dense block, one of each fully checkpointed: the losses
+    and gradient norms are the 1-rank run's."""
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+
+    job = ["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel", *COMMON]
+    ref = _reference(tmp_path, job)
+    options = ["--training.disable_cuda_graphs", "--parallelism.expert_parallel_degree", "2",
+               "--parallelism.tensor_parallel_degree", "2",
+               "--parallelism.data_parallel_shard_degree", "2",
+               "--autoparallel.techniques", "fsdp,tp,ep,ac,tp_sub_block"]
+    plan = plan_job(read_job([*job, "--parallelism.auto", *options]), 4)
+    blocks = [layer for layer in plan.layers if layer.kind == "block"]
+    for i, layer in enumerate(blocks[1:]):  # layers.0 is dense
+        layer.tp_mode, layer.ac = ("sp/dp", "sp")[i % 2], ("none", "none", "full")[i % 3]
+    path = tmp_path / "moe.json"
+    plan.save(str(path))
+    out = _torchrun(4, *job, *STEPS, *options, f"--autoparallel.plan_file={path}", *ref.load,
+                    "--dump_folder", str(tmp_path / "run"))
+    assert "mesh dp_replicate=1 dp_shard=2 cp=1 tp=2 ep=2 etp=1" in out, out[-3000:]
+    assert "3 MoE blocks run their shared experts data parallel" in out, out[-3000:]
+    _assert_same(_losses(out), ref.losses)
+    _assert_same(_grad_norms(out), ref.grad_norms, GRAD_NORM_TOL)
+
+
 def test_pipeline_stages_with_tp_from_the_plan_train_as_one_rank(reference):
     """PP 2 x TP 2 asked for (GPipe) on 4 ranks: TorchTitan's pipeline_llm splits the planned
     stages and each stage part is parallelized from the plan; the last stage's losses and the

@@ -378,11 +378,34 @@ def test_tp_dp_is_left_out_under_compile_and_refused_where_asked():
         read_job([*base, "--compile.enable", "--autoparallel.techniques", "fsdp", "tp", "tp_dp"])
 
 
+def test_sub_block_moe_offered_with_expert_parallel_below_dp_shard_x_tp():
+    """0.3.0 runs a MoE block's 'sp/dp' through the model's own expert parallel: the search
+    offers it to DeepSeek-V3's MoE blocks with 1 < ep < dp_shard x tp (fsdp 2 x tp 2 with
+    ep 2: the MoE blocks take it on the CPU profile), not with ep 4 (all of dp_shard x tp)
+    nor with ep 1, where the rule says why in one line."""
+    from torchtitan_autoparallel.candidates.layout import Mesh, moe_sub_block_ep_problem
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+
+    base = ["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel", "--parallelism.auto",
+            "--training.disable_cuda_graphs", "--parallelism.tensor_parallel_degree", "2",
+            "--parallelism.data_parallel_shard_degree", "2", "--autoparallel.hardware", "cpu",
+            "--autoparallel.techniques", "fsdp", "tp", "ep", "ac", "tp_sub_block"]
+    for ep, offered in ((2, True), (4, False), (1, False)):
+        plan = plan_job(read_job([*base, "--parallelism.expert_parallel_degree", str(ep)]), 4)
+        modes = {layer.tp_mode for layer in plan.layers if layer.kind == "block"}
+        assert ("sp/dp" in modes) == offered, (ep, plan.table())
+    assert "ep (4) below dp_shard x tp (4)" in moe_sub_block_ep_problem(
+        Mesh(dp_replicate=1, dp_shard=2, tp=2, ep=4))
+    assert "expert parallel (ep > 1)" in moe_sub_block_ep_problem(
+        Mesh(dp_replicate=1, dp_shard=2, tp=2))
+
+
 def test_sub_block_search_notes_moe_blocks_and_refuses_full_dtensor():
     """0.3.0's apply runs every dense sub-block mode but the data-parallel sub-blocks on a
-    replicated stream: a tp_sub_block search offers those and notes that MoE blocks keep the
-    model's MoE TP and which modes are 0.2.2's; under the full_dtensor backend tp_sub_block is
-    refused in one line."""
+    replicated stream: a tp_sub_block search offers those and notes where MoE blocks take
+    theirs and which modes are 0.2.2's; under the full_dtensor backend tp_sub_block is refused
+    in one line."""
     from torchtitan_autoparallel.candidates.layout import SUB_BLOCK_TP_MODES
     from torchtitan_autoparallel.errors import UserError
     from torchtitan_autoparallel.job.request import plan_job
@@ -394,7 +417,7 @@ def test_sub_block_search_notes_moe_blocks_and_refuses_full_dtensor():
             "--autoparallel.techniques", "fsdp", "tp", "ac", "tp_sub_block"]
     plan = plan_job(read_job(base), 4)
     assert plan.inputs["constraints"]["sub_block_modes"] == list(SUB_BLOCKS_APPLIED)
-    assert any("MoE blocks keep the model's MoE TP" in note and "'dp/sp:rep', 'sp/dp:rep'"
+    assert any("1 < ep < dp_shard x tp" in note and "'dp/sp:rep', 'sp/dp:rep'"
                in note for note in plan.notes)
     with pytest.raises(UserError, match="tp_sub_block, which TorchTitan 0.3.0's apply does not "
                                         "run under --parallelism.spmd_backend full_dtensor"):

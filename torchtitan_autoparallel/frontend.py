@@ -53,6 +53,9 @@ class Frontend:
     sequence-sharded stream with every linear of a sub-block placed alike)."""
     moe_sub_block_modes: tuple[str, ...] = MOE_SUB_BLOCK_MODES
     """The sub-block tp modes its apply runs on MoE blocks (``layout.MOE_SUB_BLOCK_MODES``)."""
+    moe_sub_block_ep: bool = False
+    """Its apply runs ``moe_sub_block_modes`` through the model's expert parallel, where
+    ``layout.moe_sub_block_ep_problem`` allows."""
     embedding_dim: bool = True
     """Its apply looks the embedding up on its embedding dim (``layout.EMBEDDING_DIM``)."""
     read_job: Callable[[list[str]], Any] | None = None

@@ -505,6 +505,21 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
     return ""
 
 
+def moe_sub_block_ep_problem(mesh: Mesh) -> str:
+    """Why a release that runs ``MOE_SUB_BLOCK_MODES`` through the model's own expert parallel
+    (TorchTitan 0.3.0: ``Frontend.moe_sub_block_ep``) cannot on ``mesh`` (empty if it can):
+    ep > 1 puts the routed experts on each tp rank's own tokens, and an expert-parallel group
+    smaller than dp_shard x tp leaves those ranks to the shared experts' FSDP group (FSDP's
+    storage check refuses the experts' annotations beside a group over the same ranks)."""
+    mode = f"tp_mode {MOE_SUB_BLOCK_MODES[0]!r} for MoE blocks"
+    if mesh.ep == 1:
+        return f"{mode} runs with expert parallel (ep > 1) on this release; use 'sp'"
+    if mesh.ep * mesh.etp >= mesh.dp_shard * mesh.tp:
+        return (f"{mode} needs ep ({mesh.ep}) below dp_shard x tp "
+                f"({mesh.dp_shard * mesh.tp}) on this release; use 'sp'")
+    return ""
+
+
 def edge_strategy(kind: str, mesh: Mesh, embedding: str = "") -> BlockStrategy:
     """How the embedding, an encoder and the norm + output are applied (and so costed): the
     embedding and an encoder (one FSDP unit, as TorchTitan 0.3.0's

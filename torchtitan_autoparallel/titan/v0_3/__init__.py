@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from ...candidates.layout import MOE_SUB_BLOCK_MODES
 from ...frontend import Frontend, register_frontend
 from ...graph.adapters import ModelAdapter, register_adapter
 from . import quiet, triton_keys  # noqa: F401  before TorchTitan is imported
@@ -75,7 +76,7 @@ register_frontend(Frontend(release="0.3", read_model=read_model, attention_types
                            moe_types=moe_types, parallelize_module=parallelize_module,
                            model_names=model_names, prepare_models=prepare_models,
                            node_reshard=False, sub_block_modes=SUB_BLOCKS_APPLIED,
-                           moe_sub_block_modes=(),
+                           moe_sub_block_modes=MOE_SUB_BLOCK_MODES, moe_sub_block_ep=True,
                            read_job=read_job))
 # 0.3.0's modules are read by discovery (names, TP inferred from the blocks), not by the 0.2.2
 # families' adapters (other module names, a rope buffer 0.3.0 does not have)

@@ -19,6 +19,7 @@ from ...candidates.layout import (
 )
 from ...errors import UserError
 from .tp_dp import (
+    MOE_SHARED,
     SUB_BLOCKS_APPLIED,
     Parts,
     apply_dp_shard_tp,
@@ -312,8 +313,13 @@ def _apply_fsdp_per_unit(model: Any, plan: Any, blocks: dict[str, Any],
                 if mode == DP_SHARD_TP:  # sharded by its own style
                     own.update(p for module in modules for p in module.parameters())
                     continue
-                fully_shard(modules, **(over_tp if mode == "dp" else fsdp),
-                            reshard_after_forward=reshard)
+                whole = modules == [blocks[names[0]]]  # a MoE block, inside its shared experts
+                fully_shard(modules[0] if whole else modules,
+                            **(over_tp if mode in ("dp", MOE_SHARED) else fsdp),
+                            reshard_after_forward=reshard,
+                            **({"shard_placement_fn": placement} if whole and placement else {}))
+                if whole:
+                    units.append(modules[0])
             continue
         modules = [blocks[name] for name in names]
         units.append(modules[0])

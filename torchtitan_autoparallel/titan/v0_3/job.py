@@ -333,8 +333,9 @@ def tp_dp_left_out(config: Any) -> list[str]:
 
 
 def sub_block_note(config: Any) -> list[str]:
-    """The plan note of a ``tp_sub_block`` search on 0.3.0: MoE blocks are not given sub-block
-    modes (``Frontend.moe_sub_block_modes``); under the full_dtensor backend (DP and TP in one
+    """The plan note of a ``tp_sub_block`` search on 0.3.0: MoE blocks take their sub-block
+    mode where ``layout.moe_sub_block_ep_problem`` allows (``Frontend.moe_sub_block_ep``);
+    under the full_dtensor backend (DP and TP in one
     DTensor mesh) ``tp_sub_block`` is refused in one line."""
     if "tp_sub_block" not in config.autoparallel.techniques:
         return []
@@ -342,7 +343,7 @@ def sub_block_note(config: Any) -> list[str]:
         raise UserError("autoparallel.techniques has tp_sub_block, which TorchTitan 0.3.0's "
                         "apply does not run under --parallelism.spmd_backend full_dtensor: "
                         "leave it out or use spmd_types or partial_dtensor")
-    return ["autoparallel.techniques: tp_sub_block searched on dense blocks and the "
-            "embedding; MoE blocks keep the model's MoE TP ('sp/dp', the MoE data parallel "
-            "over tp, is applied on TorchTitan 0.2.2 only), and the data-parallel sub-blocks "
+    return ["autoparallel.techniques: tp_sub_block searched on dense blocks, the embedding "
+            "and MoE blocks ('sp/dp', the MoE data parallel over tp, with expert parallel "
+            "below dp_shard x tp only: 1 < ep < dp_shard x tp); the data-parallel sub-blocks "
             "on a replicated stream ('dp/sp:rep', 'sp/dp:rep') are TorchTitan 0.2.2's"]

@@ -23,9 +23,11 @@ from typing import Any
 
 from ...candidates.layout import (
     DP_SHARD_TP,
+    MOE_SUB_BLOCK_MODES,
     SUB_BLOCK_TP_MODES,
     TP_WITHOUT_SP,
     a2a_mode,
+    moe_sub_block_ep_problem,
     split_fsdp,
     stream_dim,
     stream_of,
@@ -88,7 +90,10 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
         raise UserError(f"{where} is not applied under --parallelism.spmd_backend full_dtensor "
                         "(DP and TP in one DTensor mesh): use spmd_types or partial_dtensor")
     module = type(model).__module__
-    if not any(module.startswith(f"torchtitan.models.{f}.") for f in TP_DP_FAMILIES):
+    moe = {name for name, mode in chosen.items()
+           if mode in MOE_SUB_BLOCK_MODES and getattr(blocks[name], "moe_enabled", False)}
+    if set(chosen) - moe and not any(module.startswith(f"torchtitan.models.{f}.")
+                                     for f in TP_DP_FAMILIES):
         raise UserError(f"{where} is applied to {' and '.join(TP_DP_FAMILIES)} only (the model "
                         f"is {module}.{type(model).__name__}): use 'sp'")
     _check_batch_stream(model, list(chosen.values()), where)
@@ -97,6 +102,9 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
         if not _own_groups(block_mode):
             continue  # TP on both: the model's declarations (batch_stream, projections_a2a)
         block = blocks[name]
+        if name in moe:
+            out[name] = moe_parts(block, plan.mesh, name)
+            continue
         if getattr(block, "moe_enabled", False) or not all(
                 hasattr(block, part) for pair in SUB_BLOCKS for part in pair):
             raise UserError(f"{where} needs a dense block with {', '.join(SUB_BLOCKS[0])}, "
@@ -107,6 +115,26 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
             for (norm, module), sub_mode in zip(SUB_BLOCKS, sub_block_modes(block_mode),
                                                 strict=True)]
     return out
+
+
+MOE_SHARED = "dp:shared"
+"""The part of a MoE block in ``layout.MOE_SUB_BLOCK_MODES`` that FSDP shards over dp_shard x
+tp: its shared experts (``moe_parts``)."""
+
+
+def moe_parts(block: Any, mesh: Any, name: str) -> Parts:
+    """The FSDP groups of a MoE block whose MoE runs data parallel over tp
+    (``layout.MOE_SUB_BLOCK_MODES``): its shared experts whole on tp over dp_shard x tp, then
+    the block as the model declares the rest. With ep > 1 the model already routes each tp
+    rank's sequence shard to its experts (its router's weight replicated on tp, its token
+    counts summed over tp); its shared experts alone are tensor parallel, and they run on the
+    local sequence shard instead. A one-line UserError where ``moe_sub_block_ep_problem``
+    objects (ep = 1: the routed experts tensor parallel over tp read every token)."""
+    problem = moe_sub_block_ep_problem(mesh)
+    if problem:
+        raise UserError(f"plan: layers.{name}: {problem}")
+    shared = block.moe.shared_experts
+    return ([(MOE_SHARED, [shared])] if shared is not None else []) + [("sp", [block])]
 
 
 def _own_groups(tp_mode: str) -> bool:
@@ -270,8 +298,18 @@ def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any, stream: in
     block or an attention runs on a batch shard, a feed-forward (per token) and a sub-block's
     norm on the local sequence shard; on a stream sharded on the batch (0) every part runs
     on the local batch shard as it is."""
+    moe = sum(mode == MOE_SHARED for groups in parts.values() for mode, _ in groups)
+    if moe:
+        from torchtitan.tools.logging import logger
+
+        logger.info(f"{moe} MoE blocks run their shared experts data parallel over tp on the "
+                    "sequence shard (weights FSDP over dp_shard x tp)")
     for groups in parts.values():
         for part, (mode, modules) in enumerate(groups):
+            if mode == MOE_SHARED:  # per token, on the local sequence shard
+                _drop_declarations(modules)
+                _run_on_local_shard(modules[0], tp_mesh, 1)
+                continue
             if mode != "dp":
                 continue
             _drop_declarations(modules)
