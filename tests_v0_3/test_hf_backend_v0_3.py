@@ -94,6 +94,25 @@ def test_plan_on_64_gpus_reads_the_hf_model_and_infers_its_tp(tmp_path, capsys):
     assert re.search(r"autoparallel plan \w+: mesh .* \(world 64\)", out), out
 
 
+def test_sequence_parallel_off_holds_the_hf_backend_at_tp_1(tmp_path):
+    """The HF backend declares sequence parallel whenever tp > 1, whatever
+    ``parallelism.enable_sequence_parallel`` says: a job that turns it off is planned with tp
+    held at 1 and a note saying why, and a tp degree above 1 set beside it is one line."""
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+
+    off = [*_job(_hf_model(tmp_path / "hf")), "--parallelism.auto",
+           "--parallelism.no-enable-sequence-parallel", "--autoparallel.hardware", "h100_sxm"]
+    plan = plan_job(read_job(off), 64)
+    assert plan.mesh.tp == 1, plan.table()
+    assert any(note.startswith("parallelism.tensor_parallel_degree held at 1: parallelism."
+                               "enable_sequence_parallel is off and the HF backend")
+               for note in plan.notes)
+    with pytest.raises(UserError, match=r"tensor_parallel_degree = 2: .*HF backend runs tensor "
+                                        r"parallel with sequence parallel only"):
+        read_job([*off, "--parallelism.tensor_parallel_degree", "2"])
+
+
 def test_missing_config_json_is_one_line(tmp_path):
     from torchtitan_autoparallel.titan.v0_3 import read_job
 

@@ -30,6 +30,23 @@ NO_SP = ("parallelism.enable_sequence_parallel is off: tensor-parallel blocks ar
 """The plan note of a job that turns sequence parallel off (``Constraints.sequence_parallel``)."""
 
 
+def hf_without_sp(config: Config, user: set[str]) -> dict[str, str]:
+    """A job on the HF backend that turns sequence parallel off: its tensor-parallel degree
+    held at 1 (key -> why; the backend declares sequence parallel whenever tp > 1, whatever
+    the flag), or a one-line error where the job sets it above 1. Other models: nothing."""
+    from .model import HF_BACKEND
+
+    if family_of(config.model_spec) != HF_BACKEND:
+        return {}
+    key, why = "parallelism.tensor_parallel_degree", (
+        "parallelism.enable_sequence_parallel is off and the HF backend runs tensor parallel "
+        "with sequence parallel only (its sharding ignores the flag)")
+    if key in user and config.parallelism.tensor_parallel_degree > 1:
+        raise UserError(f"{key} = {config.parallelism.tensor_parallel_degree}: {why}; turn "
+                        f"sequence parallel on or leave {key} to the planner")
+    return {key: f"{key} held at 1: {why}"}
+
+
 def held_by_cuda_graphs(config: Config) -> dict[str, str]:
     """Degrees CUDA graphs (on unless ``training.disable_cuda_graphs``) hold at 1, by
     TorchTitan 0.3.0's own check of the config: pipeline stages always, expert parallel when
@@ -297,7 +314,8 @@ def job_of(config: Config, cpu_ranks: bool = False) -> Job:
         notes += [f"{key} held at 1: {why} (training.disable_cuda_graphs is off; set "
                   "--training.disable_cuda_graphs to search it)" for key, why in held.items()]
     if config.parallelism.auto and not config.parallelism.enable_sequence_parallel:
-        notes.append(NO_SP)
+        held.update(hf_without_sp(config, user))
+        notes.append(held.get("parallelism.tensor_parallel_degree", NO_SP))
     if cpu_ranks and config.parallelism.auto:
         key = "parallelism.context_parallel_degree"
         if key in user and config.parallelism.context_parallel_degree > 1:
