@@ -259,6 +259,7 @@ def test_sequence_parallel_off_plans_tensor_parallel_without_it():
     assert {layer.tp_mode for layer in plan.layers if layer.kind == "block"} == {"sp/sp:rep"}
     assert plan.inputs["constraints"]["sequence_parallel"] is False
     assert "--parallelism.no-enable-sequence-parallel" in snippet(plan)  # uniform blocks
+    assert "tp+sp" not in plan.table()  # the embedding and output say "tp" too
     with pytest.raises(UserError, match=r"enable_sequence_parallel is off: MoE models are "
                                         r"planned with tensor parallel and sequence parallel"):
         plan_job(read_job(["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel",

@@ -210,15 +210,16 @@ TP_PART = {"sp": "tp+sp", "dp": "tp_dp", DP_SHARD_TP: DP_SHARD_TP}
 
 
 def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep: int = 1,
-                   pinned: bool = False, unsharded: str = "", fsdp_unit: int = 1
-                   ) -> dict[str, str]:
+                   pinned: bool = False, unsharded: str = "", fsdp_unit: int = 1,
+                   stream: int | None = 1) -> dict[str, str]:
     """The one vocabulary of a strategy, by aspect (tables, explain, diff and pictures):
     params "fsdp" / "fsdp-keep" / "fsdp-node<n>" (reshard after forward, keep, or reshard to
     groups of n ranks of one node; ``unsharded``: the mesh's label
     when it shards nothing, "ddp" / "single", see ``Mesh.unsharded_label``), unit "unit<k>"
-    (FSDP units of k blocks), tp "tp+sp" / "tp_dp" / "attn:<tp>/ffn:<tp>" (a TP sub-block "tp"
-    and stream "stream:batch" / "stream:replicated" where the stream is sharded on the batch /
-    whole on every tp rank), ep "ep<k>", ac
+    (FSDP units of k blocks), tp "tp+sp" ("tp" on a ``stream`` whole on every tp rank, None) /
+    "tp_dp" / "attn:<tp>/ffn:<tp>" (a TP sub-block "tp" and stream "stream:batch" /
+    "stream:replicated" where the stream is sharded on the batch / whole on every tp rank),
+    ep "ep<k>", ac
     "ac:<mode>", pinned "pinned"; absent aspects are left out."""
     if tp_mode in EMBEDDING_MODES:
         return {"params": "dim-shard", "tp": "a2a" if tp_mode == EMBEDDING_DIM
@@ -229,7 +230,8 @@ def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
     if fsdp_unit > 1:
         parts["unit"] = f"unit{fsdp_unit}"
     if tp_mode in TP_PART:
-        parts["tp"] = TP_PART[tp_mode]
+        # TorchTitan's TP plan on a replicated stream (``stream`` None): no sequence parallel
+        parts["tp"] = "tp" if tp_mode == "sp" and stream is None else TP_PART[tp_mode]
     elif tp_mode in SUB_BLOCK_TP_MODES:
         stream = stream_dim(tp_mode)
         attention, ffn = ("tp" if stream != 1 and m == "sp" else TP_PART[m]
@@ -249,10 +251,11 @@ def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
 
 
 def strategy_label(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep: int = 1,
-                   pinned: bool = False, unsharded: str = "", fsdp_unit: int = 1) -> str:
+                   pinned: bool = False, unsharded: str = "", fsdp_unit: int = 1,
+                   stream: int | None = 1) -> str:
     """A strategy as one string: its ``strategy_parts`` joined by "+"."""
     return "+".join(strategy_parts(ac, reshard_after_forward, tp_mode, ep, pinned,
-                                   unsharded, fsdp_unit).values())
+                                   unsharded, fsdp_unit, stream).values())
 
 
 GIB = 2.0**30

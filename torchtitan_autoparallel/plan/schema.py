@@ -21,6 +21,7 @@ from ..candidates.layout import (
     reshard_group,
     strategy_label,
     strategy_parts,
+    stream_of,
     stream_problem,
     sub_block_modes,
     tp_dp_params,
@@ -78,10 +79,11 @@ class LayerPlan:
         return strategy_parts(self.ac, self.reshard_after_forward, self.tp_mode, self.ep,
                               self.pinned, unsharded, self.fsdp_unit)
 
-    def describe(self, unsharded: str = "") -> str:
-        """This layer's strategy label (see ``strategy_label``)."""
+    def describe(self, unsharded: str = "", stream: int | None = 1) -> str:
+        """This layer's strategy label (see ``strategy_label``; ``stream``: the plan's
+        ``Plan.stream``)."""
         return strategy_label(self.ac, self.reshard_after_forward, self.tp_mode, self.ep,
-                              self.pinned, unsharded, self.fsdp_unit)
+                              self.pinned, unsharded, self.fsdp_unit, stream)
 
 
 @dataclass
@@ -207,6 +209,11 @@ class Plan:
         atomic_write(path, self.to_json(), "plan")
 
     @property
+    def stream(self) -> int | None:
+        """The residual stream's layout over tp (``layout.stream_of`` its blocks' tp modes)."""
+        return stream_of(layer.tp_mode for layer in self.layers if layer.kind == "block")
+
+    @property
     def embedding_mode(self) -> str:
         """The embedding's mode where not the mesh's default ("": ``edge_strategy``'s)."""
         return next((layer.tp_mode for layer in self.layers
@@ -243,7 +250,8 @@ class Plan:
         for group in _runs(self.layers):
             first, last = group[0], group[-1]
             name = first.fqn if first is last else f"{first.fqn}..{last.fqn.split('.')[-1]}"
-            rows.append((name, first.describe(self.mesh.unsharded_label), first, len(group)))
+            rows.append((name, first.describe(self.mesh.unsharded_label, self.stream), first,
+                         len(group)))
         # columns widen for long module names (HF models: model.model.layers.10..27)
         wide = max([24, *(len(name) + 2 for name, *_ in rows)])
         label_wide = max([26, *(len(label) + 2 for _, label, *_ in rows)])

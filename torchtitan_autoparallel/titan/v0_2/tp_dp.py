@@ -20,7 +20,6 @@ from ...candidates.layout import (
     batch_a2a,
     embedding_dim_problem,
     stream_dim,
-    stream_of,
     sub_block_modes,
     tp_dp_problem,
 )
@@ -250,7 +249,7 @@ def apply_embedding_dim(model: nn.Module, adapter: ModelAdapter, parallel_dims: 
     problem = embedding_dim_problem(plan.mesh, tp_mode=mode)
     if problem:
         raise UserError(problem)
-    stream = stream_of(layer.tp_mode for layer in plan.layers if layer.kind == "block")
+    stream = plan.stream
     dtype = fsdp["mp_policy"].param_dtype if fsdp else None
     m, gather = plan.mesh, mode == EMBEDDING_DIM_GATHER
     mesh = parallel_dims.get_mesh(["fsdp", "tp"]) if gather else dp_shard_tp_mesh(parallel_dims)

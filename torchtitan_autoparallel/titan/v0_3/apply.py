@@ -15,7 +15,6 @@ from ...candidates.layout import (
     EMBEDDING_MODES,
     embedding_dim_problem,
     split_fsdp,
-    stream_of,
 )
 from ...errors import UserError
 from .tp_dp import (
@@ -28,7 +27,6 @@ from .tp_dp import (
     dp_shard_tp_parts,
     drop_embedding_sharding,
     override_declared_sharding,
-    plan_stream,
     projections_a2a,
     tp_dp_parts,
 )
@@ -94,8 +92,7 @@ def _sequence_parallel(parallelism: Any, plan: Any) -> None:
     stream over tp in a job that turns sequence parallel off."""
     if plan.mesh.tp == 1:
         return
-    stream = stream_of(layer.tp_mode for layer in plan.layers if layer.kind == "block")
-    if stream is None:
+    if plan.stream is None:
         from torchtitan.tools.logging import logger
 
         parallelism.enable_sequence_parallel = False
@@ -162,7 +159,7 @@ def _apply_below_the_block(model: Any, plan: Any, blocks: dict[str, Any], parts:
     from torchtitan.config import TORCH_DTYPE_MAP
 
     if parts:
-        override_declared_sharding(parts, parallel_dims.get_mesh("tp"), plan_stream(plan))
+        override_declared_sharding(parts, parallel_dims.get_mesh("tp"), plan.stream)
     over_dp_shard = dp_shard_tp_parts(parts)
     batch_stream(model, plan)
     if parallel_dims.tp_enabled:

@@ -30,7 +30,6 @@ from ...candidates.layout import (
     moe_sub_block_ep_problem,
     split_fsdp,
     stream_dim,
-    stream_of,
     stream_problem,
     sub_block_modes,
     tp_dp_problem,
@@ -209,7 +208,7 @@ def batch_stream(model: Any, plan: Any) -> None:
     )
     from torchtitan.protocols.sharding import SpmdLayout
 
-    if plan_stream(plan) == 1:
+    if plan.stream == 1:
         return
     sequence = dense_sequence_parallel_placement()
     batch = SpmdLayout(dict(sequence.axis_types), partition_spec=((DP, TP), CP, None))
@@ -227,12 +226,6 @@ def batch_stream(model: Any, plan: Any) -> None:
             module._sharding_config = dataclasses.replace(config, **{
                 f: swap(getattr(config, f)) for f in ("in_src_shardings", "in_dst_shardings",
                                                        "out_src_shardings", "out_dst_shardings")})
-
-
-def plan_stream(plan: Any) -> int:
-    """The dim of the residual stream tp shards under ``plan``: 0 (the batch) where its blocks
-    take ``layout.BATCH_STREAM`` modes, else 1 (the sequence)."""
-    return stream_of(layer.tp_mode for layer in plan.layers if layer.kind == "block")
 
 
 def plan_layer(plan: Any, name: str) -> Any:
@@ -424,7 +417,7 @@ def drop_embedding_sharding(model: Any, plan: Any) -> None:
 
 def apply_embedding_dim(model: Any, plan: Any, parallel_dims: Any, dtype: Any) -> None:
     """The embedding looked up on its embedding dim (``layout.EMBEDDING_MODES``,
-    ``runtime.styles``), its output on the plan's stream (``plan_stream``; a local shard
+    ``runtime.styles``), its output on the plan's stream (``Plan.stream``; a local shard
     under ``spmd_types``, a DTensor under ``partial_dtensor``), read in ``dtype`` (the
     parameters' dtype FSDP computes the blocks in)."""
     from torch.distributed.tensor.parallel import parallelize_module
@@ -444,7 +437,7 @@ def apply_embedding_dim(model: Any, plan: Any, parallel_dims: Any, dtype: Any) -
     gather = mode == EMBEDDING_DIM_GATHER
     mesh = parallel_dims.get_mesh([_dp_shard_name(parallel_dims), "tp"]) if gather else \
         dp_shard_tp_mesh(parallel_dims)
-    stream = plan_stream(plan)
+    stream = plan.stream
     parallelize_module(model.tok_embeddings, mesh,
                        embedding_dim_style(m.dp_shard, m.tp, stream, dtype, gather))
     if parallel_dims.spmd_backend == "partial_dtensor" and m.tp > 1:
