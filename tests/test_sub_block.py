@@ -27,6 +27,7 @@ from torchtitan_autoparallel.cost.hardware import load_profile
 from torchtitan_autoparallel.cost.model import CostContext, Precision, block_cost
 from torchtitan_autoparallel.graph.sub_block_find import pre_norm_pairs, with_found_sub_blocks
 from torchtitan_autoparallel.job.features import Features
+from torchtitan_autoparallel.titan.v0_2.tp_dp import MOE_SUB_BLOCKS_APPLIED
 
 MESH = Mesh(dp_replicate=1, dp_shard=8, tp=8)
 MB = 8  # sequences per micro-batch: the tp ranks split it evenly
@@ -233,13 +234,18 @@ def test_sub_block_fsdp_groups_by_hand(mode):
 def test_sub_block_modes_follow_the_tp_dp_rule_in_one_place():
     """The search offers the sub-block modes where whole-block data parallel is legal (the same
     rule, ``tp_dp_problem``, that the plan check applies), on dense models (MoE blocks:
-    "sp/dp" alone, with etp = 1), only with the technique; sub-block plans keep one FSDP group
-    per sub-block (no units, no node reshard)."""
+    "sp/dp" and "dp/sp", with etp = 1; TorchTitan 0.2.2's front-end "sp/dp" alone), only with
+    the technique; sub-block plans keep one FSDP group per sub-block (no units, no node
+    reshard)."""
     asked = Constraints(techniques=("fsdp", "tp", "tp_sub_block"))
     assert block_tp_modes(MESH, MB, asked) == ("sp", *SUB_BLOCK_TP_MODES)
     assert block_tp_modes(MESH, MB, Constraints()) == ("sp", "dp")
     assert block_tp_modes(MESH, MB, asked, moe_model=True) == ("sp",)  # its dense blocks
-    assert block_tp_modes(MESH, MB, asked, moe_model=True, experts=True) == ("sp", "sp/dp")
+    assert block_tp_modes(MESH, MB, asked, moe_model=True, experts=True) == (
+        "sp", "sp/dp", "dp/sp")
+    assert block_tp_modes(MESH, 4, asked, moe_model=True, experts=True) == ("sp", "sp/dp")
+    v0_2 = dataclasses.replace(asked, moe_sub_block_modes=MOE_SUB_BLOCKS_APPLIED)
+    assert block_tp_modes(MESH, MB, v0_2, moe_model=True, experts=True) == ("sp", "sp/dp")
     assert block_tp_modes(MESH, MB, Constraints(), moe_model=True, experts=True) == ("sp",)
     etp = dataclasses.replace(MESH, ep=16, etp=8)
     assert "etp = 1" in tp_dp_problem(etp, MB, "block", "sp/dp")
@@ -817,8 +823,9 @@ def test_sub_block_moe_counts_tokens_over_tp(tmp_path):
 
 def test_sub_block_moe_routing_pins():
     """The family's default pin of MoE routing leaves a MoE block "sp/dp" (TorchTitan's routing
-    and dispatch code runs in it, on each tp rank's tokens); the same region pinned by the
-    user keeps TorchTitan's MoE TP ("sp" only), as any pinned region inside a block does."""
+    and dispatch code runs in it, on each tp rank's tokens) and "dp/sp" (the MoE as
+    TorchTitan's MoE TP runs it); the same region pinned by the user keeps TorchTitan's MoE TP
+    ("sp" only), as any pinned region inside a block does."""
     from torchtitan_autoparallel.candidates.strategies import pinned_strategies
     from torchtitan_autoparallel.job.pins import Pin
 
@@ -828,7 +835,7 @@ def test_sub_block_moe_routing_pins():
         return {s.tp_mode for s in pinned_strategies(MESH, MB, asked, True, pin, 8, 1, True)}
 
     assert modes(None) == modes(Pin(regions=("moe.router",), defaults_only=True)) \
-        == {"sp", "sp/dp"}
+        == {"sp", "sp/dp", "dp/sp"}
     assert modes(Pin(regions=("moe.router",))) == {"sp"}
     assert Pin(regions=("moe.router",)).key != Pin(regions=("moe.router",),
                                                   defaults_only=True).key

@@ -291,9 +291,10 @@ def test_sub_block_linears_apart_from_a_plan_file_train_as_one_rank(reference, t
 def test_sub_block_tp_without_sp_trains_as_one_rank(reference, tmp_path, flag):
     """TorchTitan's TP without SP (tp_mode 'sp/sp:rep', the residual stream whole on every tp
     rank) on fsdp 2 x tp 2: planned under auto for a job that turns sequence parallel off, or
-    from a plan file whose blocks take it (the apply turns the flag off), half the blocks fully
-    checkpointed; the losses and gradient norms are the 1-rank run's from the same seed
-    checkpoint."""
+    from a plan file whose blocks cycle through it and the data-parallel attention or
+    feed-forward on a batch shard of that stream ('dp/sp:rep', 'sp/dp:rep'; the apply turns
+    the flag off), half the blocks fully checkpointed; the losses and gradient norms are the
+    1-rank run's from the same seed checkpoint."""
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
 
@@ -303,8 +304,9 @@ def test_sub_block_tp_without_sp_trains_as_one_rank(reference, tmp_path, flag):
         run = ["--parallelism.auto", *options]
     else:
         plan = plan_job(read_job([*JOB, "--parallelism.auto", *options, *SUB_BLOCK[2:]]), 4)
+        modes = ["sp/sp:rep", "dp/sp:rep", "sp/dp:rep"]
         for i, layer in enumerate(layer for layer in plan.layers if layer.kind == "block"):
-            layer.tp_mode, layer.ac, layer.fsdp_unit = "sp/sp:rep", ("none", "full")[i % 2], 1
+            layer.tp_mode, layer.ac, layer.fsdp_unit = modes[i % 3], ("none", "full")[i % 2], 1
         for layer in plan.layers:
             if layer.kind == "embedding":
                 layer.tp_mode, layer.reshard_after_forward = "sp", True
@@ -316,6 +318,10 @@ def test_sub_block_tp_without_sp_trains_as_one_rank(reference, tmp_path, flag):
     assert "mesh dp_replicate=1 dp_shard=2 cp=1 tp=2" in out, out[-3000:]
     assert "attn:tp/ffn:tp+stream:replicated" in out, out[-3000:]
     assert "tensor parallel without sequence parallel" in out, out[-3000:]
+    if not flag:
+        assert "4 sub-blocks run data parallel over tp on a batch shard of the replicated " \
+            "stream" in out, out[-3000:]
+        assert "attn:tp_dp/ffn:tp+stream:replicated" in out, out[-3000:]
     _assert_same(_losses(out), reference.losses)
     _assert_same(_grad_norms(out), reference.grad_norms, GRAD_NORM_TOL)
 
@@ -431,31 +437,39 @@ def test_deepseek_v3_under_auto_with_and_without_ep_trains_as_one_rank_and_its_r
     _assert_same(_grad_norms(out), ref.grad_norms, GRAD_NORM_TOL)
 
 
-def test_sub_block_moe_with_expert_parallel_trains_as_one_rank(tmp_path):
-    """DeepSeek-V3's debug flavor on fsdp 2 x tp 2 with ep 2 (etp 1): MoE blocks whose MoE runs
-    data parallel over tp ('sp/dp': the shared experts whole on tp, FSDP over dp_shard x tp,
-    on each tp rank's sequence shard; the routed experts on the model's EP) beside MoE blocks
-    under the model's MoE TP and the dense block, one of each fully checkpointed: the losses
-    and gradient norms are the 1-rank run's."""
+@pytest.mark.parametrize("ep,modes,log", [
+    (2, ["sp/dp", "dp/sp", "sp"], "MoE blocks run their shared experts data parallel"),
+    pytest.param(1, ["dp/sp", "sp"], "", marks=pytest.mark.slow),
+    pytest.param(4, ["dp/sp", "sp"], "", marks=pytest.mark.slow),
+])
+def test_sub_block_moe_with_expert_parallel_trains_as_one_rank(tmp_path, ep, modes, log):
+    """DeepSeek-V3's debug flavor on fsdp 2 x tp 2 with ep 2 (etp 1), ep 1 (the routed experts
+    TP) or ep 4 (EP over dp_shard x tp): MoE blocks whose shared experts run data parallel
+    over tp ('sp/dp': whole on tp, FSDP over dp_shard x tp, on each tp rank's sequence shard;
+    the routed experts on the model's EP), MoE blocks whose attention runs data parallel over
+    tp on a batch shard ('dp/sp', the MoE as the model runs it), MoE blocks under the model's
+    MoE TP and the dense block, some fully checkpointed: the losses and gradient norms are the
+    1-rank run's."""
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
 
     job = ["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel", *COMMON]
     ref = _reference(tmp_path, job)
-    options = ["--training.disable_cuda_graphs", "--parallelism.expert_parallel_degree", "2",
-               "--parallelism.tensor_parallel_degree", "2",
+    options = ["--training.disable_cuda_graphs", "--parallelism.expert_parallel_degree",
+               str(ep), "--parallelism.tensor_parallel_degree", "2",
                "--parallelism.data_parallel_shard_degree", "2",
                "--autoparallel.techniques", "fsdp,tp,ep,ac,tp_sub_block"]
     plan = plan_job(read_job([*job, "--parallelism.auto", *options]), 4)
     blocks = [layer for layer in plan.layers if layer.kind == "block"]
     for i, layer in enumerate(blocks[1:]):  # layers.0 is dense
-        layer.tp_mode, layer.ac = ("sp/dp", "sp")[i % 2], ("none", "none", "full")[i % 3]
+        layer.tp_mode, layer.ac = modes[i % len(modes)], ("none", "none", "full", "none")[i % 4]
     path = tmp_path / "moe.json"
     plan.save(str(path))
     out = _torchrun(4, *job, *STEPS, *options, f"--autoparallel.plan_file={path}", *ref.load,
                     "--dump_folder", str(tmp_path / "run"))
-    assert "mesh dp_replicate=1 dp_shard=2 cp=1 tp=2 ep=2 etp=1" in out, out[-3000:]
-    assert "3 MoE blocks run their shared experts data parallel" in out, out[-3000:]
+    mesh = "mesh dp_replicate=1 dp_shard=2 cp=1 tp=2" + (f" ep={ep} etp=1" if ep > 1 else "")
+    assert mesh in out and log in out, out[-3000:]
+    assert "attn:tp_dp/ffn:tp+sp" in out, out[-3000:]
     _assert_same(_losses(out), ref.losses)
     _assert_same(_grad_norms(out), ref.grad_norms, GRAD_NORM_TOL)
 

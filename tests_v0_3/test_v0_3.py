@@ -382,9 +382,12 @@ def test_tp_dp_is_left_out_under_compile_and_refused_where_asked():
 def test_sub_block_moe_offered_with_expert_parallel_below_dp_shard_x_tp():
     """0.3.0 runs a MoE block's 'sp/dp' through the model's own expert parallel: the search
     offers it to DeepSeek-V3's MoE blocks with 1 < ep < dp_shard x tp (fsdp 2 x tp 2 with
-    ep 2: the MoE blocks take it on the CPU profile), not with ep 4 (all of dp_shard x tp)
-    nor with ep 1, where the rule says why in one line."""
+    ep 2), not with ep 4 (all of dp_shard x tp) nor with ep 1, where the rule says why in one
+    line; 'dp/sp' (the attention data parallel over tp) with any ep. A plan searched with ep
+    2 puts its MoE blocks in one of them on the CPU profile."""
     from torchtitan_autoparallel.candidates.layout import Mesh, moe_sub_block_ep_problem
+    from torchtitan_autoparallel.candidates.strategies import block_tp_modes
+    from torchtitan_autoparallel.job.inputs import job_inputs
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
 
@@ -392,34 +395,41 @@ def test_sub_block_moe_offered_with_expert_parallel_below_dp_shard_x_tp():
             "--training.disable_cuda_graphs", "--parallelism.tensor_parallel_degree", "2",
             "--parallelism.data_parallel_shard_degree", "2", "--autoparallel.hardware", "cpu",
             "--autoparallel.techniques", "fsdp", "tp", "ep", "ac", "tp_sub_block"]
-    for ep, offered in ((2, True), (4, False), (1, False)):
-        plan = plan_job(read_job([*base, "--parallelism.expert_parallel_degree", str(ep)]), 4)
-        modes = {layer.tp_mode for layer in plan.layers if layer.kind == "block"}
-        assert ("sp/dp" in modes) == offered, (ep, plan.table())
+    constraints = job_inputs(read_job(base), 4).constraints
+    for ep, offered in ((2, ("sp", "sp/dp", "dp/sp")), (4, ("sp", "dp/sp")), (1, ("sp", "dp/sp"))):
+        mesh = Mesh(dp_replicate=1, dp_shard=2, tp=2, ep=ep)
+        assert block_tp_modes(mesh, 2, constraints, True, experts=True) == offered, ep
+    plan = plan_job(read_job([*base, "--parallelism.expert_parallel_degree", "2"]), 4)
+    modes = {layer.tp_mode for layer in plan.layers if layer.kind == "block"}
+    assert modes & {"sp/dp", "dp/sp"}, plan.table()
     assert "ep (4) below dp_shard x tp (4)" in moe_sub_block_ep_problem(
         Mesh(dp_replicate=1, dp_shard=2, tp=2, ep=4))
     assert "expert parallel (ep > 1)" in moe_sub_block_ep_problem(
         Mesh(dp_replicate=1, dp_shard=2, tp=2))
+    assert moe_sub_block_ep_problem(Mesh(dp_replicate=1, dp_shard=2, tp=2, ep=4), "dp/sp") == ""
 
 
 def test_sub_block_search_notes_moe_blocks_and_refuses_full_dtensor():
-    """0.3.0's apply runs every dense sub-block mode but the data-parallel sub-blocks on a
-    replicated stream: a tp_sub_block search offers those and notes where MoE blocks take
-    theirs and which modes are 0.2.2's; under the full_dtensor backend tp_sub_block is refused
-    in one line."""
-    from torchtitan_autoparallel.candidates.layout import SUB_BLOCK_TP_MODES
+    """0.3.0's apply runs every dense sub-block mode: a tp_sub_block search offers them all
+    (on a job with sequence parallel off, those on a replicated stream) and notes where MoE
+    blocks take theirs; under the full_dtensor backend tp_sub_block is refused in one line."""
+    from torchtitan_autoparallel.candidates.layout import SUB_BLOCK_TP_MODES, Mesh
+    from torchtitan_autoparallel.candidates.strategies import block_tp_modes
     from torchtitan_autoparallel.errors import UserError
+    from torchtitan_autoparallel.job.inputs import job_inputs
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import SUB_BLOCKS_APPLIED, read_job
 
-    assert set(SUB_BLOCK_TP_MODES) - set(SUB_BLOCKS_APPLIED) == {"dp/sp:rep", "sp/dp:rep"}
+    assert SUB_BLOCKS_APPLIED == SUB_BLOCK_TP_MODES
     base = ["--module", "llama3", "--config", "llama3_debugmodel", "--parallelism.auto",
             "--parallelism.tensor_parallel_degree", "2", "--autoparallel.hardware", "cpu",
             "--autoparallel.techniques", "fsdp", "tp", "ac", "tp_sub_block"]
     plan = plan_job(read_job(base), 4)
     assert plan.inputs["constraints"]["sub_block_modes"] == list(SUB_BLOCKS_APPLIED)
-    assert any("1 < ep < dp_shard x tp" in note and "'dp/sp:rep', 'sp/dp:rep'"
-               in note for note in plan.notes)
+    assert any("1 < ep < dp_shard x tp" in note for note in plan.notes)
+    off = job_inputs(read_job([*base, "--parallelism.no-enable-sequence-parallel"]), 4)
+    assert block_tp_modes(Mesh(dp_replicate=1, dp_shard=2, tp=2), 2, off.constraints) == (
+        "sp/sp:rep", "dp/sp:rep", "sp/dp:rep")
     with pytest.raises(UserError, match="tp_sub_block, which TorchTitan 0.3.0's apply does not "
                                         "run under --parallelism.spmd_backend full_dtensor"):
         read_job([*base, "--parallelism.spmd_backend", "full_dtensor"])

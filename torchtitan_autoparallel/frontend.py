@@ -49,10 +49,10 @@ class Frontend:
     """FSDP can reshard a block to one node's ranks after forward (an integer
     ``reshard_after_forward``); TorchTitan 0.3.0's FSDP on its SPMD mesh refuses it."""
     sub_block_modes: tuple[str, ...] = SUB_BLOCK_TP_MODES
-    """The sub-block tp modes its apply runs (TorchTitan 0.3.0's: those on the model's
-    sequence-sharded stream with every linear of a sub-block placed alike)."""
+    """The sub-block tp modes its apply runs on dense blocks (``layout.SUB_BLOCK_TP_MODES``)."""
     moe_sub_block_modes: tuple[str, ...] = MOE_SUB_BLOCK_MODES
-    """The sub-block tp modes its apply runs on MoE blocks (``layout.MOE_SUB_BLOCK_MODES``)."""
+    """The sub-block tp modes its apply runs on MoE blocks (of ``layout.MOE_SUB_BLOCK_MODES``;
+    TorchTitan 0.2.2's: the MoE data parallel alone)."""
     moe_sub_block_ep: bool = False
     """Its apply runs ``moe_sub_block_modes`` through the model's expert parallel, where
     ``layout.moe_sub_block_ep_problem`` allows."""

@@ -87,12 +87,20 @@ rank (``REPLICATED_MODES``). Every tp layer of a plan keeps one stream layout
 (``stream_dim``)."""
 
 
-MOE_SUB_BLOCK_MODES: tuple[TpMode, ...] = ("sp/dp",)
-"""The sub-block modes a MoE block may take: attention TorchTitan's TP + SP and the MoE
-(router, shared experts, token dispatch) data parallel over tp on each tp rank's sequence shard
-of the stream (per token: no all-to-all, no all-gather or reduce-scatter around it); its router
-and shared experts FSDP-sharded over dp_shard x tp, its routed experts expert parallel as the
-mesh says (ep covers tp, etp = 1) or, with ep = 1, sharded with the MoE over dp_shard x tp."""
+MOE_SHARED_DP: TpMode = "sp/dp"
+"""A MoE block's attention TorchTitan's TP + SP and its MoE (router, shared experts, token
+dispatch) data parallel over tp on each tp rank's sequence shard of the stream (per token: no
+all-to-all, no all-gather or reduce-scatter around it); its router and shared experts
+FSDP-sharded over dp_shard x tp, its routed experts expert parallel as the mesh says (ep
+covers tp, etp = 1) or, with ep = 1, sharded with the MoE over dp_shard x tp."""
+
+MOE_ATTENTION_DP: TpMode = "dp/sp"
+"""A MoE block's attention (and its norm) data parallel over tp on a batch shard, as a dense
+block's in "dp/sp", and its MoE as TorchTitan's MoE TP / EP runs it."""
+
+MOE_SUB_BLOCK_MODES: tuple[TpMode, ...] = (MOE_SHARED_DP, MOE_ATTENTION_DP)
+"""The sub-block modes a MoE block may take (``Frontend.moe_sub_block_modes``: those a release
+applies)."""
 
 
 EMBEDDING_DIM: TpMode = "dim"
@@ -469,8 +477,8 @@ def fsdp_unit_problem(mesh: Mesh, tp_mode: str = "none", kind: str = "block") ->
     return ""
 
 
-def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str = "dp"
-                  ) -> str:
+def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str = "dp",
+                  fix: bool = True) -> str:
     """Why the tp dim cannot act as data parallel (``tp_mode`` "dp", or the data-parallel
     sub-block of a sub-block mode) for a ``kind`` layer on ``mesh`` with a local batch of
     ``microbatch`` sequences; empty if it can. It needs tp > 1, no pipeline parallelism, a
@@ -483,38 +491,48 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
     parallel over tp: they need tp > 1, no pipeline, a block and cp = 1 only (the all-to-all
     splits the sequence over tp alone), as does ``TP_WITHOUT_SP``. ``DP_SHARD_TP_MODES``
     split no batch over tp either: they need dp_shard > 1 (the feed-forward's TP group),
-    dp_replicate = 1 and cp = 1."""
+    dp_replicate = 1 and cp = 1. With ``fix`` the reason ends with the fix (tp_mode 'sp')."""
+    reason = _tp_dp_reason(mesh, microbatch, kind, tp_mode)
+    return f"{reason}; use 'sp'" if reason and fix and mesh.tp > 1 else reason
+
+
+def _tp_dp_reason(mesh: Mesh, microbatch: int, kind: str, tp_mode: str) -> str:
+    """``tp_dp_problem``'s reason, without its fix."""
     mode = f"tp_mode {tp_mode!r}"
     if mesh.tp == 1:
         return f"{mode} needs tp > 1"
     if mesh.pp > 1:
-        return f"{mode} is not planned with pipeline parallelism; use 'sp'"
+        return f"{mode} is not planned with pipeline parallelism"
     if kind != "block":
-        return f"{mode} applies to blocks only; use 'sp'"
+        return f"{mode} applies to blocks only"
     if a2a_mode(tp_mode) or tp_mode == TP_WITHOUT_SP:
-        return f"{mode} needs cp = 1; use 'sp'" if mesh.cp > 1 else ""
+        return f"{mode} needs cp = 1" if mesh.cp > 1 else ""
     if tp_mode in DP_SHARD_TP_MODES:
         return ("" if mesh.dp_shard > 1 and mesh.dp_replicate == 1 and mesh.cp == 1 else
-                f"{mode} needs dp_shard > 1, dp_replicate = 1 and cp = 1; use 'sp'")
+                f"{mode} needs dp_shard > 1, dp_replicate = 1 and cp = 1")
     if mesh.dp_replicate > 1 or mesh.cp > 1 or (mesh.dp_shard == 1 and tp_mode == "dp"):
         return (f"{mode} needs " + ("dp_shard > 1, " if tp_mode == "dp" else "")
-                + "dp_replicate = 1 and cp = 1; use 'sp'")
+                + "dp_replicate = 1 and cp = 1")
     if mesh.etp > 1:
         return (f"{mode} needs etp = 1 (routed experts tensor parallel over tp take the whole "
-                "micro-batch); use 'sp'")
+                "micro-batch)")
     if microbatch % mesh.tp and (batch_a2a(tp_mode) or stream_dim(tp_mode) == 0 or (
             stream_dim(tp_mode) is None and tp_dp_params(tp_mode))):
-        return f"{mode} needs local_batch_size divisible by tp ({mesh.tp}); use 'sp'"
+        return f"{mode} needs local_batch_size divisible by tp ({mesh.tp})"
     return ""
 
 
-def moe_sub_block_ep_problem(mesh: Mesh) -> str:
-    """Why a release that runs ``MOE_SUB_BLOCK_MODES`` through the model's own expert parallel
-    (TorchTitan 0.3.0: ``Frontend.moe_sub_block_ep``) cannot on ``mesh`` (empty if it can):
-    ep > 1 puts the routed experts on each tp rank's own tokens, and an expert-parallel group
-    smaller than dp_shard x tp leaves those ranks to the shared experts' FSDP group (FSDP's
-    storage check refuses the experts' annotations beside a group over the same ranks)."""
-    mode = f"tp_mode {MOE_SUB_BLOCK_MODES[0]!r} for MoE blocks"
+def moe_sub_block_ep_problem(mesh: Mesh, tp_mode: str = MOE_SHARED_DP) -> str:
+    """Why a release that runs ``MOE_SUB_BLOCK_MODES`` beside the model's own expert parallel
+    (TorchTitan 0.3.0: ``Frontend.moe_sub_block_ep``) cannot run ``tp_mode`` on ``mesh`` (empty
+    if it can). ``MOE_SHARED_DP`` needs ep > 1, which puts the routed experts on each tp
+    rank's own tokens, and an expert-parallel group below dp_shard x tp: the shared experts'
+    FSDP group over dp_shard x tp sits inside the block's, and FSDP's storage check refuses
+    the experts' annotations beside it when EP spans the same ranks. ``MOE_ATTENTION_DP``
+    (the attention's group beside the block's) runs with any ep."""
+    if tp_mode != MOE_SHARED_DP:
+        return ""
+    mode = f"tp_mode {tp_mode!r} for MoE blocks"
     if mesh.ep == 1:
         return f"{mode} runs with expert parallel (ep > 1) on this release; use 'sp'"
     if mesh.ep * mesh.etp >= mesh.dp_shard * mesh.tp:

@@ -163,8 +163,8 @@ def without_sp_refusal(graph: LayerGraph, mesh: Mesh) -> str:
     off = "parallelism.enable_sequence_parallel is off"
     if graph.num_experts:
         return f"{off}: MoE models are planned with tensor parallel and sequence parallel only"
-    problem = tp_dp_problem(mesh, 1, "block", TP_WITHOUT_SP)
-    return f"{off}: {problem.split('; use')[0]}" if problem else ""
+    problem = tp_dp_problem(mesh, 1, "block", TP_WITHOUT_SP, fix=False)
+    return f"{off}: {problem}" if problem else ""
 
 
 def _mesh_refusal(graph: LayerGraph, gpus_per_node: int, allowed: set[str], pp: int,
@@ -279,9 +279,10 @@ def block_tp_modes(mesh: Mesh, microbatch: int, constraints: Constraints,
     if mesh.tp == 1:
         return ("none",)
     if moe_model:
-        offered = constraints.moe_sub_block_modes if (
-            experts and "tp_sub_block" in constraints.techniques
-            and not (constraints.moe_sub_block_ep and moe_sub_block_ep_problem(mesh))) else ()
+        offered = tuple(
+            mode for mode in constraints.moe_sub_block_modes
+            if not (constraints.moe_sub_block_ep and moe_sub_block_ep_problem(mesh, mode))
+        ) if experts and "tp_sub_block" in constraints.techniques else ()
         return ("sp", *(mode for mode in offered
                         if not tp_dp_problem(mesh, microbatch, "block", mode)))
     asked = (("dp",) if "tp_dp" in constraints.techniques else ()) + (
@@ -363,7 +364,7 @@ def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe
     pinned), TP + SP only (a region inside pinned), only the AC mode the job fixes for it
     (layer-wise selective AC), or all of them (``run``: see ``block_strategies``). A block
     whose only pinned regions are the family's default ones (MoE routing, which its code runs
-    in these modes too) may also take ``MOE_SUB_BLOCK_MODES``."""
+    in these modes too) may also take the release's MoE sub-block modes."""
     if pin is not None and pin.whole:
         sharded = fsdp_sharded(mesh)
         return [BlockStrategy(pin.recipe_ac, pin.recipe_reshard and sharded,
@@ -371,7 +372,8 @@ def pinned_strategies(mesh: Mesh, microbatch: int, constraints: Constraints, moe
     free = block_strategies(mesh, microbatch, constraints, moe_model, gpus_per_node, run,
                             experts)
     kept = ("none", recipe_tp_mode(constraints),
-            *(MOE_SUB_BLOCK_MODES if pin is not None and pin.defaults_only else ()))
+            *(constraints.moe_sub_block_modes if pin is not None and pin.defaults_only
+              else ()))
     return [s for s in free
             if not (pin is not None and pin.regions and s.tp_mode not in kept)
             and (pin is None or pin.ac is None or s.ac == pin.ac)]

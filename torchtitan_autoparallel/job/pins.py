@@ -33,7 +33,8 @@ class Pin:
     AC, ``selective_ac_option = k``: every k-th block full, the others none); None: free."""
     defaults_only: bool = False
     """Every region is one of the family's default pins (its MoE routing): TorchTitan's code
-    runs it under ``layout.MOE_SUB_BLOCK_MODES`` too, on each tp rank's own tokens."""
+    runs it under ``layout.MOE_SUB_BLOCK_MODES`` too (on each tp rank's own tokens in
+    ``MOE_SHARED_DP``, as under "sp" in ``MOE_ATTENTION_DP``)."""
 
     @property
     def whole(self) -> bool:

@@ -13,6 +13,7 @@ from ...graph.layer_graph import LayerGraph
 from ...job.model_config import ModelConfig
 from .model import build_layer_graph, graph_job_config
 from .registry import HF_BACKEND, import_custom_module, register, train_spec_of
+from .tp_dp import MOE_SUB_BLOCKS_APPLIED
 
 
 def read_model(name: str, flavor: str, seq_len: int, model_config: ModelConfig | None = None
@@ -85,4 +86,5 @@ def prepare_models(custom_import: str) -> None:
 
 register_frontend(Frontend(release="0.2", read_model=read_model, attention_types=attention_types,
                            moe_types=moe_types, parallelize_module=parallelize_module,
-                           model_names=model_names, prepare_models=prepare_models))
+                           model_names=model_names, prepare_models=prepare_models,
+                           moe_sub_block_modes=MOE_SUB_BLOCKS_APPLIED))

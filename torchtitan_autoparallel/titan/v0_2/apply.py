@@ -18,7 +18,7 @@ import torch.nn as nn
 from ...candidates.layout import (
     BATCH_STREAM,
     DP_SHARD_TP,
-    MOE_SUB_BLOCK_MODES,
+    MOE_SHARED_DP,
     REPLICATED_STREAM,
     STREAM_LAYOUTS,
     SUB_BLOCK_TP_MODES,
@@ -186,7 +186,7 @@ def apply_moe_blocks(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any
                      job_config: Any, plan: Plan, tp_modes: dict[str, str]) -> None:
     """Routing, token dispatch and the experts' EP / ETP / TP of the MoE blocks (by name, their
     tp modes): TorchTitan's own code, with its gradients under TP corrected
-    (``patches.moe``); the MoE of a block in a ``MOE_SUB_BLOCK_MODES`` mode data parallel over
+    (``patches.moe``); the MoE of a block in ``MOE_SHARED_DP`` data parallel over
     tp, its experts expert parallel alone (on each tp rank's own tokens) where ep > 1."""
     from torchtitan.distributed.dual_pipe_v import get_dual_pipe_v_flag
 
@@ -212,9 +212,9 @@ def apply_moe_blocks(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any
 
 def moe_sub_block_names(blocks: nn.Module, adapter: ModelAdapter, tp_modes: dict[str, str]
                         ) -> list[str]:
-    """The MoE blocks planned in a ``MOE_SUB_BLOCK_MODES`` mode (their MoE data parallel over
+    """The MoE blocks planned in ``MOE_SHARED_DP`` (their MoE data parallel over
     tp)."""
-    return [name for name, mode in tp_modes.items() if mode in MOE_SUB_BLOCK_MODES
+    return [name for name, mode in tp_modes.items() if mode == MOE_SHARED_DP
             and adapter.routed_experts(blocks.get_submodule(name)) is not None]
 
 

@@ -13,7 +13,7 @@ from ...candidates.layout import (
     A2A_MODES,
     DP_SHARD_TP,
     EMBEDDING_DIM_GATHER,
-    MOE_SUB_BLOCK_MODES,
+    MOE_SHARED_DP,
     SUB_BLOCK_TP_MODES,
     Mesh,
     a2a_mode,
@@ -69,19 +69,25 @@ def batch_split_of_replicated(norm: nn.Module, module: nn.Module, tp_mesh: Any) 
         output_layouts=Shard(0), desired_output_layouts=Replicate(), use_local_output=True))
 
 
+MOE_SUB_BLOCKS_APPLIED = (MOE_SHARED_DP,)
+"""The MoE blocks' sub-block modes this apply runs (``Frontend.moe_sub_block_modes``): the MoE
+data parallel over tp (``moe_on_sequence_shard``)."""
+
+
 SubBlocks = list[tuple[str, list[nn.Module]]]
 """A block's sub-blocks as planned: (the tp dim's use, "sp" or "dp"; the norm and the module)."""
 
 
 def sub_blocks_of(block: nn.Module, adapter: ModelAdapter, tp_mode: str) -> SubBlocks:
     """The sub-blocks (``ModelAdapter.sub_blocks``) of a block planned with a sub-block tp
-    mode, each with its use of the tp dim; a MoE block's (``MOE_SUB_BLOCK_MODES``) are its
+    mode, each with its use of the tp dim; a MoE block's (``MOE_SHARED_DP``) are its
     MoE, data parallel, and the rest of its children (attention and norms), TP + SP. A
     one-line error where the family names none or a MoE block has another mode."""
     if adapter.routed_experts(block) is not None:
-        if tp_mode not in MOE_SUB_BLOCK_MODES:
+        if tp_mode not in MOE_SUB_BLOCKS_APPLIED:
             raise UserError(f"tp_mode {tp_mode!r} on a MoE block: MoE blocks take 'sp' or "
-                            f"{', '.join(map(repr, MOE_SUB_BLOCK_MODES))}")
+                            f"{', '.join(map(repr, MOE_SUB_BLOCKS_APPLIED))} on TorchTitan "
+                            "0.2.2")
         return [("sp", [m for n, m in block.named_children() if n != adapter.moe]),
                 ("dp", [block.get_submodule(adapter.moe)])]
     if len(adapter.sub_blocks) != 2:
@@ -123,7 +129,7 @@ def planned_sub_blocks(blocks: nn.Module, adapter: ModelAdapter, planned: dict[s
 
 
 def moe_on_sequence_shard(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any) -> None:
-    """A MoE block in ``MOE_SUB_BLOCK_MODES`` (its attention and norms already TP + SP): its
+    """A MoE block in ``MOE_SHARED_DP`` (its attention and norms already TP + SP): its
     MoE reads this tp rank's sequence shard of the stream as a local tensor and routes,
     dispatches and runs its experts on those tokens alone (no all-gather, no reduce-scatter);
     the router's token counts (what the load-balancing bias update reads) are summed over tp,

@@ -18,6 +18,7 @@ from ...candidates.layout import (
 )
 from ...errors import UserError
 from .tp_dp import (
+    MOE_BLOCK,
     MOE_SHARED,
     SUB_BLOCKS_APPLIED,
     Parts,
@@ -310,7 +311,7 @@ def _apply_fsdp_per_unit(model: Any, plan: Any, blocks: dict[str, Any],
                 if mode == DP_SHARD_TP:  # sharded by its own style
                     own.update(p for module in modules for p in module.parameters())
                     continue
-                whole = modules == [blocks[names[0]]]  # a MoE block, inside its shared experts
+                whole = mode == MOE_BLOCK  # a MoE block, around its shared experts' group
                 fully_shard(modules[0] if whole else modules,
                             **(over_tp if mode in ("dp", MOE_SHARED) else fsdp),
                             reshard_after_forward=reshard,

@@ -25,7 +25,6 @@ from ...candidates.layout import (
     DP_SHARD_TP,
     MOE_SUB_BLOCK_MODES,
     SUB_BLOCK_TP_MODES,
-    TP_WITHOUT_SP,
     a2a_mode,
     moe_sub_block_ep_problem,
     split_fsdp,
@@ -46,18 +45,18 @@ to (the multimodal families pass positions and masks it does not split, the HF b
 declares its own sharding)."""
 
 Parts = list[tuple[str, list[Any]]]
-"""A block's FSDP groups: (the tp dim's use, "sp" or "dp"; the modules of the group)."""
+"""A block's FSDP groups: (the tp dim's use: "sp", "dp", ``DP_SHARD_TP``, or a MoE block's
+``MOE_SHARED`` / ``MOE_BLOCK``; the modules of the group)."""
 
 
-SUB_BLOCKS_APPLIED = tuple(mode for mode in SUB_BLOCK_TP_MODES
-                           if stream_dim(mode) is not None or mode == TP_WITHOUT_SP)
+SUB_BLOCKS_APPLIED = SUB_BLOCK_TP_MODES
 """The sub-block tp modes this apply runs: every linear of a sub-block placed alike, on the
 model's sequence-sharded stream or, with ``layout.BATCH_STREAM``, on a stream sharded on the
 batch over tp (``batch_stream``), the attention's output projection on the sequence shard
 (``projections_a2a``), the feed-forward TP over dp_shard (``apply_dp_shard_tp``) and
 ``layout.TP_WITHOUT_SP`` (TorchTitan's ``parallelism.enable_sequence_parallel`` off,
-``apply._sequence_parallel``): all of ``layout.SUB_BLOCK_TP_MODES`` but the data-parallel
-sub-blocks on a replicated stream."""
+``apply._sequence_parallel``) and a data-parallel sub-block beside it on that replicated
+stream (``_batch_split_of_replicated``): all of ``layout.SUB_BLOCK_TP_MODES``."""
 
 
 def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
@@ -102,7 +101,7 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
             continue  # TP on both: the model's declarations (batch_stream, projections_a2a)
         block = blocks[name]
         if name in moe:
-            out[name] = moe_parts(block, plan.mesh, name)
+            out[name] = moe_parts(block, plan.mesh, name, block_mode)
             continue
         if getattr(block, "moe_enabled", False) or not all(
                 hasattr(block, part) for pair in SUB_BLOCKS for part in pair):
@@ -120,20 +119,27 @@ MOE_SHARED = "dp:shared"
 """The part of a MoE block in ``layout.MOE_SUB_BLOCK_MODES`` that FSDP shards over dp_shard x
 tp: its shared experts (``moe_parts``)."""
 
+MOE_BLOCK = "sp:moe"
+"""The rest of such a block: the whole block as the model declares it, FSDP over dp_shard with
+the experts' placement, its shared experts' group inside it."""
 
-def moe_parts(block: Any, mesh: Any, name: str) -> Parts:
-    """The FSDP groups of a MoE block whose MoE runs data parallel over tp
-    (``layout.MOE_SUB_BLOCK_MODES``): its shared experts whole on tp over dp_shard x tp, then
-    the block as the model declares the rest. With ep > 1 the model already routes each tp
-    rank's sequence shard to its experts (its router's weight replicated on tp, its token
-    counts summed over tp); its shared experts alone are tensor parallel, and they run on the
-    local sequence shard instead. A one-line UserError where ``moe_sub_block_ep_problem``
-    objects (ep = 1: the routed experts tensor parallel over tp read every token)."""
-    problem = moe_sub_block_ep_problem(mesh)
+
+def moe_parts(block: Any, mesh: Any, name: str, tp_mode: str) -> Parts:
+    """The FSDP groups of a MoE block in one of ``layout.MOE_SUB_BLOCK_MODES``: the
+    data-parallel part whole on tp over dp_shard x tp, then the block as the model declares
+    the rest (``MOE_BLOCK``). "sp/dp": the shared experts data parallel (``MOE_SHARED``): with
+    ep > 1 the model already routes each tp rank's sequence shard to its experts (its
+    router's weight replicated on tp, its token counts summed over tp); its shared experts
+    alone are tensor parallel, and they run on the local sequence shard instead. "dp/sp": the
+    attention and its norm data parallel on a batch shard (as a dense block's), the MoE as
+    the model runs it. A one-line UserError where ``moe_sub_block_ep_problem`` objects."""
+    problem = moe_sub_block_ep_problem(mesh, tp_mode)
     if problem:
         raise UserError(f"plan: layers.{name}: {problem}")
+    if sub_block_modes(tp_mode)[0] == "dp":
+        return [("dp", [getattr(block, part) for part in SUB_BLOCKS[0]]), (MOE_BLOCK, [block])]
     shared = block.moe.shared_experts
-    return ([(MOE_SHARED, [shared])] if shared is not None else []) + [("sp", [block])]
+    return ([(MOE_SHARED, [shared])] if shared is not None else []) + [(MOE_BLOCK, [block])]
 
 
 def _own_groups(tp_mode: str) -> bool:
@@ -285,18 +291,25 @@ def apply_dp_shard_tp(found: list[tuple[Any, Any]], parallel_dims: Any, dtype: A
                 f"({parallel_dims.dp_shard} ranks), its weights gathered over tp")
 
 
-def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any, stream: int = 1) -> None:
+def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any,
+                               stream: int | None = 1) -> None:
     """Before ``model.parallelize``: each data-parallel part keeps its weights whole on tp
     (its modules' declarations dropped); on the sequence-sharded stream (``stream`` 1) a
     block or an attention runs on a batch shard, a feed-forward (per token) and a sub-block's
     norm on the local sequence shard; on a stream sharded on the batch (0) every part runs
-    on the local batch shard as it is."""
+    on the local batch shard as it is; on a replicated stream (None) a sub-block cuts its
+    batch shard (``_batch_split_of_replicated``)."""
+    from torchtitan.tools.logging import logger
+
     moe = sum(mode == MOE_SHARED for groups in parts.values() for mode, _ in groups)
     if moe:
-        from torchtitan.tools.logging import logger
-
         logger.info(f"{moe} MoE blocks run their shared experts data parallel over tp on the "
                     "sequence shard (weights FSDP over dp_shard x tp)")
+    split = sum(len(modules) == 2 for groups in parts.values() for mode, modules in groups
+                if mode == "dp")
+    if split and stream is None:
+        logger.info(f"{split} sub-blocks run data parallel over tp on a batch shard of the "
+                    "replicated stream (output all-gathered over tp)")
     for groups in parts.values():
         for part, (mode, modules) in enumerate(groups):
             if mode == MOE_SHARED:  # per token, on the local sequence shard
@@ -310,6 +323,9 @@ def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any, stream: in
                 _run_on_batch_shard(modules[0], tp_mesh)
                 continue
             norm, module = modules
+            if stream is None:
+                _batch_split_of_replicated(norm, module, tp_mesh)
+                continue
             _run_on_local_shard(norm, tp_mesh, stream)
             if part == 0 and stream == 1:  # the attention reads whole sequences
                 _run_on_batch_shard(module, tp_mesh)
@@ -338,6 +354,33 @@ def _run_on_local_shard(norm: Any, tp_mesh: Any, stream: int = 1, split: bool = 
                                   [Shard(stream)])
 
     norm.forward = forward
+
+
+def _batch_split_of_replicated(norm: Any, module: Any, tp_mesh: Any) -> None:
+    """A data-parallel sub-block (``norm`` and ``module``, weights whole on tp) on a stream
+    whole on every tp rank (``layout.REPLICATED_STREAM``): the norm reads this tp rank's part
+    of the micro-batch (no collective; its input gradient all-gathered in backward), the
+    module's output is all-gathered over tp (its gradient cut in backward), of the stream's
+    kind; per-sequence tensor arguments (positions) split with the batch."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    norm_forward, module_forward = norm.forward, module.forward
+    stream_is_dtensor = [False]
+
+    def cut(x: Any) -> Any:
+        stream_is_dtensor[0] = isinstance(x, DTensor)
+        whole = x if isinstance(x, DTensor) else DTensor.from_local(x, tp_mesh, [Replicate()])
+        return norm_forward(whole.redistribute(tp_mesh, [Shard(0)]).to_local())
+
+    def gather(x: Any, *args: Any, **kwargs: Any) -> Any:
+        batch = x.shape[0] * tp_mesh.size()
+        args = tuple(_batch_part(a, batch, tp_mesh) for a in args)
+        kwargs = {k: _batch_part(v, batch, tp_mesh) for k, v in kwargs.items()}
+        out = DTensor.from_local(module_forward(x, *args, **kwargs), tp_mesh, [Shard(0)])
+        out = out.redistribute(tp_mesh, [Replicate()])
+        return out if stream_is_dtensor[0] else out.to_local()
+
+    norm.forward, module.forward = cut, gather
 
 
 def _run_on_batch_shard(module: Any, tp_mesh: Any) -> None:
