@@ -346,6 +346,23 @@ def test_moe_config_errors(planning, config, overrides, message):
         planning(config, 4, *overrides)
 
 
+def test_fixed_expert_degrees_that_fit_no_mesh_are_the_first_reason(planning):
+    """ep 2 with etp 1 beside a fixed tp 4 on 8 ranks (EP borrows all of tp: a multiple of
+    it): the refusal gives the expert layout's own rule first, not the other meshes' reasons;
+    ep 4, a multiple, plans."""
+    degrees = ("--parallelism.tensor_parallel_degree=4",
+               "--parallelism.expert_tensor_parallel_degree=1")
+    with pytest.raises(UserError) as info:
+        planning("deepseek_v3_debug_auto.toml", 8, *degrees,
+                 "--parallelism.expert_parallel_degree=2")
+    assert str(info.value).split(": ", 1)[1].startswith(
+        "expert_parallel_degree 2: ep 2 with etp = 1 must be tp (4) x a divisor of dp_shard x "
+        "cp (2)"), str(info.value)
+    plan = planning("deepseek_v3_debug_auto.toml", 8, *degrees,
+                    "--parallelism.expert_parallel_degree=4")
+    assert (plan.mesh.tp, plan.mesh.ep, plan.mesh.etp) == (4, 4, 1)
+
+
 def test_layer_graph_counts_llama3_8b():
     from torchtitan.models.llama3 import Transformer, llama3_args
 

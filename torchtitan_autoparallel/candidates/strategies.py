@@ -1,7 +1,7 @@
 """Candidates: legal mesh shapes for a world size, and per-block strategies on a mesh."""
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import UserError
 from ..graph.layer_graph import LayerGraph
@@ -113,6 +113,7 @@ def enumerate_meshes(
              "tp": constraints.tp, "cp": constraints.cp}
     meshes = []
     refused: dict[str, None] = {}  # why the meshes with the fixed degrees are illegal
+    first: dict[str, None] = {}  # the set expert degrees' own reasons, said first
     for pp in pipeline_degrees(graph, world, constraints, allowed):
         dense = world // pp
         for tp in divisors(dense):
@@ -131,15 +132,17 @@ def enumerate_meshes(
                     if not why and constraints.fsdp_required and dp_shard * cp == 1:
                         why = ("training.enable_cpu_offload is FSDP's CPU offload, so the mesh "
                                "must shard over dp_shard x cp > 1")
+                    experts = [] if why else expert_degrees(graph, dp_shard, cp, tp,
+                                                            constraints, allowed)
+                    if not why and not experts:  # a set ep / etp no layout here takes
+                        first[_expert_refusal(graph, constraints, Mesh(
+                            dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, cp=cp,
+                            pp=pp))] = None
                     if why:
                         refused[why] = None
-                        continue
-                    meshes.extend(
-                        Mesh(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, cp=cp, ep=ep,
-                             etp=etp, pp=pp)
-                        for ep, etp in expert_degrees(graph, dp_shard, cp, tp, constraints,
-                                                      allowed)
-                    )
+                    meshes.extend(Mesh(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp,
+                                       cp=cp, ep=ep, etp=etp, pp=pp) for ep, etp in experts)
+    refused = {**first, **refused}
     if not meshes:
         degrees = (f"pp={constraints.pp or 'free'} "
                    f"dp_replicate={constraints.dp_replicate or 'free'} "
@@ -237,6 +240,16 @@ def expert_degrees(graph: LayerGraph, dp_shard: int, cp: int, tp: int,
     return [(ep, etp) for ep, etp in options
             if (not constraints.ep or constraints.ep == ep)
             and (not constraints.etp or constraints.etp == etp and (ep > 1 or etp == 1))]
+
+
+def _expert_refusal(graph: LayerGraph, constraints: Constraints, mesh: Mesh) -> str:
+    """Why the job's expert-parallel degrees take no layout on ``mesh`` (``ep_problem``)."""
+    problem = constraints.ep and ep_problem(replace(
+        mesh, ep=constraints.ep, etp=constraints.etp or 1), graph.num_experts)
+    if problem:
+        return f"expert_parallel_degree {constraints.ep}: {problem}"
+    return (f"expert_tensor_parallel_degree {constraints.etp} takes no expert-parallel layout "
+            f"with tp {mesh.tp}")
 
 
 def check_expert_constraints(graph: LayerGraph, world: int, constraints: Constraints) -> None:
