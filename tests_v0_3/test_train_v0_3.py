@@ -144,7 +144,10 @@ APPLY_OPTIONS = ("tp_mode", "compiled", "backend", "family", "moe")
     ({"tp_mode": "dp", "tp": 2, "family": "qwen3_5"}, "llama3 and qwen3 only"),
     ({"tp_mode": "sp/sp:batch", "tp": 2, "family": "qwen3_5"}, r"stream sharded on the batch "
      r"over tp\) is applied to llama3 and qwen3 only"),
-    ({"tp_mode": "dp/sp", "tp": 2, "moe": True}, "needs a dense block"),
+    ({"tp_mode": "dp", "tp": 2, "moe": True}, "needs a dense block"),
+    ({"tp_mode": "dp/sp", "tp": 2, "moe": True, "family": "gpt_oss"},
+     r"'dp/sp' on MoE blocks \(the attention data parallel over tp\) is applied to llama3, "
+     "qwen3, deepseek_v3 only"),
     ({"tp_mode": "dp", "tp": 2, "cp": 2}, "cp = 1"),
     ({"tp_mode": "sp/dp", "tp": 2, "dp_replicate": 2}, "dp_replicate = 1"),
 ])

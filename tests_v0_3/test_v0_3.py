@@ -407,6 +407,12 @@ def test_sub_block_moe_offered_with_expert_parallel_below_dp_shard_x_tp():
     assert "expert parallel (ep > 1)" in moe_sub_block_ep_problem(
         Mesh(dp_replicate=1, dp_shard=2, tp=2))
     assert moe_sub_block_ep_problem(Mesh(dp_replicate=1, dp_shard=2, tp=2, ep=4), "dp/sp") == ""
+    # gpt-oss's attention (sinks, flex masks built for the whole batch) is not run data
+    # parallel by the apply: its MoE blocks are offered 'sp/dp' alone
+    gpt_oss = ["--module", "gpt_oss", "--config", "gpt_oss_debugmodel", "--parallelism.auto",
+               *base[-6:]]
+    assert job_inputs(read_job(gpt_oss), 4).constraints.moe_sub_block_modes == ("sp/dp",)
+    assert constraints.moe_sub_block_modes == ("sp/dp", "dp/sp")
 
 
 def test_sub_block_search_notes_moe_blocks_and_refuses_full_dtensor():

@@ -24,7 +24,11 @@ def without_excluded(constraints: Constraints, graph: LayerGraph, world: int) ->
                 f"cannot use: {excluded[technique]}; or set it to 1"
             )
     # a MoE block's sub-blocks are its MoE and the rest (``MOE_SUB_BLOCK_MODES``), where the
-    # release applies them
+    # release applies them and the family takes them
+    family_modes = graph.adapter.moe_sub_block_modes
+    if family_modes is not None:
+        constraints = dataclasses.replace(constraints, moe_sub_block_modes=tuple(
+            mode for mode in constraints.moe_sub_block_modes if mode in family_modes))
     moe = bool(graph.num_experts and constraints.moe_sub_block_modes)
     if "tp_sub_block" in constraints.techniques and not graph.adapter.sub_blocks and not moe:
         raise UserError(

@@ -78,6 +78,9 @@ class ModelAdapter:
     block, in that order: the modules the tp modes of ``SUB_BLOCK_TP_MODES`` parallelize on
     their own (each module's input is its norm's output; the block adds it to the residual
     stream). Empty: those modes are not offered for the family."""
+    moe_sub_block_modes: tuple[str, ...] | None = None
+    """The MoE blocks' sub-block modes (of ``layout.MOE_SUB_BLOCK_MODES``) the family takes
+    where its release applies them; None: every one the release applies."""
     tp_fn: FnRef | None = None
     """Function applying the family's TP + sequence-parallel plan, called as
     ``tp_fn(model, tp_mesh, loss_parallel=..., enable_float8_tensorwise_tp=...,

@@ -23,6 +23,8 @@ from typing import Any
 
 from ...candidates.layout import (
     DP_SHARD_TP,
+    MOE_ATTENTION_DP,
+    MOE_SHARED_DP,
     MOE_SUB_BLOCK_MODES,
     SUB_BLOCK_TP_MODES,
     a2a_mode,
@@ -43,6 +45,11 @@ TP_DP_FAMILIES = ("llama3", "qwen3")
 """TorchTitan 0.3.0's dense text decoders: what this module applies the tp dim as data parallel
 to (the multimodal families pass positions and masks it does not split, the HF backend
 declares its own sharding)."""
+
+ATTENTION_DP_FAMILIES = (*TP_DP_FAMILIES, "deepseek_v3")
+"""The families whose MoE blocks' attention this module runs data parallel over tp
+(``layout.MOE_ATTENTION_DP``): the dense decoders' attention and DeepSeek-V3's MLA, whose
+arguments (positions; masks under SDPA: none) split by batch."""
 
 Parts = list[tuple[str, list[Any]]]
 """A block's FSDP groups: (the tp dim's use: "sp", "dp", ``DP_SHARD_TP``, or a MoE block's
@@ -90,10 +97,15 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
     module = type(model).__module__
     moe = {name for name, mode in chosen.items()
            if mode in MOE_SUB_BLOCK_MODES and getattr(blocks[name], "moe_enabled", False)}
-    if set(chosen) - moe and not any(module.startswith(f"torchtitan.models.{f}.")
-                                     for f in TP_DP_FAMILIES):
+    if set(chosen) - moe and not _of_families(model, TP_DP_FAMILIES):
         raise UserError(f"{where} is applied to {' and '.join(TP_DP_FAMILIES)} only (the model "
                         f"is {module}.{type(model).__name__}): use 'sp'")
+    if MOE_ATTENTION_DP in {chosen[name] for name in moe} and not _of_families(
+            model, ATTENTION_DP_FAMILIES):
+        raise UserError(f"tp_mode {MOE_ATTENTION_DP!r} on MoE blocks (the attention data "
+                        f"parallel over tp) is applied to {', '.join(ATTENTION_DP_FAMILIES)} "
+                        f"only (the model is {module}.{type(model).__name__}): use 'sp' or "
+                        f"{MOE_SHARED_DP!r}")
     _check_batch_stream(model, list(chosen.values()), where)
     out = {}
     for name, block_mode in chosen.items():
@@ -140,6 +152,11 @@ def moe_parts(block: Any, mesh: Any, name: str, tp_mode: str) -> Parts:
         return [("dp", [getattr(block, part) for part in SUB_BLOCKS[0]]), (MOE_BLOCK, [block])]
     shared = block.moe.shared_experts
     return ([(MOE_SHARED, [shared])] if shared is not None else []) + [(MOE_BLOCK, [block])]
+
+
+def _of_families(model: Any, families: tuple[str, ...]) -> bool:
+    """Whether ``model`` is one of TorchTitan 0.3.0's ``families``."""
+    return any(type(model).__module__.startswith(f"torchtitan.models.{f}.") for f in families)
 
 
 def _own_groups(tp_mode: str) -> bool:
