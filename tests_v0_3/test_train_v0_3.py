@@ -453,7 +453,7 @@ def test_deepseek_v3_under_auto_with_and_without_ep_trains_as_one_rank_and_its_r
 
 @pytest.mark.parametrize("ep,modes,log", [
     (2, ["sp/dp", "dp/sp", "sp"], "MoE blocks run their shared experts data parallel"),
-    pytest.param(1, ["dp/sp", "sp"], "", marks=pytest.mark.slow),
+    (1, ["sp/dp", "dp/sp", "sp"], "MoE blocks run their MoE (router, shared and routed experts)"),
     pytest.param(4, ["dp/sp", "sp"], "", marks=pytest.mark.slow),
 ])
 def test_sub_block_moe_with_expert_parallel_trains_as_one_rank(deepseek, tmp_path, ep, modes,
@@ -461,7 +461,8 @@ def test_sub_block_moe_with_expert_parallel_trains_as_one_rank(deepseek, tmp_pat
     """DeepSeek-V3's debug flavor on fsdp 2 x tp 2 with ep 2 (etp 1), ep 1 (the routed experts
     TP) or ep 4 (EP over dp_shard x tp): MoE blocks whose shared experts run data parallel
     over tp ('sp/dp': whole on tp, FSDP over dp_shard x tp, on each tp rank's sequence shard;
-    the routed experts on the model's EP), MoE blocks whose attention runs data parallel over
+    the routed experts on the model's EP; with ep 1 the whole MoE, router and routed experts
+    too, their token counts summed over tp), MoE blocks whose attention runs data parallel over
     tp on a batch shard ('dp/sp', the MoE as the model runs it), MoE blocks under the model's
     MoE TP and the dense block, some fully checkpointed: the losses and gradient norms are the
     1-rank run's."""

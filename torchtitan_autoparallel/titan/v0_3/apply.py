@@ -19,6 +19,7 @@ from ...candidates.layout import (
 from ...errors import UserError
 from .tp_dp import (
     MOE_BLOCK,
+    MOE_DP,
     MOE_SHARED,
     SUB_BLOCKS_APPLIED,
     Parts,
@@ -311,11 +312,13 @@ def _apply_fsdp_per_unit(model: Any, plan: Any, blocks: dict[str, Any],
                 if mode == DP_SHARD_TP:  # sharded by its own style
                     own.update(p for module in modules for p in module.parameters())
                     continue
-                whole = mode == MOE_BLOCK  # a MoE block, around its shared experts' group
+                whole = mode == MOE_BLOCK  # a MoE block, around its data-parallel group
+                place = placement if whole else _experts_over_tp(
+                    modules[0], over_tp["mesh"].size()) if mode == MOE_DP else None
                 fully_shard(modules[0] if whole else modules,
-                            **(over_tp if mode in ("dp", MOE_SHARED) else fsdp),
+                            **(over_tp if mode in ("dp", MOE_SHARED, MOE_DP) else fsdp),
                             reshard_after_forward=reshard,
-                            **({"shard_placement_fn": placement} if whole and placement else {}))
+                            **({"shard_placement_fn": place} if place else {}))
                 if whole:
                     units.append(modules[0])
             continue
@@ -398,6 +401,19 @@ def _expert_placement(blocks: Any, ep: int, fsdp: dict[str, Any], dp_mesh_dims: 
         return ShardPlacementResult(placement=Shard(0), mesh_info=dense_mesh)
 
     return place
+
+
+def _experts_over_tp(moe: Any, ranks: int) -> Any:
+    """The ``shard_placement_fn`` of a whole MoE sharded over dp_shard x tp (``MOE_DP``): its
+    routed experts on dim 1 where the ``ranks`` outnumber the experts (dim 0 would pad), as
+    ``_expert_placement``; None where dim 0 serves."""
+    from torch.distributed.tensor import Shard
+
+    experts = moe.routed_experts.inner_experts
+    if ranks <= experts.num_experts:
+        return None
+    params = set(experts.parameters())
+    return lambda param: Shard(1) if param in params else None
 
 
 def _prefetch_explicitly(model: Any, units: list[Any]) -> None:

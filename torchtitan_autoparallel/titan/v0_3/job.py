@@ -362,6 +362,6 @@ def sub_block_note(config: Any) -> list[str]:
                         "apply does not run under --parallelism.spmd_backend full_dtensor: "
                         "leave it out or use spmd_types or partial_dtensor")
     return ["autoparallel.techniques: tp_sub_block searched on dense blocks, the embedding "
-            "and MoE blocks ('sp/dp', the shared experts data parallel over tp, with expert "
-            "parallel below dp_shard x tp only: 1 < ep < dp_shard x tp; 'dp/sp', the "
-            "attention data parallel over tp, with any ep)"]
+            "and MoE blocks ('sp/dp', the MoE data parallel over tp, with ep 1 or "
+            "1 < ep < dp_shard x tp; 'dp/sp', the attention data parallel over tp, with any "
+            "ep)"]

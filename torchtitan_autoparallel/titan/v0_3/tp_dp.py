@@ -131,25 +131,33 @@ MOE_SHARED = "dp:shared"
 """The part of a MoE block in ``layout.MOE_SUB_BLOCK_MODES`` that FSDP shards over dp_shard x
 tp: its shared experts (``moe_parts``)."""
 
+MOE_DP = "dp:moe"
+"""A MoE block's whole MoE (router, shared and routed experts) data parallel over tp: what
+"sp/dp" runs with ep = 1 (``moe_on_sequence_shard``), FSDP over dp_shard x tp."""
+
 MOE_BLOCK = "sp:moe"
 """The rest of such a block: the whole block as the model declares it, FSDP over dp_shard with
-the experts' placement, its shared experts' group inside it."""
+the experts' placement, its data-parallel part's group inside it."""
 
 
 def moe_parts(block: Any, mesh: Any, name: str, tp_mode: str) -> Parts:
     """The FSDP groups of a MoE block in one of ``layout.MOE_SUB_BLOCK_MODES``: the
     data-parallel part whole on tp over dp_shard x tp, then the block as the model declares
-    the rest (``MOE_BLOCK``). "sp/dp": the shared experts data parallel (``MOE_SHARED``): with
-    ep > 1 the model already routes each tp rank's sequence shard to its experts (its
-    router's weight replicated on tp, its token counts summed over tp); its shared experts
-    alone are tensor parallel, and they run on the local sequence shard instead. "dp/sp": the
-    attention and its norm data parallel on a batch shard (as a dense block's), the MoE as
-    the model runs it. A one-line UserError where ``moe_sub_block_ep_problem`` objects."""
+    the rest (``MOE_BLOCK``). "sp/dp" with ep > 1: the shared experts data parallel
+    (``MOE_SHARED``): the model already routes each tp rank's sequence shard to its experts
+    (its router's weight replicated on tp, its token counts summed over tp); its shared
+    experts alone are tensor parallel, and they run on the local sequence shard instead.
+    "sp/dp" with ep = 1: the whole MoE (``MOE_DP``) on the local sequence shard in place of
+    the model's MoE TP. "dp/sp": the attention and its norm data parallel on a batch shard (as
+    a dense block's), the MoE as the model runs it. A one-line UserError where
+    ``moe_sub_block_ep_problem`` objects."""
     problem = moe_sub_block_ep_problem(mesh, tp_mode)
     if problem:
         raise UserError(f"plan: layers.{name}: {problem}")
     if sub_block_modes(tp_mode)[0] == "dp":
         return [("dp", [getattr(block, part) for part in SUB_BLOCKS[0]]), (MOE_BLOCK, [block])]
+    if mesh.ep == 1:
+        return [(MOE_DP, [block.moe]), (MOE_BLOCK, [block])]
     shared = block.moe.shared_experts
     return ([(MOE_SHARED, [shared])] if shared is not None else []) + [(MOE_BLOCK, [block])]
 
@@ -266,13 +274,19 @@ def dp_shard_tp_parts(parts: dict[str, Parts]) -> list[tuple[Any, Any]]:
     return [tuple(modules) for modules in found]
 
 
-def _drop_declarations(modules: list[Any]) -> None:
+def _drop_declarations(modules: list[Any], keep_state: bool = False) -> None:
     """``modules`` and everything in them keep their weights whole on tp: their sharding
-    declarations dropped (before ``model.parallelize``)."""
+    declarations dropped (before ``model.parallelize``); ``keep_state``: the first module's
+    own state declarations kept (a MoE's buffers placed as in the model's other blocks)."""
+    from torchtitan.protocols.sharding import ShardingConfig
+
     for module in modules:
         for inner in module.modules():
             if hasattr(inner, "_sharding_config"):
-                inner._sharding_config = None
+                config = inner._sharding_config
+                keep = keep_state and inner is modules[0] and config is not None
+                inner._sharding_config = ShardingConfig(
+                    state_shardings=config.state_shardings) if keep else None
 
 
 def apply_dp_shard_tp(found: list[tuple[Any, Any]], parallel_dims: Any, dtype: Any) -> None:
@@ -318,10 +332,7 @@ def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any,
     batch shard (``_batch_split_of_replicated``)."""
     from torchtitan.tools.logging import logger
 
-    moe = sum(mode == MOE_SHARED for groups in parts.values() for mode, _ in groups)
-    if moe:
-        logger.info(f"{moe} MoE blocks run their shared experts data parallel over tp on the "
-                    "sequence shard (weights FSDP over dp_shard x tp)")
+    _log_moe_parts(parts)
     split = sum(len(modules) == 2 for groups in parts.values() for mode, modules in groups
                 if mode == "dp")
     if split and stream is None:
@@ -329,9 +340,12 @@ def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any,
                     "replicated stream (output all-gathered over tp)")
     for groups in parts.values():
         for part, (mode, modules) in enumerate(groups):
-            if mode == MOE_SHARED:  # per token, on the local sequence shard
-                _drop_declarations(modules)
-                _run_on_local_shard(modules[0], tp_mesh, 1)
+            if mode in (MOE_SHARED, MOE_DP):  # per token, on the local sequence shard
+                _drop_declarations(modules, keep_state=mode == MOE_DP)
+                if mode == MOE_DP:
+                    moe_on_sequence_shard(modules[0], tp_mesh)
+                else:
+                    _run_on_local_shard(modules[0], tp_mesh, 1)
                 continue
             if mode != "dp":
                 continue
@@ -348,6 +362,54 @@ def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any,
                 _run_on_batch_shard(module, tp_mesh)
             else:
                 _run_on_local_shard(module, tp_mesh, stream, split=part == 0)
+
+
+def _log_moe_parts(parts: dict[str, Parts]) -> None:
+    """What the MoE blocks' data-parallel parts run, in the training log."""
+    from torchtitan.tools.logging import logger
+
+    for kind, what in ((MOE_SHARED, "their shared experts"),
+                       (MOE_DP, "their MoE (router, shared and routed experts)")):
+        count = sum(mode == kind for groups in parts.values() for mode, _ in groups)
+        if count:
+            logger.info(f"{count} MoE blocks run {what} data parallel over tp on the sequence "
+                        "shard (weights FSDP over dp_shard x tp)")
+
+
+def moe_on_sequence_shard(moe: Any, tp_mesh: Any) -> None:
+    """A whole MoE (weights whole on tp) run per token on this tp rank's sequence shard:
+    router, shared and routed experts on those tokens alone, its load-balancing buffers read
+    through their local tensors, and the token counts it adds summed over tp, so every tp
+    rank counts the whole micro-batch, as under the model's MoE TP (what TorchTitan's
+    expert-bias update reads; it sums them over tp itself only under expert parallel)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+
+    def local(t: Any) -> Any:
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    inner = moe.forward
+
+    def forward(x: Any) -> Any:
+        counts, bias = moe.tokens_per_expert_E, getattr(moe, "expert_bias_E", None)
+        added = torch.zeros_like(local(counts))
+        moe.tokens_per_expert_E = added
+        if bias is not None:
+            moe.expert_bias_E = local(bias)
+        try:
+            out = inner(local(x))
+        finally:
+            moe.tokens_per_expert_E = counts
+            if bias is not None:
+                moe.expert_bias_E = bias
+        if moe.training:
+            dist.all_reduce(added, group=tp_mesh.get_group())
+            with torch.no_grad():
+                local(counts).add_(added)
+        return DTensor.from_local(out, tp_mesh, [Shard(1)]) if isinstance(x, DTensor) else out
+
+    moe.forward = forward
 
 
 def _run_on_local_shard(norm: Any, tp_mesh: Any, stream: int = 1, split: bool = False) -> None:
