@@ -1,9 +1,10 @@
 """Does a MoE block's data-parallel attention pay? The MoE rows of the at-scale grid, searched
-with ``tp_sub_block`` under TorchTitan 0.2.2's MoE vocabulary (``sp/dp`` only) and under
-0.3.0's (``sp/dp`` and ``dp/sp``: the attention data parallel over tp on a batch shard beside
-the MoE's TP + SP / EP), both predicted by the same cost model on the rows' profiles; and the
-best plan with every MoE block forced to ``sp``, ``sp/dp`` and ``dp/sp`` (same mesh, batch, AC
-and resharding), its predicted tokens/s and peak memory against the budget.
+with ``tp_sub_block`` with MoE blocks offered ``sp/dp`` alone (the MoE data parallel over tp)
+and ``sp/dp`` and ``dp/sp`` (also the attention data parallel over tp on a batch shard beside
+the MoE's TP + SP / EP: what both releases apply to deepseek_v3, qwen3 and llama4), both
+predicted by the same cost model on the rows' profiles; and the best plan with every MoE block
+forced to ``sp``, ``sp/dp`` and ``dp/sp`` (same mesh, batch, AC and resharding), its predicted
+tokens/s and peak memory against the budget.
 
     python experiments/moe_attention_dp.py [--rows deepseek_v3_671b@128,...]
 
@@ -74,8 +75,8 @@ def _forced(plan, mode: str) -> str:
 
 
 def row(model: str, world: int) -> str:
-    """One markdown row: searched tokens/s under each vocabulary, the MoE modes the 0.3.0
-    search picks, and the forced plans."""
+    """One markdown row: searched tokens/s under each vocabulary, the modes the search with
+    both MoE modes picks, and the forced plans."""
     try:
         old = _plan(model, world, (MOE_SHARED_DP,))
         new = _plan(model, world, MOE_SUB_BLOCK_MODES)
@@ -98,8 +99,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=",".join(ROWS))
     args = parser.parse_args()
-    lines = ["| model | GPUs | tok/s, 0.2.2 MoE modes | tok/s, 0.3.0 MoE modes | ratio | "
-             "0.3.0 plan: mesh, block modes | its MoE blocks all `sp` | all `sp/dp` | "
+    lines = ["| model | GPUs | tok/s, MoE `sp/dp` alone | tok/s, with `dp/sp` | ratio | "
+             "its plan: mesh, block modes | its MoE blocks all `sp` | all `sp/dp` | "
              "all `dp/sp` |", "|---|---|---|---|---|---|---|---|---|"]
     for spec in args.rows.split(","):
         model, world = spec.split("@")

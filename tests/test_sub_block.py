@@ -234,7 +234,7 @@ def test_sub_block_fsdp_groups_by_hand(mode):
 def test_sub_block_modes_follow_the_tp_dp_rule_in_one_place():
     """The search offers the sub-block modes where whole-block data parallel is legal (the same
     rule, ``tp_dp_problem``, that the plan check applies), on dense models (MoE blocks:
-    "sp/dp" and "dp/sp", with etp = 1; TorchTitan 0.2.2's front-end "sp/dp" alone), only with
+    "sp/dp" and "dp/sp", with etp = 1; TorchTitan 0.2.2's front-end applies both), only with
     the technique; sub-block plans keep one FSDP group per sub-block (no units, no node
     reshard)."""
     asked = Constraints(techniques=("fsdp", "tp", "tp_sub_block"))
@@ -245,7 +245,10 @@ def test_sub_block_modes_follow_the_tp_dp_rule_in_one_place():
         "sp", "sp/dp", "dp/sp")
     assert block_tp_modes(MESH, 4, asked, moe_model=True, experts=True) == ("sp", "sp/dp")
     v0_2 = dataclasses.replace(asked, moe_sub_block_modes=MOE_SUB_BLOCKS_APPLIED)
-    assert block_tp_modes(MESH, MB, v0_2, moe_model=True, experts=True) == ("sp", "sp/dp")
+    assert block_tp_modes(MESH, MB, v0_2, moe_model=True, experts=True) == (
+        "sp", "sp/dp", "dp/sp")
+    shared = dataclasses.replace(asked, moe_sub_block_modes=("sp/dp",))
+    assert block_tp_modes(MESH, MB, shared, moe_model=True, experts=True) == ("sp", "sp/dp")
     assert block_tp_modes(MESH, MB, Constraints(), moe_model=True, experts=True) == ("sp",)
     etp = dataclasses.replace(MESH, ep=16, etp=8)
     assert "etp = 1" in tp_dp_problem(etp, MB, "block", "sp/dp")
@@ -412,6 +415,43 @@ def test_sub_block_discovery_finds_what_llama3_registers():
     assert found.sub_blocks == registered
 
 
+def test_sub_block_moe_attention_dp_for_the_families_it_runs():
+    """On 0.2.2 a MoE block's data-parallel attention ("dp/sp") is offered to deepseek_v3's MoE
+    blocks (the apply hands TorchTitan's apply_non_moe_tp the block without its attention);
+    a family that does not list it (here deepseek_v3's blocks under an adapter without it,
+    as an unregistered MoE model's) is offered "sp/dp" alone, and a plan's "dp/sp" there
+    stops in one line; "sp/dp" splits a MoE block into its MoE and the rest."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    from torchtitan_autoparallel.candidates.exclusions import without_excluded
+    from torchtitan_autoparallel.errors import UserError
+    from torchtitan_autoparallel.graph.layer_graph import planning_model
+    from torchtitan_autoparallel.titan.v0_2 import read_model
+    from torchtitan_autoparallel.titan.v0_2.model import measurable_args, meta_model
+    from torchtitan_autoparallel.titan.v0_2.registry import register
+    from torchtitan_autoparallel.titan.v0_2.tp_dp import sub_blocks_of
+
+    register()
+    spec = get_train_spec("deepseek_v3")
+    args, _ = measurable_args(spec.model_args["debugmodel"], 64)
+    model = meta_model(lambda: spec.model_cls(args))
+    adapter, _ = planning_model("deepseek_v3", model, 64)
+    block = model.layers["1"]
+    attention, rest = sub_blocks_of(block, adapter, "dp/sp")
+    assert attention == ("dp", [block.attention_norm, block.attention])
+    assert rest[0] == "sp" and block.moe in rest[1] and block.attention not in rest[1]
+    assert [mode for mode, _ in sub_blocks_of(block, adapter, "sp/dp")] == ["sp", "dp"]
+    other = dataclasses.replace(adapter, moe_sub_block_modes=None)
+    with pytest.raises(UserError, match="applied to deepseek_v3, qwen3, llama4 only"):
+        sub_blocks_of(block, other, "dp/sp")
+    asked = Constraints(techniques=("fsdp", "tp", "tp_sub_block"),
+                        moe_sub_block_modes=MOE_SUB_BLOCKS_APPLIED)
+    graph = read_model("deepseek_v3", "debugmodel", 64)
+    assert without_excluded(asked, graph, 8).moe_sub_block_modes == ("sp/dp", "dp/sp")
+    unlisted = dataclasses.replace(graph, adapter=other)
+    assert without_excluded(asked, unlisted, 8).moe_sub_block_modes == ("sp/dp",)
+
+
 TECHNIQUES = "--autoparallel.techniques=fsdp,hsdp,ddp,tp,tp_dp,cp,ep,ac,tp_sub_block"
 
 
@@ -562,12 +602,14 @@ def test_sub_block_autoparallel_layout_parity(references, tmp_path):
 def test_sub_block_moe_two_rank_parity(references, tmp_path):
     """deepseek_v3 on tp 2 alone (2 ranks): MoE blocks whose MoE runs data parallel over tp on
     each rank's sequence shard ("sp/dp": its router and shared experts sharded over tp, its
-    experts whole on each rank, the load-balancing token counts summed over tp) beside MoE
-    blocks under TorchTitan's MoE TP and the dense first block TP + SP, one of each fully
-    checkpointed: 1-rank losses and gradient norms (the routing's expert bias updated from
-    the counts each step)."""
-    sub_block_plan_parity(references, tmp_path, ["sp", "sp/dp", "sp"], ["none", "full"],
-                          [False], ranks=2, family="deepseek_v3")
+    experts whole on each rank, the load-balancing token counts summed over tp), MoE blocks
+    whose attention (MLA) runs data parallel over tp on a batch shard ("dp/sp": the rest
+    TorchTitan's TP + SP and MoE TP) beside MoE blocks under TorchTitan's MoE TP and the
+    dense first block TP + SP, some fully checkpointed: 1-rank losses and gradient norms
+    (the routing's expert bias updated from the counts each step)."""
+    sub_block_plan_parity(references, tmp_path, ["sp", "sp/dp", "dp/sp"], ["none", "full"],
+                          [False], ranks=2, family="deepseek_v3",
+                          expect="MoE blocks run their attention data parallel over tp")
 
 
 # slow (measured passing: largest relative difference 4.77e-05; ``-m slow`` runs it): a 4-rank
@@ -577,10 +619,12 @@ def test_sub_block_moe_expert_parallel_parity(references, tmp_path):
     """deepseek_v3 on fsdp 2 x tp 2 with ep 4 (etp 1, 4 ranks): "sp/dp" MoE blocks dispatch
     each tp rank's own tokens to the experts over ep, their router and shared experts sharded
     over fsdp x tp, the experts over ep, beside MoE blocks under TorchTitan's MoE TP (tokens
-    split over tp by its reorderer): 1-rank losses and gradient norms."""
-    sub_block_plan_parity(references, tmp_path, ["sp", "sp/dp", "sp/dp"], ["none", "full"],
+    split over tp by its reorderer), and "dp/sp" MoE blocks (the attention on a batch shard,
+    the MoE under TorchTitan's MoE TP and EP): 1-rank losses and gradient norms."""
+    sub_block_plan_parity(references, tmp_path, ["sp", "sp/dp", "dp/sp"], ["none", "full"],
                           [True, False], family="deepseek_v3",
-                          options=("--parallelism.expert_parallel_degree=4",))
+                          options=("--parallelism.expert_parallel_degree=4",),
+                          expect="MoE blocks run their attention data parallel over tp")
 
 
 EMBEDDING_ASKED = Constraints(techniques=("fsdp", "tp", "ac", "tp_sub_block"))
@@ -846,7 +890,9 @@ def test_sub_block_moe_routing_pins():
 @pytest.mark.slow
 def test_sub_block_moe_llama4_two_rank_parity(references, tmp_path):
     """llama4 (dense and MoE blocks interleaved, scores applied before the experts) on tp 2
-    alone: every MoE block "sp/dp", half of them fully checkpointed, its dense blocks TP + SP:
+    alone (its inferred TP plan): MoE blocks alternating "sp/dp" and "dp/sp" (the rest of the
+    block from the inferred plan), half of them fully checkpointed, its dense blocks TP + SP:
     1-rank losses and gradient norms."""
-    sub_block_plan_parity(references, tmp_path, ["sp", "sp/dp"], ["none", "full"], [False],
-                          ranks=2, family="llama4")
+    sub_block_plan_parity(references, tmp_path, ["sp", "sp/dp", "sp", "dp/sp"],
+                          ["none", "none", "full", "full"], [False], ranks=2, family="llama4",
+                          expect="MoE blocks run their attention data parallel over tp")

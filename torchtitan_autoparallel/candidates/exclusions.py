@@ -5,6 +5,7 @@ import dataclasses
 
 from ..errors import UserError
 from ..graph.layer_graph import LayerGraph
+from .layout import MOE_SHARED_DP
 from .strategies import Constraints
 
 # fixed degree (Constraints field, its [parallelism] key) -> the technique it needs
@@ -25,10 +26,9 @@ def without_excluded(constraints: Constraints, graph: LayerGraph, world: int) ->
             )
     # a MoE block's sub-blocks are its MoE and the rest (``MOE_SUB_BLOCK_MODES``), where the
     # release applies them and the family takes them
-    family_modes = graph.adapter.moe_sub_block_modes
-    if family_modes is not None:
-        constraints = dataclasses.replace(constraints, moe_sub_block_modes=tuple(
-            mode for mode in constraints.moe_sub_block_modes if mode in family_modes))
+    family_modes = graph.adapter.moe_sub_block_modes or (MOE_SHARED_DP,)
+    constraints = dataclasses.replace(constraints, moe_sub_block_modes=tuple(
+        mode for mode in constraints.moe_sub_block_modes if mode in family_modes))
     moe = bool(graph.num_experts and constraints.moe_sub_block_modes)
     if "tp_sub_block" in constraints.techniques and not graph.adapter.sub_blocks and not moe:
         raise UserError(

@@ -80,7 +80,9 @@ class ModelAdapter:
     stream). Empty: those modes are not offered for the family."""
     moe_sub_block_modes: tuple[str, ...] | None = None
     """The MoE blocks' sub-block modes (of ``layout.MOE_SUB_BLOCK_MODES``) the family takes
-    where its release applies them; None: every one the release applies."""
+    where its release applies them; None: ``layout.MOE_SHARED_DP`` alone (the MoE data
+    parallel on each tp rank's tokens asks nothing of the block's other modules; a family
+    whose attention a release runs on a batch shard lists ``MOE_ATTENTION_DP`` too)."""
     tp_fn: FnRef | None = None
     """Function applying the family's TP + sequence-parallel plan, called as
     ``tp_fn(model, tp_mesh, loss_parallel=..., enable_float8_tensorwise_tp=...,
@@ -189,14 +191,15 @@ class ModelAdapter:
     def apply_tp(self, model: Any, tp_mesh: Any, loss_parallel: bool,
                  block_names: list[str], cp_enabled: bool = False,
                  enable_float8_tensorwise_tp: bool = False, embedding: bool = True,
-                 **options: Any) -> None:
+                 stand_ins: dict[str, Any] | None = None, **options: Any) -> None:
         """The family's TP + SP plan for the embedding (unless ``embedding`` is False), the
         output and the named blocks only.
 
         ``tp_fn`` parallelizes ``model.<embedding/norm/output>`` and every block in
         ``model.<blocks>``; it is handed a container holding the same modules but only the
-        chosen blocks, so the other blocks keep their own placement. ``cp_enabled`` and
-        ``options`` are passed where ``tp_fn`` takes them."""
+        chosen blocks, so the other blocks keep their own placement (``stand_ins``: by block
+        name, what it is handed in place of the block). ``cp_enabled`` and ``options`` are
+        passed where ``tp_fn`` takes them."""
         import torch.nn as nn
 
         view = nn.Module()
@@ -206,7 +209,7 @@ class ModelAdapter:
             if module is not None:
                 _set_submodule(view, name, module)
         _set_submodule(view, self.blocks,
-                       _blocks_like(model.get_submodule(self.blocks), block_names))
+                       _blocks_like(model.get_submodule(self.blocks), block_names, stand_ins))
         view.model_args = getattr(model, "model_args", None)
         fn = resolve(self.tp_fn)
         accepted = inspect.signature(fn).parameters
@@ -264,11 +267,14 @@ def submodule_or_none(module: Any, name: str) -> Any:
     return None if isinstance(found, nn.Identity) else found
 
 
-def _blocks_like(blocks: Any, names: list[str]) -> Any:
-    """A container of ``blocks``' kind holding the named blocks only (the same modules)."""
+def _blocks_like(blocks: Any, names: list[str], stand_ins: dict[str, Any] | None = None
+                 ) -> Any:
+    """A container of ``blocks``' kind holding the named blocks only (the same modules, or
+    their ``stand_ins``)."""
     import torch.nn as nn
 
-    chosen = [blocks.get_submodule(n) for n in names]
+    stand_ins = stand_ins or {}
+    chosen = [stand_ins[n] if n in stand_ins else blocks.get_submodule(n) for n in names]
     if isinstance(blocks, nn.ModuleList):
         return nn.ModuleList(chosen)
     # the model's own dict type: TorchTitan's HF backend iterates its blocks' values

@@ -9,11 +9,12 @@ from typing import Any
 
 from ...errors import UserError, shown
 from ...frontend import Frontend, register_frontend
+from ...graph.adapters import register_adapter, registered_adapter
 from ...graph.layer_graph import LayerGraph
 from ...job.model_config import ModelConfig
 from .model import build_layer_graph, graph_job_config
 from .registry import HF_BACKEND, import_custom_module, register, train_spec_of
-from .tp_dp import MOE_SUB_BLOCKS_APPLIED
+from .tp_dp import ATTENTION_DP_FAMILIES, MOE_SUB_BLOCKS_APPLIED
 
 
 def read_model(name: str, flavor: str, seq_len: int, model_config: ModelConfig | None = None
@@ -88,3 +89,8 @@ register_frontend(Frontend(release="0.2", read_model=read_model, attention_types
                            moe_types=moe_types, parallelize_module=parallelize_module,
                            model_names=model_names, prepare_models=prepare_models,
                            moe_sub_block_modes=MOE_SUB_BLOCKS_APPLIED))
+# the families whose MoE blocks' attention the apply runs data parallel over tp (tp_dp.py);
+# other MoE families take a MoE block's data-parallel MoE alone
+for _family in ATTENTION_DP_FAMILIES:
+    register_adapter(_family, dataclasses.replace(
+        registered_adapter(_family), moe_sub_block_modes=MOE_SUB_BLOCKS_APPLIED), replace=True)

@@ -18,6 +18,7 @@ import torch.nn as nn
 from ...candidates.layout import (
     BATCH_STREAM,
     DP_SHARD_TP,
+    MOE_ATTENTION_DP,
     MOE_SHARED_DP,
     REPLICATED_STREAM,
     STREAM_LAYOUTS,
@@ -42,8 +43,10 @@ from .tp_dp import (
     apply_dp_shard_tp,
     apply_embedding_dim,
     apply_sub_block_tp,
+    attention_apart,
     batch_split_over_tp,
     dp_over_tp_mesh,
+    moe_attention_dp,
     moe_on_sequence_shard,
     planned_sub_blocks,
     shard_tp_dp_parts_only,
@@ -153,24 +156,35 @@ def apply_tensor_parallel(model: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
                         f"{BATCH_STREAM!r} or {REPLICATED_STREAM!r}) needs the family's "
                         "inferred TP plan (ModelAdapter.tp_fn = INFER_TP); use 'dp/sp' or "
                         "'sp/dp'")
-    # MoE blocks whose MoE is data parallel: the family's TP + SP for the rest of the block
+    # MoE blocks whose MoE is data parallel: the family's TP + SP for the rest of the block;
+    # whose attention is: for the rest too, its function handed the block without it
     moe_dp = moe_sub_block_names(blocks, adapter, tp_modes)
+    moe_attention = moe_sub_block_names(blocks, adapter, tp_modes, MOE_ATTENTION_DP)
+    own_fn = not isinstance(resolve(adapter.tp_fn), InferredTP)
     adapter.apply_tp(model, tp_mesh, loss_parallel=loss_parallel,
-                     block_names=[n for n, mode in tp_modes.items()
-                                  if mode == "sp" or n in moe_dp],
+                     block_names=[n for n, mode in tp_modes.items() if mode == "sp"
+                                  or n in moe_dp or (own_fn and n in moe_attention)],
                      cp_enabled=cp_enabled, embedding=embedding,
                      enable_float8_tensorwise_tp=enable_float8_tensorwise_tp,
+                     stand_ins={n: attention_apart(blocks.get_submodule(n))
+                                for n in moe_attention if own_fn},
                      **({"stream": stream} if stream != 1 else {}))
     for name, mode in tp_modes.items():
         if mode == "dp":
             batch_split_over_tp(blocks.get_submodule(name), tp_mesh, adapter.block_args)
         elif name in moe_dp:
             moe_on_sequence_shard(blocks.get_submodule(name), adapter, tp_mesh)
+        elif name in moe_attention:
+            moe_attention_dp(blocks.get_submodule(name), adapter, tp_mesh,
+                             enable_float8_tensorwise_tp)
         elif mode in SUB_BLOCK_TP_MODES:
             apply_sub_block_tp(blocks.get_submodule(name), adapter, tp_mesh, mode,
                                enable_float8_tensorwise_tp)
     from torchtitan.tools.logging import logger
 
+    if moe_attention:
+        logger.info(f"{len(moe_attention)} MoE blocks run their attention data parallel over "
+                    "tp on a batch shard (weights FSDP over dp_shard x tp)")
     if stream is None:
         logger.info("tensor parallel without sequence parallel: the residual stream whole on "
                     f"every tp rank ({tp_mesh.size()} ranks), the TP modules' output "
@@ -210,11 +224,11 @@ def apply_moe_blocks(model: nn.Module, adapter: ModelAdapter, parallel_dims: Any
         correct(blocks.get_submodule(name).get_submodule(adapter.moe), tp_mesh)
 
 
-def moe_sub_block_names(blocks: nn.Module, adapter: ModelAdapter, tp_modes: dict[str, str]
-                        ) -> list[str]:
-    """The MoE blocks planned in ``MOE_SHARED_DP`` (their MoE data parallel over
-    tp)."""
-    return [name for name, mode in tp_modes.items() if mode == MOE_SHARED_DP
+def moe_sub_block_names(blocks: nn.Module, adapter: ModelAdapter, tp_modes: dict[str, str],
+                        tp_mode: str = MOE_SHARED_DP) -> list[str]:
+    """The MoE blocks planned in ``tp_mode`` (``MOE_SHARED_DP``: their MoE data parallel over
+    tp; ``MOE_ATTENTION_DP``: their attention)."""
+    return [name for name, mode in tp_modes.items() if mode == tp_mode
             and adapter.routed_experts(blocks.get_submodule(name)) is not None]
 
 
@@ -348,13 +362,14 @@ def _shard_sub_blocks(parts: SubBlocks, layer: Any, fsdp: dict[str, Any], dp_ove
         if mode == DP_SHARD_TP:
             own.update(p for m in modules for p in m.parameters())
             continue
-        mesh, placement = fsdp["mesh"], None
-        if mode == "dp":
-            mesh = dp_over_tp
-            if experts is not None and plan.mesh.ep > 1:
-                _shard_routed_experts(experts, parallel_dims, plan, fsdp, reshard)
-            else:
-                placement = _experts_on_dim1(experts, mesh.size())
+        mesh = dp_over_tp if mode == "dp" else fsdp["mesh"]
+        holds = experts is not None and any(experts is inner for module in modules
+                                            for inner in module.modules())
+        placement = None
+        if holds and plan.mesh.ep > 1:
+            _shard_routed_experts(experts, parallel_dims, plan, fsdp, reshard)
+        elif holds:
+            placement = _experts_on_dim1(experts, mesh.size())
         fully_shard(modules, **{**fsdp, "mesh": mesh}, reshard_after_forward=reshard,
                     shard_placement_fn=placement)
     return own

@@ -13,7 +13,9 @@ from ...candidates.layout import (
     A2A_MODES,
     DP_SHARD_TP,
     EMBEDDING_DIM_GATHER,
+    MOE_ATTENTION_DP,
     MOE_SHARED_DP,
+    MOE_SUB_BLOCK_MODES,
     SUB_BLOCK_TP_MODES,
     Mesh,
     a2a_mode,
@@ -69,9 +71,22 @@ def batch_split_of_replicated(norm: nn.Module, module: nn.Module, tp_mesh: Any) 
         output_layouts=Shard(0), desired_output_layouts=Replicate(), use_local_output=True))
 
 
-MOE_SUB_BLOCKS_APPLIED = (MOE_SHARED_DP,)
+MOE_SUB_BLOCKS_APPLIED = MOE_SUB_BLOCK_MODES
 """The MoE blocks' sub-block modes this apply runs (``Frontend.moe_sub_block_modes``): the MoE
-data parallel over tp (``moe_on_sequence_shard``)."""
+data parallel over tp (``MOE_SHARED_DP``, ``moe_on_sequence_shard``) and the attention data
+parallel over tp (``MOE_ATTENTION_DP``, ``moe_attention_dp``) beside TorchTitan's MoE TP / EP."""
+
+MOE_ATTENTION = ("attention_norm", "attention")
+"""(norm, module) of the attention sub-block of a TorchTitan 0.2.2 MoE family's block
+(deepseek_v3, qwen3, llama4)."""
+
+MOE_ATTENTION_ARGS = ("x", "rope", "attention_masks", "positions")
+"""What such a block passes its attention, positionally."""
+
+ATTENTION_DP_FAMILIES = ("deepseek_v3", "qwen3", "llama4")
+"""The 0.2.2 families whose MoE blocks' attention this module runs data parallel over tp
+(``MOE_ATTENTION_DP``); other families' MoE blocks take ``MOE_SHARED_DP`` alone
+(``ModelAdapter.moe_sub_block_modes``)."""
 
 
 SubBlocks = list[tuple[str, list[nn.Module]]]
@@ -80,16 +95,24 @@ SubBlocks = list[tuple[str, list[nn.Module]]]
 
 def sub_blocks_of(block: nn.Module, adapter: ModelAdapter, tp_mode: str) -> SubBlocks:
     """The sub-blocks (``ModelAdapter.sub_blocks``) of a block planned with a sub-block tp
-    mode, each with its use of the tp dim; a MoE block's (``MOE_SHARED_DP``) are its
-    MoE, data parallel, and the rest of its children (attention and norms), TP + SP. A
-    one-line error where the family names none or a MoE block has another mode."""
+    mode, each with its use of the tp dim; a MoE block's are its MoE and the rest of its
+    children (``MOE_SHARED_DP``: the MoE data parallel, the rest TP + SP) or its attention
+    and its norm and the rest (``MOE_ATTENTION_DP``: the attention data parallel, the rest
+    TP + SP, the MoE as TorchTitan runs it). A one-line error where the family names none or
+    a MoE block has another mode."""
     if adapter.routed_experts(block) is not None:
         if tp_mode not in MOE_SUB_BLOCKS_APPLIED:
             raise UserError(f"tp_mode {tp_mode!r} on a MoE block: MoE blocks take 'sp' or "
                             f"{', '.join(map(repr, MOE_SUB_BLOCKS_APPLIED))} on TorchTitan "
                             "0.2.2")
-        return [("sp", [m for n, m in block.named_children() if n != adapter.moe]),
-                ("dp", [block.get_submodule(adapter.moe)])]
+        if tp_mode == MOE_ATTENTION_DP and tp_mode not in (adapter.moe_sub_block_modes or ()):
+            raise UserError(f"tp_mode {tp_mode!r} on MoE blocks (the attention data parallel "
+                            f"over tp) is applied to {', '.join(ATTENTION_DP_FAMILIES)} only "
+                            f"on TorchTitan 0.2.2: use 'sp' or {MOE_SHARED_DP!r}")
+        apart = (adapter.moe,) if tp_mode == MOE_SHARED_DP else _moe_attention(block)
+        parts = [("dp", [block.get_submodule(name) for name in apart]),
+                 ("sp", [m for n, m in block.named_children() if n not in apart])]
+        return parts if tp_mode == MOE_ATTENTION_DP else parts[::-1]  # in forward's order
     if len(adapter.sub_blocks) != 2:
         raise UserError(f"tp_mode {tp_mode!r} needs a dense block whose family names its "
                         "attention and feed-forward (ModelAdapter.sub_blocks); use 'sp' or 'dp'")
@@ -98,6 +121,17 @@ def sub_blocks_of(block: nn.Module, adapter: ModelAdapter, tp_mode: str) -> SubB
     return [(mode, [block.get_submodule(norm), block.get_submodule(module)])
             for (norm, module), mode in zip(adapter.sub_blocks, sub_block_modes(tp_mode),
                                             strict=True)]
+
+
+def _moe_attention(block: nn.Module) -> tuple[str, str]:
+    """``MOE_ATTENTION`` of a MoE block; a one-line error where the block has no such
+    children."""
+    names = {name for name, _ in block.named_children()}
+    if not set(MOE_ATTENTION) <= names:
+        raise UserError(f"tp_mode {MOE_ATTENTION_DP!r} needs a MoE block with "
+                        f"{' and '.join(MOE_ATTENTION)} ({type(block).__name__} has "
+                        f"{', '.join(sorted(names))}); use 'sp' or {MOE_SHARED_DP!r}")
+    return MOE_ATTENTION
 
 
 def a2a_projections(block: nn.Module, adapter: ModelAdapter) -> list[str]:
@@ -126,6 +160,50 @@ def planned_sub_blocks(blocks: nn.Module, adapter: ModelAdapter, planned: dict[s
     if out and compiled:
         raise UserError("sub-block tp modes are applied without compile only; use 'sp' or 'dp'")
     return out
+
+
+def attention_apart(block: nn.Module) -> nn.Module:
+    """What a family's own TP function is handed in place of a MoE block in
+    ``MOE_ATTENTION_DP``: the block's other children (the same modules), its attention and
+    norm left out of its children, so the function's styles for them find no module and are
+    skipped, but still readable as attributes (deepseek_v3's reads
+    ``attention.q_lora_rank``)."""
+    stand_in = nn.Module()
+    for name, child in block.named_children():
+        if name in MOE_ATTENTION:
+            object.__setattr__(stand_in, name, child)  # an attribute, not a child
+        else:
+            stand_in.add_module(name, child)
+    stand_in.moe_enabled = True
+    return stand_in
+
+
+def moe_attention_dp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
+                     enable_float8_tensorwise_tp: bool) -> None:
+    """A MoE block in ``MOE_ATTENTION_DP`` (its other children already TP + SP by the family's
+    own TP function, or here by its inferred plan): its attention run on a batch shard (an
+    all-to-all from the sequence shard and back, ``batch_split_over_tp``), its norm whole per
+    token on the shard; a one-line error where the attention gets masks or positions it
+    cannot split by batch (flex attention, document masks)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    fn = resolve(adapter.tp_fn)
+    norm, attention = _moe_attention(block)
+    if isinstance(fn, InferredTP):
+        styles = fn.block_styles(block, enable_float8_tensorwise_tp)
+        parallelize_module(block, tp_mesh, {
+            key: style for key, style in styles.items()
+            if key not in (norm, attention) and not key.startswith(f"{attention}.")})
+    module = block.get_submodule(attention)
+
+    def whole_batch_only(_: nn.Module, args: tuple) -> None:
+        if any(arg is not None for arg in args[2:]):
+            raise UserError(f"tp_mode {MOE_ATTENTION_DP!r} got attention masks or positions "
+                            "it cannot split by batch (flex attention, document masks): use "
+                            f"SDPA attention, 'sp' or {MOE_SHARED_DP!r}")
+
+    module.register_forward_pre_hook(whole_batch_only)
+    batch_split_over_tp(module, tp_mesh, len(MOE_ATTENTION_ARGS))
 
 
 def moe_on_sequence_shard(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ...candidates.layout import MOE_SHARED_DP, MOE_SUB_BLOCK_MODES
+from ...candidates.layout import MOE_SUB_BLOCK_MODES
 from ...frontend import Frontend, register_frontend
 from ...graph.adapters import ModelAdapter, register_adapter
 from . import quiet, triton_keys  # noqa: F401  before TorchTitan is imported
@@ -110,7 +110,7 @@ for _family, _fn in PARALLELIZE.items():
         experts="routed_experts.inner_experts",
         moe_fn=f"torchtitan.models.{_family}.parallelize.{_fn}",
         sub_blocks=SUB_BLOCKS if _tp_dp else (),
-        moe_sub_block_modes=None if _family in ATTENTION_DP_FAMILIES else (MOE_SHARED_DP,),
+        moe_sub_block_modes=MOE_SUB_BLOCK_MODES if _family in ATTENTION_DP_FAMILIES else None,
         excluded={**({} if _tp_dp else NOT_APPLIED), **({"cp": _cp} if _cp else {})},
         **_extra), replace=True)
 # The HF backend's model presents HF's layers as TorchTitan's names (``layers``,
@@ -118,7 +118,7 @@ for _family, _fn in PARALLELIZE.items():
 # backend declares (``set_hf_sharding_configs``) through ``model.parallelize``
 register_adapter(HF_BACKEND, ModelAdapter(
     blocks="layers", embedding="tok_embeddings", final_norm="norm", output="lm_head",
-    experts="moe.routed_experts.inner_experts", moe_sub_block_modes=(MOE_SHARED_DP,), excluded={
+    experts="moe.routed_experts.inner_experts", excluded={
         **NOT_APPLIED,
         "cp": "the HF backend runs context parallel with FlexAttention only (a flex BlockMask "
               "sharded by the ptrr balancer), which the planner does not cost"}), replace=True)
