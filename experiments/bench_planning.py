@@ -11,6 +11,7 @@ planning with gap 0, <= 15 s for the command.
 
     python experiments/bench_planning.py [--config train_configs/llama3_405b_auto.toml]
         [--ngpu 128] [--repeats 5] [--grid] [--out experiments/results/planning.md]
+    python experiments/bench_planning.py --sub-block [--config ...] [--ngpu 512]
 """
 
 import argparse
@@ -28,17 +29,20 @@ sys.path.insert(0, str(REPO))
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", default="train_configs/llama3_405b_auto.toml")
-    parser.add_argument("--ngpu", type=int, default=128)
+    parser.add_argument("--ngpu", type=int, default=None,
+                        help="world size (default 128; 512 with --sub-block)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--grid", action="store_true", help="also run the model x size grid")
     parser.add_argument("--out", default="", help="write the grid table (markdown) here")
     parser.add_argument("--sub-block", action="store_true",
-                        help="only: llama3 405B on 512 GPUs planned with and without "
-                             "tp_sub_block, alternately, and the ratio of the median times")
+                        help="only: the job (default llama3 405B on 512 GPUs) planned with "
+                             "and without tp_sub_block, alternately, and the ratio of the "
+                             "median times")
     args = parser.parse_args()
     if args.sub_block:
-        sub_block(args.repeats)
+        sub_block(args.repeats, args.config, args.ngpu or 512)
         return
+    args.ngpu = args.ngpu or 128
 
     t0 = time.perf_counter()
     from torchtitan_autoparallel.job.request import plan_job
