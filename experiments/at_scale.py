@@ -139,7 +139,9 @@ def _toml_lines(data: dict[str, Any], prefix: str = "") -> list[str]:
 
 
 @functools.cache
-def _parse(config: str, extra: tuple[str, ...]) -> Any:
+def parse_config_file(config: str, extra: tuple[str, ...]) -> Any:
+    """``train_configs/<config>`` parsed as TorchTitan 0.2.2's trainer parses it, with the
+    ``extra`` command-line overrides."""
     from torchtitan_autoparallel.titan.v0_2.job import parse_config
     from torchtitan_autoparallel.titan.v0_2.registry import register
 
@@ -147,7 +149,7 @@ def _parse(config: str, extra: tuple[str, ...]) -> Any:
     return parse_config(["--job.config_file", str(REPO / "train_configs" / config), *extra])
 
 
-def _memoize_layer_graphs() -> None:
+def memoize_layer_graphs() -> None:
     """Build each (model, flavor, seq_len) layer graph once: every recipe variant of a model
     shares it (the graph does not depend on the parallelization)."""
     from torchtitan_autoparallel.job import inputs as planning_inputs
@@ -199,7 +201,7 @@ def _recipe(config: str, world: int, global_batch: int, degrees: tuple[int, ...]
 
     from torchtitan_autoparallel.job.request import recipe_plan
 
-    job = copy.deepcopy(_parse(config, ()))
+    job = copy.deepcopy(parse_config_file(config, ()))
     job.training.global_batch_size = global_batch
     job.autoparallel.hardware = hw
     if degrees is not None:
@@ -228,20 +230,20 @@ def evaluate(model: str, world: int) -> dict[str, Any]:
     from torchtitan_autoparallel.errors import UserError
     from torchtitan_autoparallel.job.request import plan_job
 
-    _memoize_layer_graphs()
+    memoize_layer_graphs()
     auto_cfg, shipped_cfg = auto_config(model), MODELS[model][1]
-    base = _parse(auto_cfg, ())
+    base = parse_config_file(auto_cfg, ())
     global_batch = base.training.local_batch_size * world
     row: dict[str, Any] = {"model": model, "world": world, "global_batch": global_batch}
     hw = MODEL_HW.get(model, HW)
     extra = (f"--training.global_batch_size={global_batch}", "--parallelism.auto",
              f"--autoparallel.hardware={hw}")
     try:
-        auto = plan_job(_parse(auto_cfg, extra), world)
+        auto = plan_job(parse_config_file(auto_cfg, extra), world)
         m = auto.mesh
         row.update(auto_status="ok", auto_tps=auto.predicted["tokens_per_s"],
                    auto_peak_gib=auto.predicted["peak_memory_gib"],
-                   auto_mesh=f"{_mesh(m)} "
+                   auto_mesh=f"{mesh_label(m)} "
                              f"lb{auto.local_batch_size}x{auto.gradient_accumulation_steps}")
         row["_plan"] = auto
     except UserError as exc:
@@ -249,13 +251,13 @@ def evaluate(model: str, world: int) -> dict[str, Any]:
     try:
         shipped = _recipe(shipped_cfg, world, global_batch, None, None, hw)
         m = shipped.mesh
-        ac = _parse(shipped_cfg, ()).activation_checkpoint.mode
-        row.update(shipped=f"{_mesh(m)} ac:{ac}",
+        ac = parse_config_file(shipped_cfg, ()).activation_checkpoint.mode
+        row.update(shipped=f"{mesh_label(m)} ac:{ac}",
                    shipped_tps=shipped.predicted["tokens_per_s"], shipped_fits=_fits(shipped))
     except UserError as exc:
         row.update(shipped="not legal here", shipped_fits=False,
                    note=(row.get("note", "") + f" shipped: {exc}")[:240])
-    ship = _parse(shipped_cfg, ())
+    ship = parse_config_file(shipped_cfg, ())
     n_heads, n_kv, n_experts = _heads(ship.model.name, ship.model.flavor)
     best, best_name, costed, fit = None, "", 0, 0
     for dr, ds, cp, tp, ep, etp, ac in recipe_variants(
@@ -269,7 +271,7 @@ def evaluate(model: str, world: int) -> dict[str, Any]:
             continue
         fit += 1
         if best is None or plan.predicted["tokens_per_s"] > best.predicted["tokens_per_s"]:
-            best, best_name = plan, f"{_mesh(plan.mesh)} ac:{ac}"
+            best, best_name = plan, f"{mesh_label(plan.mesh)} ac:{ac}"
     row.update(recipes_costed=costed, recipes_fit=fit, best_recipe=best_name or "none fits",
                best_recipe_tps=best.predicted["tokens_per_s"] if best else math.nan)
     if row.get("auto_status") == "ok":
@@ -288,17 +290,17 @@ def sub_block_column(model: str, world: int) -> dict[str, Any]:
     from torchtitan_autoparallel.errors import UserError
     from torchtitan_autoparallel.job.request import plan_job
 
-    _memoize_layer_graphs()
+    memoize_layer_graphs()
     auto_cfg = MODELS[model][0]  # the auto preset: tp_sub_block is not applied under compile
-    global_batch = _parse(auto_cfg, ()).training.local_batch_size * world
+    global_batch = parse_config_file(auto_cfg, ()).training.local_batch_size * world
     extra = (f"--training.global_batch_size={global_batch}", "--parallelism.auto",
              f"--autoparallel.hardware={MODEL_HW.get(model, HW)}")
     try:
-        sub = plan_job(_parse(auto_cfg, (*extra, SUB_BLOCK)), world)
+        sub = plan_job(parse_config_file(auto_cfg, (*extra, SUB_BLOCK)), world)
     except UserError as exc:
         why = "names no sub-blocks" if "ModelAdapter.sub_blocks" in str(exc) else "no plan fits"
         return {"sub_block_mesh": f"n/a ({why})"}
-    per_block = plan_job(_parse(auto_cfg, extra), world)
+    per_block = plan_job(parse_config_file(auto_cfg, extra), world)
     modes: dict[str, int] = {}
     for layer in sub.layers:
         if layer.kind == "block" and layer.tp_mode in SUB_BLOCK_TP_MODES:
@@ -306,13 +308,14 @@ def sub_block_column(model: str, world: int) -> dict[str, Any]:
     per, best = (p.predicted["tokens_per_s"] for p in (per_block, sub))
     embedding = [f"embedding {sub.embedding_mode}"] if sub.embedding_mode else []
     return {"per_block_tps": per, "sub_block_tps": best, "sub_block_vs_per_block": best / per,
-            "sub_block_mesh": f"{_mesh(sub.mesh)} lb{sub.local_batch_size}x"
+            "sub_block_mesh": f"{mesh_label(sub.mesh)} lb{sub.local_batch_size}x"
                               f"{sub.gradient_accumulation_steps}",
             "sub_block_modes": " ".join([*(f"{m} x{n}" for m, n in sorted(modes.items())),
                                          *embedding]) or "none"}
 
 
-def _mesh(m: Any) -> str:
+def mesh_label(m: Any) -> str:
+    """A mesh in the tables' short form ("pp4 dr1 ds16 cp1 tp1 ep16/1")."""
     ep = f" ep{m.ep}/{m.etp}" if m.ep > 1 else ""
     pp = f"pp{m.pp} " if m.pp > 1 else ""
     return f"{pp}dr{m.dp_replicate} ds{m.dp_shard} cp{m.cp} tp{m.tp}{ep}"

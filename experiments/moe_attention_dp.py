@@ -43,10 +43,10 @@ ROWS = ("deepseek_v3_16b@8", "deepseek_v3_16b@16", "deepseek_v3_16b@32", "deepse
 
 def _plan(model: str, world: int, moe_modes: tuple[str, ...]):
     """The best ``tp_sub_block`` plan of the row with ``moe_modes`` offered to MoE blocks."""
-    at_scale._memoize_layer_graphs()
+    at_scale.memoize_layer_graphs()
     auto_cfg = at_scale.MODELS[model][0]
-    global_batch = at_scale._parse(auto_cfg, ()).training.local_batch_size * world
-    config = at_scale._parse(auto_cfg, (
+    global_batch = at_scale.parse_config_file(auto_cfg, ()).training.local_batch_size * world
+    config = at_scale.parse_config_file(auto_cfg, (
         f"--training.global_batch_size={global_batch}", "--parallelism.auto",
         f"--autoparallel.hardware={at_scale.MODEL_HW.get(model, at_scale.HW)}",
         at_scale.SUB_BLOCK))
@@ -89,7 +89,7 @@ def row(model: str, world: int) -> str:
     tps_old, tps_new = old.predicted["tokens_per_s"], new.predicted["tokens_per_s"]
     forced = [_forced(new, mode) for mode in ("sp", MOE_SHARED_DP, MOE_ATTENTION_DP)]
     return (f"| {model} | {world} | {tps_old:.6g} | {tps_new:.6g} | {tps_new / tps_old:.4f} | "
-            f"{at_scale._mesh(new.mesh)} lb{new.local_batch_size}x"
+            f"{at_scale.mesh_label(new.mesh)} lb{new.local_batch_size}x"
             f"{new.gradient_accumulation_steps}: "
             f"{' '.join(f'{m} x{n}' for m, n in sorted(modes.items()))} | "
             + " | ".join(forced) + " |")

@@ -349,7 +349,8 @@ def test_moe_config_errors(planning, config, overrides, message):
 def test_fixed_expert_degrees_that_fit_no_mesh_are_the_first_reason(planning):
     """ep 2 with etp 1 beside a fixed tp 4 on 8 ranks (EP borrows all of tp: a multiple of
     it): the refusal gives the expert layout's own rule first, not the other meshes' reasons;
-    ep 4, a multiple, plans."""
+    ep 4, a multiple, plans. etp 4 with ep free on 4 ranks of tp 4 is refused with its fix;
+    on 8 ranks it plans ep 2 over the dp_shard ranks."""
     degrees = ("--parallelism.tensor_parallel_degree=4",
                "--parallelism.expert_tensor_parallel_degree=1")
     with pytest.raises(UserError) as info:
@@ -361,6 +362,14 @@ def test_fixed_expert_degrees_that_fit_no_mesh_are_the_first_reason(planning):
     plan = planning("deepseek_v3_debug_auto.toml", 8, *degrees,
                     "--parallelism.expert_parallel_degree=4")
     assert (plan.mesh.tp, plan.mesh.ep, plan.mesh.etp) == (4, 4, 1)
+    # etp 4 = tp 4 with ep left free on 4 ranks: no rank is left for ep beside tp
+    etp = ("--parallelism.tensor_parallel_degree=4",
+           "--parallelism.expert_tensor_parallel_degree=4")
+    with pytest.raises(UserError, match="expert_tensor_parallel_degree 4 takes no "
+                       "expert-parallel layout with tp 4 .*: set it to 1 or plan on more ranks"):
+        planning("deepseek_v3_debug_auto.toml", 4, *etp)
+    plan = planning("deepseek_v3_debug_auto.toml", 8, *etp)
+    assert (plan.mesh.tp, plan.mesh.ep, plan.mesh.etp) == (4, 2, 4)
 
 
 def test_layer_graph_counts_llama3_8b():

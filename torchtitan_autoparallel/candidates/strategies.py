@@ -249,7 +249,8 @@ def _expert_refusal(graph: LayerGraph, constraints: Constraints, mesh: Mesh) -> 
     if problem:
         return f"expert_parallel_degree {constraints.ep}: {problem}"
     return (f"expert_tensor_parallel_degree {constraints.etp} takes no expert-parallel layout "
-            f"with tp {mesh.tp}")
+            f"with tp {mesh.tp} (its experts split over tp, ep needs dp_shard x cp > 1): set "
+            "it to 1 or plan on more ranks")
 
 
 def check_expert_constraints(graph: LayerGraph, world: int, constraints: Constraints) -> None:
