@@ -351,8 +351,8 @@ def _shard_sub_blocks(parts: SubBlocks, layer: Any, fsdp: dict[str, Any], dp_ove
                       ) -> set[nn.Parameter]:
     """One FSDP group per sub-block of a block planned with a sub-block mode (``parts``): the
     TP + SP one on the FSDP mesh, the data-parallel one on dp_shard x tp (``dp_over_tp``); a
-    data-parallel MoE's routed ``experts`` sharded on ``efsdp`` first where expert parallel,
-    else with it (on dim 1 where the group outnumbers them). Returns the parameters a
+    MoE block's routed ``experts`` sharded with the part that holds them, on ``efsdp`` first
+    where expert parallel (on dim 1 where the group outnumbers them). Returns the parameters a
     ``DP_SHARD_TP`` feed-forward's own style shards (no FSDP group)."""
     from torch.distributed.fsdp import fully_shard
 
