@@ -134,7 +134,7 @@ def _plan(**mesh):
         SimpleNamespace(fqn="layers.0", kind="block", tp_mode="none", ep=1)])
 
 
-APPLY_OPTIONS = ("tp_mode", "compiled", "backend", "family", "moe")
+APPLY_OPTIONS = ("tp_mode", "compiled", "backend", "family", "moe", "bare")
 
 
 @pytest.mark.parametrize("change, words", [
@@ -144,7 +144,11 @@ APPLY_OPTIONS = ("tp_mode", "compiled", "backend", "family", "moe")
     ({"tp_mode": "dp", "tp": 2, "family": "qwen3_5"}, "llama3 and qwen3 only"),
     ({"tp_mode": "sp/sp:batch", "tp": 2, "family": "qwen3_5"}, r"stream sharded on the batch "
      r"over tp\) is applied to llama3 and qwen3 only"),
-    ({"tp_mode": "dp", "tp": 2, "moe": True}, "needs a dense block"),
+    ({"tp_mode": "dp", "tp": 2, "moe": True}, "MoE block in tp_mode 'dp', which TorchTitan "
+     "0.3.0's apply runs on dense blocks only"),
+    ({"tp_mode": "sp/sp:a2a", "tp": 2, "moe": True, "family": "qwen3"},
+     "MoE block in tp_mode 'sp/sp:a2a'"),
+    ({"tp_mode": "dp/sp", "tp": 2, "bare": True}, "needs a dense block"),
     ({"tp_mode": "dp/sp", "tp": 2, "moe": True, "family": "gpt_oss"},
      r"'dp/sp' on MoE blocks \(the attention data parallel over tp\) is applied to llama3, "
      "qwen3, deepseek_v3 only"),
@@ -164,8 +168,9 @@ def test_what_the_apply_cannot_run_stops_in_one_line(change, words):
     plan.layers[0].tp_mode = change["tp_mode"]
     family = change.get("family", "llama3")
     model = type("Model", (), {"__module__": f"torchtitan.models.{family}.model"})()
+    parts = () if change.get("bare") else SUB_BLOCKS  # "bare": a block without them
     block = SimpleNamespace(moe_enabled=change.get("moe", False),
-                            **{name: object() for pair in SUB_BLOCKS for name in pair})
+                            **{name: object() for pair in parts for name in pair})
     parallelism = SimpleNamespace(spmd_backend=change.get("backend", "spmd_types"))
     with pytest.raises(UserError, match=words) as info:
         check_applicable(plan)
@@ -452,7 +457,8 @@ def test_deepseek_v3_under_auto_with_and_without_ep_trains_as_one_rank_and_its_r
 
 
 @pytest.mark.parametrize("ep,modes,log", [
-    (2, ["sp/dp", "dp/sp", "sp"], "MoE blocks run their shared experts data parallel"),
+    pytest.param(2, ["sp/dp", "dp/sp", "sp"], "MoE blocks run their shared experts data "
+                 "parallel", marks=pytest.mark.slow),
     (1, ["sp/dp", "dp/sp", "sp"], "MoE blocks run their MoE (router, shared and routed experts)"),
     pytest.param(4, ["dp/sp", "sp"], "", marks=pytest.mark.slow),
 ])
@@ -485,6 +491,25 @@ def test_sub_block_moe_with_expert_parallel_trains_as_one_rank(deepseek, tmp_pat
     mesh = "mesh dp_replicate=1 dp_shard=2 cp=1 tp=2" + (f" ep={ep} etp=1" if ep > 1 else "")
     assert mesh in out and log in out, out[-3000:]
     assert "attn:tp_dp/ffn:tp+sp" in out, out[-3000:]
+    _assert_same(_losses(out), ref.losses)
+    _assert_same(_grad_norms(out), ref.grad_norms, GRAD_NORM_TOL)
+
+
+def test_moe_without_sequence_parallel_under_auto_trains_as_one_rank(deepseek, tmp_path):
+    """DeepSeek-V3's debug flavor under auto with sequence parallel off, on fsdp 2 x tp 2 with
+    ep 2: planned as TorchTitan's TP without SP on every block (tp_mode 'sp/sp:rep'; the MoE
+    blocks' router and routed experts on the sequence shard cut out of the whole stream,
+    their shared experts TP), it gives the 1-rank losses and gradient norms."""
+    job, ref = DEEPSEEK, deepseek
+    options = ["--parallelism.auto", "--parallelism.no-enable-sequence-parallel",
+               "--training.disable_cuda_graphs", "--parallelism.expert_parallel_degree", "2",
+               "--parallelism.tensor_parallel_degree", "2",
+               "--parallelism.data_parallel_shard_degree", "2"]
+    out = _torchrun(4, *job, *STEPS, *options, *ref.load, "--dump_folder", str(tmp_path / "run"))
+    assert "mesh dp_replicate=1 dp_shard=2 cp=1 tp=2 ep=2 etp=1" in out, out[-3000:]
+    assert re.search(r"layers\.1\.\.5 +\S*attn:tp/ffn:tp\+stream:replicated\+ep2", out), \
+        out[-3000:]
+    assert "tensor parallel without sequence parallel" in out, out[-3000:]
     _assert_same(_losses(out), ref.losses)
     _assert_same(_grad_norms(out), ref.grad_norms, GRAD_NORM_TOL)
 

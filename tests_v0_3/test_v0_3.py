@@ -237,33 +237,50 @@ def test_a_refused_key_is_one_line_under_auto_only(flag, key):
 
 def test_sequence_parallel_off_plans_tensor_parallel_without_it():
     """A job that turns sequence parallel off is planned with TorchTitan's TP without SP
-    (tp_mode 'sp/sp:rep', the residual stream whole on every tp rank) on a dense model, with
-    a note and TorchTitan's flag in the equivalent command line; a MoE model (DeepSeek-V3 16B's
-    minimal_async_ep config turns it off) is planned with tp 1, and a tensor-parallel degree
-    above 1 set beside it is one line."""
+    (tp_mode 'sp/sp:rep', the residual stream whole on every tp rank), with a note and
+    TorchTitan's flag in the equivalent command line. qwen3_5 declares sequence parallel
+    whatever the flag (as the HF backend does): its tp is held at 1 with a note, and a
+    tensor-parallel degree above 1 set beside it is one line."""
     from torchtitan_autoparallel.commands.explain import snippet
     from torchtitan_autoparallel.errors import UserError
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
 
-    job = read_job(["--module", "deepseek_v3", "--config", "deepseek_v3_16b_minimal_async_ep",
-                    "--parallelism.auto", "--autoparallel.hardware", "h100_sxm"])
-    plan = plan_job(job, 64)
-    assert plan.mesh.tp == 1, plan.table()
-    assert any(note.startswith("parallelism.enable_sequence_parallel is off") for note in
-               plan.notes)
     off = ["--parallelism.auto", "--parallelism.no-enable-sequence-parallel"]
     plan = plan_job(read_job(["--module", "llama3", "--config", "llama3_debugmodel", *off,
                               "--parallelism.tensor_parallel_degree", "2"]), 4)
     assert plan.mesh.tp == 2
     assert {layer.tp_mode for layer in plan.layers if layer.kind == "block"} == {"sp/sp:rep"}
     assert plan.inputs["constraints"]["sequence_parallel"] is False
+    assert any(note.startswith("parallelism.enable_sequence_parallel is off") for note in
+               plan.notes)
     assert "--parallelism.no-enable-sequence-parallel" in snippet(plan)  # uniform blocks
     assert "tp+sp" not in plan.table()  # the embedding and output say "tp" too
-    with pytest.raises(UserError, match=r"enable_sequence_parallel is off: MoE models are "
-                                        r"planned with tensor parallel and sequence parallel"):
-        plan_job(read_job(["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel",
-                           *off, "--parallelism.tensor_parallel_degree", "2"]), 4)
+    qwen35 = ["--module", "qwen3_5", "--config", "qwen35_debugmodel", *off]
+    plan = plan_job(read_job(qwen35), 4)
+    assert plan.mesh.tp == 1
+    assert any(note.startswith("parallelism.tensor_parallel_degree held at 1: parallelism."
+                               "enable_sequence_parallel is off and TorchTitan 0.3.0's "
+                               "qwen3_5 runs") for note in plan.notes), plan.notes
+    with pytest.raises(UserError, match=r"tensor_parallel_degree = 2: .* qwen3_5 runs tensor "
+                                        r"parallel with sequence parallel only"):
+        read_job([*qwen35, "--parallelism.tensor_parallel_degree", "2"])
+
+
+def test_families_that_ignore_the_sequence_parallel_flag_are_the_ones_listed():
+    """``job.SP_ALWAYS`` lists the 0.3.0 families whose model never reads
+    ``parallelism.enable_sequence_parallel`` (their sharding declares sequence parallel
+    whenever tp > 1): read from each family's own model source, so a family that starts (or
+    stops) passing the flag upstream fails here."""
+    import inspect
+
+    from torchtitan_autoparallel.titan.v0_3 import PARALLELIZE
+    from torchtitan_autoparallel.titan.v0_3.job import SP_ALWAYS
+    from torchtitan_autoparallel.titan.v0_3.model import family_module
+
+    ignoring = {family for family in PARALLELIZE if "enable_sequence_parallel" not in
+                inspect.getsource(sys.modules[f"{family_module(family).__name__}.model"])}
+    assert ignoring == set(SP_ALWAYS) & set(PARALLELIZE)
 
 
 def test_bfloat16_training_state_is_refused_under_auto_only():
@@ -439,6 +456,100 @@ def test_sub_block_moe_counts_tokens_over_tp_with_ep_1(tmp_path):
         assert report["output"] < 1e-5
         assert report["counts"] == report["whole_counts"]
         assert sum(report["counts"]) == 2 * 2 * 24 * 3  # two batches, every token's top-3
+
+
+def _moe_collectives_worker(rank: int, port: int, out_dir: str) -> None:
+    """One of 2 gloo ranks: DeepSeek-V3's debug model (TorchTitan 0.3.0's, SDPA) on tp 2
+    without sequence parallel, with ep 2 and with ep 1, parallelized by its own sharding
+    declarations; rank 0 writes the collectives one forward and one backward issue."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed.utils import get_spmd_context
+    from torchtitan.models.deepseek_v3.sharding import set_deepseek_v3_sharding_config
+
+    from torchtitan_autoparallel.titan.v0_3.cpu import uneven_all_to_all
+    from torchtitan_autoparallel.titan.v0_3.model import as_sdpa, model_spec
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    uneven_all_to_all()
+    report = {}
+    try:
+        for ep in (2, 1):
+            dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=2, pp=1, ep=ep,
+                                world_size=2)
+            config = model_spec("deepseek_v3", "debugmodel").model
+            as_sdpa(config)
+            set_deepseek_v3_sharding_config(config, enable_sp=False, enable_ep=ep > 1)
+            torch.manual_seed(0)
+            model = config.build()
+            model.parallelize(dims)
+            with get_spmd_context(parallel_dims=dims)():
+                with CommDebugMode() as forward:
+                    out = model(torch.randint(0, 1000, (2, 64)))
+                with CommDebugMode() as backward:
+                    out.float().sum().backward()
+            report[ep] = {phase: {str(op): n for op, n in mode.get_comm_counts().items()}
+                          for phase, mode in (("fwd", forward), ("bwd", backward))}
+        if rank == 0:
+            Path(out_dir, "counts.json").write_text(json.dumps(report))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)  # gloo's thread teardown at exit can abort a finished rank
+
+
+def test_moe_without_sequence_parallel_costs_the_collectives_the_model_issues(tmp_path):
+    """A MoE block on a replicated stream (tp_mode 'sp/sp:rep': TorchTitan 0.3.0's MoE with
+    sequence parallel off) is charged the collectives TorchTitan's own DeepSeek-V3 issues on
+    2 gloo ranks: per block an all-reduce out of the attention and out of the MoE in forward
+    and of their input gradients in backward, and under EP two all-gathers more in backward
+    (the router and the routed experts each cut their rank's sequence shard out of the
+    stream). The planner plans such a job with tp > 1 now, its blocks 'sp/sp:rep'."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from torchtitan_autoparallel.candidates.layout import BlockStrategy, Mesh
+    from torchtitan_autoparallel.cost.comm import tp_comm_s
+    from torchtitan_autoparallel.cost.common import CostContext, Precision, collective_s
+    from torchtitan_autoparallel.cost.hardware import load_profile
+    from torchtitan_autoparallel.job.inputs import layer_graph_for
+    from torchtitan_autoparallel.job.request import plan_job
+    from torchtitan_autoparallel.titan.v0_3 import read_job
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_moe_collectives_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
+    counts = json.loads((tmp_path / "counts.json").read_text())
+    job = ["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel"]
+    graph = layer_graph_for(read_job(job))
+    moe_blocks = sum(bool(block.expert_params) for block in graph.blocks)
+    block = next(block for block in graph.blocks if block.expert_params)
+    ctx = CostContext(hw=load_profile("h100_sxm"), prec=Precision(2, 4), gpus_per_node=8)
+    act = block.io_bytes * 1 * ctx.act_scale
+    reduce, gather = (collective_s(kind, act, 2, False, ctx.hw)
+                      for kind in ("all_reduce", "all_gather"))
+    charged = {ep: tp_comm_s(block, Mesh(dp_replicate=1, dp_shard=1, tp=2, cp=1, ep=ep),
+                             BlockStrategy("none", False, "sp/sp:rep"), 1, ctx)
+               for ep in (1, 2)}
+    all_reduce, all_gather = "c10d.allreduce_", "c10d._allgather_base_"
+    for ep in ("1", "2"):  # every block's two all-reduces, forward and backward (+1: the
+        # vocab-parallel embedding's output, the output projection's input gradient)
+        for phase in ("fwd", "bwd"):
+            assert counts[ep][phase][all_reduce] == 2 * len(graph.blocks) + 1, counts
+    assert all_gather not in counts["1"]["bwd"], counts
+    assert counts["2"]["bwd"][all_gather] == 2 * moe_blocks, counts
+    assert charged[1] == pytest.approx(4 * reduce)
+    assert charged[2] - charged[1] == pytest.approx(
+        counts["2"]["bwd"][all_gather] / moe_blocks * gather)
+    off = ["--parallelism.auto", "--parallelism.no-enable-sequence-parallel",
+           "--parallelism.tensor_parallel_degree", "2"]
+    plan = plan_job(read_job([*job, *off]), 4)
+    assert {layer.tp_mode for layer in plan.layers if layer.kind == "block"} == {"sp/sp:rep"}
 
 
 def test_sub_block_moe_offered_with_expert_parallel_below_dp_shard_x_tp():

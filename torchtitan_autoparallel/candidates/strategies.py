@@ -81,7 +81,7 @@ class Constraints:
     """False: the job turns sequence parallel off (TorchTitan 0.3.0's
     ``parallelism.enable_sequence_parallel``): dense blocks on tp > 1 run on a replicated
     stream only (``TP_WITHOUT_SP``, and the ``REPLICATED_MODES`` of ``sub_block_modes`` under
-    ``tp_sub_block``); MoE models are planned without tensor parallel."""
+    ``tp_sub_block``); a MoE model's blocks run ``TP_WITHOUT_SP`` alone."""
 
 
 def legal_tp(graph: LayerGraph, tp: int, gpus_per_node: int) -> bool:
@@ -162,10 +162,8 @@ def enumerate_meshes(
 
 def without_sp_refusal(graph: LayerGraph, mesh: Mesh) -> str:
     """Why a job with sequence parallel off cannot run tensor parallel on ``mesh`` (empty if
-    it can): its blocks run ``TP_WITHOUT_SP`` (``tp_dp_problem``'s rule), on dense models."""
+    it can): its blocks run ``TP_WITHOUT_SP`` (``tp_dp_problem``'s rule)."""
     off = "parallelism.enable_sequence_parallel is off"
-    if graph.num_experts:
-        return f"{off}: MoE models are planned with tensor parallel and sequence parallel only"
     problem = tp_dp_problem(mesh, 1, "block", TP_WITHOUT_SP, fix=False)
     return f"{off}: {problem}" if problem else ""
 
@@ -288,10 +286,13 @@ def block_tp_modes(mesh: Mesh, microbatch: int, constraints: Constraints,
     release applies, ``Constraints.sub_block_modes``). A MoE model's blocks with routed
     ``experts`` may take the release's ``Constraints.moe_sub_block_modes`` under
     "tp_sub_block"; its dense blocks TP + SP. A job with sequence parallel off
-    (``Constraints.sequence_parallel``): TP without SP, and the sub-block modes on a replicated
-    stream, in place of TP + SP and the rest."""
+    (``Constraints.sequence_parallel``): TP without SP, and on dense models the sub-block
+    modes on a replicated stream, in place of TP + SP and the rest."""
     if mesh.tp == 1:
         return ("none",)
+    if moe_model and not constraints.sequence_parallel:  # the model's own TP without SP
+        return (TP_WITHOUT_SP,) if not tp_dp_problem(mesh, microbatch, "block",
+                                                     TP_WITHOUT_SP) else ()
     if moe_model:
         offered = tuple(
             mode for mode in constraints.moe_sub_block_modes

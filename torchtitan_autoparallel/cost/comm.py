@@ -162,7 +162,8 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     attention (``batch_a2a``), the all-to-alls between the sequence-sharded residual stream
     and a batch shard around it (none for a data-parallel feed-forward or MoE, per token on
     the stream's shard, nor where the stream is sharded on the batch already), and on a
-    replicated stream the all-gather out of a data-parallel sub-block; none in tp mode
+    replicated stream the all-gather out of a data-parallel sub-block and, under EP, the
+    backward all-gathers of the MoE's sequence-shard cuts; none in tp mode
     "none". It only grows with checkpointing (more passes,
     gathers). The embedding looked up on its embedding dim: ``embedding_dim_s``."""
     if strategy.tp_mode in EMBEDDING_MODES:
@@ -183,6 +184,10 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
         # every forward pass, its input gradient in backward (its input cut locally)
         gather = collective_s("all_gather", act, mesh.tp, tp_nodes, ctx.hw)
         comm += sub_block_modes(strategy.tp_mode).count("dp") * (fwd_passes + 1) * gather
+        if layer.expert_params and mesh.ep > 1:
+            # EP on a replicated stream: the router and the routed experts each cut their tp
+            # rank's sequence shard out of the whole stream; backward gathers both gradients
+            comm += 2 * gather
     # A2A: heads -> sequence into the output projection, sequence -> heads in backward; its
     # weight all-gathered over tp in each forward pass, its gradient reduce-scattered back
     comm += dp_shard_tp_s(layer, mesh, strategy, act, ctx)

@@ -42,11 +42,9 @@ class RecipeRequest:
 def plan_of_recipe(recipe: RecipeRequest) -> Plan:
     """The plan ``recipe`` runs, costed."""
     inputs, mesh = recipe.inputs, recipe.mesh
-    dense = "none" if mesh.tp == 1 else recipe_tp_mode(inputs.constraints)
+    mode = "none" if mesh.tp == 1 else recipe_tp_mode(inputs.constraints)
     strategies = []
     for block, (ac, reshard) in zip(inputs.graph.blocks, recipe.block_recipes, strict=True):
-        # MoE models: TorchTitan's TP + SP (the search plans them with it only)
-        mode = "sp" if mesh.tp > 1 and inputs.graph.num_experts else dense
         sharded = fsdp_sharded(mesh, mode, bool(block.expert_params))
         strategies.append(BlockStrategy(ac, reshard and sharded and not recipe.keep_after_forward,
                                         mode))

@@ -17,6 +17,7 @@ from ...job.config import Autoparallel
 from ...job.explicit import EXPLICIT_ATTR, NOTES_ATTR, RELEASE_FIXED_ATTR
 from ...job.model_config import ModelConfig, hf_config_file
 from .config import Config, config_nodes, explicit_of
+from .model import HF_BACKEND, HF_SECTION
 from .settings import check_keys
 
 FIXED_BY_RELEASE = {"parallelism.expert_tensor_parallel_degree": 1,
@@ -26,20 +27,25 @@ FIXED_BY_RELEASE = {"parallelism.expert_tensor_parallel_degree": 1,
 
 NO_SP = ("parallelism.enable_sequence_parallel is off: tensor-parallel blocks are planned "
          "without sequence parallel (tp_mode 'sp/sp:rep', the residual stream whole on every "
-         "tp rank) on dense models; MoE models are planned without tensor parallel")
+         "tp rank)")
 """The plan note of a job that turns sequence parallel off (``Constraints.sequence_parallel``)."""
 
+SP_ALWAYS = {HF_BACKEND: "the HF backend",
+             "qwen3_5": "TorchTitan 0.3.0's qwen3_5"}
+"""The models whose sharding declares sequence parallel whenever tp > 1, whatever
+``parallelism.enable_sequence_parallel`` says (family -> its name in a note). The other 0.3.0
+families pass the flag to their sharding (tested against their source)."""
 
-def hf_without_sp(config: Config, user: set[str]) -> dict[str, str]:
-    """A job on the HF backend that turns sequence parallel off: its tensor-parallel degree
-    held at 1 (key -> why; the backend declares sequence parallel whenever tp > 1, whatever
-    the flag), or a one-line error where the job sets it above 1. Other models: nothing."""
-    from .model import HF_BACKEND
 
-    if family_of(config.model_spec) != HF_BACKEND:
+def sp_always(config: Config, user: set[str]) -> dict[str, str]:
+    """A job that turns sequence parallel off on a model of ``SP_ALWAYS``: its tensor-parallel
+    degree held at 1 (key -> why), or a one-line error where the job sets it above 1. Other
+    models: nothing."""
+    model = SP_ALWAYS.get(family_of(config.model_spec))
+    if model is None:
         return {}
     key, why = "parallelism.tensor_parallel_degree", (
-        "parallelism.enable_sequence_parallel is off and the HF backend runs tensor parallel "
+        f"parallelism.enable_sequence_parallel is off and {model} runs tensor parallel "
         "with sequence parallel only (its sharding ignores the flag)")
     if key in user and config.parallelism.tensor_parallel_degree > 1:
         raise UserError(f"{key} = {config.parallelism.tensor_parallel_degree}: {why}; turn "
@@ -241,8 +247,6 @@ def optimizer_notes(optimizer: Any) -> list[str]:
 def hf_model_config(config: Any) -> ModelConfig:
     """The HF backend's ``hf_model`` as the job's model config (its ``config.json`` checked
     here, one line when missing); empty for other families."""
-    from .model import HF_BACKEND, HF_SECTION
-
     if family_of(config.model_spec) != HF_BACKEND:
         return ModelConfig()
     model = str(getattr(config, "hf_model", "") or "")
@@ -314,7 +318,7 @@ def job_of(config: Config, cpu_ranks: bool = False) -> Job:
         notes += [f"{key} held at 1: {why} (training.disable_cuda_graphs is off; set "
                   "--training.disable_cuda_graphs to search it)" for key, why in held.items()]
     if config.parallelism.auto and not config.parallelism.enable_sequence_parallel:
-        held.update(hf_without_sp(config, user))
+        held.update(sp_always(config, user))
         notes.append(held.get("parallelism.tensor_parallel_degree", NO_SP))
     if cpu_ranks and config.parallelism.auto:
         key = "parallelism.context_parallel_degree"

@@ -76,8 +76,8 @@ SETTINGS: dict[str, tuple[Handling, str]] = {
     # step time the cost model does not see: the plan says so
     "parallelism.enable_sequence_parallel": ((APPLIED, CONSTRAINT),
                                              "off: tensor-parallel blocks run without sequence "
-                                             "parallel (tp_mode 'sp/sp:rep'; MoE models and "
-                                             "the HF backend: tp held at 1)"),
+                                             "parallel (tp_mode 'sp/sp:rep'; the HF backend and "
+                                             "qwen3_5: tp held at 1)"),
     "training.disable_cuda_graphs": ((CONSTRAINT, NOTED),
                                      "off: pp (and ep under a dispatcher that synchronizes with "
                                      "the host) held at 1"),

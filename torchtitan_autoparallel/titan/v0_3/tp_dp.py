@@ -95,8 +95,12 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
         raise UserError(f"{where} is not applied under --parallelism.spmd_backend full_dtensor "
                         "(DP and TP in one DTensor mesh): use spmd_types or partial_dtensor")
     module = type(model).__module__
-    moe = {name for name, mode in chosen.items()
-           if mode in MOE_SUB_BLOCK_MODES and getattr(blocks[name], "moe_enabled", False)}
+    moe = {name for name in chosen if getattr(blocks[name], "moe_enabled", False)}
+    dense_only = next((name for name in moe if chosen[name] not in MOE_SUB_BLOCK_MODES), None)
+    if dense_only:
+        raise UserError(f"plan: {dense_only} is a MoE block in tp_mode {chosen[dense_only]!r}, "
+                        "which TorchTitan 0.3.0's apply runs on dense blocks only: use 'sp' or "
+                        f"one of {', '.join(map(repr, MOE_SUB_BLOCK_MODES))}")
     if set(chosen) - moe and not _of_families(model, TP_DP_FAMILIES):
         raise UserError(f"{where} is applied to {' and '.join(TP_DP_FAMILIES)} only (the model "
                         f"is {module}.{type(model).__name__}): use 'sp'")
@@ -115,8 +119,7 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
         if name in moe:
             out[name] = moe_parts(block, plan.mesh, name, block_mode)
             continue
-        if getattr(block, "moe_enabled", False) or not all(
-                hasattr(block, part) for pair in SUB_BLOCKS for part in pair):
+        if not all(hasattr(block, part) for pair in SUB_BLOCKS for part in pair):
             raise UserError(f"{where} needs a dense block with {', '.join(SUB_BLOCKS[0])}, "
                             f"{', '.join(SUB_BLOCKS[1])} (layers.{name} is "
                             f"{type(block).__name__}): use 'sp'")
