@@ -58,6 +58,11 @@ class Frontend:
     ``layout.moe_sub_block_ep_problem`` allows."""
     embedding_dim: bool = True
     """Its apply looks the embedding up on its embedding dim (``layout.EMBEDDING_DIM``)."""
+    moe_routed_on_shard: bool = False
+    """Under expert parallel its MoE blocks' router and routed experts run on the tp rank's
+    sequence shard with no collective over tp, and only the shared experts gather the stream
+    (TorchTitan 0.3.0's MoE sharding); False: the whole MoE gathers its input over tp and
+    reduce-scatters its output (0.2.2's MoE TP). ``Features.moe_routed_on_shard``."""
     read_job: Callable[[list[str]], Any] | None = None
     """Command-line arguments (TorchTitan's own, with ``--parallelism.auto`` and
     ``--autoparallel.*``) -> the job as the planner reads it; None where the CLI reads the

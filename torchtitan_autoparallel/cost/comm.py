@@ -76,6 +76,23 @@ def sp_modules(strategy: BlockStrategy) -> int:
     return sum(mode == "sp" for mode in sub_block_modes(strategy.tp_mode))
 
 
+def moe_outputs(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostContext) -> int:
+    """How many outputs the block's feed-forward reduces over tp on its own where it runs on
+    the tp dim's stream layout ("sp" in ``strategy``): one (a dense feed-forward, a MoE that
+    gathers its input as a whole), except where the release runs the MoE's routed experts on
+    the sequence shard under EP (``Features.moe_routed_on_shard``, TorchTitan 0.3.0): there a
+    MoE reduces its shared experts' output alone (none without shared experts), and with
+    ep 1 its routed and shared experts' outputs apart (two). Shared experts: a recorded
+    linear of the block named so. As counted per block on TorchTitan 0.3.0's DeepSeek-V3
+    and qwen3 MoE on 2 gloo ranks (tests_v0_3/test_v0_3.py)."""
+    names = linear_names(layer)
+    if not (ctx.features.moe_routed_on_shard and layer.expert_params and any(names)
+            and sub_block_modes(strategy.tp_mode)[1] == "sp"):
+        return 1
+    shared = any("shared_expert" in name for name in names)
+    return int(shared) if mesh.ep > 1 else 1 + shared
+
+
 def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int, act: float,
               tp_nodes: bool, ctx: CostContext) -> float:
     """Exposed TP + SP communication of one micro-batch through a block.
@@ -85,8 +102,9 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     collectives; backward runs their transposes, an all-gather of the row-parallel linears'
     output gradient and a reduce-scatter of the column-parallel linears' input gradient.
     Without async TP every collective is exposed. Under a sub-block mode only its TP + SP
-    sub-block runs them (``sp_modules``). On a replicated stream (``layout.REPLICATED_MODES``) an
-    all-reduce takes the place of each pair, exposed. Async TP (Inductor's micro-pipeline pass)
+    sub-block runs them (``sp_modules``), and a MoE as ``moe_outputs`` counts. On a
+    replicated stream (``layout.REPLICATED_MODES``) an all-reduce takes the place of each
+    pair, exposed. Async TP (Inductor's micro-pipeline pass)
     fuses an all-gather into the GEMMs that consume it and a reduce-scatter into the one GEMM
     that produces it; the transfers (copy engines, no SMs) then hide under those GEMMs, run in
     tp chunks, except the first chunk. What the pass cannot fuse stays exposed: the backward
@@ -95,13 +113,20 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
     forward, the float8 output gradient in backward)."""
     hw, prec, features = ctx.hw, ctx.prec, ctx.features
     fwd_passes = 2 if strategy.ac == "full" else 1
+    outputs = moe_outputs(layer, mesh, strategy, ctx)
     modules = sp_modules(strategy)
+    quiet = int(outputs == 0)  # a MoE with no collective over tp of its own
     if stream_dim(strategy.tp_mode) is None:
         # TP without SP (a replicated stream): nothing to gather; each module all-reduces its
-        # row-wise linears' output (in every forward pass) and its column-wise linears' input
-        # gradient (backward). Async TP's pass finds no gather or scatter to fuse
+        # row-wise linears' output (in every forward pass; a quiet MoE the partial sum its
+        # routed experts' shards leave) and its column-wise linears' input gradient
+        # (backward). Async TP's pass finds no gather or scatter to fuse
         reduce = collective_s("all_reduce", act, mesh.tp, tp_nodes, hw)
-        return modules * (fwd_passes + 1) * reduce
+        return (modules * fwd_passes + modules - quiet) * reduce
+    modules -= quiet
+    if not modules:
+        return 0.0
+    apart = max(0, outputs - 1)  # a MoE's routed and shared experts' outputs scattered apart
     # A2A: the attention's output projection leaves no partial sums to reduce-scatter (and
     # gathers no output gradient in backward): an all-to-all takes its place (tp_comm_s)
     own = int(bool(a2a_linears(layer, strategy.tp_mode)))
@@ -126,10 +151,28 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
              (scatter, (modules - own) * fwd_passes, True),
              (gather, modules - own, features.linear == "none"),
              (scatter, modules, False),
-             (gather_fwd, regathers, False))
+             (gather_fwd, regathers, False),
+             # the second of a MoE's outputs scattered apart (in every forward pass) and its
+             # output gradient gathered (backward): not a GEMM's
+             (scatter, apart * fwd_passes, False), (gather, apart, False))
     if not features.async_tp or not hw.gemm_table:
         total = sum(n * (t + cat) for t, n, _ in kinds)
         return total * (1.0 - hw.async_tp_overlap) if features.async_tp else total
+    exposed = _fused_exposed(layer, mesh, strategy, microbatch, kinds, modules, act, ctx)
+    return exposed + sum(n * (t + cat) for t, n, f in kinds if not f)
+
+
+Kinds = tuple[tuple[float, int, bool], ...]
+"""(seconds, count, fused under async TP) per kind of TP + SP collective (``sp_comm_s``)."""
+
+
+def _fused_exposed(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
+                   kinds: Kinds, modules: int, act: float, ctx: CostContext) -> float:
+    """What async TP leaves exposed of ``kinds``' fused collectives (``sp_comm_s``): each
+    under its own GEMMs where the graph records the TP regions, else under the TP modules'
+    share of the block's GEMMs, and the fused reduce-scatters' sums on the compute stream."""
+    hw, features = ctx.hw, ctx.features
+    fwd_passes = 2 if strategy.ac == "full" else 1
     fused = sum(n * t for t, n, f in kinds if f)
     regions = tp_region_gemms(layer, mesh, strategy, microbatch, hw, features)
     if regions:
@@ -152,7 +195,7 @@ def sp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
         # the fused matmul + reduce-scatter sums the tp partial products it gathered after
         # the last chunk: the full activation read, a tp-th written, on the compute stream
         exposed += modules * fwd_passes * act * (1 + 1 / mesh.tp) / (hw.hbm_gbps * 1e9)
-    return exposed + sum(n * (t + cat) for t, n, f in kinds if not f)
+    return exposed
 
 
 def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int,
@@ -184,7 +227,7 @@ def tp_comm_s(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch: int
         # every forward pass, its input gradient in backward (its input cut locally)
         gather = collective_s("all_gather", act, mesh.tp, tp_nodes, ctx.hw)
         comm += sub_block_modes(strategy.tp_mode).count("dp") * (fwd_passes + 1) * gather
-        if layer.expert_params and mesh.ep > 1:
+        if layer.expert_params and mesh.ep > 1 and ctx.features.moe_routed_on_shard:
             # EP on a replicated stream: the router and the routed experts each cut their tp
             # rank's sequence shard out of the whole stream; backward gathers both gradients
             comm += 2 * gather

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import UserError
+from ..frontend import frontend
 from .explicit import user_set
 
 FLOAT8_LINEAR = "quantize.linear.float8"
@@ -67,6 +68,9 @@ class Features:
     float8_filter: tuple[str, ...] | None = None
     """``quantize.linear.float8.filter_fqns`` in effect (linears matching one stay bf16); None:
     unset under auto, so the planner picks the linears where float8 pays."""
+    moe_routed_on_shard: bool = False
+    """The release runs a MoE block's router and routed experts under EP on the sequence
+    shard, with no collective over tp (``Frontend.moe_routed_on_shard``: TorchTitan 0.3.0)."""
 
     @property
     def float8(self) -> bool:
@@ -84,6 +88,8 @@ class Features:
         data = asdict(self)
         if not data["compile_loss"]:
             del data["compile_loss"]  # jobs that do not set it keep their plan files
+        if not data["moe_routed_on_shard"]:
+            del data["moe_routed_on_shard"]  # 0.2.2's jobs keep their plan files
         if data["float8_filter"] is None:
             del data["float8_filter"]  # jobs that do not set it keep their plan files
         else:
@@ -158,6 +164,7 @@ def features_from_config(job_config: Any) -> Features:
         reshard_after_forward=policy,
         optimizer=str(job_config.optimizer.implementation),
         float8_filter=float8_filter,
+        moe_routed_on_shard=frontend().moe_routed_on_shard,
     )
 
 
