@@ -460,7 +460,8 @@ def test_deepseek_v3_under_auto_with_and_without_ep_trains_as_one_rank_and_its_r
     pytest.param(2, ["sp/dp", "dp/sp", "sp"], "MoE blocks run their shared experts data "
                  "parallel", marks=pytest.mark.slow),
     (1, ["sp/dp", "dp/sp", "sp"], "MoE blocks run their MoE (router, shared and routed experts)"),
-    pytest.param(4, ["dp/sp", "sp"], "", marks=pytest.mark.slow),
+    pytest.param(4, ["sp/dp", "dp/sp", "sp"], "MoE blocks run their shared experts data "
+                 "parallel", marks=pytest.mark.slow),
 ])
 def test_sub_block_moe_with_expert_parallel_trains_as_one_rank(deepseek, tmp_path, ep, modes,
                                                                log):

@@ -562,14 +562,13 @@ def test_moe_tp_costs_the_collectives_the_model_issues(tmp_path):
     assert {layer.tp_mode for layer in plan.layers if layer.kind == "block"} == {"sp/sp:rep"}
 
 
-def test_sub_block_moe_offered_with_expert_parallel_below_dp_shard_x_tp():
+def test_sub_block_moe_offered_with_expert_parallel():
     """0.3.0 runs a MoE block's 'sp/dp' beside the model's own expert parallel: the search
-    offers it to DeepSeek-V3's MoE blocks with ep 1 (the whole MoE data parallel over tp) and
-    with 1 < ep < dp_shard x tp (fsdp 2 x tp 2 with ep 2), not with ep 4 (all of dp_shard x
-    tp: FSDP's storage check fails there, measured), where the rule says why in one line;
-    'dp/sp' (the attention data parallel over tp) with any ep. A plan searched with ep 2 puts
-    its MoE blocks in one of them on the CPU profile."""
-    from torchtitan_autoparallel.candidates.layout import Mesh, moe_sub_block_ep_problem
+    offers it to DeepSeek-V3's MoE blocks with ep 1 (the whole MoE data parallel over tp), and
+    with ep 2 and 4 on fsdp 2 x tp 2 (the shared experts data parallel, the routed experts on
+    the model's EP, up to all of dp_shard x tp), as 'dp/sp' (the attention data parallel over
+    tp). A plan searched with ep 2 puts its MoE blocks in one of them on the CPU profile."""
+    from torchtitan_autoparallel.candidates.layout import Mesh
     from torchtitan_autoparallel.candidates.strategies import block_tp_modes
     from torchtitan_autoparallel.job.inputs import job_inputs
     from torchtitan_autoparallel.job.request import plan_job
@@ -580,17 +579,13 @@ def test_sub_block_moe_offered_with_expert_parallel_below_dp_shard_x_tp():
             "--parallelism.data_parallel_shard_degree", "2", "--autoparallel.hardware", "cpu",
             "--autoparallel.techniques", "fsdp", "tp", "ep", "ac", "tp_sub_block"]
     constraints = job_inputs(read_job(base), 4).constraints
-    for ep, offered in ((2, ("sp", "sp/dp", "dp/sp")), (4, ("sp", "dp/sp")),
-                        (1, ("sp", "sp/dp", "dp/sp"))):
+    for ep in (1, 2, 4):
         mesh = Mesh(dp_replicate=1, dp_shard=2, tp=2, ep=ep)
-        assert block_tp_modes(mesh, 2, constraints, True, experts=True) == offered, ep
+        assert block_tp_modes(mesh, 2, constraints, True, experts=True) == (
+            "sp", "sp/dp", "dp/sp"), ep
     plan = plan_job(read_job([*base, "--parallelism.expert_parallel_degree", "2"]), 4)
     modes = {layer.tp_mode for layer in plan.layers if layer.kind == "block"}
     assert modes & {"sp/dp", "dp/sp"}, plan.table()
-    assert "ep (4) below dp_shard x tp (4)" in moe_sub_block_ep_problem(
-        Mesh(dp_replicate=1, dp_shard=2, tp=2, ep=4))
-    assert moe_sub_block_ep_problem(Mesh(dp_replicate=1, dp_shard=2, tp=2)) == ""
-    assert moe_sub_block_ep_problem(Mesh(dp_replicate=1, dp_shard=2, tp=2, ep=4), "dp/sp") == ""
     # gpt-oss's attention (sinks, flex masks built for the whole batch) is not run data
     # parallel by the apply: its MoE blocks are offered 'sp/dp' alone
     gpt_oss = ["--module", "gpt_oss", "--config", "gpt_oss_debugmodel", "--parallelism.auto",
@@ -616,7 +611,7 @@ def test_sub_block_search_notes_moe_blocks_and_refuses_full_dtensor():
             "--autoparallel.techniques", "fsdp", "tp", "ac", "tp_sub_block"]
     plan = plan_job(read_job(base), 4)
     assert plan.inputs["constraints"]["sub_block_modes"] == list(SUB_BLOCKS_APPLIED)
-    assert any("1 < ep < dp_shard x tp" in note for note in plan.notes)
+    assert any("'sp/dp', the MoE data parallel over tp" in note for note in plan.notes)
     off = job_inputs(read_job([*base, "--parallelism.no-enable-sequence-parallel"]), 4)
     assert block_tp_modes(Mesh(dp_replicate=1, dp_shard=2, tp=2), 2, off.constraints) == (
         "sp/sp:rep", "dp/sp:rep", "sp/dp:rep")

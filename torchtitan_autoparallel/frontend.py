@@ -53,9 +53,6 @@ class Frontend:
     moe_sub_block_modes: tuple[str, ...] = MOE_SUB_BLOCK_MODES
     """The sub-block tp modes its apply runs on MoE blocks (of ``layout.MOE_SUB_BLOCK_MODES``;
     TorchTitan 0.2.2's: the MoE data parallel alone)."""
-    moe_sub_block_ep: bool = False
-    """Its apply runs ``moe_sub_block_modes`` through the model's expert parallel, where
-    ``layout.moe_sub_block_ep_problem`` allows."""
     embedding_dim: bool = True
     """Its apply looks the embedding up on its embedding dim (``layout.EMBEDDING_DIM``)."""
     moe_routed_on_shard: bool = False

@@ -522,23 +522,6 @@ def _tp_dp_reason(mesh: Mesh, microbatch: int, kind: str, tp_mode: str) -> str:
     return ""
 
 
-def moe_sub_block_ep_problem(mesh: Mesh, tp_mode: str = MOE_SHARED_DP) -> str:
-    """Why a release that runs ``MOE_SUB_BLOCK_MODES`` beside the model's own expert parallel
-    (TorchTitan 0.3.0: ``Frontend.moe_sub_block_ep``) cannot run ``tp_mode`` on ``mesh`` (empty
-    if it can). ``MOE_SHARED_DP`` with ep > 1 (the routed experts on each tp rank's own
-    tokens, the shared experts data parallel) needs an expert-parallel group below dp_shard x
-    tp: the shared experts' FSDP group over dp_shard x tp sits inside the block's, and FSDP's
-    storage check refuses the experts' annotations beside it when EP spans the same ranks;
-    with ep = 1 the whole MoE runs data parallel. ``MOE_ATTENTION_DP`` (the attention's group
-    beside the block's) runs with any ep."""
-    if tp_mode != MOE_SHARED_DP or mesh.ep == 1:
-        return ""
-    if mesh.ep * mesh.etp >= mesh.dp_shard * mesh.tp:
-        return (f"tp_mode {tp_mode!r} for MoE blocks needs ep ({mesh.ep}) below dp_shard x tp "
-                f"({mesh.dp_shard * mesh.tp}) or ep 1 on this release; use 'sp'")
-    return ""
-
-
 def edge_strategy(kind: str, mesh: Mesh, embedding: str = "") -> BlockStrategy:
     """How the embedding, an encoder and the norm + output are applied (and so costed): the
     embedding and an encoder (one FSDP unit, as TorchTitan 0.3.0's

@@ -22,7 +22,6 @@ from .layout import (
     ep_problem,
     fsdp_sharded,
     fsdp_unit_problem,
-    moe_sub_block_ep_problem,
     node_reshard_group,
     node_reshard_problem,
     stream_dim,
@@ -71,9 +70,6 @@ class Constraints:
     moe_sub_block_modes: tuple[str, ...] = MOE_SUB_BLOCK_MODES
     """The sub-block tp modes ``tp_sub_block`` offers MoE blocks: those the release's apply
     runs (``Frontend``)."""
-    moe_sub_block_ep: bool = False
-    """``moe_sub_block_modes`` are offered where ``moe_sub_block_ep_problem`` allows them only
-    (``Frontend``)."""
     embedding_dim: bool = True
     """``tp_sub_block`` also offers the embedding looked up on its embedding dim, where the
     release's apply runs it (``Frontend.embedding_dim``)."""
@@ -294,10 +290,8 @@ def block_tp_modes(mesh: Mesh, microbatch: int, constraints: Constraints,
         return (TP_WITHOUT_SP,) if not tp_dp_problem(mesh, microbatch, "block",
                                                      TP_WITHOUT_SP) else ()
     if moe_model:
-        offered = tuple(
-            mode for mode in constraints.moe_sub_block_modes
-            if not (constraints.moe_sub_block_ep and moe_sub_block_ep_problem(mesh, mode))
-        ) if experts and "tp_sub_block" in constraints.techniques else ()
+        offered = constraints.moe_sub_block_modes if experts and "tp_sub_block" in \
+            constraints.techniques else ()
         return ("sp", *(mode for mode in offered
                         if not tp_dp_problem(mesh, microbatch, "block", mode)))
     asked = (("dp",) if "tp_dp" in constraints.techniques else ()) + (

@@ -141,7 +141,6 @@ def constraints_from_config(job_config: Any, features: Features) -> Constraints:
         sub_block_modes=tuple(m for m in frontend().sub_block_modes
                               if not (plain_linears(m) and features.linear != "none")),
         moe_sub_block_modes=frontend().moe_sub_block_modes,
-        moe_sub_block_ep=frontend().moe_sub_block_ep,
         embedding_dim=frontend().embedding_dim,
         # TorchTitan 0.3.0's parallelism.enable_sequence_parallel (0.2.2 has no such key)
         sequence_parallel=bool(getattr(par, "enable_sequence_parallel", True)),
@@ -428,8 +427,6 @@ def _constraints_record(job_config: Any, constraints: Constraints, ac_option: st
                if constraints.sub_block_modes != SUB_BLOCK_TP_MODES
                and "tp_sub_block" in constraints.techniques else {}),
             **({"sequence_parallel": False} if not constraints.sequence_parallel else {}),
-            **({"moe_sub_block_ep": True} if constraints.moe_sub_block_ep
-               and "tp_sub_block" in constraints.techniques else {}),
             **({"embedding_dim": False} if not constraints.embedding_dim
                and "tp_sub_block" in constraints.techniques else {}),
             **({"ac_modes": list(constraints.ac_modes)}

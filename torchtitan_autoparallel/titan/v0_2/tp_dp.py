@@ -5,6 +5,7 @@ block: blocks planned "dp", the sub-blocks of blocks planned with a sub-block tp
 with TorchTitan's / PyTorch's ``parallelize_module`` and FSDP2 (``apply.apply_plan`` calls
 them in TorchTitan's order)."""
 
+import inspect
 from typing import Any
 
 import torch.nn as nn
@@ -79,9 +80,6 @@ parallel over tp (``MOE_ATTENTION_DP``, ``moe_attention_dp``) beside TorchTitan'
 MOE_ATTENTION = ("attention_norm", "attention")
 """(norm, module) of the attention sub-block of a TorchTitan 0.2.2 MoE family's block
 (deepseek_v3, qwen3, llama4)."""
-
-MOE_ATTENTION_ARGS = ("x", "rope", "attention_masks", "positions")
-"""What such a block passes its attention, positionally."""
 
 ATTENTION_DP_FAMILIES = ("deepseek_v3", "qwen3", "llama4")
 """The 0.2.2 families whose MoE blocks' attention this module runs data parallel over tp
@@ -203,7 +201,7 @@ def moe_attention_dp(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any,
                             f"SDPA attention, 'sp' or {MOE_SHARED_DP!r}")
 
     module.register_forward_pre_hook(whole_batch_only)
-    batch_split_over_tp(module, tp_mesh, len(MOE_ATTENTION_ARGS))
+    batch_split_over_tp(module, tp_mesh, len(inspect.signature(module.forward).parameters))
 
 
 def moe_on_sequence_shard(block: nn.Module, adapter: ModelAdapter, tp_mesh: Any) -> None:

@@ -313,8 +313,9 @@ def _apply_fsdp_per_unit(model: Any, plan: Any, blocks: dict[str, Any],
                     own.update(p for module in modules for p in module.parameters())
                     continue
                 whole = mode == MOE_BLOCK  # a MoE block, around its data-parallel group
-                place = placement if whole else _experts_over_tp(
-                    modules[0], over_tp["mesh"].size()) if mode == MOE_DP else None
+                place = placement if whole else _experts_on_dim1(
+                    [modules[0].routed_experts.inner_experts],
+                    over_tp["mesh"].size()) if mode == MOE_DP else None
                 fully_shard(modules[0] if whole else modules,
                             **(over_tp if mode in ("dp", MOE_SHARED, MOE_DP) else fsdp),
                             reshard_after_forward=reshard,
@@ -384,11 +385,9 @@ def _expert_placement(blocks: Any, ep: int, fsdp: dict[str, Any], dp_mesh_dims: 
         return None
     params = {p for e in experts for p in e.parameters()}
     ranks = edp_mesh["efsdp"].size() * ep if ep > 1 else fsdp["mesh"].size()
-    expert_dim = Shard(1) if ranks > min(e.num_experts for e in experts) else Shard(0)
     if ep == 1:
-        if expert_dim == Shard(0):
-            return None
-        return lambda param: expert_dim if param in params else None
+        return _experts_on_dim1(experts, ranks)
+    expert_dim = Shard(1) if _experts_on_dim1(experts, ranks) else Shard(0)
     from torch.distributed.fsdp._fully_shard._fsdp_common import ShardPlacementResult
     from torch.distributed.fsdp._fully_shard._fsdp_init import _get_mesh_info
 
@@ -403,16 +402,15 @@ def _expert_placement(blocks: Any, ep: int, fsdp: dict[str, Any], dp_mesh_dims: 
     return place
 
 
-def _experts_over_tp(moe: Any, ranks: int) -> Any:
-    """The ``shard_placement_fn`` of a whole MoE sharded over dp_shard x tp (``MOE_DP``): its
-    routed experts on dim 1 where the ``ranks`` outnumber the experts (dim 0 would pad), as
-    ``_expert_placement``; None where dim 0 serves."""
+def _experts_on_dim1(experts: list[Any], ranks: int) -> Any:
+    """The ``shard_placement_fn`` that shards the routed ``experts`` on dim 1 where the
+    ``ranks`` that shard them (FSDP x EP) outnumber the experts (dim 0 would pad), as
+    TorchTitan 0.3.0's ``apply_fsdp_to_decoder`` does; None where dim 0 serves."""
     from torch.distributed.tensor import Shard
 
-    experts = moe.routed_experts.inner_experts
-    if ranks <= experts.num_experts:
+    if ranks <= min(e.num_experts for e in experts):
         return None
-    params = set(experts.parameters())
+    params = {p for e in experts for p in e.parameters()}
     return lambda param: Shard(1) if param in params else None
 
 

@@ -355,9 +355,8 @@ def tp_dp_left_out(config: Any) -> list[str]:
 
 
 def sub_block_note(config: Any) -> list[str]:
-    """The plan note of a ``tp_sub_block`` search on 0.3.0: MoE blocks take their sub-block
-    mode where ``layout.moe_sub_block_ep_problem`` allows (``Frontend.moe_sub_block_ep``);
-    under the full_dtensor backend (DP and TP in one
+    """The plan note of a ``tp_sub_block`` search on 0.3.0 (MoE blocks take their sub-block
+    modes with any ep); under the full_dtensor backend (DP and TP in one
     DTensor mesh) ``tp_sub_block`` is refused in one line."""
     if "tp_sub_block" not in config.autoparallel.techniques:
         return []
@@ -366,6 +365,6 @@ def sub_block_note(config: Any) -> list[str]:
                         "apply does not run under --parallelism.spmd_backend full_dtensor: "
                         "leave it out or use spmd_types or partial_dtensor")
     return ["autoparallel.techniques: tp_sub_block searched on dense blocks, the embedding "
-            "and MoE blocks ('sp/dp', the MoE data parallel over tp, with ep 1 or "
-            "1 < ep < dp_shard x tp; 'dp/sp', the attention data parallel over tp, with any "
-            "ep)"]
+            "and MoE blocks ('sp/dp', the MoE data parallel over tp, its routed experts on "
+            "the model's expert parallel where ep > 1; 'dp/sp', the attention data parallel "
+            "over tp)"]

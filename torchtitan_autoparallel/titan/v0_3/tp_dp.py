@@ -28,7 +28,6 @@ from ...candidates.layout import (
     MOE_SUB_BLOCK_MODES,
     SUB_BLOCK_TP_MODES,
     a2a_mode,
-    moe_sub_block_ep_problem,
     split_fsdp,
     stream_dim,
     stream_problem,
@@ -117,7 +116,7 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
             continue  # TP on both: the model's declarations (batch_stream, projections_a2a)
         block = blocks[name]
         if name in moe:
-            out[name] = moe_parts(block, plan.mesh, name, block_mode)
+            out[name] = moe_parts(block, plan.mesh, block_mode)
             continue
         if not all(hasattr(block, part) for pair in SUB_BLOCKS for part in pair):
             raise UserError(f"{where} needs a dense block with {', '.join(SUB_BLOCKS[0])}, "
@@ -143,7 +142,7 @@ MOE_BLOCK = "sp:moe"
 the experts' placement, its data-parallel part's group inside it."""
 
 
-def moe_parts(block: Any, mesh: Any, name: str, tp_mode: str) -> Parts:
+def moe_parts(block: Any, mesh: Any, tp_mode: str) -> Parts:
     """The FSDP groups of a MoE block in one of ``layout.MOE_SUB_BLOCK_MODES``: the
     data-parallel part whole on tp over dp_shard x tp, then the block as the model declares
     the rest (``MOE_BLOCK``). "sp/dp" with ep > 1: the shared experts data parallel
@@ -152,11 +151,7 @@ def moe_parts(block: Any, mesh: Any, name: str, tp_mode: str) -> Parts:
     experts alone are tensor parallel, and they run on the local sequence shard instead.
     "sp/dp" with ep = 1: the whole MoE (``MOE_DP``) on the local sequence shard in place of
     the model's MoE TP. "dp/sp": the attention and its norm data parallel on a batch shard (as
-    a dense block's), the MoE as the model runs it. A one-line UserError where
-    ``moe_sub_block_ep_problem`` objects."""
-    problem = moe_sub_block_ep_problem(mesh, tp_mode)
-    if problem:
-        raise UserError(f"plan: layers.{name}: {problem}")
+    a dense block's), the MoE as the model runs it."""
     if sub_block_modes(tp_mode)[0] == "dp":
         return [("dp", [getattr(block, part) for part in SUB_BLOCKS[0]]), (MOE_BLOCK, [block])]
     if mesh.ep == 1:
