@@ -528,7 +528,7 @@ def test_moe_tp_costs_the_collectives_the_model_issues(tmp_path):
     from torchtitan_autoparallel.cost.comm import tp_comm_s
     from torchtitan_autoparallel.cost.common import CostContext, Precision, collective_s
     from torchtitan_autoparallel.cost.hardware import load_profile
-    from torchtitan_autoparallel.job.features import Features
+    from torchtitan_autoparallel.job.features import Features, features_from_config
     from torchtitan_autoparallel.job.inputs import layer_graph_for
     from torchtitan_autoparallel.job.request import plan_job
     from torchtitan_autoparallel.titan.v0_3 import read_job
@@ -538,8 +538,11 @@ def test_moe_tp_costs_the_collectives_the_model_issues(tmp_path):
         port = s.getsockname()[1]
     mp.spawn(_moe_collectives_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
     reports = json.loads((tmp_path / "counts.json").read_text())
+    features = features_from_config(read_job(["--module", "qwen3", "--config",
+                                              "qwen3_moe_debug"]))
+    assert features == Features(moe_routed_on_shard=True)  # 0.3.0's rule, in every job
     ctx = CostContext(hw=load_profile("h100_sxm"), prec=Precision(2, 4), gpus_per_node=8,
-                      features=Features(moe_routed_on_shard=True))
+                      features=features)
     kinds = {"allreduce_": "all_reduce", "_allgather_base_": "all_gather",
              "_reduce_scatter_base_": "reduce_scatter"}
     graphs = {}
