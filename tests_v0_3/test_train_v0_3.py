@@ -183,8 +183,9 @@ SUB_BLOCK = ["--parallelism.tensor_parallel_degree", "2",
 """TP 2 with the tp dim as data parallel, whole blocks and sub-blocks, searched."""
 
 
-@pytest.mark.parametrize("backend,ranks", [("spmd_types", 4), ("partial_dtensor", 4),
-                                           ("spmd_types", 2)])
+@pytest.mark.parametrize("backend,ranks", [
+    ("spmd_types", 4), pytest.param("partial_dtensor", 4, marks=pytest.mark.slow),
+    ("spmd_types", 2)])
 def test_sub_block_modes_from_a_plan_file_train_as_one_rank(reference, tmp_path, backend, ranks):
     """llama3's debug plan on fsdp 2 x tp 2 (4 CPU ranks; on 2, tp alone), its blocks edited
     to data-parallel attention beside a TP + SP feed-forward ("dp/sp"), the reverse ("sp/dp")
