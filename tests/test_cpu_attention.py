@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.experimental._attention import _disable_context_parallel_dispatcher
 from torchtitan.distributed.context_parallel import apply_cp_to_attention_module, cp_shard
+
+from tests.support.gloo import spawn
 
 B, H, S, D = 2, 4, 64, 16
 WORLD = 2
@@ -23,12 +22,6 @@ TOL = 2e-6
 class _Attention(torch.nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_cp(
@@ -54,61 +47,53 @@ def _run_cp(
     return results
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+def _worker(rank: int, out_dir: str) -> None:
+    from torchtitan_autoparallel.titan.v0_2.cpu_attention import (
+        _cpu_fwd_cp_strategy,
+        _cpu_fwd_strategy,
+        enable_cpu_ring_attention,
+    )
+
+    mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("cp",))
+    torch.manual_seed(0)  # same global data on every rank
+    q, k, v, dout = (torch.randn(B, H, S, D) for _ in range(4))
+    ref_q, ref_k, ref_v = (t.clone().requires_grad_() for t in (q, k, v))
+    ref_out = _Attention()(ref_q, ref_k, ref_v)
+    ref_out.backward(dout)
+    ref = [ref_out.detach(), ref_q.grad, ref_k.grad, ref_v.grad]
+
+    report: dict[str, object] = {}
+    # Without the patch, upstream CP has no strategy/handler for the CPU kernel.
     try:
-        from torchtitan_autoparallel.titan.v0_2.cpu_attention import (
-            _cpu_fwd_cp_strategy,
-            _cpu_fwd_strategy,
-            enable_cpu_ring_attention,
-        )
+        _run_cp(mesh, [q, k, v, dout], None)
+        report["unpatched_error"] = None
+    except Exception as e:
+        report["unpatched_error"] = f"{type(e).__name__}: {str(e)[:200]}"
 
-        mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("cp",))
-        torch.manual_seed(0)  # same global data on every rank
-        q, k, v, dout = (torch.randn(B, H, S, D) for _ in range(4))
-        ref_q, ref_k, ref_v = (t.clone().requires_grad_() for t in (q, k, v))
-        ref_out = _Attention()(ref_q, ref_k, ref_v)
-        ref_out.backward(dout)
-        ref = [ref_out.detach(), ref_q.grad, ref_k.grad, ref_v.grad]
+    enable_cpu_ring_attention()  # after TorchTitan enabled the CP dispatcher
+    enable_cpu_ring_attention()  # idempotent
+    for lb in (None, "headtail"):
+        got = _run_cp(mesh, [q, k, v, dout], lb)
+        names = ("out", "dq", "dk", "dv")
+        report[str(lb)] = {
+            n: (g - r).abs().max().item() for n, g, r in zip(names, got, ref, strict=True)
+        }
 
-        report: dict[str, object] = {}
-        # Without the patch, upstream CP has no strategy/handler for the CPU kernel.
-        try:
-            _run_cp(mesh, [q, k, v, dout], None)
-            report["unpatched_error"] = None
-        except Exception as e:
-            report["unpatched_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-
-        enable_cpu_ring_attention()  # after TorchTitan enabled the CP dispatcher
-        enable_cpu_ring_attention()  # idempotent
-        for lb in (None, "headtail"):
-            got = _run_cp(mesh, [q, k, v, dout], lb)
-            names = ("out", "dq", "dk", "dv")
-            report[str(lb)] = {
-                n: (g - r).abs().max().item() for n, g, r in zip(names, got, ref, strict=True)
-            }
-
-        # Disable then re-enable through TorchTitan: strategies must be re-registered.
-        strategies = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
-        cpu_fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-        assert strategies[cpu_fwd] is _cpu_fwd_cp_strategy
-        _disable_context_parallel_dispatcher()
-        # CP strategy dropped together with upstream CP rules; the TP (head-sharding) one stays
-        assert strategies[cpu_fwd] is _cpu_fwd_strategy
-        got = _run_cp(mesh, [q, k, v, dout], "headtail")
-        assert strategies[cpu_fwd] is _cpu_fwd_cp_strategy  # re-registered by TorchTitan
-        report["reenabled"] = max((g - r).abs().max().item() for g, r in zip(got, ref, strict=True))
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    # skip C++ static destructors: gloo's thread teardown at exit can abort a finished rank
-    os._exit(0)
+    # Disable then re-enable through TorchTitan: strategies must be re-registered.
+    strategies = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+    cpu_fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    assert strategies[cpu_fwd] is _cpu_fwd_cp_strategy
+    _disable_context_parallel_dispatcher()
+    # CP strategy dropped together with upstream CP rules; the TP (head-sharding) one stays
+    assert strategies[cpu_fwd] is _cpu_fwd_strategy
+    got = _run_cp(mesh, [q, k, v, dout], "headtail")
+    assert strategies[cpu_fwd] is _cpu_fwd_cp_strategy  # re-registered by TorchTitan
+    report["reenabled"] = max((g - r).abs().max().item() for g, r in zip(got, ref, strict=True))
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
 
 
 def test_cpu_ring_attention_matches_sdpa(tmp_path: Path) -> None:
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    spawn(_worker, tmp_path, WORLD)
     for rank in range(WORLD):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         print(f"rank {rank}: {report}")

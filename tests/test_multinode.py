@@ -5,16 +5,10 @@ with the same world size (the same plan, so the same initialisation and data).""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 
+from tests.support.gloo import free_port
 from tests.support.parity import REPO, job_command, read_rows
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def two_nodes(cmd: list[str], env: dict[str, str], ngpu: int,

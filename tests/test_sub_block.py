@@ -234,16 +234,22 @@ def test_sub_block_fsdp_groups_by_hand(mode):
 def test_sub_block_modes_follow_the_tp_dp_rule_in_one_place():
     """The search offers the sub-block modes where whole-block data parallel is legal (the same
     rule, ``tp_dp_problem``, that the plan check applies), on dense models (MoE blocks:
-    "sp/dp" and "dp/sp", with etp = 1; TorchTitan 0.2.2's front-end applies both), only with
+    "sp/dp" and "dp/sp", with etp = 1, and with ep = 1 the ":shared_dp" modes; TorchTitan
+    0.2.2's front-end applies the first two), only with
     the technique; sub-block plans keep one FSDP group per sub-block (no units, no node
     reshard)."""
     asked = Constraints(techniques=("fsdp", "tp", "tp_sub_block"))
     assert block_tp_modes(MESH, MB, asked) == ("sp", *SUB_BLOCK_TP_MODES)
     assert block_tp_modes(MESH, MB, Constraints()) == ("sp", "dp")
     assert block_tp_modes(MESH, MB, asked, moe_model=True) == ("sp",)  # its dense blocks
+    # with ep 1 the modes that run the shared experts alone data parallel too (offered where
+    # the release applies them and the model has shared experts: ``exclusions``)
     assert block_tp_modes(MESH, MB, asked, moe_model=True, experts=True) == (
-        "sp", "sp/dp", "dp/sp")
-    assert block_tp_modes(MESH, 4, asked, moe_model=True, experts=True) == ("sp", "sp/dp")
+        "sp", "sp/dp", "dp/sp", "sp/sp:shared_dp", "dp/sp:shared_dp")
+    assert block_tp_modes(MESH, 4, asked, moe_model=True, experts=True) == (
+        "sp", "sp/dp", "sp/sp:shared_dp")
+    assert block_tp_modes(dataclasses.replace(MESH, ep=16), MB, asked, moe_model=True,
+                          experts=True) == ("sp", "sp/dp", "dp/sp")
     v0_2 = dataclasses.replace(asked, moe_sub_block_modes=MOE_SUB_BLOCKS_APPLIED)
     assert block_tp_modes(MESH, MB, v0_2, moe_model=True, experts=True) == (
         "sp", "sp/dp", "dp/sp")
@@ -444,6 +450,14 @@ def test_sub_block_moe_attention_dp_for_the_families_it_runs():
     other = dataclasses.replace(adapter, moe_sub_block_modes=None)
     with pytest.raises(UserError, match="applied to deepseek_v3, qwen3, llama4 only"):
         sub_blocks_of(block, other, "dp/sp")
+    # 0.2.2's MoE TP scatters the MoE's output once: the shared experts apart (0.3.0's
+    # ":shared_dp" modes) save nothing there, and a plan file's stops in one line
+    for mode, words in (("sp/sp:shared_dp", "MoE blocks take 'sp' or 'sp/dp', 'dp/sp'"),
+                        ("dp/sp:shared_dp", "MoE blocks take")):
+        with pytest.raises(UserError, match=words):
+            sub_blocks_of(block, adapter, mode)
+    with pytest.raises(UserError, match="is a MoE block's"):
+        sub_blocks_of(model.layers["0"], adapter, "sp/sp:shared_dp")
     asked = Constraints(techniques=("fsdp", "tp", "tp_sub_block"),
                         moe_sub_block_modes=MOE_SUB_BLOCKS_APPLIED)
     graph = read_model("deepseek_v3", "debugmodel", 64)
@@ -804,16 +818,14 @@ def test_sub_block_dp_shard_tp_weights_by_hand():
     assert ffn > 2 * attention  # Llama 3 8B: 176 M against 42 M parameters per block
 
 
-def _moe_counts_worker(rank: int, port: int, out_dir: str) -> None:
+def _moe_counts_worker(rank: int, out_dir: str) -> None:
     """One of 2 gloo ranks: TorchTitan's MoE on this rank's sequence shard of a batch (tp 2,
     ``moe_on_sequence_shard``) beside the same MoE on the whole batch."""
     import copy
     import json
-    import os
     from pathlib import Path
     from types import SimpleNamespace
 
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torchtitan.models.moe.moe import MoE, MoEArgs
 
@@ -821,29 +833,22 @@ def _moe_counts_worker(rank: int, port: int, out_dir: str) -> None:
     from torchtitan_autoparallel.titan.v0_2.tp_dp import moe_on_sequence_shard
 
     cpu.install()  # TorchTitan's MoE on CPU (its histc of expert indices)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-        torch.manual_seed(0)  # the same model and batch on both ranks
-        moe = MoE(MoEArgs(num_experts=8, top_k=2, use_grouped_mm=False), dim=16, hidden_dim=32)
-        with torch.no_grad():
-            moe.init_weights(0.02, torch.device("cpu"))
-        x = torch.randn(2, 24, 16)
-        whole = copy.deepcopy(moe)
-        expected = whole(x).chunk(2, dim=1)[rank]
-        block = torch.nn.Module()
-        block.moe = moe
-        moe_on_sequence_shard(block, SimpleNamespace(moe="moe"), mesh)
-        got = block.moe(x.chunk(2, dim=1)[rank].contiguous())
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
-            "output": (got - expected).abs().max().item(),
-            "counts": moe.tokens_per_expert.tolist(),
-            "whole_counts": whole.tokens_per_expert.tolist()}))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    os._exit(0)  # gloo's thread teardown at exit can abort a finished rank
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    torch.manual_seed(0)  # the same model and batch on both ranks
+    moe = MoE(MoEArgs(num_experts=8, top_k=2, use_grouped_mm=False), dim=16, hidden_dim=32)
+    with torch.no_grad():
+        moe.init_weights(0.02, torch.device("cpu"))
+    x = torch.randn(2, 24, 16)
+    whole = copy.deepcopy(moe)
+    expected = whole(x).chunk(2, dim=1)[rank]
+    block = torch.nn.Module()
+    block.moe = moe
+    moe_on_sequence_shard(block, SimpleNamespace(moe="moe"), mesh)
+    got = block.moe(x.chunk(2, dim=1)[rank].contiguous())
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
+        "output": (got - expected).abs().max().item(),
+        "counts": moe.tokens_per_expert.tolist(),
+        "whole_counts": whole.tokens_per_expert.tolist()}))
 
 
 def test_sub_block_moe_counts_tokens_over_tp(tmp_path):
@@ -853,11 +858,9 @@ def test_sub_block_moe_counts_tokens_over_tp(tmp_path):
     tp, both ranks update their expert bias alike)."""
     import json
 
-    import torch.multiprocessing as mp
+    from tests.support.gloo import spawn
 
-    from tests.test_cpu_attention import _free_port
-
-    mp.spawn(_moe_counts_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn(_moe_counts_worker, tmp_path)
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for report in reports:
         assert report["output"] < 1e-6
@@ -867,8 +870,8 @@ def test_sub_block_moe_counts_tokens_over_tp(tmp_path):
 
 def test_sub_block_moe_routing_pins():
     """The family's default pin of MoE routing leaves a MoE block "sp/dp" (TorchTitan's routing
-    and dispatch code runs in it, on each tp rank's tokens) and "dp/sp" (the MoE as
-    TorchTitan's MoE TP runs it); the same region pinned by the user keeps TorchTitan's MoE TP
+    and dispatch code runs in it, on each tp rank's tokens), "dp/sp" (the MoE as
+    TorchTitan's MoE TP runs it) and the ":shared_dp" modes (its routing too); the same region pinned by the user keeps TorchTitan's MoE TP
     ("sp" only), as any pinned region inside a block does."""
     from torchtitan_autoparallel.candidates.strategies import pinned_strategies
     from torchtitan_autoparallel.job.pins import Pin
@@ -879,7 +882,7 @@ def test_sub_block_moe_routing_pins():
         return {s.tp_mode for s in pinned_strategies(MESH, MB, asked, True, pin, 8, 1, True)}
 
     assert modes(None) == modes(Pin(regions=("moe.router",), defaults_only=True)) \
-        == {"sp", "sp/dp", "dp/sp"}
+        == {"sp", "sp/dp", "dp/sp", "sp/sp:shared_dp", "dp/sp:shared_dp"}
     assert modes(Pin(regions=("moe.router",))) == {"sp"}
     assert Pin(regions=("moe.router",)).key != Pin(regions=("moe.router",),
                                                   defaults_only=True).key

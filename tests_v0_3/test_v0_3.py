@@ -288,8 +288,9 @@ def test_bfloat16_training_state_is_refused_under_auto_only():
     gradients and optimizer state, in bf16 (``set_default_dtype``), which the cost model does
     not charge (float32 state): one line under auto, as 0.2.2 refuses it; float32 (set or not)
     plans, and TorchTitan's own recipe runs either."""
+    import importlib.util
+
     from torchtitan_autoparallel.errors import UserError
-    from torchtitan_autoparallel.titan.v0_2 import settings as v0_2
     from torchtitan_autoparallel.titan.v0_3 import read_job
     from torchtitan_autoparallel.titan.v0_3 import settings as v0_3
 
@@ -299,7 +300,13 @@ def test_bfloat16_training_state_is_refused_under_auto_only():
     assert read_job([*base, "--training.dtype", "bfloat16"]).training.dtype == "bfloat16"
     assert read_job([*base, "--training.dtype", "float32", "--parallelism.auto"]
                     ).training.dtype == "float32"
-    # one row on both releases
+    # one row on both releases (0.2.2's table read alone: importing its package would register
+    # 0.2.2's adapters in this process)
+    spec = importlib.util.spec_from_file_location(
+        "torchtitan_autoparallel.titan.v0_2.settings",
+        Path(v0_3.__file__).parent.parent / "v0_2" / "settings.py")
+    v0_2 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(v0_2)
     assert v0_3.SETTINGS["training.dtype"] == v0_2.SETTINGS["training.dtype"]
 
 
@@ -396,45 +403,37 @@ def test_tp_dp_is_left_out_under_compile_and_refused_where_asked():
         read_job([*base, "--compile.enable", "--autoparallel.techniques", "fsdp", "tp", "tp_dp"])
 
 
-def _moe_counts_worker(rank: int, port: int, out_dir: str) -> None:
+def _moe_counts_worker(rank: int, out_dir: str) -> None:
     """One of 2 gloo ranks: DeepSeek-V3's debug MoE (TorchTitan 0.3.0's) on this rank's
     sequence shard of a batch (tp 2, ``tp_dp.moe_on_sequence_shard``: what 'sp/dp' runs with
     ep 1) beside the same MoE on the whole batch, two forward passes."""
     import copy
 
     import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from torchtitan_autoparallel.titan.v0_3.model import model_spec
     from torchtitan_autoparallel.titan.v0_3.tp_dp import moe_on_sequence_shard
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-        torch.manual_seed(0)  # the same model and batches on both ranks
-        moe = model_spec("deepseek_v3", "debugmodel").model.layers[1].moe.build()
-        with torch.no_grad():
-            for param in moe.parameters():
-                param.normal_(0.0, 0.05)
-            moe.expert_bias_E.normal_(0.0, 0.01)
-        moe.routed_experts.token_dispatcher.wire_meshes(ep_mesh=None)
-        whole = copy.deepcopy(moe)
-        moe_on_sequence_shard(moe, mesh)
-        error = 0.0
-        for _ in range(2):
-            x = torch.randn(2, 24, 256)
-            expected = whole(x).chunk(2, dim=1)[rank]
-            got = moe(x.chunk(2, dim=1)[rank].contiguous())
-            error = max(error, (got - expected).abs().max().item())
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
-            "output": error, "counts": moe.tokens_per_expert_E.tolist(),
-            "whole_counts": whole.tokens_per_expert_E.tolist()}))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    os._exit(0)  # gloo's thread teardown at exit can abort a finished rank
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    torch.manual_seed(0)  # the same model and batches on both ranks
+    moe = model_spec("deepseek_v3", "debugmodel").model.layers[1].moe.build()
+    with torch.no_grad():
+        for param in moe.parameters():
+            param.normal_(0.0, 0.05)
+        moe.expert_bias_E.normal_(0.0, 0.01)
+    moe.routed_experts.token_dispatcher.wire_meshes(ep_mesh=None)
+    whole = copy.deepcopy(moe)
+    moe_on_sequence_shard(moe, mesh)
+    error = 0.0
+    for _ in range(2):
+        x = torch.randn(2, 24, 256)
+        expected = whole(x).chunk(2, dim=1)[rank]
+        got = moe(x.chunk(2, dim=1)[rank].contiguous())
+        error = max(error, (got - expected).abs().max().item())
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
+        "output": error, "counts": moe.tokens_per_expert_E.tolist(),
+        "whole_counts": whole.tokens_per_expert_E.tolist()}))
 
 
 def test_sub_block_moe_counts_tokens_over_tp_with_ep_1(tmp_path):
@@ -443,14 +442,9 @@ def test_sub_block_moe_counts_tokens_over_tp_with_ep_1(tmp_path):
     token counts are those of the same MoE run on the whole batch on 1 rank: each rank routes
     half the tokens, and the counts it adds are summed over tp (TorchTitan's expert-bias
     update sums them over tp only under expert parallel)."""
-    import socket
+    from tests.support.gloo import spawn
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_moe_counts_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
+    spawn(_moe_counts_worker, tmp_path)
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for report in reports:
         assert report["output"] < 1e-5
@@ -458,73 +452,77 @@ def test_sub_block_moe_counts_tokens_over_tp_with_ep_1(tmp_path):
         assert sum(report["counts"]) == 2 * 2 * 24 * 3  # two batches, every token's top-3
 
 
-MOE_TP_CASES = (("deepseek_v3", "debugmodel", True, 1), ("deepseek_v3", "debugmodel", True, 2),
-                ("deepseek_v3", "debugmodel", False, 1), ("deepseek_v3", "debugmodel", False, 2),
-                ("qwen3", "debugmodel_moe", True, 2), ("qwen3", "debugmodel_moe", False, 2))
-"""(family, flavor, sequence parallel, ep) of the MoE blocks whose collectives over tp are
-counted: with shared experts (DeepSeek-V3) and without (qwen3's MoE), with and without EP."""
+MOE_TP_CASES = (("deepseek_v3", "debugmodel", "sp", 1), ("deepseek_v3", "debugmodel", "sp", 2),
+                ("deepseek_v3", "debugmodel", "sp/sp:shared_dp", 1),
+                ("deepseek_v3", "debugmodel", "dp/sp:shared_dp", 1),
+                ("deepseek_v3", "debugmodel", "sp/sp:rep", 1),
+                ("deepseek_v3", "debugmodel", "sp/sp:rep", 2),
+                ("qwen3", "debugmodel_moe", "sp", 2), ("qwen3", "debugmodel_moe", "sp/sp:rep", 2))
+"""(family, flavor, tp mode, ep) of the MoE blocks whose collectives over tp are counted: with
+shared experts (DeepSeek-V3) and without (qwen3's MoE), with and without EP, with sequence
+parallel ('sp'; the shared experts data parallel beside the MoE TP, 'sp/sp:shared_dp', and
+the attention too, 'dp/sp:shared_dp') and without it ('sp/sp:rep')."""
 
 
-def _moe_collectives_worker(rank: int, port: int, out_dir: str) -> None:
+def _moe_collectives_worker(rank: int, out_dir: str) -> None:
     """One of 2 gloo ranks: each of ``MOE_TP_CASES`` (TorchTitan 0.3.0's model, SDPA) on tp 2,
-    parallelized by its own sharding declarations; rank 0 writes the collectives each block
-    issues in one forward and one backward."""
+    parallelized by its own sharding declarations (for the MoE sub-block modes with each MoE
+    block's data-parallel parts as the apply runs them, ``tp_dp.override_declared_sharding``);
+    rank 0 writes the collectives each block issues in one forward and one backward."""
     import importlib
 
     import torch
-    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed.utils import get_spmd_context
 
+    from torchtitan_autoparallel.candidates.layout import MOE_SUB_BLOCK_MODES, Mesh
     from torchtitan_autoparallel.titan.v0_3.cpu import uneven_all_to_all
     from torchtitan_autoparallel.titan.v0_3.model import as_sdpa, model_spec
+    from torchtitan_autoparallel.titan.v0_3.tp_dp import moe_parts, override_declared_sharding
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
     uneven_all_to_all()
     report = []
-    try:
-        for family, flavor, sp, ep in MOE_TP_CASES:
-            dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=2, pp=1, ep=ep,
-                                world_size=2)
-            config = model_spec(family, flavor).model
-            as_sdpa(config)
-            sharding = importlib.import_module(f"torchtitan.models.{family}.sharding")
-            getattr(sharding, f"set_{family}_sharding_config")(config, enable_sp=sp,
-                                                               enable_ep=ep > 1)
-            torch.manual_seed(0)
-            model = config.build()
-            model.parallelize(dims)
-            with get_spmd_context(parallel_dims=dims)(), CommDebugMode() as counted:
-                model(torch.randint(0, 1000, (2, 64))).float().sum().backward()
-            report.append({fqn.partition(".")[2]: {phase: {str(op).rpartition(".")[2]: n
-                                                           for op, n in ops.items()}
-                                                   for phase, ops in counts.items()}
-                           for fqn, counts in counted.comm_module_counts.items()})
-        if rank == 0:
-            Path(out_dir, "counts.json").write_text(json.dumps(report))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    os._exit(0)  # gloo's thread teardown at exit can abort a finished rank
+    for family, flavor, mode, ep in MOE_TP_CASES:
+        dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=2, pp=1, ep=ep, world_size=2)
+        config = model_spec(family, flavor).model
+        as_sdpa(config)
+        sharding = importlib.import_module(f"torchtitan.models.{family}.sharding")
+        getattr(sharding, f"set_{family}_sharding_config")(
+            config, enable_sp=mode != "sp/sp:rep", enable_ep=ep > 1)
+        torch.manual_seed(0)
+        model = config.build()
+        if mode in MOE_SUB_BLOCK_MODES:  # the block itself: the model's declarations
+            mesh = Mesh(dp_replicate=1, dp_shard=1, tp=2, ep=ep)
+            override_declared_sharding(
+                {name: moe_parts(block, mesh, mode)[:-1]
+                 for name, block in model.layers.named_children() if block.moe_enabled},
+                init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
+        model.parallelize(dims)
+        with get_spmd_context(parallel_dims=dims)(), CommDebugMode() as counted:
+            model(torch.randint(0, 1000, (2, 64))).float().sum().backward()
+        report.append({fqn.partition(".")[2]: {phase: {str(op).rpartition(".")[2]: n
+                                                       for op, n in ops.items()}
+                                               for phase, ops in counts.items()}
+                       for fqn, counts in counted.comm_module_counts.items()})
+    if rank == 0:
+        Path(out_dir, "counts.json").write_text(json.dumps(report))
 
 
 def test_moe_tp_costs_the_collectives_the_model_issues(tmp_path):
     """The collectives over tp the cost model charges a MoE block on TorchTitan 0.3.0
     (``comm.tp_comm_s``, tp 2, no async TP) are those TorchTitan's own models issue per block
     on 2 gloo ranks, counted by kind: with sequence parallel, with ep 1 the MoE's input
-    all-gathered and its routed and shared experts' outputs reduce-scattered apart, under EP
-    only the shared experts' pair (none in qwen3's MoE: its router and routed experts run on
-    the sequence shard); without it ('sp/sp:rep', planned
-    with tp > 1 now), the MoE's output all-reduced, its input gradient all-reduced where
-    something gathered the stream (ep 1, shared experts), and under EP two all-gathers more
-    in backward (the router and the routed experts each cut their rank's sequence shard out of
-    the whole stream)."""
-    import socket
-
-    import torch.multiprocessing as mp
-
+    all-gathered and its routed and shared experts' outputs reduce-scattered apart (with the
+    shared experts data parallel on a cut of the gathered input, 'sp/sp:shared_dp', the
+    routed experts' alone; with the attention on a batch shard too, 'dp/sp:shared_dp', the
+    four all-to-alls around it instead of its pair), under EP only the shared experts' pair
+    (none in qwen3's MoE: its router and routed experts run on the sequence shard); without it
+    ('sp/sp:rep', planned with tp > 1 now), the MoE's output all-reduced, its input gradient
+    all-reduced where something gathered the stream (ep 1, shared experts), and under EP two
+    all-gathers more in backward (the router and the routed experts each cut their rank's
+    sequence shard out of the whole stream)."""
     from torchtitan_autoparallel.candidates.layout import BlockStrategy, Mesh
     from torchtitan_autoparallel.cost.comm import tp_comm_s
     from torchtitan_autoparallel.cost.common import CostContext, Precision, collective_s
@@ -533,31 +531,33 @@ def test_moe_tp_costs_the_collectives_the_model_issues(tmp_path):
     from torchtitan_autoparallel.job.inputs import layer_graph_for
     from torchtitan_autoparallel.titan.v0_3 import read_job
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_moe_collectives_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
+    from tests.support.gloo import spawn
+
+    spawn(_moe_collectives_worker, tmp_path)
     reports = json.loads((tmp_path / "counts.json").read_text())
     features = features_from_config(read_job(["--module", "qwen3", "--config",
                                               "qwen3_moe_debug"]))
     assert features == Features(moe_routed_on_shard=True)  # 0.3.0's rule, in every job
     ctx = CostContext(hw=load_profile("h100_sxm"), prec=Precision(2, 4), gpus_per_node=8,
                       features=features)
-    kinds = {"allreduce_": "all_reduce", "_allgather_base_": "all_gather",
-             "_reduce_scatter_base_": "reduce_scatter"}
+    # (kind, bytes per stream byte); gloo runs DTensor's all-to-all of the stream between its
+    # sequence and batch shards as an all-gather and a chunk (it warns so)
+    kinds = {"allreduce_": ("all_reduce", 1), "_allgather_base_": ("all_gather", 1),
+             "_reduce_scatter_base_": ("reduce_scatter", 1),
+             "all_gather_into_tensor": ("all_to_all", 1 / 2)}
     graphs = {}
-    for (family, flavor, sp, ep), report in zip(MOE_TP_CASES, reports, strict=True):
+    for (family, flavor, mode, ep), report in zip(MOE_TP_CASES, reports, strict=True):
         graph = graphs.get(family) or graphs.setdefault(family, layer_graph_for(read_job(
             ["--module", family, "--config", f"{family}_{flavor}".replace(
                 "qwen3_debugmodel_moe", "qwen3_moe_debug")])))
         index, block = next((i, b) for i, b in enumerate(graph.blocks) if b.expert_params)
         act = block.io_bytes * ctx.act_scale
-        counted = sum(n * collective_s(kinds[op], act, 2, False, ctx.hw)
+        counted = sum(n * collective_s(kinds[op][0], act * kinds[op][1], 2, False, ctx.hw)
                       for phase in report[f"layers.{index}"].values()
                       for op, n in phase.items() if op in kinds)
         charged = tp_comm_s(block, Mesh(dp_replicate=1, dp_shard=1, tp=2, cp=1, ep=ep),
-                            BlockStrategy("none", False, "sp" if sp else "sp/sp:rep"), 1, ctx)
-        assert charged == pytest.approx(counted), (family, sp, ep, report[f"layers.{index}"])
+                            BlockStrategy("none", False, mode), 1, ctx)
+        assert charged == pytest.approx(counted), (family, mode, ep, report[f"layers.{index}"])
 
 
 def test_sub_block_moe_offered_with_expert_parallel():
@@ -565,7 +565,9 @@ def test_sub_block_moe_offered_with_expert_parallel():
     offers it to DeepSeek-V3's MoE blocks with ep 1 (the whole MoE data parallel over tp), and
     with ep 2 and 4 on fsdp 2 x tp 2 (the shared experts data parallel, the routed experts on
     the model's EP, up to all of dp_shard x tp), as 'dp/sp' (the attention data parallel over
-    tp). A plan searched with ep 2 puts its MoE blocks in one of them on the CPU profile."""
+    tp), and with ep 1 'sp/sp:shared_dp' (the shared experts alone data parallel beside the
+    model's MoE TP; not to qwen3's MoE, which has none). A plan searched with ep 2 puts its
+    MoE blocks in one of them on the CPU profile."""
     from torchtitan_autoparallel.candidates.layout import Mesh
     from torchtitan_autoparallel.candidates.strategies import block_tp_modes
     from torchtitan_autoparallel.job.inputs import job_inputs
@@ -580,7 +582,7 @@ def test_sub_block_moe_offered_with_expert_parallel():
     for ep in (1, 2, 4):
         mesh = Mesh(dp_replicate=1, dp_shard=2, tp=2, ep=ep)
         assert block_tp_modes(mesh, 2, constraints, True, experts=True) == (
-            "sp", "sp/dp", "dp/sp"), ep
+            "sp", "sp/dp", "dp/sp", *(("sp/sp:shared_dp",) if ep == 1 else ())), ep
     plan = plan_job(read_job([*base, "--parallelism.expert_parallel_degree", "2"]), 4)
     modes = {layer.tp_mode for layer in plan.layers if layer.kind == "block"}
     assert modes & {"sp/dp", "dp/sp"}, plan.table()
@@ -589,7 +591,10 @@ def test_sub_block_moe_offered_with_expert_parallel():
     gpt_oss = ["--module", "gpt_oss", "--config", "gpt_oss_debugmodel", "--parallelism.auto",
                *base[-6:]]
     assert job_inputs(read_job(gpt_oss), 4).constraints.moe_sub_block_modes == ("sp/dp",)
-    assert constraints.moe_sub_block_modes == ("sp/dp", "dp/sp")
+    assert constraints.moe_sub_block_modes == ("sp/dp", "dp/sp", "sp/sp:shared_dp")
+    qwen3 = ["--module", "qwen3", "--config", "qwen3_moe_debug", "--parallelism.auto",
+             *base[-6:]]
+    assert job_inputs(read_job(qwen3), 4).constraints.moe_sub_block_modes == ("sp/dp", "dp/sp")
 
 
 def test_sub_block_search_notes_moe_blocks_and_refuses_full_dtensor():

@@ -5,7 +5,7 @@ import dataclasses
 
 from ..errors import UserError
 from ..graph.layer_graph import LayerGraph
-from .layout import MOE_SHARED_DP
+from .layout import MOE_SHARED_DP, shared_experts_dp
 from .strategies import Constraints
 
 # fixed degree (Constraints field, its [parallelism] key) -> the technique it needs
@@ -25,10 +25,12 @@ def without_excluded(constraints: Constraints, graph: LayerGraph, world: int) ->
                 f"cannot use: {excluded[technique]}; or set it to 1"
             )
     # a MoE block's sub-blocks are its MoE and the rest (``MOE_SUB_BLOCK_MODES``), where the
-    # release applies them and the family takes them
+    # release applies them and the family takes them; its shared experts apart where it has
     family_modes = graph.adapter.moe_sub_block_modes or (MOE_SHARED_DP,)
+    shared = any(layer.shared_expert_linears for layer in graph.blocks)
     constraints = dataclasses.replace(constraints, moe_sub_block_modes=tuple(
-        mode for mode in constraints.moe_sub_block_modes if mode in family_modes))
+        mode for mode in constraints.moe_sub_block_modes
+        if mode in family_modes and (shared or not shared_experts_dp(mode))))
     moe = bool(graph.num_experts and constraints.moe_sub_block_modes)
     if "tp_sub_block" in constraints.techniques and not graph.adapter.sub_blocks and not moe:
         raise UserError(

@@ -28,9 +28,10 @@ DEFAULT_TECHNIQUES = tuple(t for t in TECHNIQUES if t != "tp_sub_block")
 """What the search uses unless ``autoparallel.techniques`` says otherwise."""
 TpMode = Literal["none", "sp", "dp", "dp/sp", "sp/dp", "sp/sp:a2a", "dp/sp:batch",
                  "sp/dp:batch", "sp/sp:batch", "sp/tp@dp_shard", "sp/sp:rep", "dp/sp:rep",
-                 "sp/dp:rep", "dim", "dim:gather"]
+                 "sp/dp:rep", "sp/sp:shared_dp", "dp/sp:shared_dp", "dim", "dim:gather"]
 """What the tp dim does for a block: "none" (tp = 1), one of ``TP_MODES`` or one of
-``SUB_BLOCK_TP_MODES``; for the embedding also one of ``EMBEDDING_MODES``."""
+``SUB_BLOCK_TP_MODES``; for a MoE block also one of ``MOE_SUB_BLOCK_MODES``; for the
+embedding also one of ``EMBEDDING_MODES``."""
 TP_MODES: tuple[TpMode, ...] = ("sp", "dp")
 """Per block on a mesh with tp > 1: "sp" = TorchTitan's TP + sequence-parallel plan; "dp" = the
 block's parameters are FSDP-sharded over dp_shard x tp and the tp ranks split the micro-batch
@@ -98,7 +99,24 @@ MOE_ATTENTION_DP: TpMode = "dp/sp"
 """A MoE block's attention (and its norm) data parallel over tp on a batch shard, as a dense
 block's in "dp/sp", and its MoE as TorchTitan's MoE TP / EP runs it."""
 
-MOE_SUB_BLOCK_MODES: tuple[TpMode, ...] = (MOE_SHARED_DP, MOE_ATTENTION_DP)
+SHARED_DP = ":shared_dp"
+"""The suffix of the MoE modes whose shared experts alone run data parallel over tp beside
+the model's MoE TP (``MOE_ROUTED_TP``, ``MOE_ATTENTION_SHARED_DP``)."""
+
+MOE_ROUTED_TP: TpMode = "sp/sp:shared_dp"
+"""A MoE block with ep = 1 whose attention and routed experts run the model's TP + SP (the
+MoE's input all-gathered over tp, the routed experts' output reduce-scattered) and whose shared
+experts run data parallel over tp on this tp rank's sequence shard of that gathered input
+(weights whole on tp, FSDP over dp_shard x tp): their output joins the routed experts'
+scattered one with no collective of its own, where TorchTitan 0.3.0's MoE TP reduce-scatters
+the two apart. With ep > 1, ``MOE_SHARED_DP`` runs the shared experts so."""
+
+MOE_ATTENTION_SHARED_DP: TpMode = "dp/sp:shared_dp"
+"""``MOE_ATTENTION_DP``'s attention (data parallel over tp on a batch shard) with
+``MOE_ROUTED_TP``'s MoE (ep = 1)."""
+
+MOE_SUB_BLOCK_MODES: tuple[TpMode, ...] = (MOE_SHARED_DP, MOE_ATTENTION_DP, MOE_ROUTED_TP,
+                                           MOE_ATTENTION_SHARED_DP)
 """The sub-block modes a MoE block may take (``Frontend.moe_sub_block_modes``: those a release
 applies)."""
 
@@ -134,18 +152,33 @@ def a2a_mode(tp_mode: str) -> bool:
     return tp_mode.endswith(A2A)
 
 
+def shared_experts_dp(tp_mode: str) -> bool:
+    """Whether ``tp_mode`` runs a MoE block's shared experts alone data parallel over tp
+    (``SHARED_DP``)."""
+    return tp_mode.endswith(SHARED_DP)
+
+
+def without_shared_dp(tp_mode: str) -> str:
+    """``tp_mode`` with its shared experts as the rest of its feed-forward: the mode without
+    ``SHARED_DP`` ("sp" for ``MOE_ROUTED_TP``)."""
+    base = tp_mode.removesuffix(SHARED_DP)
+    return "sp" if base == "sp/sp" else base
+
+
 def tp_dp_params(tp_mode: str) -> bool:
     """Whether some of a block's parameters are data parallel over tp under ``tp_mode`` (a
-    "dp" block or sub-block): FSDP shards them over dp_shard x tp."""
-    return "dp" in sub_block_modes(tp_mode)
+    "dp" block or sub-block, the shared experts of a ``SHARED_DP`` mode): FSDP shards them over
+    dp_shard x tp."""
+    return "dp" in sub_block_modes(tp_mode) or shared_experts_dp(tp_mode)
 
 
 def split_fsdp(tp_mode: str) -> bool:
     """Whether a block in ``tp_mode`` is one FSDP group per sub-block (one of them data
     parallel over tp, on dp_shard x tp; or a ``DP_SHARD_TP`` feed-forward, sharded by its own
-    style and in no FSDP group) rather than one group for the block."""
-    return tp_mode in SUB_BLOCK_TP_MODES and (tp_dp_params(tp_mode)
-                                              or DP_SHARD_TP in sub_block_modes(tp_mode))
+    style and in no FSDP group; a ``SHARED_DP`` mode's shared experts beside the rest) rather
+    than one group for the block."""
+    return shared_experts_dp(tp_mode) or tp_mode in SUB_BLOCK_TP_MODES and (
+        tp_dp_params(tp_mode) or DP_SHARD_TP in sub_block_modes(tp_mode))
 
 
 def batch_a2a(tp_mode: str) -> bool:
@@ -225,7 +258,8 @@ def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
     groups of n ranks of one node; ``unsharded``: the mesh's label
     when it shards nothing, "ddp" / "single", see ``Mesh.unsharded_label``), unit "unit<k>"
     (FSDP units of k blocks), tp "tp+sp" ("tp" on a ``stream`` whole on every tp rank, None) /
-    "tp_dp" / "attn:<tp>/ffn:<tp>" (a TP sub-block "tp" and stream "stream:batch" /
+    "tp_dp" / "attn:<tp>/ffn:<tp>" (a ``SHARED_DP`` mode: "/shared:tp_dp" after it; a TP
+    sub-block "tp" and stream "stream:batch" /
     "stream:replicated" where the stream is sharded on the batch / whole on every tp rank),
     ep "ep<k>", ac
     "ac:<mode>", pinned "pinned"; absent aspects are left out."""
@@ -249,6 +283,9 @@ def strategy_parts(ac: str, reshard_after_forward: bool | int, tp_mode: str, ep:
         parts["tp"] = f"attn:{attention}/ffn:{ffn}"
         if stream != 1:
             parts["stream"] = "stream:batch" if stream == 0 else "stream:replicated"
+    elif shared_experts_dp(tp_mode):
+        attention, ffn = (TP_PART[m] for m in sub_block_modes(tp_mode))
+        parts["tp"] = f"attn:{attention}/ffn:{ffn}/shared:{TP_PART['dp']}"
     if ep > 1:
         parts["ep"] = f"ep{ep}"
     if ac != "none":
@@ -485,13 +522,14 @@ def tp_dp_problem(mesh: Mesh, microbatch: int, kind: str = "block", tp_mode: str
     block, one FSDP mesh over dp_shard x tp (dp_replicate = 1, cp = 1; dp_shard > 1 for the
     whole block, whose data parallel over tp alone would be plain FSDP over the same ranks; a
     sub-block mode may have dp_shard = 1: its data-parallel part sharded over tp, the rest as
-    TorchTitan's TP alone), etp = 1 (MoE blocks) and, where the tp ranks split the
-    micro-batch (``batch_a2a``, a stream sharded on the batch, a data-parallel sub-block on a
-    replicated stream), a batch they split evenly. ``A2A_MODES`` use no data
-    parallel over tp: they need tp > 1, no pipeline, a block and cp = 1 only (the all-to-all
-    splits the sequence over tp alone), as does ``TP_WITHOUT_SP``. ``DP_SHARD_TP_MODES``
-    split no batch over tp either: they need dp_shard > 1 (the feed-forward's TP group),
-    dp_replicate = 1 and cp = 1. With ``fix`` the reason ends with the fix (tp_mode 'sp')."""
+    TorchTitan's TP alone; ``SHARED_DP`` modes ep = 1), etp = 1 (MoE blocks) and, where the
+    tp ranks split the micro-batch (``batch_a2a``, a stream sharded on the batch, a
+    data-parallel sub-block on a replicated stream), a batch they split evenly. ``A2A_MODES``
+    use no data parallel over tp: they need tp > 1, no pipeline, a block and cp = 1 only
+    (the all-to-all splits the sequence over tp alone), as does ``TP_WITHOUT_SP``.
+    ``DP_SHARD_TP_MODES`` split no batch over tp either: they need dp_shard > 1 (the
+    feed-forward's TP group), dp_replicate = 1 and cp = 1. With ``fix`` the reason ends
+    with the fix (tp_mode 'sp')."""
     reason = _tp_dp_reason(mesh, microbatch, kind, tp_mode)
     return f"{reason}; use 'sp'" if reason and fix and mesh.tp > 1 else reason
 
@@ -507,6 +545,9 @@ def _tp_dp_reason(mesh: Mesh, microbatch: int, kind: str, tp_mode: str) -> str:
         return f"{mode} applies to blocks only"
     if a2a_mode(tp_mode) or tp_mode == TP_WITHOUT_SP:
         return f"{mode} needs cp = 1" if mesh.cp > 1 else ""
+    if shared_experts_dp(tp_mode) and mesh.ep > 1:
+        return (f"{mode} needs ep = 1 (with ep > 1, {MOE_SHARED_DP!r} runs the shared experts "
+                "data parallel beside the model's EP)")
     if tp_mode in DP_SHARD_TP_MODES:
         return ("" if mesh.dp_shard > 1 and mesh.dp_replicate == 1 and mesh.cp == 1 else
                 f"{mode} needs dp_shard > 1, dp_replicate = 1 and cp = 1")

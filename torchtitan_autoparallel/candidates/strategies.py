@@ -123,7 +123,7 @@ def enumerate_meshes(
                     why = _mesh_refusal(graph, gpus_per_node, allowed, pp, dp_replicate,
                                         dp_shard, cp, tp)
                     if not why and tp > 1 and not constraints.sequence_parallel:
-                        why = without_sp_refusal(graph, Mesh(
+                        why = without_sp_refusal(Mesh(
                             dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, cp=cp, pp=pp))
                     if not why and constraints.fsdp_required and dp_shard * cp == 1:
                         why = ("training.enable_cpu_offload is FSDP's CPU offload, so the mesh "
@@ -156,7 +156,7 @@ def enumerate_meshes(
     return meshes
 
 
-def without_sp_refusal(graph: LayerGraph, mesh: Mesh) -> str:
+def without_sp_refusal(mesh: Mesh) -> str:
     """Why a job with sequence parallel off cannot run tensor parallel on ``mesh`` (empty if
     it can): its blocks run ``TP_WITHOUT_SP`` (``tp_dp_problem``'s rule)."""
     off = "parallelism.enable_sequence_parallel is off"

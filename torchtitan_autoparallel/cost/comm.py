@@ -13,9 +13,11 @@ from ..candidates.layout import (
     batch_a2a,
     fsdp_group_size,
     reshard_group,
+    shared_experts_dp,
     split_fsdp,
     stream_dim,
     sub_block_modes,
+    without_shared_dp,
 )
 from ..graph.layer_graph import Layer
 from ..job.features import Features
@@ -53,7 +55,7 @@ def tp_region_gemms(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatc
     speedup, wgrad = _low_speedups(hw, features)
     low = low_precision_linears(layer, mesh, strategy, microbatch, hw, features)
     measured = measured_float8_table(hw, features)
-    mixed = strategy.tp_mode in SUB_BLOCK_TP_MODES
+    mixed = strategy.tp_mode in SUB_BLOCK_TP_MODES or shared_experts_dp(strategy.tp_mode)
     regions: dict[str, list[float]] = {}
     for shape, is_low, style, name, (tp, tokens) in zip(
             layer.linear_shapes, low, styles, names,
@@ -81,15 +83,15 @@ def moe_outputs(layer: Layer, mesh: Mesh, strategy: BlockStrategy, ctx: CostCont
     the tp dim's stream layout ("sp" in ``strategy``): one (a dense feed-forward, a MoE that
     gathers its input as a whole), except where the release runs the MoE's routed experts on
     the sequence shard under EP (``Features.moe_routed_on_shard``, TorchTitan 0.3.0): there a
-    MoE reduces its shared experts' output alone (none without shared experts), and with
-    ep 1 its routed and shared experts' outputs apart (two). Shared experts: a recorded
-    linear of the block named so. As counted per block on TorchTitan 0.3.0's DeepSeek-V3
-    and qwen3 MoE on 2 gloo ranks (tests_v0_3/test_v0_3.py)."""
-    names = linear_names(layer)
-    if not (ctx.features.moe_routed_on_shard and layer.expert_params and any(names)
-            and sub_block_modes(strategy.tp_mode)[1] == "sp"):
+    MoE reduces its shared experts' output alone (none without shared experts, or with them
+    data parallel), and with ep 1 its routed and shared experts' outputs apart (two; one with
+    the shared experts data parallel, ``MOE_ROUTED_TP``). Shared experts:
+    ``Layer.shared_expert_linears``. As counted per block on TorchTitan 0.3.0's DeepSeek-V3 and
+    qwen3 MoE on 2 gloo ranks (tests_v0_3/test_v0_3.py)."""
+    if not (ctx.features.moe_routed_on_shard and layer.expert_params
+            and any(linear_names(layer)) and sub_block_modes(strategy.tp_mode)[1] == "sp"):
         return 1
-    shared = any("shared_expert" in name for name in names)
+    shared = bool(layer.shared_expert_linears) and not shared_experts_dp(strategy.tp_mode)
     return int(shared) if mesh.ep > 1 else 1 + shared
 
 
@@ -388,8 +390,14 @@ def fsdp_groups(layer: Layer, mesh: Mesh, tp_mode: str) -> list[tuple[float, int
     block in ``tp_mode``: the block (its parameters split over tp by TP + SP, whole under
     "dp"), or one group per sub-block (``split_fsdp``: TP + SP's split over tp and sharded
     over dp_shard x cp, data parallel's whole and sharded over dp_shard x tp,
-    ``DP_SHARD_TP``'s in none); with ep > 1 the routed experts apart, split over ep x etp and
-    sharded over the remaining efsdp ranks."""
+    ``DP_SHARD_TP``'s in none; ``SHARED_DP`` (ep = 1): the shared experts whole and sharded
+    over dp_shard x tp, out of the feed-forward's TP + SP group); with ep > 1 the routed
+    experts apart, split over ep x etp and sharded over the remaining efsdp ranks."""
+    if shared_experts_dp(tp_mode):  # the shared experts apart from the feed-forward's group
+        shared = sum(k * n for i, (k, n) in enumerate(layer.linear_shapes)
+                     if i in layer.shared_expert_linears)
+        *rest, (n, split, size) = fsdp_groups(layer, mesh, without_shared_dp(tp_mode))
+        return [*rest, (n - shared, split, size), (shared, 1, fsdp_group_size(mesh, "dp"))]
     ep = mesh.ep if layer.expert_params else 1
     groups = [(layer.params - (layer.expert_params if ep > 1 else 0),
                1 if tp_mode == "dp" else mesh.tp, fsdp_group_size(mesh, tp_mode))]

@@ -1,6 +1,7 @@
 """Compute time of a block from its kernels: GEMMs by shape from the profile's tables (bf16,
 float8 with its casts), attention (flash / ring), the loss, and the memoized per-block sum."""
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -10,8 +11,10 @@ from ..candidates.layout import (
     BlockStrategy,
     Mesh,
     a2a_mode,
+    shared_experts_dp,
     stream_dim,
     sub_block_modes,
+    without_shared_dp,
 )
 from ..graph.layer_graph import Layer
 from ..job.features import Features
@@ -125,8 +128,17 @@ def linear_groups(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch:
     split of their weights, the tokens one rank's linears see per micro-batch); one group for a
     whole-block tp mode, one per sub-block (``linear_sub_blocks``) for a sub-block mode, and
     under ``A2A`` one more for the attention's row-wise linears (whole, a tp-th of the
+    tokens), under ``MOE_ROUTED_TP`` for the shared experts' (whole, a tp-th of the
     tokens)."""
     n = len(layer.linear_shapes)
+    if shared_experts_dp(strategy.tp_mode):
+        shared = layer.shared_expert_linears
+        rest = linear_groups(layer, mesh, dataclasses.replace(
+            strategy, tp_mode=without_shared_dp(strategy.tp_mode)), microbatch)
+        return (*((tuple(i for i in idx if i not in shared), tp, tokens)
+                  for idx, tp, tokens in rest),
+                (shared, 1, linear_tokens(layer, mesh, BlockStrategy("none", False, "dp"),
+                                          microbatch)))
     if strategy.tp_mode not in SUB_BLOCK_TP_MODES:
         return ((tuple(range(n)), mesh.tp if strategy.tp_mode == "sp" else 1,
                  linear_tokens(layer, mesh, strategy, microbatch)),)

@@ -22,6 +22,7 @@ from typing import Literal, NamedTuple
 from ..candidates.layout import (
     EMBEDDING_DIM,
     EMBEDDING_MODES,
+    MOE_SUB_BLOCK_MODES,
     SUB_BLOCK_TP_MODES,
     TP_MODES,
     BlockStrategy,
@@ -29,6 +30,7 @@ from ..candidates.layout import (
     edge_strategy,
     fsdp_group_size,
     reshard_group,
+    shared_experts_dp,
     stream_dim,
     sub_block_modes,
 )
@@ -218,7 +220,7 @@ def _block_memory(layer: Layer, mesh: Mesh, strategy: BlockStrategy, microbatch:
         # backward of a recomputed block: the gradients of its activations beside them, and
         # under TP + SP the all-gathered (unsplit) inputs of attention and FFN with theirs
         unsplit = 2 * layer.io_bytes * microbatch * act_scale / mesh.cp * (1 - 1 / mesh.tp)
-        if strategy.tp_mode in SUB_BLOCK_TP_MODES:
+        if strategy.tp_mode in SUB_BLOCK_TP_MODES or shared_experts_dp(strategy.tp_mode):
             # the modules that gather their input (one where the other is data parallel)
             unsplit *= sub_block_modes(strategy.tp_mode).count("sp") / 2
         transient += hw.recompute_grad_factor * (saved + 2 * unsplit)
@@ -230,7 +232,7 @@ FsdpFloor = Literal["", "step", "microbatch"]
 stages), "microbatch" in every micro-batch (flat plans)."""
 
 _NO_AC = {mode: BlockStrategy("none", False, mode)
-          for mode in ("none", *TP_MODES, *SUB_BLOCK_TP_MODES)}
+          for mode in ("none", *TP_MODES, *SUB_BLOCK_TP_MODES, *MOE_SUB_BLOCK_MODES)}
 
 
 def block_time_floor(layer: Layer, mesh: Mesh, microbatch: int, ctx: CostContext,

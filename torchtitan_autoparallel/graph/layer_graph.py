@@ -112,6 +112,13 @@ class Layer:
         """Bytes of the layer's parameters as stored (4 per parameter where unrecorded)."""
         return float(self.param_bytes or 4 * self.params)
 
+    @property
+    def shared_expert_linears(self) -> tuple[int, ...]:
+        """The indices (in ``linear_shapes``) of a MoE block's shared experts' linears: those
+        named so (TorchTitan's ``moe.shared_experts.w1``, HF's ``mlp.shared_expert.up_proj``;
+        none where the graph records no names)."""
+        return tuple(i for i, name in enumerate(self.linear_names) if "shared_expert" in name)
+
 
 @dataclass(frozen=True)
 class LayerGraph:

@@ -16,12 +16,12 @@ from ...candidates.layout import (
     EMBEDDING_DIM_GATHER,
     MOE_ATTENTION_DP,
     MOE_SHARED_DP,
-    MOE_SUB_BLOCK_MODES,
     SUB_BLOCK_TP_MODES,
     Mesh,
     a2a_mode,
     batch_a2a,
     embedding_dim_problem,
+    shared_experts_dp,
     stream_dim,
     sub_block_modes,
     tp_dp_problem,
@@ -72,10 +72,12 @@ def batch_split_of_replicated(norm: nn.Module, module: nn.Module, tp_mesh: Any) 
         output_layouts=Shard(0), desired_output_layouts=Replicate(), use_local_output=True))
 
 
-MOE_SUB_BLOCKS_APPLIED = MOE_SUB_BLOCK_MODES
+MOE_SUB_BLOCKS_APPLIED = (MOE_SHARED_DP, MOE_ATTENTION_DP)
 """The MoE blocks' sub-block modes this apply runs (``Frontend.moe_sub_block_modes``): the MoE
 data parallel over tp (``MOE_SHARED_DP``, ``moe_on_sequence_shard``) and the attention data
-parallel over tp (``MOE_ATTENTION_DP``, ``moe_attention_dp``) beside TorchTitan's MoE TP / EP."""
+parallel over tp (``MOE_ATTENTION_DP``, ``moe_attention_dp``) beside TorchTitan's MoE TP / EP.
+Not ``MOE_ROUTED_TP``: 0.2.2's MoE TP gathers the MoE's input once and scatters the sum of its
+routed and shared experts' outputs once, so shared experts apart would save no collective."""
 
 MOE_ATTENTION = ("attention_norm", "attention")
 """(norm, module) of the attention sub-block of a TorchTitan 0.2.2 MoE family's block
@@ -111,6 +113,9 @@ def sub_blocks_of(block: nn.Module, adapter: ModelAdapter, tp_mode: str) -> SubB
         parts = [("dp", [block.get_submodule(name) for name in apart]),
                  ("sp", [m for n, m in block.named_children() if n not in apart])]
         return parts if tp_mode == MOE_ATTENTION_DP else parts[::-1]  # in forward's order
+    if shared_experts_dp(tp_mode):
+        raise UserError(f"tp_mode {tp_mode!r} is a MoE block's (its shared experts data "
+                        "parallel over tp): use 'sp' or 'dp' on dense blocks")
     if len(adapter.sub_blocks) != 2:
         raise UserError(f"tp_mode {tp_mode!r} needs a dense block whose family names its "
                         "attention and feed-forward (ModelAdapter.sub_blocks); use 'sp' or 'dp'")
@@ -154,7 +159,8 @@ def planned_sub_blocks(blocks: nn.Module, adapter: ModelAdapter, planned: dict[s
     before AC and compile wrap the blocks); a one-line error for compiled blocks (FSDP's
     hooks would sit inside the compiled block)."""
     out = {name: sub_blocks_of(blocks.get_submodule(name), adapter, layer.tp_mode)
-           for name, layer in planned.items() if layer.tp_mode in SUB_BLOCK_TP_MODES}
+           for name, layer in planned.items()
+           if layer.tp_mode in SUB_BLOCK_TP_MODES or shared_experts_dp(layer.tp_mode)}
     if out and compiled:
         raise UserError("sub-block tp modes are applied without compile only; use 'sp' or 'dp'")
     return out

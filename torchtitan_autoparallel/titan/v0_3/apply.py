@@ -13,6 +13,7 @@ from typing import Any
 from ...candidates.layout import (
     DP_SHARD_TP,
     EMBEDDING_MODES,
+    MOE_SUB_BLOCK_MODES,
     embedding_dim_problem,
     split_fsdp,
 )
@@ -21,6 +22,7 @@ from .tp_dp import (
     MOE_BLOCK,
     MOE_DP,
     MOE_SHARED,
+    MOE_SHARED_CUT,
     SUB_BLOCKS_APPLIED,
     Parts,
     apply_dp_shard_tp,
@@ -46,7 +48,7 @@ def check_applicable(plan: Any) -> None:
     m = plan.mesh
     if m.tp == 1:
         return
-    applied = ("sp", "dp", *SUB_BLOCKS_APPLIED, *EMBEDDING_MODES)
+    applied = ("sp", "dp", *SUB_BLOCKS_APPLIED, *MOE_SUB_BLOCK_MODES, *EMBEDDING_MODES)
     other = [layer for layer in plan.layers if layer.tp_mode not in applied]
     if other:
         raise UserError(f"the plan runs tensor parallel on {len(plan.layers) - len(other)} of "
@@ -317,7 +319,8 @@ def _apply_fsdp_per_unit(model: Any, plan: Any, blocks: dict[str, Any],
                     [modules[0].routed_experts.inner_experts],
                     over_tp["mesh"].size()) if mode == MOE_DP else None
                 fully_shard(modules[0] if whole else modules,
-                            **(over_tp if mode in ("dp", MOE_SHARED, MOE_DP) else fsdp),
+                            **(over_tp if mode in ("dp", MOE_SHARED, MOE_DP, MOE_SHARED_CUT)
+                               else fsdp),
                             reshard_after_forward=reshard,
                             **({"shard_placement_fn": place} if place else {}))
                 if whole:
@@ -383,10 +386,10 @@ def _expert_placement(blocks: Any, ep: int, fsdp: dict[str, Any], dp_mesh_dims: 
                if getattr(block, "moe_enabled", False)]
     if not experts:
         return None
-    params = {p for e in experts for p in e.parameters()}
-    ranks = edp_mesh["efsdp"].size() * ep if ep > 1 else fsdp["mesh"].size()
     if ep == 1:
-        return _experts_on_dim1(experts, ranks)
+        return _experts_on_dim1(experts, fsdp["mesh"].size())
+    params = {p for e in experts for p in e.parameters()}
+    ranks = edp_mesh["efsdp"].size() * ep
     expert_dim = Shard(1) if _experts_on_dim1(experts, ranks) else Shard(0)
     from torch.distributed.fsdp._fully_shard._fsdp_common import ShardPlacementResult
     from torch.distributed.fsdp._fully_shard._fsdp_init import _get_mesh_info

@@ -367,4 +367,5 @@ def sub_block_note(config: Any) -> list[str]:
     return ["autoparallel.techniques: tp_sub_block searched on dense blocks, the embedding "
             "and MoE blocks ('sp/dp', the MoE data parallel over tp, its routed experts on "
             "the model's expert parallel where ep > 1; 'dp/sp', the attention data parallel "
+            "over tp; ending ':shared_dp' with ep = 1, the shared experts alone data parallel "
             "over tp)"]

@@ -28,11 +28,13 @@ from ...candidates.layout import (
     MOE_SUB_BLOCK_MODES,
     SUB_BLOCK_TP_MODES,
     a2a_mode,
+    shared_experts_dp,
     split_fsdp,
     stream_dim,
     stream_problem,
     sub_block_modes,
     tp_dp_problem,
+    without_shared_dp,
 )
 from ...errors import UserError
 
@@ -95,6 +97,11 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
                         "(DP and TP in one DTensor mesh): use spmd_types or partial_dtensor")
     module = type(model).__module__
     moe = {name for name in chosen if getattr(blocks[name], "moe_enabled", False)}
+    dense = next((name for name in set(chosen) - moe if shared_experts_dp(chosen[name])), None)
+    if dense:
+        raise UserError(f"plan: layers.{dense} is a dense block in tp_mode {chosen[dense]!r}, "
+                        "a MoE block's mode (its shared experts data parallel over tp): use "
+                        "'sp' or a dense block's mode")
     dense_only = next((name for name in moe if chosen[name] not in MOE_SUB_BLOCK_MODES), None)
     if dense_only:
         raise UserError(f"plan: {dense_only} is a MoE block in tp_mode {chosen[dense_only]!r}, "
@@ -103,7 +110,7 @@ def tp_dp_parts(model: Any, plan: Any, blocks: dict[str, Any], parallelism: Any,
     if set(chosen) - moe and not _of_families(model, TP_DP_FAMILIES):
         raise UserError(f"{where} is applied to {' and '.join(TP_DP_FAMILIES)} only (the model "
                         f"is {module}.{type(model).__name__}): use 'sp'")
-    if MOE_ATTENTION_DP in {chosen[name] for name in moe} and not _of_families(
+    if any(sub_block_modes(chosen[name])[0] == "dp" for name in moe) and not _of_families(
             model, ATTENTION_DP_FAMILIES):
         raise UserError(f"tp_mode {MOE_ATTENTION_DP!r} on MoE blocks (the attention data "
                         f"parallel over tp) is applied to {', '.join(ATTENTION_DP_FAMILIES)} "
@@ -133,6 +140,11 @@ MOE_SHARED = "dp:shared"
 """The part of a MoE block in ``layout.MOE_SUB_BLOCK_MODES`` that FSDP shards over dp_shard x
 tp: its shared experts (``moe_parts``)."""
 
+MOE_SHARED_CUT = "dp:shared_cut"
+"""The shared experts of a MoE block in a ``layout.SHARED_DP`` mode (ep = 1), FSDP over
+dp_shard x tp: run on this tp rank's sequence shard, cut from the input the model's MoE TP
+gathers (``_run_on_cut``)."""
+
 MOE_DP = "dp:moe"
 """A MoE block's whole MoE (router, shared and routed experts) data parallel over tp: what
 "sp/dp" runs with ep = 1 (``moe_on_sequence_shard``), FSDP over dp_shard x tp."""
@@ -151,7 +163,16 @@ def moe_parts(block: Any, mesh: Any, tp_mode: str) -> Parts:
     experts alone are tensor parallel, and they run on the local sequence shard instead.
     "sp/dp" with ep = 1: the whole MoE (``MOE_DP``) on the local sequence shard in place of
     the model's MoE TP. "dp/sp": the attention and its norm data parallel on a batch shard (as
-    a dense block's), the MoE as the model runs it."""
+    a dense block's), the MoE as the model runs it. With ``layout.SHARED_DP`` (ep = 1): the
+    shared experts (``MOE_SHARED_CUT``) apart from the model's MoE TP, the attention as the
+    mode says; a one-line error for a MoE without shared experts."""
+    if shared_experts_dp(tp_mode):
+        if block.moe.shared_experts is None:
+            raise UserError(f"tp_mode {tp_mode!r} runs a MoE's shared experts data parallel, "
+                            f"and this model's MoE has none: use 'sp' or {MOE_SHARED_DP!r}")
+        base = without_shared_dp(tp_mode)
+        return [*(moe_parts(block, mesh, base)[:-1] if base != "sp" else []),
+                (MOE_SHARED_CUT, [block.moe.shared_experts]), (MOE_BLOCK, [block])]
     if sub_block_modes(tp_mode)[0] == "dp":
         return [("dp", [getattr(block, part) for part in SUB_BLOCKS[0]]), (MOE_BLOCK, [block])]
     if mesh.ep == 1:
@@ -338,10 +359,12 @@ def override_declared_sharding(parts: dict[str, Parts], tp_mesh: Any,
                     "replicated stream (output all-gathered over tp)")
     for groups in parts.values():
         for part, (mode, modules) in enumerate(groups):
-            if mode in (MOE_SHARED, MOE_DP):  # per token, on the local sequence shard
+            if mode in (MOE_SHARED, MOE_DP, MOE_SHARED_CUT):  # per token, on the local shard
                 _drop_declarations(modules, keep_state=mode == MOE_DP)
                 if mode == MOE_DP:
                     moe_on_sequence_shard(modules[0], tp_mesh)
+                elif mode == MOE_SHARED_CUT:
+                    _run_on_cut(modules[0], tp_mesh)
                 else:
                     _run_on_local_shard(modules[0], tp_mesh, 1)
                 continue
@@ -367,6 +390,7 @@ def _log_moe_parts(parts: dict[str, Parts]) -> None:
     from torchtitan.tools.logging import logger
 
     for kind, what in ((MOE_SHARED, "their shared experts"),
+                       (MOE_SHARED_CUT, "their shared experts (routed experts TP)"),
                        (MOE_DP, "their MoE (router, shared and routed experts)")):
         count = sum(mode == kind for groups in parts.values() for mode, _ in groups)
         if count:
@@ -408,6 +432,26 @@ def moe_on_sequence_shard(moe: Any, tp_mesh: Any) -> None:
         return DTensor.from_local(out, tp_mesh, [Shard(1)]) if isinstance(x, DTensor) else out
 
     moe.forward = forward
+
+
+def _run_on_cut(module: Any, tp_mesh: Any) -> None:
+    """``module`` (weights whole on tp) run on this tp rank's sequence shard of an input whole
+    on every tp rank (what the model's MoE TP gathers): cut locally, no collective; the input
+    gradient it leaves is that cut's rows alone, a partial sum over tp that the gather's
+    backward reduce-scatters with the routed experts' one. Its output is this rank's sequence
+    shard of the stream, of the input's kind (a DTensor under ``partial_dtensor``)."""
+    from torch.distributed.tensor import DTensor, Partial, Shard
+
+    inner = module.forward
+
+    def forward(x: Any) -> Any:
+        wrapped = isinstance(x, DTensor)
+        whole = x.to_local(grad_placements=[Partial()]) if wrapped else x
+        size = whole.shape[1] // tp_mesh.size()
+        out = inner(whole.narrow(1, tp_mesh.get_local_rank() * size, size))
+        return DTensor.from_local(out, tp_mesh, [Shard(1)]) if wrapped else out
+
+    module.forward = forward
 
 
 def _run_on_local_shard(norm: Any, tp_mesh: Any, stream: int = 1, split: bool = False) -> None:
