@@ -871,8 +871,9 @@ def test_sub_block_moe_counts_tokens_over_tp(tmp_path):
 def test_sub_block_moe_routing_pins():
     """The family's default pin of MoE routing leaves a MoE block "sp/dp" (TorchTitan's routing
     and dispatch code runs in it, on each tp rank's tokens), "dp/sp" (the MoE as
-    TorchTitan's MoE TP runs it) and the ":shared_dp" modes (its routing too); the same region pinned by the user keeps TorchTitan's MoE TP
-    ("sp" only), as any pinned region inside a block does."""
+    TorchTitan's MoE TP runs it) and the ":shared_dp" modes (its routing too); the same
+    region pinned by the user keeps TorchTitan's MoE TP ("sp" only), as any pinned region
+    inside a block does."""
     from torchtitan_autoparallel.candidates.strategies import pinned_strategies
     from torchtitan_autoparallel.job.pins import Pin
 
