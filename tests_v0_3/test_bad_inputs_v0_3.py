@@ -213,6 +213,25 @@ def test_values_are_checked_before_torchtitan_is_imported():
     assert proc.stdout.split() == ["False"]
 
 
+def test_commands_on_0_3_leave_0_2s_package_alone():
+    """``plan`` and ``predict`` of a 0.3.0 job import nothing of the 0.2.2 front-end, whose
+    package registers 0.2.2's adapters when imported (``plan`` did, for a TOML-only check, and
+    a process that had read 0.3.0's families first then offered DeepSeek-V3's MoE blocks
+    0.2.2's sub-block modes)."""
+    code = ("import sys; import torchtitan_autoparallel.titan.v0_3; "
+            "from torchtitan_autoparallel.commands.cli import main; "
+            "from torchtitan_autoparallel.graph.adapters import registered_adapter; "
+            "codes = [main([c, *sys.argv[1:]]) for c in ('plan', 'predict')]; "
+            "print(codes, 'torchtitan_autoparallel.titan.v0_2' in sys.modules, "
+            "registered_adapter('deepseek_v3').moe_sub_block_modes)")
+    proc = subprocess.run([sys.executable, "-c", code, "--module", "deepseek_v3", "--config",
+                           "deepseek_v3_debugmodel", "--ngpu", "4"], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == ("[0, 0] False ('sp/dp', 'dp/sp', 'sp/sp:shared_dp', "
+                                            "'dp/sp:shared_dp')"), proc.stdout[-2000:]
+
+
 def test_auto_false_says_how_to_turn_auto_off(capsys):
     line = cli_error(capsys, "predict", *DEBUG, "--ngpu", "2", "--parallelism.auto=False")
     assert "--parallelism.auto is a flag" in line and "--parallelism.no-auto" in line

@@ -565,9 +565,9 @@ def test_sub_block_moe_offered_with_expert_parallel():
     offers it to DeepSeek-V3's MoE blocks with ep 1 (the whole MoE data parallel over tp), and
     with ep 2 and 4 on fsdp 2 x tp 2 (the shared experts data parallel, the routed experts on
     the model's EP, up to all of dp_shard x tp), as 'dp/sp' (the attention data parallel over
-    tp), and with ep 1 'sp/sp:shared_dp' (the shared experts alone data parallel beside the
-    model's MoE TP; not to qwen3's MoE, which has none). A plan searched with ep 2 puts its
-    MoE blocks in one of them on the CPU profile."""
+    tp), and with ep 1 'sp/sp:shared_dp' and 'dp/sp:shared_dp' (the shared experts alone data
+    parallel beside the model's MoE TP; not to qwen3's MoE, which has none). A plan searched
+    with ep 2 puts its MoE blocks in one of them on the CPU profile."""
     from torchtitan_autoparallel.candidates.layout import Mesh
     from torchtitan_autoparallel.candidates.strategies import block_tp_modes
     from torchtitan_autoparallel.job.inputs import job_inputs
@@ -582,7 +582,8 @@ def test_sub_block_moe_offered_with_expert_parallel():
     for ep in (1, 2, 4):
         mesh = Mesh(dp_replicate=1, dp_shard=2, tp=2, ep=ep)
         assert block_tp_modes(mesh, 2, constraints, True, experts=True) == (
-            "sp", "sp/dp", "dp/sp", *(("sp/sp:shared_dp",) if ep == 1 else ())), ep
+            "sp", "sp/dp", "dp/sp", *(("sp/sp:shared_dp", "dp/sp:shared_dp") if ep == 1
+                                      else ())), ep
     plan = plan_job(read_job([*base, "--parallelism.expert_parallel_degree", "2"]), 4)
     modes = {layer.tp_mode for layer in plan.layers if layer.kind == "block"}
     assert modes & {"sp/dp", "dp/sp"}, plan.table()
@@ -591,7 +592,8 @@ def test_sub_block_moe_offered_with_expert_parallel():
     gpt_oss = ["--module", "gpt_oss", "--config", "gpt_oss_debugmodel", "--parallelism.auto",
                *base[-6:]]
     assert job_inputs(read_job(gpt_oss), 4).constraints.moe_sub_block_modes == ("sp/dp",)
-    assert constraints.moe_sub_block_modes == ("sp/dp", "dp/sp", "sp/sp:shared_dp")
+    assert constraints.moe_sub_block_modes == ("sp/dp", "dp/sp", "sp/sp:shared_dp",
+                                               "dp/sp:shared_dp")
     qwen3 = ["--module", "qwen3", "--config", "qwen3_moe_debug", "--parallelism.auto",
              *base[-6:]]
     assert job_inputs(read_job(qwen3), 4).constraints.moe_sub_block_modes == ("sp/dp", "dp/sp")

@@ -151,13 +151,14 @@ def _emit(args: argparse.Namespace, plan: Any, headline: list[str] = ()) -> None
 def _plan(args: argparse.Namespace) -> int:
     from ..job.inputs import reusing_layer_graphs
     from ..job.request import plan_job
-    from ..titan.v0_2.checks import check_plan_features
     from .explain import model_lines
 
     job = _job(args, auto=True)
     with reusing_layer_graphs():
         plan = plan_job(job, args.ngpu)
-        if not args.module:
+        if not args.module:  # a 0.2.2 TOML job (importing 0.2.2's package registers its adapters)
+            from ..titan.v0_2.checks import check_plan_features
+
             check_plan_features(job, plan)
         margin = _recipe_margin(job, plan, args.ngpu)
         lines = model_lines(plan)
